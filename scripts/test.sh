@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up everything the tests need on a fresh machine, then runs lint, types and tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-tools.sh
+export PATH="$PWD/.tools/bin:$PATH"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/python -m pytest "$@"
