@@ -1,0 +1,111 @@
+"""A throwaway local `redis-server` for tests and benchmarks: free port, no persistence.
+
+It can be stopped and started again on the same port, which is how the fault tests make
+Redis unreachable and then bring it back.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from types import TracebackType
+
+from laneway.errors import UsageError
+
+READY_PATIENCE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class LocalRedis:
+    """`redis-server --port N --save '' --appendonly no` on 127.0.0.1, started and stopped."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.executable = shutil.which("redis-server")
+        if self.executable is None:
+            raise UsageError("redis-server is not installed: run scripts/install-tools.sh")
+        self.port = port or free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        assert self.executable is not None
+        self._process = subprocess.Popen(
+            [
+                self.executable,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._wait_ready()
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process.stderr is not None:
+            self._process.stderr.close()
+        self._process = None
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_PATIENCE_S
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                assert self._process.stderr is not None
+                error = self._process.stderr.read().decode("utf-8", "replace").strip()
+                raise RuntimeError(f"redis-server on port {self.port} exited: {error}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
+
+    def __enter__(self) -> LocalRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
