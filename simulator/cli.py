@@ -1,12 +1,99 @@
-"""Command-line entry points of this component."""
+"""Command-line entry points of the simulator: `laneway sim` and `laneway bench seed`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from laneway.errors import UsageError
+from laneway.simulator.metrics import METRICS_FLAVORS
+from laneway.simulator.profiles import PROFILES, Profile
+from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
+
+DEFAULT_PROFILE = "h200-llama3-8b"
+
 
 def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
-    """Add this component's subcommands; filled as the component lands."""
+    """Add `sim` and `bench seed`."""
+    sim = commands.add_parser(
+        "sim",
+        help="one simulated engine (scheduler + cost model in real time) as an OpenAI server",
+        description="Serve one simulated LLM engine over HTTP: OpenAI completions and chat "
+        "(streaming and not), /v1/models, /health and vLLM- or SGLang-style /metrics. Token "
+        "timing follows the scheduler and the profile's cost model, in real time divided by "
+        "--time-scale.",
+    )
+    sim.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sim.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    sim.add_argument("--model", default="llama3-8b", help="model name to serve")
+    add_engine_flags(sim)
+    sim.add_argument(
+        "--metrics-flavor",
+        choices=METRICS_FLAVORS,
+        default="vllm",
+        help="metric names on /metrics (default vllm)",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="run this many times faster than real time (default 1.0)",
+    )
+    sim.set_defaults(handler=run_sim)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help=f"hardware/model profile (default {DEFAULT_PROFILE}; 'zero' takes no time)",
+    )
+    parser.add_argument("--scheduler", choices=SCHEDULER_KINDS, default="chunked")
+    parser.add_argument("--token-budget", type=int, default=2048, help="tokens per step")
+    parser.add_argument("--chunk-size", type=int, default=1024, help="prompt tokens per chunk")
+    parser.add_argument("--max-context", type=int, default=8192, help="prompt + output cap")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="running requests cap")
+    parser.add_argument(
+        "--max-partial-prefills", type=int, default=1, help="part-done prompts per step"
+    )
+
+
+def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
+    config = SchedulerConfig(
+        kind=args.scheduler,
+        token_budget=args.token_budget,
+        chunk_size=args.chunk_size,
+        max_num_seqs=args.max_num_seqs,
+        max_partial_prefills=args.max_partial_prefills,
+        max_context=args.max_context,
+    )
+    problems = config_problems(config)
+    if problems:
+        raise UsageError("; ".join(problems))
+    return config
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from laneway.simulator.server import SimSettings, serve
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    if not args.time_scale > 0:
+        raise UsageError(f"--time-scale must be above 0, got {args.time_scale}")
+    if not args.model.strip() or any(c.isspace() for c in args.model):
+        raise UsageError(f"--model must be a name without spaces, got {args.model!r}")
+    profile: Profile = PROFILES[args.profile]
+    settings = SimSettings(
+        model=args.model,
+        profile=profile,
+        scheduler=scheduler_config_from(args),
+        metrics_flavor=args.metrics_flavor,
+        time_scale=args.time_scale,
+    )
+    asyncio.run(serve(settings, args.host, args.port))
+    return 0

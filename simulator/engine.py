@@ -1,0 +1,166 @@
+"""One simulated engine: request states, a KV cache in blocks, a scheduler and the cost model.
+
+The core has no clock. `step()` plans, prices and applies one iteration and says how long
+it took; the caller decides what that duration means: the virtual-time runner advances an
+event clock by it, the HTTP server sleeps it (divided by the time scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
+from laneway.simulator.profiles import Profile
+from laneway.simulator.scheduler import (
+    KV_BLOCK_TOKENS,
+    RequestState,
+    SchedulerConfig,
+    StepPlan,
+    blocks_for,
+    make_scheduler,
+)
+
+# The zero-service-time profile never runs out of KV: the gateway benchmark must not queue.
+ZERO_PROFILE_KV_TOKENS = 1 << 40
+
+
+class RequestRejected(ValueError):
+    """The engine can never serve this request (too long for its context or its KV cache)."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    duration_s: float
+    work: StepWork
+    admitted: tuple[str, ...]  # request ids that left the waiting queue in this step
+    tokens: tuple[str, ...]  # request ids that produced one output token at the step's end
+    first_tokens: tuple[str, ...]  # of those, the ones whose token is their first
+    finished: tuple[str, ...]  # request ids that produced their last token in this step
+
+
+class EngineCore:
+    def __init__(self, profile: Profile, config: SchedulerConfig) -> None:
+        self.profile = profile
+        self.config = config
+        self.scheduler = make_scheduler(config)
+        kv_tokens = (
+            ZERO_PROFILE_KV_TOKENS if profile.zero_service_time else profile.kv_capacity_tokens
+        )
+        self.kv_capacity_blocks = kv_tokens // KV_BLOCK_TOKENS
+        self.kv_used_blocks = 0
+        self.waiting: list[RequestState] = []
+        self.running: list[RequestState] = []
+
+    # -- requests in -----------------------------------------------------------------
+
+    def check(self, prompt_tokens: int, max_output_tokens: int) -> None:
+        """Raise RequestRejected if this engine could never serve such a request."""
+        total = prompt_tokens + max_output_tokens
+        if total > self.config.max_context:
+            raise RequestRejected(
+                f"This model's maximum context length is {self.config.max_context} tokens. "
+                f"However, you requested {total} tokens ({prompt_tokens} in the messages, "
+                f"{max_output_tokens} in the completion). Please reduce the length of the "
+                "messages or completion."
+            )
+        if blocks_for(total) > self.kv_capacity_blocks:
+            raise RequestRejected(
+                f"the request needs {total} tokens of KV cache but this engine holds "
+                f"{self.kv_capacity_blocks * KV_BLOCK_TOKENS}"
+            )
+
+    def submit(self, request_id: str, prompt_tokens: int, max_output_tokens: int) -> None:
+        if prompt_tokens < 1 or max_output_tokens < 1:
+            raise RequestRejected("a request needs at least one prompt and one output token")
+        self.check(prompt_tokens, max_output_tokens)
+        self.waiting.append(RequestState(request_id, prompt_tokens, max_output_tokens))
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request (its client went away); frees its KV if it was running."""
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self.running.remove(seq)
+                self.kv_used_blocks -= seq.kv_blocks
+                return
+        self.waiting = [seq for seq in self.waiting if seq.request_id != request_id]
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / self.kv_capacity_blocks if self.kv_capacity_blocks else 0.0
+
+    @property
+    def outstanding_prefill_tokens(self) -> int:
+        return sum(seq.prefill_remaining for seq in self.waiting) + sum(
+            seq.prefill_remaining for seq in self.running
+        )
+
+    # -- one iteration ---------------------------------------------------------------------
+
+    def step(self) -> StepOutcome | None:
+        """Plan, price and apply one step; None when the plan is empty (nothing can run)."""
+        free_blocks = self.kv_capacity_blocks - self.kv_used_blocks
+        plan = self.scheduler.schedule(self.waiting, self.running, free_blocks)
+        if plan.is_empty:
+            return None
+        work = self._work_of(plan)
+        duration = step_duration(self.profile, work)
+        tokens, first_tokens, finished = self._apply(plan)
+        return StepOutcome(duration, work, plan.admitted, tokens, first_tokens, finished)
+
+    def _work_of(self, plan: StepPlan) -> StepWork:
+        states = {seq.request_id: seq for seq in self.running}
+        states.update(
+            {seq.request_id: seq for seq in self.waiting if seq.request_id in plan.admitted}
+        )
+        chunks = tuple(
+            PrefillChunk(
+                tokens,
+                states[rid].computed_prompt_tokens,
+                states[rid].computed_prompt_tokens + tokens == states[rid].prompt_tokens,
+            )
+            for rid, tokens in plan.prefill
+        )
+        decode_context = sum(states[rid].context_tokens for rid in plan.decode)
+        return StepWork(chunks, len(plan.decode), decode_context)
+
+    def _apply(self, plan: StepPlan) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The only place request states change."""
+        if plan.admitted:
+            admitted = set(plan.admitted)
+            joining = [seq for seq in self.waiting if seq.request_id in admitted]
+            self.waiting = [seq for seq in self.waiting if seq.request_id not in admitted]
+            self.running.extend(joining)
+            self.kv_used_blocks += sum(seq.kv_blocks for seq in joining)
+        states = {seq.request_id: seq for seq in self.running}
+        tokens: list[str] = []
+        first_tokens: list[str] = []
+        for rid, granted in plan.prefill:
+            seq = states[rid]
+            seq.computed_prompt_tokens += granted
+            assert seq.computed_prompt_tokens <= seq.prompt_tokens
+            if seq.prefill_done:
+                seq.generated_tokens += 1
+                tokens.append(rid)
+                first_tokens.append(rid)
+        for rid in plan.decode:
+            seq = states[rid]
+            assert seq.prefill_done
+            assert seq.generated_tokens > 0
+            seq.generated_tokens += 1
+            tokens.append(rid)
+        finished = [
+            rid for rid in tokens if states[rid].generated_tokens >= states[rid].max_output_tokens
+        ]
+        if finished:
+            done = set(finished)
+            self.kv_used_blocks -= sum(states[rid].kv_blocks for rid in finished)
+            self.running = [seq for seq in self.running if seq.request_id not in done]
+        assert 0 <= self.kv_used_blocks <= self.kv_capacity_blocks
+        assert len(self.running) <= self.config.max_num_seqs
+        return tuple(tokens), tuple(first_tokens), tuple(finished)

@@ -1,0 +1,209 @@
+"""Iteration-level schedulers: which tokens of which requests the next step computes.
+
+One rule, as in vLLM V1: a request's computed tokens catch up with its tokens. A prompt's
+prefill is the catching up of its prompt tokens; a decode is one more token. A scheduler
+only decides; it returns a frozen `StepPlan`, and the engine applies it in one place.
+
+- `full`: prefill-prioritized, no chunking (vLLM V0 without chunked prefill, SGLang with
+  chunking off): when a waiting prompt can be admitted, the step prefills whole prompts
+  only, and running decodes wait for it; otherwise the step decodes every running request.
+- `chunked`: vLLM V1 / Sarathi-Serve: every running decode gets its token first, then the
+  rest of the token budget goes to prefill chunks of min(still needed, chunk size, budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+KV_BLOCK_TOKENS = 16  # vLLM's default block size
+
+SchedulerKind = Literal["full", "chunked"]
+SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("full", "chunked")
+
+
+@dataclass
+class RequestState:
+    """One request's progress inside an engine; mutated only by the engine's apply step."""
+
+    request_id: str
+    prompt_tokens: int
+    max_output_tokens: int
+    computed_prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    @property
+    def prefill_remaining(self) -> int:
+        return self.prompt_tokens - self.computed_prompt_tokens
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.computed_prompt_tokens == self.prompt_tokens
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens whose KV a decode step reads."""
+        return self.computed_prompt_tokens + self.generated_tokens
+
+    @property
+    def kv_blocks(self) -> int:
+        """Blocks reserved at admission for the whole request (prompt and every output)."""
+        return blocks_for(self.prompt_tokens + self.max_output_tokens)
+
+
+def blocks_for(tokens: int) -> int:
+    return -(-tokens // KV_BLOCK_TOKENS)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kind: SchedulerKind = "chunked"
+    token_budget: int = 2048  # tokens per step (vLLM --max-num-batched-tokens)
+    chunk_size: int = 1024  # most prompt tokens one request gets per step
+    max_num_seqs: int = 256  # running requests at most
+    max_partial_prefills: int = 1  # prompts left part-prefilled after a step, at most
+    max_context: int = 8192  # prompt + output tokens per request, at most
+
+
+def config_problems(config: SchedulerConfig) -> list[str]:
+    """What makes `config` unusable, each as a sentence saying what to change; empty if fine."""
+    problems: list[str] = []
+    if config.kind not in SCHEDULER_KINDS:
+        problems.append(f"scheduler must be one of {', '.join(SCHEDULER_KINDS)}")
+    for name in ("token_budget", "chunk_size", "max_num_seqs", "max_partial_prefills"):
+        if getattr(config, name) < 1:
+            problems.append(f"{name.replace('_', '-')} must be at least 1")
+    if config.max_context < 2:
+        problems.append("max-context must be at least 2 (one prompt and one output token)")
+    if config.kind == "chunked" and config.chunk_size > config.token_budget:
+        problems.append(
+            f"chunk-size {config.chunk_size} exceeds token-budget {config.token_budget}; "
+            "a chunk must fit in one step"
+        )
+    if config.token_budget < config.max_num_seqs and config.kind == "chunked":
+        problems.append(
+            f"token-budget {config.token_budget} is below max-num-seqs {config.max_num_seqs}; "
+            "every running decode needs a token each step"
+        )
+    return problems
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    admitted: tuple[str, ...] = ()  # waiting request ids that start running this step
+    prefill: tuple[tuple[str, int], ...] = ()  # request id -> prompt tokens computed this step
+    decode: tuple[str, ...] = ()  # request ids that each generate one token
+
+    @property
+    def scheduled_tokens(self) -> int:
+        return len(self.decode) + sum(tokens for _, tokens in self.prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+
+class Scheduler(Protocol):
+    @property
+    def config(self) -> SchedulerConfig: ...
+
+    def schedule(
+        self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
+    ) -> StepPlan:
+        """Plan the next step; `waiting` and `running` are in arrival and admission order."""
+        ...
+
+
+@dataclass(frozen=True)
+class ChunkedScheduler:
+    config: SchedulerConfig
+
+    def schedule(
+        self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
+    ) -> StepPlan:
+        budget = self.config.token_budget
+
+        # Running decodes first: a decode is never delayed by anyone's prefill.
+        decode = tuple(seq.request_id for seq in running if seq.prefill_done)[:budget]
+        budget -= len(decode)
+
+        # Then prompts already being prefilled, oldest first.
+        prefill: list[tuple[str, int]] = []
+        left_partial = 0
+        for seq in running:
+            if seq.prefill_done:
+                continue
+            grant = min(seq.prefill_remaining, self.config.chunk_size, budget)
+            if grant:
+                prefill.append((seq.request_id, grant))
+                budget -= grant
+            left_partial += grant < seq.prefill_remaining
+
+        # Then admit waiting prompts while budget, seats and KV last.
+        admitted: list[str] = []
+        seats = self.config.max_num_seqs - len(running)
+        for seq in waiting:
+            if budget == 0 or seats == 0:
+                break
+            if seq.kv_blocks > free_kv_blocks:
+                # KV goes to the head of the queue in order, so a big request cannot starve.
+                break
+            grant = min(seq.prefill_remaining, self.config.chunk_size, budget)
+            leaves_partial = grant < seq.prefill_remaining
+            if leaves_partial and left_partial >= self.config.max_partial_prefills:
+                # A prompt that would stay part-done must wait, but a shorter one that
+                # finishes in this step may pass it (vLLM's partial-prefill limits).
+                continue
+            admitted.append(seq.request_id)
+            prefill.append((seq.request_id, grant))
+            budget -= grant
+            seats -= 1
+            free_kv_blocks -= seq.kv_blocks
+            left_partial += leaves_partial
+
+        plan = StepPlan(tuple(admitted), tuple(prefill), decode)
+        assert budget >= 0
+        assert plan.scheduled_tokens <= self.config.token_budget
+        assert all(0 < tokens <= self.config.chunk_size for _, tokens in plan.prefill)
+        return plan
+
+
+@dataclass(frozen=True)
+class FullScheduler:
+    config: SchedulerConfig
+
+    def schedule(
+        self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
+    ) -> StepPlan:
+        # Prefill first: admit whole prompts in order while KV, seats and budget allow;
+        # the first admissible prompt always goes, however long (the budget cannot split it).
+        admitted: list[str] = []
+        prefill: list[tuple[str, int]] = []
+        budget = self.config.token_budget
+        seats = self.config.max_num_seqs - len(running)
+        for seq in waiting:
+            if seats == 0 or seq.kv_blocks > free_kv_blocks:
+                break
+            if prefill and seq.prompt_tokens > budget:
+                break
+            admitted.append(seq.request_id)
+            prefill.append((seq.request_id, seq.prompt_tokens))
+            budget -= seq.prompt_tokens
+            seats -= 1
+            free_kv_blocks -= seq.kv_blocks
+        if prefill:
+            return StepPlan(tuple(admitted), tuple(prefill), ())
+
+        # No prompt to start: every running request decodes.
+        assert all(seq.prefill_done for seq in running)
+        return StepPlan(decode=tuple(seq.request_id for seq in running))
+
+
+def make_scheduler(config: SchedulerConfig) -> Scheduler:
+    problems = config_problems(config)
+    if problems:
+        raise ValueError("; ".join(problems))
+    if config.kind == "full":
+        return FullScheduler(config)
+    return ChunkedScheduler(config)

@@ -1,0 +1,502 @@
+"""`laneway sim`: one simulated engine behind an OpenAI-compatible aiohttp server.
+
+The engine core (scheduler, KV cache, cost model) runs in real time: a background task
+takes one step, sleeps the step's duration divided by the time scale, and then hands the
+step's tokens to the requests' streams. Handlers only parse, count prompt tokens, submit,
+and relay what the engine emits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from laneway.errors import UsageError
+from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
+from laneway.simulator.metrics import EngineGauges, EngineMetrics, MetricsFlavor
+from laneway.simulator.profiles import Profile
+from laneway.simulator.scheduler import SchedulerConfig
+from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt is about 0.6 MB; leave room
+OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized in a worker thread
+OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
+
+Endpoint = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: str
+    profile: Profile
+    scheduler: SchedulerConfig
+    metrics_flavor: MetricsFlavor = "vllm"
+    time_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    index: int  # 0 for the first output token
+    last: bool
+
+
+class OpenAIError(Exception):
+    """Turned into vLLM's error JSON by the middleware."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+               413: "RequestEntityTooLarge", 500: "InternalServerError"}  # fmt: skip
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "BadRequestError"),
+            "param": param,
+            "code": status,
+        }
+    }
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class _Tracked:
+    prompt_tokens: int
+    arrived: float  # simulated seconds
+    stream: asyncio.Queue[TokenEvent]
+    emitted: int = 0
+    last_token: float = 0.0
+
+
+class RealTimeEngine:
+    """Drives an EngineCore against the wall clock, scaled by `time_scale`."""
+
+    def __init__(self, core: EngineCore, time_scale: float, metrics_flavor: MetricsFlavor,
+                 model: str) -> None:  # fmt: skip
+        self.core = core
+        self.time_scale = time_scale
+        self.metrics = EngineMetrics(metrics_flavor, model, self._gauges)
+        self._tracked: dict[str, _Tracked] = {}
+        self._wake = asyncio.Event()
+        self._origin = asyncio.get_running_loop().time()
+
+    def sim_now(self) -> float:
+        return (asyncio.get_running_loop().time() - self._origin) * self.time_scale
+
+    def _gauges(self) -> EngineGauges:
+        return EngineGauges(len(self.core.running), len(self.core.waiting), self.core.kv_usage)
+
+    def submit(
+        self, request_id: str, prompt_tokens: int, max_tokens: int
+    ) -> asyncio.Queue[TokenEvent]:
+        """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
+        self.core.submit(request_id, prompt_tokens, max_tokens)
+        stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        if self._tracked.pop(request_id, None) is not None:
+            self.core.abort(request_id)
+            self.metrics.finished("abort", 0.0)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        gpu_free_at = loop.time()
+        while True:
+            if not self.core.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            outcome = self.core.step()
+            if outcome is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Keep a running deadline, so sleep granularity never accumulates into drift.
+            gpu_free_at = max(gpu_free_at, loop.time()) + outcome.duration_s / self.time_scale
+            await asyncio.sleep(max(0.0, gpu_free_at - loop.time()))
+            self._deliver(outcome)
+
+    def _deliver(self, outcome: StepOutcome) -> None:
+        now = self.sim_now()
+        for rid in outcome.admitted:
+            if (tracked := self._tracked.get(rid)) is not None:
+                self.metrics.admitted(now - tracked.arrived)
+        finished = set(outcome.finished)
+        for rid in outcome.tokens:
+            tracked = self._tracked.get(rid)
+            if tracked is None:
+                continue
+            if tracked.emitted == 0:
+                self.metrics.first_token(tracked.prompt_tokens, now - tracked.arrived)
+            else:
+                self.metrics.next_token(now - tracked.last_token)
+            last = rid in finished
+            tracked.stream.put_nowait(TokenEvent(tracked.emitted, last))
+            tracked.emitted += 1
+            tracked.last_token = now
+            if last:
+                self.metrics.finished("length", now - tracked.arrived)
+                del self._tracked[rid]
+
+
+# -- request parsing ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    endpoint: Endpoint
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+def _positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OpenAIError(400, f"'{name}' must be an integer of at least 1, got {value!r}", name)
+    return value
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise OpenAIError(400, f"'{name}' must be true or false, got {value!r}", name)
+    return value
+
+
+def _completion_prompt(body: dict[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    raise OpenAIError(
+        400, "'prompt' must be a string, a list of one string, or a list of token ids", "prompt"
+    )
+
+
+def _message_text(content: Any, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):  # fmt: skip
+                raise OpenAIError(
+                    400, f"messages[{index}].content: only text parts are supported", "messages"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise OpenAIError(400, f"messages[{index}].content must be a string or a list of parts",
+                      "messages")  # fmt: skip
+
+
+def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, "'messages' must be a non-empty list", "messages")
+    parsed = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise OpenAIError(
+                400, f"messages[{index}] must be an object with a string 'role'", "messages"
+            )
+        parsed.append(ChatMessage(message["role"], _message_text(message.get("content"), index)))
+    return parsed
+
+
+async def _count(tokenizer: Tokenizer, length: int, count: Callable[[], int]) -> int:
+    """Count on the loop when cheap, in a worker thread when a long prompt would stall it."""
+    if length > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(count)
+    return count()
+
+
+async def parse_generation(
+    request: web.Request, endpoint: Endpoint, settings: SimSettings, tokenizer: Tokenizer
+) -> GenerationRequest:
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise OpenAIError(400, f"request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise OpenAIError(400, "'model' must be a string", "model")
+    if model != settings.model:
+        raise OpenAIError(404, f"The model `{model}` does not exist.", "model")
+    n = body.get("n", 1)
+    if n not in (None, 1) or isinstance(n, bool):
+        raise OpenAIError(400, "'n' must be 1: the simulator returns one choice", "n")
+    stream = _flag(body, "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise OpenAIError(400, "'stream_options' must be an object", "stream_options")
+    include_usage = _flag(options, "include_usage")
+
+    if endpoint == "completions":
+        prompt = _completion_prompt(body)
+        if isinstance(prompt, list):
+            prompt_tokens = len(prompt)
+        else:
+            text = prompt
+            prompt_tokens = await _count(tokenizer, len(text), lambda: tokenizer.count(text))
+        max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
+    else:
+        messages = _chat_messages(body)
+        length = sum(len(m.content) for m in messages)
+        prompt_tokens = await _count(tokenizer, length, lambda: count_chat(tokenizer, messages))
+        max_tokens = (
+            _positive_int(body, "max_completion_tokens")
+            or _positive_int(body, "max_tokens")
+            or max(1, min(CHAT_DEFAULT_MAX_TOKENS, settings.scheduler.max_context - prompt_tokens))
+        )
+    return GenerationRequest(endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage)
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+def _usage(parsed: GenerationRequest, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": parsed.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": parsed.prompt_tokens + completion_tokens,
+    }
+
+
+def _word(index: int) -> str:
+    return OUTPUT_WORDS[index % len(OUTPUT_WORDS)]
+
+
+@dataclass(frozen=True)
+class _Reply:
+    request_id: str
+    created: int
+    model: str
+    parsed: GenerationRequest
+
+    def envelope(self, chunk: bool) -> dict[str, Any]:
+        if self.parsed.endpoint == "completions":
+            kind = "text_completion"
+        else:
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+
+    def token_chunk(self, event: TokenEvent) -> dict[str, Any]:
+        finish = "length" if event.last else None
+        if self.parsed.endpoint == "completions":
+            choice = {"index": 0, "text": _word(event.index), "logprobs": None,
+                      "finish_reason": finish}  # fmt: skip
+        else:
+            choice = {"index": 0, "delta": {"content": _word(event.index)}, "logprobs": None,
+                      "finish_reason": finish}  # fmt: skip
+        return {**self.envelope(True), "choices": [choice]}
+
+    def role_chunk(self) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self.envelope(True), "choices": [choice]}
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        return {
+            **self.envelope(True),
+            "choices": [],
+            "usage": _usage(self.parsed, completion_tokens),
+        }
+
+    def whole(self, completion_tokens: int) -> dict[str, Any]:
+        text = "".join(_word(i) for i in range(completion_tokens))
+        if self.parsed.endpoint == "completions":
+            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+                                      "finish_reason": "length", "stop_reason": None}  # fmt: skip
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": "length"}  # fmt: skip
+        return {**self.envelope(False), "choices": [choice],
+                "usage": _usage(self.parsed, completion_tokens)}  # fmt: skip
+
+
+async def _sse(response: web.StreamResponse, payload: dict[str, Any] | str) -> None:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    await response.write(f"data: {data}\n\n".encode())
+
+
+async def _stream(
+    request: web.Request, reply: _Reply, events: asyncio.Queue[TokenEvent]
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    if reply.parsed.endpoint == "chat":
+        await _sse(response, reply.role_chunk())
+    emitted = 0
+    while True:
+        event = await events.get()
+        emitted += 1
+        await _sse(response, reply.token_chunk(event))
+        if event.last:
+            break
+    if reply.parsed.include_usage:
+        await _sse(response, reply.usage_chunk(emitted))
+    await _sse(response, "[DONE]")
+    await response.write_eof()
+    return response
+
+
+async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    engine = request.app[ENGINE]
+    parsed = await parse_generation(request, endpoint, settings, request.app[TOKENIZER])
+    prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
+    reply = _Reply(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), settings.model, parsed)
+    try:
+        events = engine.submit(reply.request_id, parsed.prompt_tokens, parsed.max_tokens)
+    except RequestRejected as error:
+        raise OpenAIError(400, str(error)) from None
+    try:
+        if parsed.stream:
+            return await _stream(request, reply, events)
+        emitted = 0
+        while not (await events.get()).last:
+            emitted += 1
+        return web.json_response(reply.whole(emitted + 1))
+    finally:
+        # A no-op once the request has finished; frees the engine when the client left.
+        engine.abort(reply.request_id)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completions")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def models(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    card = {
+        "id": settings.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "laneway-sim",
+        "root": settings.model,
+        "max_model_len": settings.scheduler.max_context,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[ENGINE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except OpenAIError as error:
+        return error_response(error.status, error.message, error.param)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return error_response(error.status, error.reason)
+
+
+# -- application ---------------------------------------------------------------------------
+
+SETTINGS = web.AppKey("settings", SimSettings)
+ENGINE = web.AppKey("engine", RealTimeEngine)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+
+
+async def _engine_task(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    core = EngineCore(settings.profile, settings.scheduler)
+    engine = RealTimeEngine(core, settings.time_scale, settings.metrics_flavor, settings.model)
+    app[ENGINE] = engine
+    task = asyncio.create_task(engine.run())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def create_app(settings: SimSettings, tokenizer: Tokenizer | None = None) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
+    app[SETTINGS] = settings
+    app[TOKENIZER] = tokenizer or default_tokenizer()
+    app.cleanup_ctx.append(_engine_task)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(settings: SimSettings, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT; print the ready line once listening."""
+    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as error:
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        bound_port = runner.addresses[0][1]
+        print(f"laneway sim: serving {settings.model} on http://{host}:{bound_port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        print("laneway sim: stopping", file=sys.stderr, flush=True)
+    finally:
+        await runner.cleanup()
