@@ -1,0 +1,254 @@
+"""Shared state in Redis: the connection settings and the replicas' shared endpoint load.
+
+`RedisLoadTracker` implements `LoadTracker` for several gateway replicas. Every replica adds
+its own load to one shared hash per gateway (`{prefix}:load`: `URL|in_flight` and
+`URL|prefill` -> totals), so a pick sees what every replica has sent, one round trip per
+read. Each replica also keeps its contribution in its own hash and holds a lease (a key
+with a TTL) that a heartbeat renews. When a replica dies, its lease expires and the next
+heartbeat of any surviving replica subtracts the dead one's contribution from the totals:
+a killed replica's load expires instead of leaking.
+
+The heartbeat also rewrites this replica's contribution from its exact local counts and
+moves the totals by the difference, which repairs whatever was missed while Redis was away
+or lost in a Redis restart. While Redis is unreachable, picks use this replica's local
+counts alone, and interactive traffic keeps flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from laneway.errors import UsageError
+from laneway.gateway.state import EndpointLoad, InMemoryLoadTracker, Lease
+
+log = logging.getLogger("laneway.gateway.redis")
+
+REDIS_URL_ENV = "LANEWAY_REDIS_URL"
+REDIS_PASSWORD_ENV = "LANEWAY_REDIS_PASSWORD"
+DEFAULT_PREFIX = "laneway"
+# Redis calls must fail fast when the server is away, never hang a request.
+SOCKET_TIMEOUT_S = 0.5
+DEFAULT_LEASE_S = 6.0
+
+# Errors that mean "Redis is not answering" rather than a bug in a command.
+REDIS_DOWN = (RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str
+    password: str | None = None
+    prefix: str = DEFAULT_PREFIX
+
+
+def redis_settings(
+    flag: str | None, environ: Mapping[str, str] = os.environ
+) -> RedisSettings | None:
+    """From `--redis-url` (or LANEWAY_REDIS_URL) and LANEWAY_REDIS_PASSWORD; None: in-memory."""
+    url = flag if flag is not None else environ.get(REDIS_URL_ENV)
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(f"--redis-url {url!r}: must start with redis://, rediss:// or unix://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise UsageError(f"--redis-url {url!r}: names no host (e.g. redis://redis:6379/0)")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise UsageError(f"--redis-url {url!r}: the port is not a number") from None
+    return RedisSettings(url=url, password=environ.get(REDIS_PASSWORD_ENV) or None)
+
+
+def connect(settings: RedisSettings) -> Redis:
+    """A client that fails fast while Redis is away and reconnects by itself when it returns."""
+    return Redis.from_url(
+        settings.url,
+        password=settings.password,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=5,
+        retry_on_timeout=False,
+    )
+
+
+@contextlib.asynccontextmanager
+async def redis_client(settings: RedisSettings) -> AsyncIterator[Redis]:
+    client = connect(settings)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+# KEYS: totals, contribution. ARGV: field, delta pairs. Moves both hashes together.
+APPLY_LUA = """
+for i = 1, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+# KEYS: totals, replicas set. ARGV: prefix, this replica, lease ms, then field, value pairs
+# of this replica's exact load. Renews this replica's lease, replaces its contribution and
+# moves the totals by the difference, then reaps replicas whose lease has expired.
+# Reaped replicas' keys are derived in the script: fine on a single Redis, not on Cluster.
+SYNC_LUA = """
+local prefix, me, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local function contribution(replica) return prefix .. ':load:replica:' .. replica end
+local function lease(replica) return prefix .. ':load:lease:' .. replica end
+redis.call('SET', lease(me), '1', 'PX', lease_ms)
+redis.call('SADD', KEYS[2], me)
+local mine = contribution(me)
+local old = redis.call('HGETALL', mine)
+local fresh = {}
+for i = 4, #ARGV, 2 do fresh[ARGV[i]] = tonumber(ARGV[i + 1]) end
+for i = 1, #old, 2 do
+  local field, value = old[i], tonumber(old[i + 1])
+  local delta = (fresh[field] or 0) - value
+  if delta ~= 0 then redis.call('HINCRBY', KEYS[1], field, delta) end
+  fresh[field] = nil
+end
+for field, value in pairs(fresh) do
+  if value ~= 0 then redis.call('HINCRBY', KEYS[1], field, value) end
+end
+redis.call('DEL', mine)
+for i = 4, #ARGV, 2 do
+  if tonumber(ARGV[i + 1]) ~= 0 then redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
+end
+local reaped = 0
+for _, replica in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('EXISTS', lease(replica)) == 0 then
+    local dead = redis.call('HGETALL', contribution(replica))
+    for i = 1, #dead, 2 do redis.call('HINCRBY', KEYS[1], dead[i], -tonumber(dead[i + 1])) end
+    redis.call('DEL', contribution(replica))
+    redis.call('SREM', KEYS[2], replica)
+    reaped = reaped + 1
+  end
+end
+return reaped
+"""
+
+
+def _fields(endpoint: str) -> tuple[str, str]:
+    return f"{endpoint}|in_flight", f"{endpoint}|prefill"
+
+
+class RedisLoadTracker:
+    """`LoadTracker` over Redis, exact locally, shared through per-replica leases."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str = DEFAULT_PREFIX,
+        replica: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self.replica = replica or replica_id()
+        self._lease_ms = int(lease_s * 1000)
+        self.heartbeat_s = lease_s / 3
+        self._local = InMemoryLoadTracker()
+        self._endpoints: set[str] = set()  # every endpoint this replica has load on
+        self._totals = f"{prefix}:load"
+        self._contribution = f"{prefix}:load:replica:{self.replica}"
+        self._sync_keys = [self._totals, f"{prefix}:load:replicas"]
+        self._apply = redis.register_script(APPLY_LUA)
+        self._sync = redis.register_script(SYNC_LUA)
+        self.shared = True  # False while Redis is unreachable
+
+    async def start(self, endpoint: str, prefill_tokens: int) -> Lease:
+        lease = await self._local.start(endpoint, prefill_tokens)
+        self._endpoints.add(endpoint)
+        in_flight, prefill = _fields(endpoint)
+        await self._send((in_flight, 1), (prefill, prefill_tokens))
+        return lease
+
+    async def prefill_done(self, lease: Lease) -> None:
+        await self._local.prefill_done(lease)
+        await self._send((_fields(lease.endpoint)[1], -lease.prefill_tokens))
+
+    async def finish(self, lease: Lease, prefill_done: bool) -> None:
+        await self._local.finish(lease, prefill_done)
+        in_flight, prefill = _fields(lease.endpoint)
+        deltas = [(in_flight, -1)]
+        if not prefill_done:
+            deltas.append((prefill, -lease.prefill_tokens))
+        await self._send(*deltas)
+
+    async def loads(self, endpoints: Iterable[str]) -> Mapping[str, EndpointLoad]:
+        urls = list(endpoints)
+        if not self.shared:
+            return await self._local.loads(urls)
+        fields = [field for url in urls for field in _fields(url)]
+        try:
+            values = await self._redis.hmget(self._totals, fields)
+        except REDIS_DOWN as error:
+            self._went_down(error)
+            return await self._local.loads(urls)
+        counts = [max(0, int(v)) if v is not None else 0 for v in values]
+        return {url: EndpointLoad(counts[2 * i], counts[2 * i + 1]) for i, url in enumerate(urls)}
+
+    async def heartbeat(self) -> int:
+        """Renew the lease, resync this replica's share, reap dead replicas; how many reaped."""
+        snapshot = await self._local.loads(self._endpoints)
+        self._endpoints = {url for url, load in snapshot.items() if load != EndpointLoad()}
+        args: list[str | int] = [self._prefix, self.replica, self._lease_ms]
+        for url, load in snapshot.items():
+            in_flight, prefill = _fields(url)
+            args += [in_flight, load.in_flight, prefill, load.prefill_tokens]
+        reaped: int = await self._sync(keys=self._sync_keys, args=args)
+        if not self.shared:
+            log.warning("redis is back: endpoint load is shared again")
+            self.shared = True
+        return reaped
+
+    async def run(self) -> None:
+        """The heartbeat loop, until cancelled; survives Redis going away and coming back."""
+        while True:
+            try:
+                reaped = await self.heartbeat()
+                if reaped:
+                    log.info("reaped the load of %d replica(s) whose lease expired", reaped)
+            except REDIS_DOWN as error:
+                self._went_down(error)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def leave(self) -> None:
+        """On a clean shutdown: take this replica's load out of the totals now."""
+        with contextlib.suppress(*REDIS_DOWN):
+            # An empty snapshot takes this replica's share out of the totals.
+            await self._sync(keys=self._sync_keys, args=[self._prefix, self.replica, 1])
+            await self._redis.delete(f"{self._prefix}:load:lease:{self.replica}")
+            await self._redis.srem(self._sync_keys[1], self.replica)
+
+    async def _send(self, *deltas: tuple[str, int]) -> None:
+        if not self.shared:
+            return  # the next heartbeat after Redis returns resyncs this replica's share
+        args: list[str | int] = [value for pair in deltas for value in pair]
+        try:
+            await self._apply(keys=[self._totals, self._contribution], args=args)
+        except REDIS_DOWN as error:
+            self._went_down(error)
+
+    def _went_down(self, error: BaseException) -> None:
+        if self.shared:
+            log.warning("redis unreachable, picking on this replica's load alone: %s", error)
+            self.shared = False

@@ -1,0 +1,89 @@
+"""Endpoint load shared between replicas through Redis, with leases that expire."""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio import Redis
+
+from laneway.gateway.redis_server import LocalRedis
+from laneway.gateway.redis_state import RedisLoadTracker, connect, redis_settings
+from laneway.gateway.state import EndpointLoad
+
+E1, E2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+
+
+async def test_replicas_see_each_others_load(redis_server: LocalRedis) -> None:
+    first, second = Redis.from_url(redis_server.url), Redis.from_url(redis_server.url)
+    try:
+        a, b = RedisLoadTracker(first, replica="a"), RedisLoadTracker(second, replica="b")
+        lease_a = await a.start(E1, 1000)
+        lease_b = await b.start(E1, 500)
+        await b.start(E2, 10)
+        assert await a.loads([E1, E2]) == {E1: EndpointLoad(2, 1500), E2: EndpointLoad(1, 10)}
+        await a.prefill_done(lease_a)
+        await b.finish(lease_b, prefill_done=False)
+        assert (await b.loads([E1]))[E1] == EndpointLoad(1, 0)
+        await a.finish(lease_a, prefill_done=True)
+        assert await a.loads([E1, E2]) == {E1: EndpointLoad(0, 0), E2: EndpointLoad(1, 10)}
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_a_dead_replicas_load_expires_with_its_lease(redis_server: LocalRedis) -> None:
+    redis = Redis.from_url(redis_server.url)
+    try:
+        survivor = RedisLoadTracker(redis, replica="survivor", lease_s=0.3)
+        doomed = RedisLoadTracker(redis, replica="doomed", lease_s=0.3)
+        await survivor.heartbeat()
+        await doomed.heartbeat()
+        await doomed.start(E1, 4000)
+        await doomed.start(E1, 4000)
+        await survivor.start(E1, 100)
+        assert (await survivor.loads([E1]))[E1] == EndpointLoad(3, 8100)
+        # `doomed` stops heartbeating, as a killed process would; its lease runs out.
+        await asyncio.sleep(0.4)
+        assert await survivor.heartbeat() == 1
+        assert (await survivor.loads([E1]))[E1] == EndpointLoad(1, 100)
+        assert await survivor.heartbeat() == 0
+    finally:
+        await redis.aclose()
+
+
+async def test_a_clean_leave_takes_the_share_out_at_once(redis_server: LocalRedis) -> None:
+    redis = Redis.from_url(redis_server.url)
+    try:
+        leaving = RedisLoadTracker(redis, replica="leaving")
+        staying = RedisLoadTracker(redis, replica="staying")
+        await leaving.heartbeat()
+        await leaving.start(E2, 50)
+        await leaving.leave()
+        assert (await staying.loads([E2]))[E2] == EndpointLoad(0, 0)
+        assert await redis.smembers("laneway:load:replicas") == set()
+    finally:
+        await redis.aclose()
+
+
+async def test_local_load_while_redis_is_away_and_resync_after(redis_server: LocalRedis) -> None:
+    settings = redis_settings(redis_server.url)
+    assert settings is not None
+    redis = connect(settings)
+    try:
+        tracker = RedisLoadTracker(redis, replica="r")
+        kept = await tracker.start(E1, 300)
+        redis_server.stop()
+        # Picks go on from this replica's own counts, without waiting on Redis.
+        during = await tracker.start(E1, 200)
+        assert not tracker.shared
+        assert (await tracker.loads([E1]))[E1] == EndpointLoad(2, 500)
+        await tracker.finish(kept, prefill_done=False)
+        redis_server.start()  # empty: no persistence
+        await tracker.heartbeat()
+        assert tracker.shared
+        # The heartbeat rewrote the totals from the exact local counts.
+        assert (await tracker.loads([E1]))[E1] == EndpointLoad(1, 200)
+        await tracker.finish(during, prefill_done=False)
+        assert (await tracker.loads([E1]))[E1] == EndpointLoad(0, 0)
+    finally:
+        await redis.aclose()
