@@ -27,9 +27,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from types import TracebackType
-from typing import IO
+from typing import IO, TypeVar
 
 READY_PREFIXES = {
     "sim": "laneway sim: serving ",
@@ -40,6 +40,8 @@ DEFAULT_STOP_GRACE = 5.0
 TAIL_LINES = 40
 
 _PR_SET_PDEATHSIG = 1
+
+T = TypeVar("T")
 
 # Every child not yet stopped, for the atexit hook.
 _LIVE: set[ChildProcess] = set()
@@ -245,6 +247,21 @@ class Children:
     def crashed(self) -> list[ChildProcess]:
         """Children that have exited on their own (none should, until close)."""
         return [c for c in self._children if c.returncode is not None]
+
+    async def watch(self, awaitable: Awaitable[T], poll_s: float = 0.5) -> T:
+        """Await `awaitable`, but if a child exits meanwhile cancel it and raise ChildError."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=poll_s)
+                crashed = self.crashed()
+                if crashed and not task.done():
+                    raise ChildError(crashed[0].describe_exit())
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     def close(self) -> None:
         with self._lock:

@@ -255,3 +255,24 @@ async def test_a_real_simulator_on_port_0_serves_its_ready_url() -> None:
         async with aiohttp.ClientSession() as session, session.get(f"{sim.url}/health") as reply:
             assert reply.status == 200
     assert is_gone(sim.pid)
+
+
+async def test_watch_returns_the_result_or_raises_when_a_child_dies() -> None:
+    async with Children() as children:
+        children.start(
+            "doomed",
+            python_child(f"""
+                import sys, time
+                print("{READY}http://127.0.0.1:6", flush=True)
+                time.sleep(0.5)
+                print("engine fell over", file=sys.stderr, flush=True)
+                sys.exit(7)
+            """),
+            READY,
+        )
+        assert await children.watch(asyncio.sleep(0, result="quick"), poll_s=0.05) == "quick"
+        never_done = asyncio.Event()
+        with pytest.raises(ChildError) as raised:
+            await children.watch(never_done.wait(), poll_s=0.05)
+        assert "status 7" in str(raised.value)
+        assert "engine fell over" in str(raised.value)
