@@ -1,0 +1,242 @@
+"""`laneway sim` as a real subprocess over loopback, driven by the official openai client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from laneway.procs import ChildProcess, Children
+from laneway.tokens import default_tokenizer
+
+MODEL = "sim-test-model"
+
+
+@pytest.fixture(scope="module")
+def children() -> Iterator[Children]:
+    with Children() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def vllm_sim(children: Children) -> ChildProcess:
+    # h200 timing at 20x: a 32-token answer takes a few ms of wall time per step.
+    args = ["--port", "0", "--model", MODEL, "--time-scale", "20", "--max-context", "4096"]
+    return children.start_laneway("sim", args, name="vllm-flavored sim")
+
+
+@pytest.fixture(scope="module")
+def sglang_sim(children: Children) -> ChildProcess:
+    args = ["--port", "0", "--model", MODEL, "--profile", "zero", "--metrics-flavor", "sglang"]
+    return children.start_laneway("sim", args, name="sglang-flavored sim")
+
+
+@pytest.fixture(scope="module")
+def vllm_client(vllm_sim: ChildProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{vllm_sim.url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def sglang_client(sglang_sim: ChildProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{sglang_sim.url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def scrape(sim: ChildProcess) -> dict[str, float]:
+    """Every sample on /metrics, keyed by name (labels dropped: one engine, one model)."""
+    with urllib.request.urlopen(f"{sim.url}/metrics") as response:
+        text = response.read().decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return samples
+
+
+def post_raw(sim: ChildProcess, path: str, body: bytes) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        f"{sim.url}{path}", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def test_completion_counts_prompt_with_the_shared_tokenizer(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    prompt = "Summarize the contract clauses about termination and renewal."
+    completion = vllm_client.completions.create(model=MODEL, prompt=prompt, max_tokens=7)
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == default_tokenizer().count(prompt)
+    assert completion.usage.completion_tokens == 7
+    assert completion.choices[0].finish_reason == "length"
+    assert len(completion.choices[0].text.split()) == 7
+
+
+def test_chat_stream_delivers_every_token_then_usage(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    stream = vllm_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Where is my order?"}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    contents: list[str] = []
+    finish_reasons: list[str | None] = []
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                contents.append(choice.delta.content)
+            finish_reasons.append(choice.finish_reason)
+    assert len(contents) == 12
+    assert finish_reasons[-1] == "length"
+    assert usage is not None
+    assert usage.completion_tokens == 12
+
+
+def test_chat_without_stream_returns_one_message(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    reply = vllm_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=3
+    )
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content is not None
+    assert len(reply.choices[0].message.content.split()) == 3
+
+
+def test_completion_stream_ends_with_done(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    request = urllib.request.Request(
+        f"{vllm_sim.url}/v1/completions",
+        data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        lines = [line.decode().strip() for line in response if line.strip()]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
+
+
+def test_prompt_over_the_context_cap_gets_vllms_400(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        vllm_client.completions.create(model=MODEL, prompt=[1] * 4000, max_tokens=200)
+    assert raised.value.status_code == 400
+    assert "maximum context length is 4096 tokens" in str(raised.value)
+    assert "4200 tokens" in str(raised.value)
+
+
+def test_unknown_model_is_404(vllm_sim: ChildProcess, vllm_client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        vllm_client.completions.create(model="other", prompt="x", max_tokens=1)
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"model": MODEL, "prompt": 5}).encode(), "'prompt'"),
+        (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "9"}).encode(), "max_tokens"),
+        (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 0}).encode(), "max_tokens"),
+        (json.dumps({"model": MODEL, "prompt": "x", "stream": "yes"}).encode(), "'stream'"),
+        (json.dumps({"model": MODEL, "prompt": "x", "n": 2}).encode(), "'n'"),
+    ],
+)
+def test_bad_bodies_get_openai_shaped_400s(
+    vllm_sim: ChildProcess, body: bytes, fragment: str
+) -> None:
+    status, payload = post_raw(vllm_sim, "/v1/completions", body)
+    assert status == 400
+    error = payload["error"]
+    assert isinstance(error, dict)
+    assert fragment in error["message"]
+    assert error["code"] == 400
+
+
+def test_bad_chat_messages_get_400(vllm_sim: ChildProcess, vllm_client: openai.OpenAI) -> None:
+    for messages in ([], [{"content": "no role"}], [{"role": "user", "content": 7}]):
+        body = json.dumps({"model": MODEL, "messages": messages}).encode()
+        status, payload = post_raw(vllm_sim, "/v1/chat/completions", body)
+        assert status == 400, messages
+        assert "messages" in json.dumps(payload)
+
+
+def test_models_and_health(vllm_sim: ChildProcess, vllm_client: openai.OpenAI) -> None:
+    listed = vllm_client.models.list()
+    assert [model.id for model in listed.data] == [MODEL]
+    with urllib.request.urlopen(f"{vllm_sim.url}/health") as response:
+        assert response.status == 200
+
+
+def test_vllm_metrics_count_what_was_served(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    before = scrape(vllm_sim)
+    vllm_client.completions.create(model=MODEL, prompt=[7] * 100, max_tokens=5)
+    after = scrape(vllm_sim)
+    assert after["vllm:prompt_tokens_total"] - before.get("vllm:prompt_tokens_total", 0) == 100
+    generated = after["vllm:generation_tokens_total"] - before.get(
+        "vllm:generation_tokens_total", 0
+    )
+    assert generated == 5
+    assert after["vllm:time_to_first_token_seconds_count"] >= 1
+    assert after["vllm:inter_token_latency_seconds_count"] >= 4
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:num_requests_waiting"] == 0
+    assert 0 <= after["vllm:kv_cache_usage_perc"] <= 1
+
+
+def test_sglang_flavor_uses_sglang_names(
+    sglang_sim: ChildProcess, sglang_client: openai.OpenAI
+) -> None:
+    sglang_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    samples = scrape(sglang_sim)
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
+        assert name in samples
+    assert samples["sglang:generation_tokens_total"] == 4
+    assert not any(name.startswith("vllm:") for name in samples)
+
+
+def test_bad_flags_exit_2_with_one_line() -> None:
+    for flags in (
+        ["--chunk-size", "4096", "--token-budget", "2048"],
+        ["--time-scale", "0"],
+        ["--port", "70000"],
+        ["--profile", "a100-nonexistent"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "laneway.cli", "sim", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2, flags
+        assert "Traceback" not in result.stderr
+        assert "error:" in result.stderr.splitlines()[-1]
