@@ -1,0 +1,104 @@
+{{/* Names, labels and small helpers shared by every template. */}}
+
+{{- define "laneway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name: "<release>-laneway", or just "<release>" when it already says laneway. */}}
+{{- define "laneway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.gateway.fullname" -}}
+{{- printf "%s-gateway" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "laneway.operator.fullname" -}}
+{{- printf "%s-operator" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "laneway.redis.fullname" -}}
+{{- printf "%s-redis" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "laneway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object carries. Call with (dict "root" $ "component" "gateway"). */}}
+{{- define "laneway.labels" -}}
+helm.sh/chart: {{ include "laneway.chart" .root }}
+{{ include "laneway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: laneway
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The labels Deployments select their pods by; never change across upgrades. */}}
+{{- define "laneway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "laneway.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "laneway.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "laneway.gateway.serviceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create }}
+{{- default (include "laneway.gateway.fullname" .) .Values.gateway.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.gateway.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "laneway.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Redis: the URL the gateway uses, and the Secret holding its password (empty: no password). */}}
+{{- define "laneway.redis.url" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://%s:%d/0" (include "laneway.redis.fullname" .) (int .Values.redis.port) }}
+{{- else }}
+{{- .Values.redis.url }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.redis.passwordSecretName" -}}
+{{- if .Values.redis.auth.existingSecret }}
+{{- .Values.redis.auth.existingSecret }}
+{{- else if or .Values.redis.enabled .Values.redis.auth.password }}
+{{- include "laneway.redis.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.redis.passwordSecretKey" -}}
+{{- if .Values.redis.auth.existingSecret }}
+{{- .Values.redis.auth.existingSecretPasswordKey }}
+{{- else }}
+{{- "password" }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped names carry the namespace: two releases in two namespaces must not collide. */}}
+{{- define "laneway.operator.clusterRoleName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "laneway.operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

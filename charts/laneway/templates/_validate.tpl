@@ -1,0 +1,42 @@
+{{/*
+Rules across values that values.schema.json cannot express. Each message names the values
+to change, so `helm install` fails at once instead of the gateway crash-looping later.
+*/}}
+{{- define "laneway.validate" -}}
+{{- $gw := .Values.gateway }}
+{{- $auto := $gw.autoscaling }}
+{{- if and $auto.enabled (gt (int $auto.minReplicas) (int $auto.maxReplicas)) }}
+{{- fail (printf "gateway.autoscaling.minReplicas (%d) must not exceed gateway.autoscaling.maxReplicas (%d)" (int $auto.minReplicas) (int $auto.maxReplicas)) }}
+{{- end }}
+{{- $drain := int (default 30000 $gw.config.drainTimeoutMillis) }}
+{{- if ge $drain (mul (int $gw.terminationGracePeriodSeconds) 1000) }}
+{{- fail (printf "gateway.config.drainTimeoutMillis (%d) must be below gateway.terminationGracePeriodSeconds (%d s), or Kubernetes kills open streams mid-drain" $drain (int $gw.terminationGracePeriodSeconds)) }}
+{{- end }}
+{{- $scrape := default dict $gw.config.scrape }}
+{{- if and (hasKey $scrape "intervalMillis") (hasKey $scrape "staleAfterMillis") (lt (int $scrape.staleAfterMillis) (int $scrape.intervalMillis)) }}
+{{- fail (printf "gateway.config.scrape.staleAfterMillis (%d) must be >= gateway.config.scrape.intervalMillis (%d)" (int $scrape.staleAfterMillis) (int $scrape.intervalMillis)) }}
+{{- end }}
+{{- $picking := default dict $gw.config.picking }}
+{{- if and (eq (default "scored" $picking.policy) "scored") $picking.weights }}
+{{- $total := 0 }}
+{{- range $name, $weight := $picking.weights }}{{ $total = add $total $weight }}{{ end }}
+{{- if eq (int $total) 0 }}
+{{- fail "gateway.config.picking.weights: the scored policy needs at least one scorer with a weight above 0" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.redis.enabled .Values.redis.url }}
+{{- fail "set either redis.enabled (the bundled Redis) or redis.url (your own), not both" }}
+{{- end }}
+{{- if and .Values.redis.auth.existingSecret .Values.redis.auth.password }}
+{{- fail "set either redis.auth.existingSecret or redis.auth.password, not both" }}
+{{- end }}
+{{- if .Values.examplePools.enabled }}
+{{- $names := dict }}
+{{- range .Values.examplePools.pools }}
+{{- if hasKey $names .name }}
+{{- fail (printf "examplePools.pools: the name %q is used twice" .name) }}
+{{- end }}
+{{- $_ := set $names .name true }}
+{{- end }}
+{{- end }}
+{{- end }}

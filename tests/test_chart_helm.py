@@ -1,0 +1,692 @@
+"""The Helm chart, checked with the real `helm` and the upstream Kubernetes schemas.
+
+Every values set in charts/laneway/ci/ (plus the defaults) is linted strictly and rendered
+once; every rendered object is validated against the Kubernetes OpenAPI schema of the oldest
+Kubernetes the chart supports and of the newest kubernetes-validate knows, InferencePools
+against the CRD's own schema and laneway's parser, and the gateway's ConfigMap against the
+gateway's config parser. Bad values must fail `helm template` with a message that says what
+to change.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from laneway.api import check_pool_set, parse_pool
+from laneway.gateway.config import GatewaySettings, parse_documents
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "laneway"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+VALUE_SETS = ["default", *(path.name.removesuffix("-values.yaml") for path in CI_VALUES)]
+RELEASE, NAMESPACE = "lw", "serving"
+# The oldest Kubernetes Chart.yaml's kubeVersion admits, and the newest schemas installed.
+KUBERNETES_VERSIONS = ("1.27", kubernetes_validate.latest_version())
+# Kinds that are not built into Kubernetes: checked by their own tests below.
+CUSTOM_KINDS = {"InferencePool", "ServiceMonitor"}
+STANDARD_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+    "helm.sh/chart",
+)
+
+Manifest = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    path = shutil.which("helm")
+    if path is None:
+        pytest.fail(
+            "helm is not on PATH: scripts/test.sh installs it (scripts/install-tools.sh) into "
+            ".tools/bin and puts that first on PATH"
+        )
+    return path
+
+
+def values_args(value_set: str) -> list[str]:
+    return [] if value_set == "default" else ["-f", str(CHART / "ci" / f"{value_set}-values.yaml")]
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def template(helm: str, *args: str) -> list[Manifest]:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: str) -> dict[str, list[Manifest]]:
+    return {name: template(helm, *values_args(name)) for name in VALUE_SETS}
+
+
+def only(objects: list[Manifest], kind: str, name_suffix: str = "") -> Manifest:
+    found = [
+        o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)
+    ]
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {len(found)}"
+    return found[0]
+
+
+def kinds(objects: list[Manifest]) -> set[str]:
+    return {o["kind"] for o in objects}
+
+
+def deployment(objects: list[Manifest], component: str) -> Manifest:
+    return only(objects, "Deployment", f"-{component}")
+
+
+def container(deployment_object: Manifest) -> Manifest:
+    containers = deployment_object["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: Manifest = containers[0]
+    return result
+
+
+def env_of(deployment_object: Manifest) -> dict[str, Manifest]:
+    return {e["name"]: e for e in container(deployment_object).get("env", [])}
+
+
+def crd() -> Manifest:
+    document: Manifest = yaml.safe_load(
+        (CHART / "crds" / "laneway.io_inferencepools.yaml").read_text()
+    )
+    return document
+
+
+# --- lint and schema validation of every rendered object --------------------------------
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_lint_strict_passes(helm: str, value_set: str) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), *values_args(value_set))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_built_in_object_matches_the_kubernetes_schema(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    objects = [o for o in rendered[value_set] if o["kind"] not in CUSTOM_KINDS]
+    assert objects
+    for manifest in objects:
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(manifest, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                where = "/".join(str(p) for p in error.path)
+                pytest.fail(
+                    f"{value_set}: {manifest['kind']} {manifest['metadata']['name']} "
+                    f"invalid for Kubernetes {version} at {where}: {error.message}"
+                )
+
+
+def test_schema_validation_is_strict_enough_to_catch_a_misplaced_field(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    broken = copy.deepcopy(deployment(rendered["default"], "gateway"))
+    container(broken)["readinessProbe"]["path"] = "/readyz"
+    with pytest.raises(kubernetes_validate.ValidationError, match="path"):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_every_object_lives_in_the_release_namespace_unless_cluster_scoped(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for objects in rendered.values():
+        for manifest in objects:
+            namespace = manifest["metadata"].get("namespace")
+            expected = None if manifest["kind"] in cluster_scoped else NAMESPACE
+            assert namespace == expected, f"{manifest['kind']} {manifest['metadata']['name']}"
+
+
+def test_every_object_carries_the_standard_labels(rendered: dict[str, list[Manifest]]) -> None:
+    for objects in rendered.values():
+        for manifest in objects:
+            labels = manifest["metadata"]["labels"]
+            missing = [key for key in STANDARD_LABELS if key not in labels]
+            assert not missing, f"{manifest['kind']} {manifest['metadata']['name']}: {missing}"
+            assert labels["app.kubernetes.io/instance"] == RELEASE
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+# --- the gateway ------------------------------------------------------------------------
+
+
+def gateway_config_documents(objects: list[Manifest]) -> list[Any]:
+    config_map = only(objects, "ConfigMap", "-gateway")
+    return list(yaml.safe_load_all(config_map["data"]["gateway.yaml"]))
+
+
+def test_default_gateway_config_is_exactly_the_gateways_own_defaults(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    documents = gateway_config_documents(rendered["default"])
+    assert [d["kind"] for d in documents] == ["GatewayConfig"]
+    parsed = parse_documents(documents, "configmap", allow_pools=False)
+    assert parsed.settings == GatewaySettings()
+    assert parsed.pools == ()
+
+
+def test_production_gateway_config_reaches_the_gateway(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    settings = parse_documents(
+        gateway_config_documents(rendered["production"]), "configmap", allow_pools=False
+    ).settings
+    assert settings.picking.weights["prefillTokens"] == 4
+    assert settings.queue.max_waiting == 4096
+    assert settings.tokenizer.kind == "huggingface"
+    assert settings.tokenizer.path == "/etc/laneway/tokenizer/tokenizer.json"
+    assert settings.max_body_bytes == 8388608
+    gateway = deployment(rendered["production"], "gateway")
+    mounts = {m["mountPath"] for m in container(gateway)["volumeMounts"]}
+    assert "/etc/laneway/tokenizer" in mounts
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_gateway_runs_in_kubernetes_mode_with_its_config_mounted(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    objects = rendered[value_set]
+    gateway = deployment(objects, "gateway")
+    main = container(gateway)
+    args = main["args"]
+    assert args[0] == "gateway"
+    assert "--kubernetes" in args
+    assert args[args.index("--namespace") + 1] == NAMESPACE
+    config_path = Path(args[args.index("--config") + 1])
+    mount = next(m for m in main["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    volume = next(
+        v for v in gateway["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    )
+    config_map = only(objects, "ConfigMap", "-gateway")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert config_path.name in config_map["data"]
+    port = int(args[args.index("--port") + 1])
+    assert main["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert main["resources"]["requests"]
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_pod_is_non_root_with_a_read_only_root_filesystem(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    for manifest in rendered[value_set]:
+        if manifest["kind"] != "Deployment":
+            continue
+        pod = manifest["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        for each in pod["containers"]:
+            security = each["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True, manifest["metadata"]["name"]
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"]["drop"] == ["ALL"]
+
+
+def test_gateway_defaults_to_several_replicas_spread_over_nodes(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    gateway = deployment(rendered["default"], "gateway")
+    assert gateway["spec"]["replicas"] >= 2
+    assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    preferred = gateway["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    term = preferred[0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    pdb = only(rendered["default"], "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_production_values_harden_the_gateway(rendered: dict[str, list[Manifest]]) -> None:
+    objects = rendered["production"]
+    gateway = deployment(objects, "gateway")
+    assert "replicas" not in gateway["spec"], "the HPA owns the replica count"
+    required = gateway["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required[0]["topologyKey"] == "kubernetes.io/hostname"
+    hpa = only(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": gateway["metadata"]["name"],
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
+    assert only(objects, "PodDisruptionBudget")["spec"] == {
+        "minAvailable": 2,
+        "selector": gateway["spec"]["selector"],
+    }
+    assert gateway["spec"]["template"]["spec"]["imagePullSecrets"] == [
+        {"name": "registry-credentials"}
+    ]
+    assert only(objects, "Service", "-gateway")["spec"]["type"] == "LoadBalancer"
+
+
+def test_services_select_the_pods_of_their_deployments(rendered: dict[str, list[Manifest]]) -> None:
+    for objects in rendered.values():
+        for service in (o for o in objects if o["kind"] == "Service"):
+            name = service["metadata"]["name"]
+            target = only(objects, "Deployment", name.removeprefix(f"{RELEASE}-laneway"))
+            pod = target["spec"]["template"]
+            assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+            port_names = {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
+            assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+
+def test_config_change_rolls_the_gateway(helm: str) -> None:
+    def checksum(*args: str) -> str:
+        gateway = deployment(template(helm, *args), "gateway")
+        annotation: str = gateway["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return annotation
+
+    assert checksum() != checksum("--set", "gateway.config.queue.maxWaiting=10")
+
+
+# --- RBAC -------------------------------------------------------------------------------
+
+READ = {"get", "list", "watch"}
+
+
+def rules_of(objects: list[Manifest], kind: str, suffix: str) -> dict[tuple[str, str], set[str]]:
+    rules: dict[tuple[str, str], set[str]] = {}
+    for rule in only(objects, kind, suffix)["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                rules[(group, resource)] = set(rule["verbs"])
+    return rules
+
+
+def test_gateway_may_only_read_pools_and_their_endpoints(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    assert rules_of(rendered["default"], "Role", "-gateway") == {
+        ("laneway.io", "inferencepools"): READ,
+        ("discovery.k8s.io", "endpointslices"): READ,
+        ("", "services"): READ,
+    }
+
+
+def test_operator_rbac_covers_what_it_manages_and_nothing_cluster_wide_but_crd_reads(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    objects = rendered["default"]
+    rules = rules_of(objects, "Role", "-operator")
+    write = {"create", "update", "patch", "delete"}
+    for child in [
+        ("apps", "deployments"),
+        ("", "services"),
+        ("policy", "poddisruptionbudgets"),
+        ("autoscaling", "horizontalpodautoscalers"),
+    ]:
+        assert rules[child] >= READ | write, child
+    assert rules[("laneway.io", "inferencepools/status")] >= {"patch"}
+    assert "delete" not in rules[("laneway.io", "inferencepools")]
+    assert rules[("", "events")] >= {"create"}
+    assert rules_of(objects, "ClusterRole", "-operator") == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): READ
+    }
+
+
+def test_no_rule_uses_a_wildcard_and_bindings_name_rendered_accounts(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    for objects in rendered.values():
+        accounts = {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
+        for manifest in objects:
+            for rule in manifest.get("rules", []):
+                for key in ("apiGroups", "resources", "verbs"):
+                    assert "*" not in rule[key], manifest["metadata"]["name"]
+            if manifest["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+                roles = {
+                    o["metadata"]["name"]
+                    for o in objects
+                    if o["kind"] == manifest["roleRef"]["kind"]
+                }
+                assert manifest["roleRef"]["name"] in roles
+                for subject in manifest["subjects"]:
+                    assert subject["name"] in accounts
+                    assert subject["namespace"] == NAMESPACE
+        for manifest in objects:
+            if manifest["kind"] == "Deployment" and manifest["metadata"]["name"].endswith(
+                ("-gateway", "-operator")
+            ):
+                assert manifest["spec"]["template"]["spec"]["serviceAccountName"] in accounts
+
+
+def test_operator_off_renders_no_operator_objects(rendered: dict[str, list[Manifest]]) -> None:
+    objects = rendered["operator-off"]
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-operator")]
+    assert "ClusterRole" not in kinds(objects)
+    deployment(objects, "gateway")
+    operator = deployment(rendered["default"], "operator")
+    assert container(operator)["args"][:3] == ["operator", "--namespace", NAMESPACE]
+
+
+# --- Redis ------------------------------------------------------------------------------
+
+
+def test_bundled_redis_password_comes_from_a_generated_secret(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    objects = rendered["redis"]
+    redis = deployment(objects, "redis")
+    service = only(objects, "Service", "-redis")
+    secret = only(objects, "Secret", "-redis")
+    env = env_of(deployment(objects, "gateway"))
+    assert env["LANEWAY_REDIS_URL"]["value"] == (
+        f"redis://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/0"
+    )
+    reference = env["LANEWAY_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert reference == {"name": secret["metadata"]["name"], "key": "password"}
+    assert len(secret["data"]["password"]) >= 32, "a generated password, base64"
+    assert "value" not in env["LANEWAY_REDIS_PASSWORD"]
+    redis_env = env_of(redis)
+    assert redis_env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == reference
+    assert "$(REDIS_PASSWORD)" in container(redis)["args"]
+
+
+def test_external_redis_uses_the_existing_secret(rendered: dict[str, list[Manifest]]) -> None:
+    objects = rendered["production"]
+    env = env_of(deployment(objects, "gateway"))
+    assert env["LANEWAY_REDIS_URL"]["value"] == "rediss://redis.cache.svc.cluster.local:6380/0"
+    assert env["LANEWAY_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "laneway-redis-credentials",
+        "key": "redis-password",
+    }
+    assert "Secret" not in kinds(objects)
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-redis")]
+
+
+def test_no_redis_means_in_memory_state(rendered: dict[str, list[Manifest]]) -> None:
+    env = env_of(deployment(rendered["default"], "gateway"))
+    assert "LANEWAY_REDIS_URL" not in env
+    assert "LANEWAY_REDIS_PASSWORD" not in env
+
+
+# --- optional objects -------------------------------------------------------------------
+
+
+def test_network_policy_lets_only_the_gateway_reach_engines(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    objects = rendered["production"]
+    policy = only(objects, "NetworkPolicy", "-engines")
+    assert policy["spec"]["podSelector"] == {
+        "matchExpressions": [{"key": "laneway.io/pool", "operator": "Exists"}]
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [ingress] = policy["spec"]["ingress"]
+    gateway_pod = deployment(objects, "gateway")["spec"]["template"]["metadata"]["labels"]
+    [from_gateway, from_monitoring] = ingress["from"]
+    assert from_gateway["podSelector"]["matchLabels"].items() <= gateway_pod.items()
+    assert "namespaceSelector" in from_monitoring
+    redis_policy = only(rendered["redis"], "NetworkPolicy", "-redis")
+    assert redis_policy["spec"]["ingress"][0]["ports"] == [{"port": "redis", "protocol": "TCP"}]
+    assert "NetworkPolicy" not in kinds(rendered["default"])
+
+
+def test_service_monitor_scrapes_the_gateway_service(rendered: dict[str, list[Manifest]]) -> None:
+    objects = rendered["production"]
+    monitor = only(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    service = only(objects, "Service", "-gateway")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert "ServiceMonitor" not in kinds(rendered["default"])
+
+
+def openapi_schema(document: Manifest) -> Mapping[str, Any]:
+    [version] = document["spec"]["versions"]
+    schema: Mapping[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_example_pools_pass_the_crd_schema_and_laneways_own_checks(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    pools = [o for o in rendered["default"] if o["kind"] == "InferencePool"]
+    assert {p["spec"]["lane"] for p in pools} == {"interactive", "batch"}
+    assert {p["spec"]["engine"]["kind"] for p in pools} == {"simulator"}
+    # OpenAPI v3.0 schemas (boolean exclusiveMinimum) read as JSON Schema draft 4.
+    validator = jsonschema.Draft4Validator(openapi_schema(crd()))
+    for pool in pools:
+        errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(pool)]
+        assert not errors, errors
+    parsed = [parse_pool(pool) for pool in pools]
+    assert check_pool_set(parsed) == []
+    assert not any(o["kind"] == "InferencePool" for o in rendered["minimal"])
+
+
+def test_example_pool_schema_check_rejects_a_bad_pool(rendered: dict[str, list[Manifest]]) -> None:
+    pool = copy.deepcopy(next(o for o in rendered["default"] if o["kind"] == "InferencePool"))
+    pool["spec"]["lane"] = "fast"
+    validator = jsonschema.Draft4Validator(openapi_schema(crd()))
+    assert any(e.validator == "enum" for e in validator.iter_errors(pool))
+
+
+def test_chart_crd_is_a_byte_for_byte_copy_of_crds() -> None:
+    source = ROOT / "crds" / "laneway.io_inferencepools.yaml"
+    copy_in_chart = CHART / "crds" / "laneway.io_inferencepools.yaml"
+    assert copy_in_chart.read_bytes() == source.read_bytes(), (
+        "charts/laneway/crds/ drifted from crds/: run scripts/gen-manifests.sh"
+    )
+
+
+def test_notes_tell_how_to_call_the_gateway(helm: str) -> None:
+    result = run_helm(
+        helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert f"kubectl -n {NAMESPACE} port-forward svc/{RELEASE}-laneway-gateway 8080:80" in notes
+    assert "/v1/chat/completions" in notes
+    assert "sim-realtime: lane interactive" in notes
+    assert "without Redis keep separate state" in notes
+
+
+# --- bad values -------------------------------------------------------------------------
+
+
+def nested(dotted: str, value: Any) -> Manifest:
+    """{"a.b": 1} style shorthand -> {"a": {"b": 1}}."""
+    result: Any = value
+    for key in reversed(dotted.split(".")):
+        result = {key: result}
+    return dict(result)
+
+
+def merged(*parts: Manifest) -> Manifest:
+    out: Manifest = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+EXAMPLE_POOLS = yaml.safe_load((CHART / "values.yaml").read_text())["examplePools"]["pools"]
+
+BAD_VALUES: list[tuple[str, Manifest, str]] = [
+    # (case, values, what the error must say)
+    (
+        "wrong type",
+        nested("gateway.replicaCount", "two"),
+        "at '/gateway/replicaCount': got string, want integer",
+    ),
+    (
+        "misspelt key",
+        nested("gateway.replicas", 3),
+        "at '/gateway': additional properties 'replicas' not allowed",
+    ),
+    (
+        "unknown anti-affinity",
+        nested("gateway.podAntiAffinity", "always"),
+        "/gateway/podAntiAffinity",
+    ),
+    ("privileged port", nested("gateway.port", 80), "/gateway/port"),
+    ("unknown pull policy", nested("image.pullPolicy", "Sometimes"), "/image/pullPolicy"),
+    ("redis url scheme", nested("redis.url", "http://cache:6379"), "does not match pattern"),
+    (
+        "unknown picking policy",
+        nested("gateway.config.picking.policy", "fastest"),
+        "/gateway/config/picking/policy",
+    ),
+    (
+        "unknown config field",
+        nested("gateway.config.queue.depth", 5),
+        "additional properties 'depth' not allowed",
+    ),
+    (
+        "huggingface without path",
+        nested("gateway.config.tokenizer.kind", "huggingface"),
+        "at '/gateway/config/tokenizer': missing property 'path'",
+    ),
+    (
+        "weight above 100",
+        nested("gateway.config.picking.weights.queueDepth", 101),
+        "/gateway/config/picking/weights/queueDepth",
+    ),
+    (
+        "bad quantity",
+        nested("gateway.resources.requests.cpu", "lots"),
+        "/gateway/resources/requests/cpu",
+    ),
+    (
+        "bad duration",
+        nested("metrics.serviceMonitor.interval", "often"),
+        "/metrics/serviceMonitor/interval",
+    ),
+    (
+        "pool name not a DNS label",
+        {"examplePools": {"pools": [{**EXAMPLE_POOLS[0], "name": "Not_A_Label"}]}},
+        "/examplePools/pools/0/name",
+    ),
+    (
+        "autoscaling min above max",
+        nested("gateway.autoscaling", {"enabled": True, "minReplicas": 5, "maxReplicas": 2}),
+        "gateway.autoscaling.minReplicas (5) must not exceed gateway.autoscaling.maxReplicas (2)",
+    ),
+    (
+        "drain longer than grace",
+        nested("gateway.terminationGracePeriodSeconds", 20),
+        "gateway.config.drainTimeoutMillis (30000) must be below "
+        "gateway.terminationGracePeriodSeconds (20 s)",
+    ),
+    (
+        "stale before next scrape",
+        nested("gateway.config.scrape.intervalMillis", 9000),
+        "gateway.config.scrape.staleAfterMillis (5000) must be >= "
+        "gateway.config.scrape.intervalMillis (9000)",
+    ),
+    (
+        "all weights zero",
+        nested(
+            "gateway.config.picking.weights", dict.fromkeys(GatewaySettings().picking.weights, 0)
+        ),
+        "at least one scorer with a weight above 0",
+    ),
+    (
+        "bundled and external redis",
+        merged(nested("redis.enabled", True), nested("redis.url", "redis://cache:6379")),
+        "set either redis.enabled (the bundled Redis) or redis.url (your own), not both",
+    ),
+    (
+        "duplicate pool names",
+        {"examplePools": {"pools": [EXAMPLE_POOLS[0], EXAMPLE_POOLS[0]]}},
+        'examplePools.pools: the name "sim-realtime" is used twice',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"), [case[1:] for case in BAD_VALUES], ids=[case[0] for case in BAD_VALUES]
+)
+def test_bad_values_fail_with_a_readable_message(
+    helm: str, tmp_path: Path, values: Manifest, message: str
+) -> None:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "-f", str(values_file))
+    assert result.returncode != 0, f"helm accepted {values}"
+    assert message in result.stderr, result.stderr
+    assert "panic" not in result.stderr
+
+
+def test_schema_rules_mirror_the_gateway_parser(helm: str) -> None:
+    """A value the schema lets through must be one the gateway accepts, and vice versa."""
+    accepted = template(
+        helm,
+        "--set",
+        "gateway.config.picking.policy=random",
+        "--set",
+        "gateway.config.scrape.intervalMillis=50",
+        "--set",
+        "gateway.config.scrape.staleAfterMillis=50",
+        "--set",
+        "gateway.config.maxBodyBytes=1024",
+    )
+    settings = parse_documents(gateway_config_documents(accepted), "cm", allow_pools=False).settings
+    assert settings.picking.policy == "random"
+    assert settings.scrape.interval_millis == settings.scrape.stale_after_millis == 50
+    assert settings.max_body_bytes == 1024
+    rejected = run_helm(
+        helm, "template", RELEASE, str(CHART), "--set", "gateway.config.maxBodyBytes=1023"
+    )
+    assert "/gateway/config/maxBodyBytes" in rejected.stderr
+
+
+# --- documentation ----------------------------------------------------------------------
+
+
+def leaf_paths(values: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from leaf_paths(value, f"{path}.")
+        else:
+            yield path
+
+
+def test_readme_lists_every_value_and_no_stale_ones() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme, flags=re.MULTILINE))
+    expected = set(leaf_paths(values))
+    assert expected - documented == set(), "values missing from charts/laneway/README.md"
+    assert documented - expected == set(), "README.md documents values that do not exist"
