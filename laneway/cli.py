@@ -18,6 +18,7 @@ COMPONENT_CLIS = (
     "laneway.simulator.cli",
     "laneway.gateway.cli",
     "laneway.operator.cli",
+    "laneway.commands",
 )
 
 Handler = Callable[[argparse.Namespace], int]

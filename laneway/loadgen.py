@@ -282,10 +282,12 @@ class LoadGenerator:
         self.in_flight: Counter[str] = Counter()  # kind -> requests awaiting their end
         self.issued = 0
         self._interactive_issued = 0
-        self._start = 0.0
+        self._start: float | None = None
 
     def elapsed_s(self) -> float:
-        """Model time since the run began."""
+        """Model time since the run began (0 before it begins)."""
+        if self._start is None:
+            return 0.0
         return (time.perf_counter() - self._start) * self.time_scale
 
     async def run(self) -> list[RequestRecord]:
