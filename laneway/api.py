@@ -7,6 +7,7 @@ or a `SpecError` that names every field that is wrong and says what to change.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,6 +18,13 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferencePool"
 PLURAL = "inferencepools"
+
+# Upper bounds shared with the CRD schema, so the apiserver and parse_pool agree.
+MAX_TOKENS = 4_194_304  # context, chunk and step-budget sizes
+MAX_CONCURRENT_REQUESTS = 65_536
+MAX_PARTIAL_PREFILLS = 64
+MAX_REPLICAS = 1_000
+MAX_TIME_SCALE = 1_000.0
 
 
 class Lane(StrEnum):
@@ -47,6 +55,20 @@ class SpecError(ValueError):
         super().__init__("; ".join(str(e) for e in self.errors))
 
 
+class MetricsFlavor(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+@dataclass(frozen=True)
+class SimulatorSpec:
+    """How a `simulator` engine behaves: which hardware/model it imitates, and how fast."""
+
+    profile: str = "h200-llama3-8b"
+    time_scale: float = 1.0  # 10: ten times faster than real time
+    metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     kind: EngineKind
@@ -54,6 +76,7 @@ class EngineSpec:
     args: tuple[str, ...] = ()  # extra engine flags, appended after the rendered ones
     env: tuple[Mapping[str, Any], ...] = ()  # Kubernetes EnvVar objects, passed through
     resources: Mapping[str, Any] = field(default_factory=dict)  # Kubernetes ResourceRequirements
+    simulator: SimulatorSpec | None = None  # only for kind simulator; None: SimulatorSpec()
 
 
 @dataclass(frozen=True)
@@ -147,14 +170,32 @@ class _Reader:
     def fail(self, path: str, message: str) -> None:
         self.errors.append(FieldError(path, message))
 
-    def mapping(self, data: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    def mapping(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        path: str,
+        fields: Iterable[str] | None = None,
+    ) -> Mapping[str, Any]:
+        """The object at `key`; with `fields`, any other key in it is reported (a typo
+        such as `maxPromtTokens` would otherwise be ignored without a word)."""
         value = data.get(key)
         if value is None:
             return {}
         if not isinstance(value, Mapping):
             self.fail(f"{path}.{key}", f"must be an object, got {_type_name(value)}")
             return {}
+        if fields is not None:
+            self.known_fields(value, f"{path}.{key}", fields)
         return value
+
+    def known_fields(self, data: Mapping[str, Any], path: str, fields: Iterable[str]) -> None:
+        allowed = list(fields)
+        for key in data:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f"; did you mean {close[0]}?" if close else f"; fields: {', '.join(allowed)}"
+                self.fail(f"{path}.{key}", f"is not a field{hint}")
 
     def string(
         self, data: Mapping[str, Any], key: str, path: str, default: str | None = None
@@ -206,6 +247,26 @@ class _Reader:
             self.fail(f"{path}.{key}", f"must be <= {maximum}, got {value}")
             return None
         return value
+
+    def number(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: float,
+        above: float,
+        maximum: float,
+    ) -> float:
+        value = data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(f"{path}.{key}", f"must be a number, got {value!r}")
+            return default
+        if not above < value <= maximum:
+            self.fail(f"{path}.{key}", f"must be above {above} and at most {maximum}, got {value}")
+            return default
+        return float(value)
 
     def boolean(self, data: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
         value = data.get(key)
@@ -275,7 +336,7 @@ def parse_pool(document: Mapping[str, Any]) -> InferencePool:
     namespace = reader.string(metadata, "namespace", "metadata", "default") or "default"
     generation = metadata.get("generation", 0)
     uid = metadata.get("uid", "")
-    spec = _parse_spec(reader, reader.mapping(document, "spec", ""))
+    spec = _parse_spec(reader, reader.mapping(document, "spec", "", _SPEC_FIELDS))
     status = reader.mapping(document, "status", "")
     endpoints = reader.string_list(status, "endpoints", "status")
     for index, url in enumerate(endpoints):
@@ -294,6 +355,25 @@ def parse_pool(document: Mapping[str, Any]) -> InferencePool:
     )
 
 
+_SPEC_FIELDS = (
+    "lane",
+    "model",
+    "servedModelName",
+    "engine",
+    "replicas",
+    "autoscaling",
+    "port",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "selector",
+    "routing",
+    "prefill",
+    "limits",
+    "slo",
+)
+
+
 def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     path = "spec"
     if not spec:
@@ -303,67 +383,112 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     model = reader.required_string(spec, "model", path)
     served = reader.string(spec, "servedModelName", path, model) or model
 
-    engine_data = reader.mapping(spec, "engine", path)
+    engine_data = reader.mapping(
+        spec, "engine", path, ("kind", "image", "args", "env", "resources", "simulator")
+    )
     engine_kind = reader.choice(
         engine_data, "kind", f"{path}.engine", [k.value for k in EngineKind]
     )
+    simulator = None
+    if "simulator" in engine_data:
+        sim_data = reader.mapping(
+            engine_data, "simulator", f"{path}.engine", ("profile", "timeScale", "metricsFlavor")
+        )
+        sub = f"{path}.engine.simulator"
+        flavor = (
+            reader.choice(sim_data, "metricsFlavor", sub, [f.value for f in MetricsFlavor])
+            if "metricsFlavor" in sim_data
+            else None
+        )
+        simulator = SimulatorSpec(
+            profile=reader.string(sim_data, "profile", sub, "h200-llama3-8b") or "h200-llama3-8b",
+            time_scale=reader.number(sim_data, "timeScale", sub, 1.0, 0.0, MAX_TIME_SCALE),
+            metrics_flavor=MetricsFlavor(flavor or MetricsFlavor.VLLM),
+        )
     engine = EngineSpec(
         kind=EngineKind(engine_kind or EngineKind.SIMULATOR),
         image=reader.string(engine_data, "image", f"{path}.engine"),
         args=reader.string_list(engine_data, "args", f"{path}.engine"),
         env=reader.object_list(engine_data, "env", f"{path}.engine"),
         resources=reader.mapping(engine_data, "resources", f"{path}.engine"),
+        simulator=simulator,
     )
 
     autoscaling = None
     if "autoscaling" in spec:
-        data = reader.mapping(spec, "autoscaling", path)
+        data = reader.mapping(
+            spec, "autoscaling", path, ("minReplicas", "maxReplicas", "targetQueueDepth")
+        )
         sub = f"{path}.autoscaling"
         # HorizontalPodAutoscaler refuses minReplicas 0 unless an alpha feature gate is on.
-        low = reader.integer(data, "minReplicas", sub, 1, minimum=1)
-        high = reader.integer(data, "maxReplicas", sub, max(low, 1), minimum=1)
+        low = reader.integer(data, "minReplicas", sub, 1, minimum=1, maximum=MAX_REPLICAS)
+        high = reader.integer(data, "maxReplicas", sub, low, minimum=1, maximum=MAX_REPLICAS)
         if high < low:
             reader.fail(f"{sub}.maxReplicas", f"must be >= minReplicas ({low}), got {high}")
         autoscaling = AutoscalingSpec(
-            low, high, reader.integer(data, "targetQueueDepth", sub, 4, minimum=1)
+            low,
+            high,
+            reader.integer(data, "targetQueueDepth", sub, 4, minimum=1, maximum=10_000),
         )
 
-    routing_data = reader.mapping(spec, "routing", path)
+    routing_data = reader.mapping(
+        spec,
+        "routing",
+        path,
+        (
+            "models",
+            "minPromptTokens",
+            "maxPromptTokens",
+            "priority",
+            "allowLaneHeader",
+            "tenants",
+        ),
+    )
     sub = f"{path}.routing"
     routing = RoutingSpec(
         models=reader.string_list(routing_data, "models", sub),
-        min_prompt_tokens=reader.integer(routing_data, "minPromptTokens", sub, 0),
-        max_prompt_tokens=reader.optional_integer(routing_data, "maxPromptTokens", sub, 1),
+        min_prompt_tokens=reader.integer(routing_data, "minPromptTokens", sub, 0, 0, MAX_TOKENS),
+        max_prompt_tokens=reader.optional_integer(
+            routing_data, "maxPromptTokens", sub, 1, MAX_TOKENS
+        ),
         priority=reader.integer(routing_data, "priority", sub, 0, minimum=-1000, maximum=1000),
         allow_lane_header=reader.boolean(routing_data, "allowLaneHeader", sub, True),
         tenants=reader.string_list(routing_data, "tenants", sub),
     )
 
-    prefill_data = reader.mapping(spec, "prefill", path)
+    prefill_data = reader.mapping(
+        spec, "prefill", path, ("chunkedPrefill", "chunkSize", "tokenBudget", "maxPartialPrefills")
+    )
     sub = f"{path}.prefill"
     prefill = PrefillSpec(
         chunked_prefill=reader.boolean(prefill_data, "chunkedPrefill", sub, True),
-        chunk_size=reader.integer(prefill_data, "chunkSize", sub, 1024, minimum=16),
-        token_budget=reader.integer(prefill_data, "tokenBudget", sub, 2048, minimum=16),
-        max_partial_prefills=reader.integer(prefill_data, "maxPartialPrefills", sub, 1, minimum=1),
-    )
-
-    limits_data = reader.mapping(spec, "limits", path)
-    sub = f"{path}.limits"
-    limits = LimitsSpec(
-        max_context_tokens=reader.integer(limits_data, "maxContextTokens", sub, 8192, minimum=16),
-        max_concurrent_requests=reader.integer(
-            limits_data, "maxConcurrentRequests", sub, 256, minimum=1
+        chunk_size=reader.integer(prefill_data, "chunkSize", sub, 1024, 16, MAX_TOKENS),
+        token_budget=reader.integer(prefill_data, "tokenBudget", sub, 2048, 16, MAX_TOKENS),
+        max_partial_prefills=reader.integer(
+            prefill_data, "maxPartialPrefills", sub, 1, 1, MAX_PARTIAL_PREFILLS
         ),
     )
 
-    slo_data = reader.mapping(spec, "slo", path)
-    slo = SLOSpec(
-        ttft_millis=reader.integer(slo_data, "ttftMillis", f"{path}.slo", 300, minimum=1),
-        tbt_millis=reader.integer(slo_data, "tbtMillis", f"{path}.slo", 30, minimum=1),
+    limits_data = reader.mapping(
+        spec, "limits", path, ("maxContextTokens", "maxConcurrentRequests")
+    )
+    sub = f"{path}.limits"
+    limits = LimitsSpec(
+        max_context_tokens=reader.integer(
+            limits_data, "maxContextTokens", sub, 8192, 16, MAX_TOKENS
+        ),
+        max_concurrent_requests=reader.integer(
+            limits_data, "maxConcurrentRequests", sub, 256, 1, MAX_CONCURRENT_REQUESTS
+        ),
     )
 
-    selector_data = reader.mapping(spec, "selector", path)
+    slo_data = reader.mapping(spec, "slo", path, ("ttftMillis", "tbtMillis"))
+    slo = SLOSpec(
+        ttft_millis=reader.integer(slo_data, "ttftMillis", f"{path}.slo", 300, 1, 600_000),
+        tbt_millis=reader.integer(slo_data, "tbtMillis", f"{path}.slo", 30, 1, 60_000),
+    )
+
+    selector_data = reader.mapping(spec, "selector", path, ("matchLabels",))
     selector = (
         reader.string_map(selector_data, "matchLabels", f"{path}.selector")
         if selector_data
@@ -372,7 +497,7 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     if selector_data and not selector:
         reader.fail(f"{path}.selector.matchLabels", "must name at least one label to adopt pods")
 
-    replicas = reader.integer(spec, "replicas", path, 1, minimum=0)
+    replicas = reader.integer(spec, "replicas", path, 1, minimum=0, maximum=MAX_REPLICAS)
     port = reader.integer(spec, "port", path, 8000, minimum=1, maximum=65535)
     node_selector = reader.string_map(spec, "nodeSelector", path)
     tolerations = reader.object_list(spec, "tolerations", path)
@@ -479,6 +604,13 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                 "spec.prefill.maxPartialPrefills",
                 f"SGLang prefills one chunked prompt at a time: set maxPartialPrefills to 1, "
                 f"got {prefill.max_partial_prefills}",
+            )
+        )
+    if spec.engine.simulator is not None and spec.engine.kind is not EngineKind.SIMULATOR:
+        errors.append(
+            FieldError(
+                "spec.engine.simulator",
+                f"is only for engine kind simulator, not {spec.engine.kind.value}: remove it",
             )
         )
     if spec.selector is not None and spec.autoscaling is not None:

@@ -1,12 +1,160 @@
-"""Command-line entry points of this component."""
+"""Command-line entry points of the operator: `laneway render FILE` and `laneway operator`."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from laneway.api import KIND, EngineKind, InferencePool, SpecError, check_pool_set, parse_pool
+from laneway.errors import UsageError
 
 
 def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
-    """Add this component's subcommands; filled as the component lands."""
+    """Add `render` and `operator`."""
+    render = commands.add_parser(
+        "render",
+        help="print the manifests the operator would create for the pools in FILE",
+        description="Render every InferencePool in FILE (multi-document YAML; '-' reads stdin) "
+        "into the Deployment, Service, PodDisruptionBudget and HorizontalPodAutoscaler the "
+        "operator would apply, printed as YAML. Offline: the same code the operator runs.",
+    )
+    render.add_argument("file", metavar="FILE", help="YAML file of InferencePools, or '-'")
+    add_image_flag(render)
+    render.set_defaults(handler=run_render)
+
+    operator = commands.add_parser(
+        "operator",
+        help="run the operator that turns InferencePools into engine pods",
+        description="Reconcile InferencePools into engine Deployments, Services and "
+        "PodDisruptionBudgets. Uses the in-cluster service account, else $KUBECONFIG or "
+        "~/.kube/config. Run one replica.",
+    )
+    operator.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: every namespace)",
+    )
+    operator.add_argument(
+        "--health-port",
+        type=int,
+        default=8081,
+        help="port of the liveness endpoint /healthz (default 8081)",
+    )
+    add_image_flag(operator)
+    operator.set_defaults(handler=run_operator)
+
+
+def add_image_flag(parser: argparse.ArgumentParser) -> None:
+    kinds = ", ".join(k.value for k in EngineKind)
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="KIND=IMAGE",
+        help=f"default engine image for a kind ({kinds}); repeatable",
+    )
+
+
+def parse_images(
+    values: Sequence[str], simulator_image: str | None = None
+) -> dict[EngineKind, str]:
+    """Default images per kind: built-ins, then `simulator_image` (the operator's own
+    image, from $LANEWAY_IMAGE), then --image flags."""
+    from laneway.operator.render import DEFAULT_IMAGES
+
+    images = dict(DEFAULT_IMAGES)
+    if simulator_image:
+        images[EngineKind.SIMULATOR] = simulator_image
+    for value in values:
+        kind, _, image = value.partition("=")
+        if kind not in {k.value for k in EngineKind} or not image:
+            choices = ", ".join(k.value for k in EngineKind)
+            raise UsageError(f"--image {value!r}: expected KIND=IMAGE with KIND one of {choices}")
+        images[EngineKind(kind)] = image
+    return images
+
+
+def load_pools(text: str, source: str) -> list[InferencePool]:
+    """Every InferencePool document in `text`, validated alone and as a set."""
+    import yaml
+
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise UsageError(f"{source}: not valid YAML: {error}") from error
+    pools = []
+    for index, document in enumerate(documents):
+        if not isinstance(document, dict):
+            raise UsageError(f"{source}: document {index + 1} is not a mapping")
+        if document.get("kind") != KIND:
+            continue  # e.g. the gateway's GatewayConfig in the same file
+        try:
+            pools.append(parse_pool(document))
+        except SpecError as error:
+            name = (document.get("metadata") or {}).get("name", f"document {index + 1}")
+            raise UsageError(f"{source}: InferencePool {name}: {error}") from error
+    if not pools:
+        raise UsageError(f"{source}: no {KIND} documents found")
+    problems = check_pool_set(pools)
+    if problems:
+        raise UsageError(f"{source}: " + "; ".join(str(p) for p in problems))
+    return pools
+
+
+def run_render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from laneway.operator.render import RenderOptions, render_pool
+
+    if args.file == "-":
+        text, source = sys.stdin.read(), "stdin"
+    else:
+        path = Path(args.file)
+        try:
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"cannot read {path}: {error}") from error
+    options = RenderOptions(images=parse_images(args.image))
+    documents = []
+    for pool in load_pools(text, source):
+        rendered = render_pool(pool, options)
+        header = f"# {KIND} {pool.key}: {' '.join(rendered.engine.argv)}\n"
+        for index, child in enumerate(rendered.children):
+            text = yaml.safe_dump(child, sort_keys=False)
+            documents.append(header + text if index == 0 else text)
+    sys.stdout.write("---\n".join(documents))
+    return 0
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import kopf
+    from kubernetes.config import ConfigException
+
+    from laneway.operator.handlers import OperatorState, registry
+    from laneway.operator.kube import KubeApi
+    from laneway.operator.render import RenderOptions
+
+    if not 0 < args.health_port < 65536:
+        raise UsageError(f"--health-port {args.health_port}: must be 1-65535")
+    options = RenderOptions(images=parse_images(args.image, os.environ.get("LANEWAY_IMAGE")))
+    try:
+        cluster = KubeApi.from_environment()
+    except ConfigException as error:
+        raise UsageError(f"no Kubernetes configuration found: {error}") from error
+    print("laneway operator: starting", file=sys.stderr, flush=True)
+    kopf.run(
+        registry=registry,
+        standalone=True,  # one replica; no peering objects to create or RBAC to grant
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        memo=kopf.Memo(state=OperatorState(cluster=cluster, options=options)),
+    )
+    return 0

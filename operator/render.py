@@ -1,0 +1,359 @@
+"""Pure rendering of an InferencePool into the objects that run it.
+
+`render_pool` is what the operator applies and what `laneway render` prints: an engine
+Deployment (unless the pool adopts pods with `selector`), a Service named after the pool
+with a port named `http`, a PodDisruptionBudget, and a HorizontalPodAutoscaler when the pool
+autoscales. No I/O, no clock: the same pool always renders the same manifests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from laneway import __version__
+from laneway.api import API_VERSION, KIND, EngineKind, InferencePool, SimulatorSpec
+from laneway.operator.endpoints import PORT_NAME
+from laneway.operator.kube import Manifest
+
+POOL_LABEL = "laneway.io/pool"  # on every child and engine pod (contracts.md)
+MANAGED_BY = "laneway-operator"
+HEALTH_PATH = "/health"  # vLLM, SGLang and the simulator all answer here
+
+DEFAULT_IMAGES: Mapping[EngineKind, str] = {
+    EngineKind.VLLM: "vllm/vllm-openai:v0.11.0",
+    EngineKind.SGLANG: "lmsysorg/sglang:v0.5.4",
+    EngineKind.SIMULATOR: f"laneway:{__version__}",
+}
+
+# The queue-depth metric each engine serves; the HPA reads it through a metrics adapter.
+WAITING_METRIC: Mapping[EngineKind, str] = {
+    EngineKind.VLLM: "vllm:num_requests_waiting",
+    EngineKind.SGLANG: "sglang:num_queue_reqs",
+    EngineKind.SIMULATOR: "vllm:num_requests_waiting",
+}
+
+# Kinds the operator may create for a pool, in apply order; whatever a pool no longer
+# renders is deleted.
+CHILD_KINDS = ("Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler")
+
+_GPU_ENGINES = (EngineKind.VLLM, EngineKind.SGLANG)
+_GPU_DEFAULT_RESOURCES: Mapping[str, Any] = {"limits": {"nvidia.com/gpu": "1"}}
+_SIMULATOR_DEFAULT_RESOURCES: Mapping[str, Any] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
+_NON_ROOT_UID = 1000
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Operator-wide settings: default images per engine kind (overridable per pool)."""
+
+    images: Mapping[EngineKind, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    command: tuple[str, ...]  # the container's entrypoint
+    args: tuple[str, ...]  # flags rendered from the spec, then the pool's engine.args
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.command + self.args
+
+
+@dataclass(frozen=True)
+class RenderedPool:
+    engine: EngineCommand
+    children: tuple[Manifest, ...]  # in CHILD_KINDS order
+
+    def child(self, kind: str) -> Manifest | None:
+        return next((c for c in self.children if c["kind"] == kind), None)
+
+
+def engine_command(pool: InferencePool) -> EngineCommand:
+    """The engine's command line: spec knobs mapped onto each engine's own flags."""
+    spec = pool.spec
+    prefill, limits = spec.prefill, spec.limits
+    if spec.engine.kind is EngineKind.VLLM:
+        command: tuple[str, ...] = ("vllm", "serve")
+        args = [
+            spec.model,
+            *("--served-model-name", spec.served_model_name),
+            *("--host", "0.0.0.0"),
+            *("--port", str(spec.port)),
+            *("--max-model-len", str(limits.max_context_tokens)),
+            *("--max-num-seqs", str(limits.max_concurrent_requests)),
+            *("--max-num-batched-tokens", str(prefill.token_budget)),
+        ]
+        if prefill.chunked_prefill:
+            args += [
+                "--enable-chunked-prefill",
+                *("--long-prefill-token-threshold", str(prefill.chunk_size)),
+                *("--max-num-partial-prefills", str(prefill.max_partial_prefills)),
+            ]
+        else:
+            args.append("--no-enable-chunked-prefill")
+    elif spec.engine.kind is EngineKind.SGLANG:
+        command = ("python3", "-m", "sglang.launch_server")
+        args = [
+            *("--model-path", spec.model),
+            *("--served-model-name", spec.served_model_name),
+            *("--host", "0.0.0.0"),
+            *("--port", str(spec.port)),
+            *("--context-length", str(limits.max_context_tokens)),
+            *("--max-running-requests", str(limits.max_concurrent_requests)),
+            *("--max-prefill-tokens", str(prefill.token_budget)),
+            # -1 is SGLang's way to turn chunked prefill off.
+            *("--chunked-prefill-size", str(prefill.chunk_size if prefill.chunked_prefill else -1)),
+            "--enable-metrics",
+        ]
+        if prefill.chunked_prefill:
+            # Without it SGLang runs prefill chunks and decodes in separate steps, and a
+            # long prompt still pauses every stream for the length of its chunks.
+            args.append("--enable-mixed-chunk")
+    else:
+        simulator = spec.engine.simulator or SimulatorSpec()
+        command = ("laneway",)
+        args = [
+            "sim",
+            *("--host", "0.0.0.0"),
+            *("--port", str(spec.port)),
+            *("--model", spec.served_model_name),
+            *("--profile", simulator.profile),
+            *("--scheduler", "chunked" if prefill.chunked_prefill else "full"),
+            *("--token-budget", str(prefill.token_budget)),
+            *("--chunk-size", str(prefill.chunk_size)),
+            *("--max-context", str(limits.max_context_tokens)),
+            *("--max-num-seqs", str(limits.max_concurrent_requests)),
+            *("--max-partial-prefills", str(prefill.max_partial_prefills)),
+            *("--metrics-flavor", simulator.metrics_flavor.value),
+            *("--time-scale", f"{simulator.time_scale:g}"),
+        ]
+    return EngineCommand(command, (*args, *spec.engine.args))
+
+
+def pool_labels(pool: InferencePool) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "laneway-engine",
+        "app.kubernetes.io/instance": pool.name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        POOL_LABEL: pool.name,
+        "laneway.io/lane": pool.spec.lane.value,
+        "laneway.io/engine": pool.spec.engine.kind.value,
+    }
+
+
+def pod_selector(pool: InferencePool) -> dict[str, str]:
+    """Labels that pick the pool's engine pods: its own, or the adopted ones."""
+    if pool.spec.selector is not None:
+        return dict(pool.spec.selector)
+    return {POOL_LABEL: pool.name}
+
+
+def selector_string(pool: InferencePool) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(pod_selector(pool).items()))
+
+
+def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> RenderedPool:
+    options = options or RenderOptions()
+    engine = engine_command(pool)
+    children = [_service(pool)]
+    if pool.spec.selector is None:
+        children.append(_deployment(pool, engine, options))
+    children.append(_disruption_budget(pool))
+    if pool.spec.autoscaling is not None and pool.spec.selector is None:
+        children.append(_autoscaler(pool))
+    return RenderedPool(engine, tuple(children))
+
+
+def _metadata(pool: InferencePool) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": pool.name,
+        "namespace": pool.namespace,
+        "labels": pool_labels(pool),
+    }
+    if pool.uid:  # offline renders have no owner to point at
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": pool.name,
+                "uid": pool.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return metadata
+
+
+def _service(pool: InferencePool) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pool),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": pod_selector(pool),
+            "ports": [
+                {
+                    "name": PORT_NAME,
+                    "port": pool.spec.port,
+                    # A number, not the port's name: adopted pods may not name theirs.
+                    "targetPort": pool.spec.port,
+                    "protocol": "TCP",
+                    "appProtocol": "http",
+                }
+            ],
+        },
+    }
+
+
+def _disruption_budget(pool: InferencePool) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(pool),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": pod_selector(pool)},
+            # A crash-looping engine must not block node drains.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def _autoscaler(pool: InferencePool) -> Manifest:
+    autoscaling = pool.spec.autoscaling
+    assert autoscaling is not None
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(pool),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": pool.name},
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": WAITING_METRIC[pool.spec.engine.kind]},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": str(autoscaling.target_queue_depth),
+                        },
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _health_probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": PORT_NAME},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(resources: Mapping[str, Any]) -> dict[str, Any]:
+    """Quantities as strings, the form the API server returns them in."""
+    return {
+        section: {name: str(quantity) for name, quantity in amounts.items()}
+        if isinstance(amounts, Mapping)
+        else amounts
+        for section, amounts in resources.items()
+    }
+
+
+def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptions) -> Manifest:
+    spec = pool.spec
+    gpu = spec.engine.kind in _GPU_ENGINES
+    default_resources = _GPU_DEFAULT_RESOURCES if gpu else _SIMULATOR_DEFAULT_RESOURCES
+    env: list[Mapping[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if gpu:
+        # Non-root engines need somewhere writable for weights and compile caches, and
+        # tensor parallelism needs a /dev/shm larger than the container default.
+        env += [{"name": "HOME", "value": "/cache"}, {"name": "HF_HOME", "value": "/cache/hf"}]
+        volumes += [
+            {"name": "cache", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        ]
+        mounts += [
+            {"name": "cache", "mountPath": "/cache"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ]
+    env += list(spec.engine.env)
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.engine.image or options.images[spec.engine.kind],
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(engine.command),
+        "args": list(engine.args),
+        "ports": [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
+        "resources": _resources(spec.engine.resources or default_resources),
+        # Loading weights takes minutes on a GPU engine; the simulator starts at once.
+        "startupProbe": _health_probe(period=10 if gpu else 1, failures=180 if gpu else 60),
+        "readinessProbe": _health_probe(period=5, failures=2),
+        "livenessProbe": _health_probe(period=10, failures=3),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            # GPU engines write kernel caches in places no flag moves.
+            "readOnlyRootFilesystem": not gpu,
+        },
+    }
+    if env:
+        container["env"] = env
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # engines never call the API
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,  # let running streams finish
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": _NON_ROOT_UID,
+            "runAsGroup": _NON_ROOT_UID,
+            "fsGroup": _NON_ROOT_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+    }
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.affinity:
+        pod_spec["affinity"] = dict(spec.affinity)
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": pod_selector(pool)},
+        # GPU clusters rarely have a spare GPU to surge into: replace one replica at a time.
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}
+            if gpu
+            else {"maxSurge": 1, "maxUnavailable": 0},
+        },
+        "progressDeadlineSeconds": 1800 if gpu else 300,
+        "revisionHistoryLimit": 3,
+        "template": {"metadata": {"labels": pool_labels(pool)}, "spec": pod_spec},
+    }
+    if spec.autoscaling is None:
+        # With autoscaling the HPA owns replicas; applying a count would fight it.
+        deployment_spec["replicas"] = spec.replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(pool),
+        "spec": deployment_spec,
+    }

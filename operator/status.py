@@ -1,0 +1,185 @@
+"""Pure computation of an InferencePool's status and conditions from what the cluster shows.
+
+Conditions follow the Kubernetes conventions: `Ready` (the pool can serve), `Progressing`
+(a rollout is under way) and `Degraded` (it should serve more than it does). Each carries a
+CamelCase reason and a message for a person, saying what to change where something is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator saw of a pool's children after reconciling it."""
+
+    generation: int
+    desired_replicas: int | None  # None: adopted pods (selector mode), no count to meet
+    deployment: Mapping[str, Any] | None  # the live Deployment, None when absent
+    endpoints: tuple[str, ...]  # ready engine base URLs
+    engine_args: tuple[str, ...]
+    selector: str
+
+
+def problem_conditions(reason: str, message: str) -> tuple[Condition, ...]:
+    """A pool that cannot work as written: not ready, not progressing, degraded."""
+    return (
+        Condition("Ready", False, reason, message),
+        Condition("Progressing", False, reason, "waiting for the spec to be fixed"),
+        Condition("Degraded", True, reason, message),
+    )
+
+
+def serving_conditions(observed: Observed) -> tuple[Condition, ...]:
+    ready = len(observed.endpoints)
+    if observed.desired_replicas is None:
+        if ready:
+            readiness = Condition("Ready", True, "EndpointsReady", f"{ready} adopted pods ready")
+        else:
+            readiness = Condition(
+                "Ready",
+                False,
+                "NoReadyPods",
+                f"no ready pods match spec.selector ({observed.selector}): label the engine "
+                "pods or fix spec.selector.matchLabels",
+            )
+        return (
+            readiness,
+            Condition("Progressing", False, "Adopted", "pods are managed outside laneway"),
+            Condition("Degraded", False, "Adopted", "pods are managed outside laneway"),
+        )
+
+    desired = observed.desired_replicas
+    rollout = _rollout(observed.deployment, desired)
+    if desired == 0:
+        readiness = Condition(
+            "Ready", False, "ScaledToZero", "spec.replicas is 0: raise it to serve requests"
+        )
+    elif ready:
+        readiness = Condition("Ready", True, "EndpointsReady", f"{ready}/{desired} replicas ready")
+    else:
+        readiness = Condition(
+            "Ready", False, "NoReadyReplicas", f"0/{desired} replicas ready" + rollout.detail
+        )
+    progressing = Condition(
+        "Progressing",
+        rollout.in_progress,
+        "RollingOut" if rollout.in_progress else "Complete",
+        rollout.summary,
+    )
+    short = ready < desired and not rollout.in_progress
+    if rollout.failure:
+        degraded = Condition("Degraded", True, rollout.failure, rollout.summary + rollout.detail)
+    elif short:
+        degraded = Condition(
+            "Degraded",
+            True,
+            "ReplicasUnavailable",
+            f"{ready}/{desired} replicas ready after the rollout finished" + rollout.detail,
+        )
+    else:
+        degraded = Condition("Degraded", False, "AsExpected", f"{ready}/{desired} replicas ready")
+    return readiness, progressing, degraded
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    in_progress: bool
+    summary: str
+    detail: str  # the Deployment's own explanation, e.g. why pods cannot be scheduled
+    failure: str  # a Degraded reason when the rollout failed, else ""
+
+
+def _rollout(deployment: Mapping[str, Any] | None, desired: int) -> _Rollout:
+    if deployment is None:
+        return _Rollout(True, "creating the engine Deployment", "", "")
+    status = deployment.get("status") or {}
+    generation = deployment.get("metadata", {}).get("generation", 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    available = int(status.get("availableReplicas") or 0)
+    total = int(status.get("replicas") or 0)
+    conditions = {c.get("type"): c for c in status.get("conditions") or ()}
+    detail = ""
+    for kind in ("ReplicaFailure", "Progressing", "Available"):
+        condition = conditions.get(kind)
+        if condition and condition.get("status") != "True" and condition.get("message"):
+            detail = f": {condition['message']}"
+            break
+    failure = ""
+    if conditions.get("ReplicaFailure", {}).get("status") == "True":
+        failure = "ReplicaFailure"
+        detail = f": {conditions['ReplicaFailure'].get('message', '')}"
+    elif conditions.get("Progressing", {}).get("reason") == "ProgressDeadlineExceeded":
+        failure = "ProgressDeadlineExceeded"
+    seen = int(status.get("observedGeneration") or 0) >= int(generation or 0)
+    in_progress = not failure and (
+        not seen or updated < desired or total > updated or available < updated
+    )
+    summary = f"{updated}/{desired} replicas updated, {available} available"
+    return _Rollout(in_progress, summary, detail, failure)
+
+
+def status_document(
+    observed: Observed,
+    conditions: Sequence[Condition],
+    previous: Mapping[str, Any],
+    now: str,
+) -> dict[str, Any]:
+    """The `status` to write. `now` is an RFC 3339 time; a condition keeps its previous
+    lastTransitionTime unless its status flipped."""
+    ready = len(observed.endpoints)
+    desired = observed.desired_replicas
+    deployment_status = (observed.deployment or {}).get("status") or {}
+    return {
+        "observedGeneration": observed.generation,
+        "replicas": int(deployment_status.get("replicas") or 0) if desired is not None else ready,
+        "readyReplicas": ready,
+        "ready": f"{ready}/{desired if desired is not None else ready}",
+        "selector": observed.selector,
+        "endpoints": list(observed.endpoints),
+        "engineArgs": list(observed.engine_args),
+        "conditions": _conditions(conditions, previous, observed.generation, now),
+    }
+
+
+def _conditions(
+    conditions: Sequence[Condition], previous: Mapping[str, Any], generation: int, now: str
+) -> list[dict[str, Any]]:
+    before = {c.get("type"): c for c in previous.get("conditions") or ()}
+    rendered = []
+    for condition in conditions:
+        status = "True" if condition.status else "False"
+        old = before.get(condition.type) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == status else None
+        rendered.append(
+            {
+                "type": condition.type,
+                "status": status,
+                "reason": condition.reason,
+                "message": condition.message,
+                "observedGeneration": generation,
+                "lastTransitionTime": since or now,
+            }
+        )
+    return rendered
+
+
+def problem_status(
+    generation: int, conditions: Sequence[Condition], previous: Mapping[str, Any], now: str
+) -> dict[str, Any]:
+    """The `status` of a pool that cannot work: conditions only, the rest left as it was."""
+    return {
+        "observedGeneration": generation,
+        "conditions": _conditions(conditions, previous, generation, now),
+    }

@@ -1,0 +1,176 @@
+"""Every CEL rule of the CRD, evaluated with cel-python on specs it must pass and specs it
+must reject, side by side with laneway.api.check_spec: the API server (standing in here,
+since none runs on these machines) and parse_pool must accept and reject the same specs."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from crd_tools import admit, apply_defaults, cel_failures, pool_schema, walk
+
+from laneway import api
+
+BASE: dict[str, Any] = {
+    "lane": "interactive",
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"kind": "vllm"},
+    "prefill": {"chunkSize": 512, "tokenBudget": 2048},
+    "limits": {"maxContextTokens": 4096, "maxConcurrentRequests": 256},
+}
+
+
+def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def document(patch: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "pool", "namespace": "default"},
+        "spec": merge(BASE, patch),
+    }
+
+
+# (case, spec patch, the rule expected to reject it — a piece of its rule text — or None)
+CASES: list[tuple[str, dict[str, Any], str | None]] = [
+    ("the base realtime vLLM pool", {}, None),
+    ("chunk equal to budget", {"prefill": {"chunkSize": 2048}}, None),
+    ("chunk over budget", {"prefill": {"chunkSize": 4096, "tokenBudget": 2048}}, "tokenBudget"),
+    (
+        "chunk over budget, chunking off: no chunks, no rule",
+        {
+            "engine": {"kind": "sglang"},
+            "prefill": {"chunkedPrefill": False, "chunkSize": 4096},
+        },
+        None,
+    ),
+    (
+        "chunk longer than the context",
+        {"prefill": {"chunkSize": 4096, "tokenBudget": 8192}, "limits": {"maxContextTokens": 2048}},
+        "chunkSize <= self.limits.maxContextTokens",
+    ),
+    ("prompt cap within context", {"routing": {"maxPromptTokens": 4096}}, None),
+    (
+        "prompt cap over context",
+        {"routing": {"maxPromptTokens": 5000}},
+        "self.routing.maxPromptTokens <= self.limits.maxContextTokens",
+    ),
+    (
+        "min prompt over max prompt",
+        {"routing": {"minPromptTokens": 3000, "maxPromptTokens": 2000}},
+        "self.minPromptTokens <= self.maxPromptTokens",
+    ),
+    (
+        "min prompt at the context cap, no max",
+        {"routing": {"minPromptTokens": 4096}},
+        "self.routing.minPromptTokens < self.limits.maxContextTokens",
+    ),
+    ("min prompt just below the cap", {"routing": {"minPromptTokens": 4095}}, None),
+    (
+        "vLLM budget below max sequences",
+        {"prefill": {"chunkSize": 128, "tokenBudget": 128}},
+        "tokenBudget >= self.limits.maxConcurrentRequests",
+    ),
+    (
+        "SGLang may have a budget below max sequences",
+        {"engine": {"kind": "sglang"}, "prefill": {"chunkSize": 128, "tokenBudget": 128}},
+        None,
+    ),
+    (
+        "vLLM without chunking, budget below context",
+        {"prefill": {"chunkedPrefill": False}},
+        "tokenBudget >= self.limits.maxContextTokens",
+    ),
+    (
+        "vLLM without chunking, budget covers context",
+        {"prefill": {"chunkedPrefill": False, "tokenBudget": 4096}},
+        None,
+    ),
+    (
+        "vLLM partial prefills without chunking",
+        {"prefill": {"chunkedPrefill": False, "tokenBudget": 4096, "maxPartialPrefills": 2}},
+        "maxPartialPrefills == 1",
+    ),
+    ("vLLM partial prefills with chunking", {"prefill": {"maxPartialPrefills": 4}}, None),
+    (
+        "SGLang partial prefills",
+        {"engine": {"kind": "sglang"}, "prefill": {"maxPartialPrefills": 2}},
+        "self.engine.kind != 'sglang'",
+    ),
+    (
+        "selector with autoscaling",
+        {"selector": {"matchLabels": {"app": "x"}}, "autoscaling": {"maxReplicas": 3}},
+        "has(self.selector) && has(self.autoscaling)",
+    ),
+    ("selector alone", {"selector": {"matchLabels": {"app": "x"}}}, None),
+    (
+        "autoscaling max below min",
+        {"autoscaling": {"minReplicas": 4, "maxReplicas": 2}},
+        "self.maxReplicas >= self.minReplicas",
+    ),
+    ("autoscaling min only", {"autoscaling": {"maxReplicas": 1}}, None),
+    (
+        "simulator settings on a GPU engine",
+        {"engine": {"kind": "vllm", "simulator": {"profile": "h200-llama3-8b"}}},
+        "self.kind == 'simulator'",
+    ),
+    (
+        "simulator settings on a simulator",
+        {"engine": {"kind": "simulator", "simulator": {"timeScale": 10}}},
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "patch", "rule"), CASES, ids=[c[0] for c in CASES])
+def test_cel_rules_and_check_spec_agree(case: str, patch: dict[str, Any], rule: str | None) -> None:
+    doc = document(patch)
+    rejected_by = admit(doc)
+    if rule is None:
+        assert rejected_by == [], case
+        api.parse_pool(doc)
+        return
+    schema = pool_schema()
+    failing_rules = [r for r, _ in cel_failures(schema, apply_defaults(schema, doc))]
+    assert len(failing_rules) == 1, failing_rules
+    assert rule in failing_rules[0]
+    with pytest.raises(api.SpecError) as caught:
+        api.parse_pool(doc)
+    assert len(caught.value.errors) == 1, caught.value.errors
+    # Both name the same field: the CEL rule's fieldPath is the SpecError's path.
+    rule_spec = next(
+        r
+        for _, node in walk(schema)
+        for r in node.get("x-kubernetes-validations", ())
+        if r["rule"] == failing_rules[0]
+    )
+    error_path = caught.value.errors[0].path
+    assert error_path.endswith(rule_spec["fieldPath"].split(".")[-1]), (error_path, rule_spec)
+
+
+def test_every_cel_rule_rejects_at_least_one_case() -> None:
+    rules = [
+        r["rule"]
+        for _, node in walk(pool_schema())
+        for r in node.get("x-kubernetes-validations", ())
+    ]
+    exercised = {needle for _, _, needle in CASES if needle}
+    for rule in rules:
+        assert any(needle in rule for needle in exercised), f"no failing case for {rule}"
+
+
+def test_cel_messages_say_what_to_change() -> None:
+    messages = admit(document({"prefill": {"chunkSize": 4096, "tokenBudget": 2048}}))
+    assert messages == [
+        "prefill.chunkSize must not exceed prefill.tokenBudget: lower chunkSize or raise "
+        "tokenBudget"
+    ]

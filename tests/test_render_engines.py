@@ -1,0 +1,257 @@
+"""Rendering: spec -> engine flags for each engine, and every rendered object valid against
+the upstream Kubernetes OpenAPI schemas (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from crd_tools import example_documents
+
+from laneway import api
+from laneway.cli import build_parser
+from laneway.operator.render import (
+    CHILD_KINDS,
+    DEFAULT_IMAGES,
+    POOL_LABEL,
+    RenderOptions,
+    engine_command,
+    render_pool,
+)
+
+
+def pool(spec: dict[str, Any], name: str = "pool", uid: str = "") -> api.InferencePool:
+    base: dict[str, Any] = {"lane": "interactive", "model": "org/model", "servedModelName": "m"}
+    metadata: dict[str, Any] = {"name": name, "namespace": "serving"}
+    if uid:
+        metadata["uid"] = uid
+    return api.parse_pool(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": metadata,
+            "spec": {**base, **copy.deepcopy(spec)},
+        }
+    )
+
+
+KNOBS = {
+    "port": 9000,
+    "prefill": {"chunkSize": 512, "tokenBudget": 4096, "maxPartialPrefills": 2},
+    "limits": {"maxContextTokens": 16384, "maxConcurrentRequests": 128},
+}
+
+# (case, spec, the engine's full argv)
+TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
+    (
+        "vLLM, chunked",
+        {**KNOBS, "engine": {"kind": "vllm", "args": ["--enable-prefix-caching"]}},
+        ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
+         "--port", "9000", "--max-model-len", "16384", "--max-num-seqs", "128",
+         "--max-num-batched-tokens", "4096", "--enable-chunked-prefill",
+         "--long-prefill-token-threshold", "512", "--max-num-partial-prefills", "2",
+         "--enable-prefix-caching"],
+    ),
+    (
+        "vLLM, whole prefills",
+        {
+            "engine": {"kind": "vllm"},
+            "prefill": {"chunkedPrefill": False, "tokenBudget": 8192},
+            "limits": {"maxContextTokens": 8192},
+        },
+        ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
+         "--port", "8000", "--max-model-len", "8192", "--max-num-seqs", "256",
+         "--max-num-batched-tokens", "8192", "--no-enable-chunked-prefill"],
+    ),
+    (
+        "SGLang, chunked",
+        {**KNOBS, "prefill": {"chunkSize": 1024, "tokenBudget": 2048},
+         "engine": {"kind": "sglang", "args": ["--tp-size", "2"]}},
+        ["python3", "-m", "sglang.launch_server", "--model-path", "org/model",
+         "--served-model-name", "m", "--host", "0.0.0.0", "--port", "9000",
+         "--context-length", "16384", "--max-running-requests", "128",
+         "--max-prefill-tokens", "2048", "--chunked-prefill-size", "1024", "--enable-metrics",
+         "--enable-mixed-chunk", "--tp-size", "2"],
+    ),
+    (
+        "SGLang, whole prefills",
+        {"engine": {"kind": "sglang"}, "prefill": {"chunkedPrefill": False}},
+        ["python3", "-m", "sglang.launch_server", "--model-path", "org/model",
+         "--served-model-name", "m", "--host", "0.0.0.0", "--port", "8000",
+         "--context-length", "8192", "--max-running-requests", "256",
+         "--max-prefill-tokens", "2048", "--chunked-prefill-size", "-1", "--enable-metrics"],
+    ),
+    (
+        "simulator, chunked, sped up, SGLang metrics",
+        {**KNOBS, "engine": {"kind": "simulator", "simulator": {
+            "profile": "h200-llama3-8b", "timeScale": 10, "metricsFlavor": "sglang"}}},
+        ["laneway", "sim", "--host", "0.0.0.0", "--port", "9000", "--model", "m",
+         "--profile", "h200-llama3-8b", "--scheduler", "chunked", "--token-budget", "4096",
+         "--chunk-size", "512", "--max-context", "16384", "--max-num-seqs", "128",
+         "--max-partial-prefills", "2", "--metrics-flavor", "sglang", "--time-scale", "10"],
+    ),
+    (
+        "simulator defaults, whole prefills",
+        {"engine": {"kind": "simulator"}, "prefill": {"chunkedPrefill": False}},
+        ["laneway", "sim", "--host", "0.0.0.0", "--port", "8000", "--model", "m",
+         "--profile", "h200-llama3-8b", "--scheduler", "full", "--token-budget", "2048",
+         "--chunk-size", "1024", "--max-context", "8192", "--max-num-seqs", "256",
+         "--max-partial-prefills", "1", "--metrics-flavor", "vllm", "--time-scale", "1"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "spec", "argv"), TABLE, ids=[t[0] for t in TABLE])
+def test_engine_flags(case: str, spec: dict[str, Any], argv: list[str]) -> None:
+    rendered = render_pool(pool(spec))
+    assert list(rendered.engine.argv) == argv, case
+    deployment = rendered.child("Deployment")
+    assert deployment is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] + container["args"] == argv
+
+
+@pytest.mark.parametrize("spec", [t[1] for t in TABLE if t[1]["engine"]["kind"] == "simulator"])
+def test_simulator_flags_are_accepted_by_laneway_sim(spec: dict[str, Any]) -> None:
+    argv = engine_command(pool(spec)).argv
+    parsed = build_parser().parse_args(list(argv[1:]))
+    assert parsed.command == "sim"
+    assert parsed.port == int(argv[argv.index("--port") + 1])
+    assert parsed.token_budget == int(argv[argv.index("--token-budget") + 1])
+
+
+def _all_rendered() -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    for document in example_documents():
+        document = copy.deepcopy(document)
+        document["metadata"]["uid"] = "9a1c6f0e-0000-4000-8000-000000000001"
+        objects += render_pool(api.parse_pool(document)).children
+    for _, spec, _ in TABLE:
+        objects += render_pool(pool(spec, uid="uid-1")).children
+    objects += render_pool(pool({"engine": {"kind": "vllm"}, "selector": {
+        "matchLabels": {"app": "existing-vllm"}}})).children  # fmt: skip
+    return objects
+
+
+@pytest.mark.parametrize(
+    "manifest", _all_rendered(), ids=lambda m: f"{m['kind']}/{m['metadata']['name']}"
+)
+def test_rendered_objects_pass_the_upstream_kubernetes_schemas(manifest: dict[str, Any]) -> None:
+    kubernetes_validate.validate(manifest, "1.37", strict=True)
+
+
+def test_children_are_owned_labelled_and_named_after_the_pool() -> None:
+    rendered = render_pool(pool({"engine": {"kind": "vllm"}}, name="realtime", uid="u-1"))
+    assert [c["kind"] for c in rendered.children] == [
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    ]
+    for child in rendered.children:
+        metadata = child["metadata"]
+        assert (metadata["name"], metadata["namespace"]) == ("realtime", "serving")
+        assert metadata["labels"][POOL_LABEL] == "realtime"
+        assert metadata["ownerReferences"] == [
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": "realtime",
+                "uid": "u-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    service = rendered.child("Service")
+    assert service is not None
+    assert service["spec"]["selector"] == {POOL_LABEL: "realtime"}
+    assert service["spec"]["ports"][0]["name"] == "http"
+    deployment = rendered.child("Deployment")
+    assert deployment is not None
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[POOL_LABEL] == "realtime"
+    assert deployment["spec"]["selector"]["matchLabels"] == {POOL_LABEL: "realtime"}
+
+
+def test_offline_render_has_no_owner() -> None:
+    for child in render_pool(pool({"engine": {"kind": "simulator"}})).children:
+        assert "ownerReferences" not in child["metadata"]
+
+
+def test_gpu_engines_get_a_gpu_probes_and_a_non_root_pod() -> None:
+    deployment = render_pool(pool({"engine": {"kind": "vllm"}})).child("Deployment")
+    assert deployment is not None
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == DEFAULT_IMAGES[api.EngineKind.VLLM]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_pool_image_resources_and_scheduling_pass_through() -> None:
+    spec = {
+        "engine": {
+            "kind": "sglang",
+            "image": "registry.local/sglang:dev",
+            "resources": {"limits": {"nvidia.com/gpu": 2}},
+            "env": [{"name": "HF_TOKEN", "value": "x"}],
+        },
+        "nodeSelector": {"gpu": "h200"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        "affinity": {"nodeAffinity": {}},
+    }
+    deployment = render_pool(pool(spec)).child("Deployment")
+    assert deployment is not None
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.local/sglang:dev"
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    assert {"name": "HF_TOKEN", "value": "x"} in container["env"]
+    assert pod["nodeSelector"] == {"gpu": "h200"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert pod["affinity"] == {"nodeAffinity": {}}
+
+
+def test_operator_default_image_for_simulators() -> None:
+    options = RenderOptions(images={**DEFAULT_IMAGES, api.EngineKind.SIMULATOR: "laneway:test"})
+    deployment = render_pool(pool({"engine": {"kind": "simulator"}}), options).child("Deployment")
+    assert deployment is not None
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "laneway:test"
+
+
+def test_selector_mode_adopts_pods_instead_of_a_deployment() -> None:
+    spec = {"engine": {"kind": "vllm"}, "selector": {"matchLabels": {"app": "vllm"}}}
+    rendered = render_pool(pool(spec))
+    assert rendered.child("Deployment") is None
+    service, budget = rendered.child("Service"), rendered.child("PodDisruptionBudget")
+    assert service is not None
+    assert budget is not None
+    assert service["spec"]["selector"] == {"app": "vllm"}
+    assert budget["spec"]["selector"] == {"matchLabels": {"app": "vllm"}}
+
+
+def test_autoscaling_renders_an_hpa_and_leaves_replicas_to_it() -> None:
+    spec = {
+        "engine": {"kind": "sglang"},
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "targetQueueDepth": 3},
+    }
+    rendered = render_pool(pool(spec))
+    assert [c["kind"] for c in rendered.children] == list(CHILD_KINDS)
+    deployment, hpa = rendered.child("Deployment"), rendered.child("HorizontalPodAutoscaler")
+    assert deployment is not None
+    assert hpa is not None
+    assert "replicas" not in deployment["spec"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    metric = hpa["spec"]["metrics"][0]["pods"]
+    assert metric["metric"]["name"] == "sglang:num_queue_reqs"
+    assert metric["target"] == {"type": "AverageValue", "averageValue": "3"}
+
+
+def test_rendering_is_deterministic() -> None:
+    spec = {**KNOBS, "engine": {"kind": "vllm"}}
+    assert render_pool(pool(spec, uid="u")) == render_pool(pool(spec, uid="u"))
