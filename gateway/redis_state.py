@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from aiohttp import web
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from laneway.errors import UsageError
+from laneway.gateway.errors import ApiError
 from laneway.gateway.state import EndpointLoad, InMemoryLoadTracker, Lease
 
 log = logging.getLogger("laneway.gateway.redis")
@@ -43,6 +46,8 @@ DEFAULT_LEASE_S = 6.0
 
 # Errors that mean "Redis is not answering" rather than a bug in a command.
 REDIS_DOWN = (RedisError, OSError, asyncio.TimeoutError)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -252,3 +257,28 @@ class RedisLoadTracker:
         if self.shared:
             log.warning("redis unreachable, picking on this replica's load alone: %s", error)
             self.shared = False
+
+
+UNAVAILABLE_RETRY_S = 5
+
+
+def redis_unavailable(error: BaseException) -> ApiError:
+    return ApiError(
+        503,
+        f"Shared state (Redis) is unreachable, try again shortly: {type(error).__name__}",
+        "state_unavailable",
+        retry_after=UNAVAILABLE_RETRY_S,
+    )
+
+
+def needs_redis(handler: Handler) -> Handler:
+    """Answer 503 with Retry-After, instead of failing, while Redis is away."""
+
+    @functools.wraps(handler)
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except REDIS_DOWN as error:
+            raise redis_unavailable(error) from None
+
+    return guarded

@@ -1,0 +1,229 @@
+"""The batch dispatcher: runs queued batch items through the gateway's own batch lane.
+
+Every replica runs one. It claims items from the tenants' streams through the consumer
+group (so each item goes to whichever replica is free), holds at most one unstarted item
+per tenant, and starts the next from the tenant that fair share picks, never more than
+`concurrency` at once. Each item is POSTed to this gateway on loopback with
+`x-laneway-lane: batch`, so it is classified, admitted (interactive first) and relayed like
+any other request. A result is written once (SET NX with its counter, in Lua) and only
+then acknowledged, so a replica killed mid-item leaves the item pending; after `lease_s`
+of silence another replica claims it with XAUTOCLAIM and runs it again, and the first
+result written wins. Items this replica still holds are touched every lease/3 so that slow
+items are not taken away from a living replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from laneway.gateway.batches import (
+    BatchStore,
+    LineError,
+    Outcome,
+    QueuedItem,
+    Result,
+    Status,
+    error_line,
+    response_line,
+)
+from laneway.gateway.fairshare import FairShareQueue
+from laneway.gateway.redis_state import REDIS_DOWN
+from laneway.gateway.request_body import LANE_HEADER
+
+log = logging.getLogger("laneway.gateway.dispatcher")
+
+INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
+TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
+RETRYABLE = (429, 502, 503, 504)
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    concurrency: int = 8  # items of this replica in the batch lane at once
+    lease_s: float = 30.0  # silence after which another replica reclaims an item
+    poll_s: float = 0.2  # how often to look for new items when idle
+    max_attempts: int = 5  # tries per item against a saturated or unreachable lane
+    retry_backoff_s: float = 1.0
+    request_timeout_s: float = 3600.0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: BatchStore,
+        session: aiohttp.ClientSession,
+        target: Callable[[], str | None],
+        secret: str,
+        consumer: str,
+        settings: DispatchSettings = DispatchSettings(),
+        weight: Callable[[str], float] = lambda _tenant: 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._session = session
+        self._target = target  # this gateway's base URL once it listens; None before
+        self._secret = secret
+        self.consumer = consumer
+        self._settings = settings
+        self._clock = clock
+        self._ready: FairShareQueue[QueuedItem] = FairShareQueue(weight)
+        self._held: dict[str, QueuedItem] = {}  # entry id -> item: buffered or running
+        self._running: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+
+    async def run(self) -> None:
+        """Dispatch until cancelled; Redis going away pauses it, its return resumes it."""
+        keeper = asyncio.create_task(self._keep_and_reclaim(), name="batch-keepalive")
+        try:
+            while True:
+                try:
+                    await self._step()
+                except REDIS_DOWN as error:
+                    log.warning("batch dispatch paused, redis unreachable: %s", error)
+                    await asyncio.sleep(1.0)
+        finally:
+            keeper.cancel()
+            for task in [keeper, *self._running]:
+                task.cancel()
+            for task in [keeper, *self._running]:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _step(self) -> None:
+        if self._target() is None:
+            await asyncio.sleep(self._settings.poll_s)
+            return
+        if len(self._running) < self._settings.concurrency:
+            await self._fill()
+        started = False
+        while self._ready and len(self._running) < self._settings.concurrency:
+            item = self._ready.pop()
+            task = asyncio.create_task(self._process(item), name=f"batch-item-{item.entry_id}")
+            self._running.add(task)
+            task.add_done_callback(self._done)
+            started = True
+        if started:
+            return  # there may be more to claim right away
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._settings.poll_s):
+                await self._wake.wait()
+
+    async def _fill(self) -> None:
+        """Claim one new item from each tenant that has none waiting here."""
+        waiting = set(self._ready.backlogged())
+        tenants = [t for t in await self._store.queues() if t not in waiting]
+        for item in await self._store.read_new(tenants, self.consumer):
+            self._hold(item)
+
+    def _hold(self, item: QueuedItem) -> None:
+        if item.entry_id in self._held:
+            return
+        self._held[item.entry_id] = item
+        self._ready.push(item.tenant, item, item.cost)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batch item task failed: %s", task.exception())
+
+    async def _keep_and_reclaim(self) -> None:
+        lease_ms = int(self._settings.lease_s * 1000)
+        while True:
+            await asyncio.sleep(self._settings.lease_s / 3)
+            try:
+                await self._store.keep(list(self._held.values()), self.consumer)
+                for tenant in await self._store.queues():
+                    reclaimed = await self._store.reclaim(tenant, self.consumer, lease_ms, 16)
+                    for item in reclaimed:
+                        log.info(
+                            "reclaimed %s item %d from a silent replica", item.batch_id, item.index
+                        )
+                        self._hold(item)
+                await self._store.sweep(self._clock())
+                self._wake.set()
+            except REDIS_DOWN as error:
+                log.warning("batch keepalive skipped, redis unreachable: %s", error)
+
+    async def _process(self, item: QueuedItem) -> None:
+        try:
+            result = await self._result_for(item)
+            if result is not None:
+                await self._store.settle(item, result, self._clock())
+            await self._store.ack(item)
+        except REDIS_DOWN as error:
+            # Left pending: a reclaim runs it again once Redis is back.
+            log.warning("batch item %s/%d not settled: %s", item.batch_id, item.index, error)
+        finally:
+            self._held.pop(item.entry_id, None)
+
+    async def _result_for(self, item: QueuedItem) -> Result | None:
+        """None when another replica already wrote this item's result."""
+        if await self._store.has_result(item):
+            return None
+        status = await self._store.status(item.batch_id)
+        if status is None:
+            return None  # the batch is gone (Redis lost it): nothing to write
+        if status in (Status.CANCELLING, Status.CANCELLED):
+            return Result(Outcome.SKIPPED, None)
+        return await self._call(item)
+
+    async def _call(self, item: QueuedItem) -> Result:
+        headers = {
+            "Content-Type": "application/json",
+            LANE_HEADER: "batch",
+            INTERNAL_HEADER: self._secret,
+            TENANT_HEADER: item.tenant,
+        }
+        timeout = aiohttp.ClientTimeout(total=self._settings.request_timeout_s)
+        last_problem = ""
+        for attempt in range(self._settings.max_attempts):
+            target = self._target()
+            assert target is not None
+            try:
+                async with self._session.post(
+                    f"{target}{item.endpoint}", data=item.body, headers=headers, timeout=timeout
+                ) as response:
+                    raw = await response.read()
+                    status = response.status
+                    retry_after = response.headers.get("Retry-After", "")
+            except (aiohttp.ClientError, TimeoutError) as error:
+                last_problem = f"{type(error).__name__}: {error}"
+            else:
+                body = _json_or_text(raw)
+                if status not in RETRYABLE or attempt + 1 == self._settings.max_attempts:
+                    line = response_line(item.batch_id, item.index, item.custom_id, status, body)
+                    ok = 200 <= status < 300
+                    if ok and isinstance(body, dict):
+                        usage = body.get("usage") or {}
+                        self._ready.charge(item.tenant, int(usage.get("completion_tokens", 0)))
+                    return Result(Outcome.COMPLETED if ok else Outcome.FAILED, line)
+                last_problem = f"HTTP {status}"
+                with contextlib.suppress(ValueError):
+                    await asyncio.sleep(float(retry_after))
+                    continue
+            await asyncio.sleep(self._settings.retry_backoff_s * (attempt + 1))
+        gave_up = LineError(
+            item.index,
+            item.custom_id,
+            "batch_lane_unreachable",
+            f"line {item.index + 1}: no answer after {self._settings.max_attempts} attempts: "
+            f"{last_problem}",
+        )
+        return Result(Outcome.FAILED, error_line(item.batch_id, gave_up))
+
+
+def _json_or_text(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {"error": {"message": raw[:500].decode("utf-8", "replace"), "type": "server_error"}}

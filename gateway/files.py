@@ -1,0 +1,158 @@
+"""The OpenAI Files API, for batch input and output: files kept in Redis, owned by a tenant.
+
+A file is one hash, `{prefix}:file:{id}`: its metadata fields and its bytes. Each tenant
+sees only its own files; another tenant's id answers 404 like an unknown one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from aiohttp import BodyPartReader, web
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+from laneway.gateway.errors import ApiError
+
+INPUT_PURPOSE = "batch"
+OUTPUT_PURPOSE = "batch_output"
+DEFAULT_MAX_FILE_BYTES = 100 * 1024 * 1024
+READ_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class FileObject:
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    owner: str  # the tenant; not part of OpenAI's shape
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "expires_at": None,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+        }
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+def not_found(kind: str, ident: str) -> ApiError:
+    return ApiError(404, f"No such {kind}: {ident!r}", f"{kind}_not_found")
+
+
+class FileStore:
+    def __init__(self, redis: Redis, prefix: str) -> None:
+        self._redis = redis
+        self._prefix = prefix
+
+    def key(self, file_id: str) -> str:
+        return f"{self._prefix}:file:{file_id}"
+
+    async def put(self, file: FileObject, content: bytes) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            self.put_in(pipe, file, content)
+            await pipe.execute()
+
+    def put_in(self, pipe: Pipeline, file: FileObject, content: bytes) -> None:
+        """Queue the write on a transaction (a batch's output files go with its status)."""
+        pipe.hset(self.key(file.id), mapping={"meta": json.dumps(asdict(file)), "content": content})
+
+    async def get(self, file_id: str, owner: str) -> FileObject:
+        """The file's metadata; ApiError 404 when unknown or another tenant's."""
+        meta = as_bytes(await self._redis.hget(self.key(file_id), "meta"))
+        file = None if meta is None else FileObject(**json.loads(meta))
+        if file is None or file.owner != owner:
+            raise not_found("file", file_id)
+        return file
+
+    async def content(self, file_id: str, owner: str) -> bytes:
+        await self.get(file_id, owner)
+        data = as_bytes(await self._redis.hget(self.key(file_id), "content"))
+        if data is None:
+            raise not_found("file", file_id)
+        return data
+
+
+def as_bytes(value: object) -> bytes | None:
+    """A reply from a client that does not decode responses: bytes, or None for a nil."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    assert isinstance(value, bytes), f"unexpected Redis reply {value!r}"
+    return value
+
+
+async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, bytes]:
+    """(purpose, filename, content) from a multipart upload; ApiError 400/413 when wrong."""
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(400, "Upload a file as multipart/form-data", "invalid_request")
+    if request.content_length is not None and request.content_length > max_bytes + 64 * 1024:
+        raise too_large(max_bytes)
+    reader = await request.multipart()
+    purpose: str | None = None
+    filename: str | None = None
+    content: bytes | None = None
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ApiError(400, "Nested multipart bodies are not supported", "invalid_request")
+        if part.name == "purpose":
+            purpose = (await part.text()).strip()
+        elif part.name == "file":
+            filename = part.filename or "upload.jsonl"
+            content = await _read_limited(part, max_bytes)
+        else:
+            await part.release()
+    if content is None:
+        raise ApiError(400, "The upload has no 'file' part", "invalid_request", "file")
+    if purpose != INPUT_PURPOSE:
+        raise ApiError(
+            400,
+            f"'purpose' must be {INPUT_PURPOSE!r} (only batch input files are stored here), "
+            f"got {purpose!r}",
+            "invalid_request",
+            "purpose",
+        )
+    if not content.strip():
+        raise ApiError(400, "The file is empty", "invalid_request", "file")
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError(
+            400, f"The file is not UTF-8 text: {error}", "invalid_request", "file"
+        ) from None
+    assert filename is not None
+    return purpose, filename, content
+
+
+def too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413, f"The file is larger than the limit of {max_bytes} bytes", "file_too_large", "file"
+    )
+
+
+async def _read_limited(part: BodyPartReader, max_bytes: int) -> bytes:
+    data = bytearray()
+    while chunk := await part.read_chunk(READ_CHUNK):
+        data += chunk
+        if len(data) > max_bytes:
+            raise too_large(max_bytes)
+    return bytes(data)
+
+
+def file_object(file_id: str, size: int, filename: str, purpose: str, owner: str) -> FileObject:
+    return FileObject(file_id, size, int(time.time()), filename, purpose, owner)

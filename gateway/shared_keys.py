@@ -1,0 +1,20 @@
+"""Typed keys of the state layer: tenants, limits, files, batches (beside gateway/keys.py)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from laneway.gateway.batches import BatchStore
+from laneway.gateway.files import FileStore
+from laneway.gateway.tenants import RateLimiter, Tenant, TenantDirectory
+
+TENANTS = web.AppKey("tenants", TenantDirectory)  # absent: auth is off
+LIMITER = web.AppKey("limiter", RateLimiter)
+INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof on loopback
+FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
+BATCH_STORE = web.AppKey("batch_store", BatchStore)
+MAX_FILE_BYTES = web.AppKey("max_file_bytes", int)
+
+TENANT = web.RequestKey("tenant", Tenant)
+# Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.
+INTERNAL = web.RequestKey("internal", bool)

@@ -1,0 +1,210 @@
+"""The state layer plugged into a gateway app: tenants, limits, shared load, files, batches.
+
+`install(app, options)` is the one call that adds it to an app built by `create_app`:
+the tenant middleware (401 for a missing or unknown key when a keys file is given), the
+Files and Batches routes, and, with Redis, the shared load tracker, the shared limiter and
+the batch dispatcher as background tasks. Without Redis, limits are kept in memory and the
+Files and Batches routes say that they need Redis.
+
+The proxy asks `admit_tenant` once per request, after counting its tokens; the server tells
+`announce_listening` its port, which the dispatcher needs to reach the batch lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from laneway.gateway.batch_api import add_routes
+from laneway.gateway.batches import BatchStore
+from laneway.gateway.dispatcher import (
+    INTERNAL_HEADER,
+    TENANT_HEADER,
+    Dispatcher,
+    DispatchSettings,
+)
+from laneway.gateway.errors import ApiError
+from laneway.gateway.files import DEFAULT_MAX_FILE_BYTES, FileStore
+from laneway.gateway.keys import SESSION, TRACKER
+from laneway.gateway.redis_state import (
+    DEFAULT_LEASE_S,
+    RedisLoadTracker,
+    RedisSettings,
+    connect,
+)
+from laneway.gateway.shared_keys import (
+    BATCH_STORE,
+    FILE_STORE,
+    INTERNAL,
+    INTERNAL_SECRET,
+    LIMITER,
+    MAX_FILE_BYTES,
+    TENANT,
+    TENANTS,
+)
+from laneway.gateway.tenants import (
+    ANONYMOUS_TENANT,
+    InMemoryRateLimiter,
+    RedisRateLimiter,
+    Tenant,
+    TenantDirectory,
+    retry_after_header,
+)
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class SharedStateOptions:
+    redis: RedisSettings | None = None  # None: in-memory, one replica
+    tenants: TenantDirectory | None = None  # None: auth off, every request is anonymous
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    load_lease_s: float = DEFAULT_LEASE_S
+
+
+class Loopback:
+    """This gateway's own base URL, known once it listens."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+
+
+LOOPBACK = web.AppKey("loopback", Loopback)
+
+
+def install(app: web.Application, options: SharedStateOptions) -> None:
+    app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
+    app[LOOPBACK] = Loopback()
+    app[MAX_FILE_BYTES] = options.max_file_bytes
+    if options.tenants is not None:
+        app[TENANTS] = options.tenants
+    app.middlewares.append(tenant_middleware)
+    add_routes(app)
+    if options.redis is None:
+        app[LIMITER] = InMemoryRateLimiter()
+        return
+    redis = connect(options.redis)
+    prefix = options.redis.prefix
+    tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
+    files = FileStore(redis, prefix)
+    app[TRACKER] = tracker
+    app[LIMITER] = RedisRateLimiter(redis, prefix)
+    app[FILE_STORE] = files
+    app[BATCH_STORE] = BatchStore(redis, files, prefix)
+    app.cleanup_ctx.append(_background(redis, tracker, options))
+
+
+def announce_listening(app: web.Application, host: str, port: int) -> None:
+    if LOOPBACK in app:
+        local = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        app[LOOPBACK].url = f"http://{local}:{port}"
+
+
+def _background(
+    redis: Redis, tracker: RedisLoadTracker, options: SharedStateOptions
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        directory = options.tenants
+
+        def weight(name: str) -> float:
+            found = directory and next((t for t in directory.tenants if t.name == name), None)
+            return found.weight if found else 1.0
+
+        loopback = app[LOOPBACK]
+        dispatcher = Dispatcher(
+            app[BATCH_STORE],
+            app[SESSION],
+            target=lambda: loopback.url,
+            secret=app[INTERNAL_SECRET],
+            consumer=tracker.replica,
+            settings=options.dispatch,
+            weight=weight,
+        )
+        tasks = [
+            asyncio.create_task(tracker.run(), name="load-heartbeat"),
+            asyncio.create_task(dispatcher.run(), name="batch-dispatcher"),
+        ]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await tracker.leave()
+        await redis.aclose()
+
+    return run
+
+
+@web.middleware
+async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Who is asking: the key's tenant, 401 without a valid key when auth is on."""
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    app = request.app
+    internal = request.headers.get(INTERNAL_HEADER)
+    if internal is not None and hmac.compare_digest(internal, app[INTERNAL_SECRET]):
+        request[INTERNAL] = True
+        request[TENANT] = _named(app, request.headers.get(TENANT_HEADER, ""))
+    elif TENANTS in app:
+        authorization = request.headers.get("Authorization")
+        tenant = app[TENANTS].authenticate(authorization)
+        if tenant is None:
+            raise ApiError(
+                401,
+                "Incorrect API key provided"
+                if authorization
+                else "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
+                "invalid_api_key",
+            )
+        request[TENANT] = tenant
+    else:
+        request[TENANT] = ANONYMOUS_TENANT
+    return await handler(request)
+
+
+def _named(app: web.Application, name: str) -> Tenant:
+    if TENANTS in app:
+        for tenant in app[TENANTS].tenants:
+            if tenant.name == name:
+                return tenant
+    return Tenant(name) if name else ANONYMOUS_TENANT
+
+
+async def admit_tenant(request: web.Request, tokens: int) -> None:
+    """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
+    if LIMITER not in request.app or TENANT not in request or request.get(INTERNAL):
+        return
+    tenant = request[TENANT]
+    decision = await request.app[LIMITER].admit(tenant, tokens)
+    if decision.allowed:
+        return
+    if decision.never:
+        raise ApiError(
+            429,
+            f"This request needs {tokens} tokens, more than tenant {tenant.name}'s whole "
+            f"limit of {tenant.tokens_per_minute} tokens per minute; make it smaller",
+            "tokens_exceed_limit",
+        )
+    limit = (
+        f"{tenant.requests_per_minute} requests"
+        if decision.exceeded == "requests"
+        else f"{tenant.tokens_per_minute} tokens"
+    )
+    raise ApiError(
+        429,
+        f"Rate limit reached for tenant {tenant.name}: {limit} per minute; "
+        f"retry after {retry_after_header(decision)} s",
+        "rate_limit_exceeded",
+        retry_after=int(retry_after_header(decision)),
+    )
