@@ -1,12 +1,119 @@
-"""Command-line entry points of this component."""
+"""Command-line entry point of the gateway: `laneway gateway`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
 from typing import Any
+
+from laneway.errors import UsageError
+
+REDIS_URL_ENV = "LANEWAY_REDIS_URL"
 
 
 def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
-    """Add this component's subcommands; filled as the component lands."""
+    """Add `gateway`."""
+    gateway = commands.add_parser(
+        "gateway",
+        help="serve the OpenAI API and route each request to its lane's pool",
+        description="The lane router: OpenAI-compatible API, plus /healthz, /readyz and "
+        "/metrics on the same port. Pools come from --config (InferencePool documents with "
+        "status.endpoints) or from the Kubernetes API with --kubernetes.",
+    )
+    gateway.add_argument(
+        "--config",
+        metavar="FILE",
+        help="multi-document YAML: InferencePools and at most one GatewayConfig",
+    )
+    gateway.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="watch InferencePools and their endpoints in the cluster (--config may then "
+        "hold only the GatewayConfig)",
+    )
+    gateway.add_argument(
+        "--namespace", help="with --kubernetes: the namespace to watch (default: the pod's own)"
+    )
+    gateway.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    gateway.add_argument(
+        "--port",
+        type=int,
+        default=8080,
+        help="port to listen on; 0 picks a free one (default 8080)",
+    )
+    gateway.add_argument(
+        "--redis-url",
+        default=os.environ.get(REDIS_URL_ENV),
+        help=f"shared state for several replicas (default ${REDIS_URL_ENV}; password from "
+        "$LANEWAY_REDIS_PASSWORD)",
+    )
+    gateway.set_defaults(handler=run_gateway)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from laneway.gateway.app import create_app
+    from laneway.gateway.config import GatewaySettings, load_config
+    from laneway.gateway.sources import PoolSource, StaticPoolSource
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.namespace and not args.kubernetes:
+        raise UsageError("--namespace needs --kubernetes")
+    if args.redis_url:
+        raise UsageError(
+            "--redis-url: the Redis state layer is not wired into the gateway yet; "
+            "run without it for in-memory state"
+        )
+    if args.config is None and not args.kubernetes:
+        raise UsageError("give --config FILE with the pools, or --kubernetes to watch them")
+    loaded = load_config(args.config, allow_pools=not args.kubernetes) if args.config else None
+    settings = loaded.settings if loaded else GatewaySettings()
+    source: PoolSource
+    if args.kubernetes:
+        from laneway.gateway.discovery import KubernetesPoolSource
+
+        source = KubernetesPoolSource(namespace=args.namespace)
+    else:
+        assert loaded is not None
+        if not loaded.pools:
+            raise UsageError(f"{args.config}: holds no InferencePool document to route to")
+        source = StaticPoolSource(loaded.pools)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    app = create_app(settings, source)
+    asyncio.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
+    return 0
+
+
+async def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
+    """Serve until SIGTERM or SIGINT, then stop accepting and drain open streams."""
+    from aiohttp import web
+
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        handler_cancellation=True,  # a client that disconnects cancels its upstream call
+        shutdown_timeout=drain_seconds,
+        access_log=None,  # the gateway logs one structured line per request itself
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    bound_port = runner.addresses[0][1]
+    print(f"laneway gateway: listening on http://{host}:{bound_port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    print(f"laneway gateway: draining for up to {drain_seconds:g} s", file=sys.stderr, flush=True)
+    await runner.cleanup()

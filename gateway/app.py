@@ -1,0 +1,159 @@
+"""The gateway's aiohttp application: `create_app` wires the cores, the shell serves them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from laneway.gateway.config import GatewaySettings
+from laneway.gateway.errors import ApiError
+from laneway.gateway.keys import (
+    CLOCK,
+    METRICS,
+    PROFILE,
+    REGISTRY,
+    RNG,
+    SESSION,
+    SETTINGS,
+    SHUTTING_DOWN,
+    TOKENIZER,
+    TRACKER,
+)
+from laneway.gateway.metrics import GatewayMetrics
+from laneway.gateway.monitor import probe_forever, scrape_forever
+from laneway.gateway.picker import scorers_from_weights
+from laneway.gateway.proxy import handle_completion
+from laneway.gateway.registry import PoolRegistry
+from laneway.gateway.request_body import Endpoint
+from laneway.gateway.sources import PoolSource
+from laneway.gateway.state import InMemoryLoadTracker, LoadTracker
+from laneway.tokens import Tokenizer, load_tokenizer
+
+log = logging.getLogger("laneway.gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(
+    settings: GatewaySettings,
+    source: PoolSource,
+    *,
+    tokenizer: Tokenizer | None = None,
+    tracker: LoadTracker | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    app = web.Application(middlewares=[openai_errors])
+    registry = PoolRegistry(settings, clock)
+    app[SETTINGS] = settings
+    app[REGISTRY] = registry
+    app[METRICS] = GatewayMetrics(registry)
+    app[TRACKER] = tracker or InMemoryLoadTracker()
+    tok = settings.tokenizer
+    app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
+    app[PROFILE] = scorers_from_weights(settings.picking.policy, settings.picking.weights)
+    app[RNG] = rng or random.Random()
+    app[CLOCK] = clock
+    app[SHUTTING_DOWN] = asyncio.Event()
+    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_background(source))
+    app.on_shutdown.append(_begin_drain)
+    app.router.add_post("/v1/chat/completions", _completion(Endpoint.CHAT))
+    app.router.add_post("/v1/completions", _completion(Endpoint.COMPLETIONS))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _completion(endpoint: Endpoint) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await handle_completion(request, endpoint)
+
+    return handler
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    # Many concurrent streams to few engines: no per-host cap on the pool of connections.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        app[SESSION] = session
+        yield
+
+
+def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        registry, settings, session = app[REGISTRY], app[SETTINGS], app[SESSION]
+        tasks = [
+            asyncio.create_task(source.run(registry.update), name="pool-source"),
+            asyncio.create_task(scrape_forever(registry, session, settings), name="scrape"),
+            asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
+        ]
+        tasks[0].add_done_callback(_report_source_failure)
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return run
+
+
+def _report_source_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the pool source stopped: %s", task.exception())
+
+
+async def _begin_drain(app: web.Application) -> None:
+    app[SHUTTING_DOWN].set()
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as OpenAI-shaped JSON; a bug is logged here, never sent."""
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return ApiError(
+            error.status, error.reason, error.reason.lower().replace(" ", "_")
+        ).response()
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return ApiError(500, "The gateway failed on this request", "internal_error").response()
+
+
+async def models(request: web.Request) -> web.Response:
+    names = sorted({m for pool in request.app[REGISTRY].pools() for m in pool.spec.public_models})
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "laneway"} for name in names]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[SHUTTING_DOWN].is_set():
+        return web.json_response({"status": "draining"}, status=503)
+    if not request.app[REGISTRY].ready():
+        return web.json_response({"status": "no pool has an available endpoint"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,305 @@
+"""The gateway's configuration file: InferencePool documents plus one optional GatewayConfig.
+
+`load_config` reads a multi-document YAML file and fails with one line that names the file,
+the document (index and name) and the field, so a bad file stops the gateway at start.
+The GatewayConfig fields are documented in docs/GATEWAY.md; the Helm chart maps onto them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from laneway.api import (
+    API_VERSION,
+    KIND,
+    FieldError,
+    InferencePool,
+    SpecError,
+    _Reader,
+    check_pool_set,
+    parse_pool,
+)
+from laneway.errors import UsageError
+
+GATEWAY_CONFIG_KIND = "GatewayConfig"
+PICKING_POLICIES = ("scored", "random")
+SCORER_NAMES = ("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens")
+TOKENIZER_KINDS = ("tiktoken", "huggingface")
+SPEC_FIELDS = (
+    *("picking", "scrape", "health", "queue", "tokenizer", "upstream"),
+    *("maxBodyBytes", "drainTimeoutMillis"),
+)
+
+
+@dataclass(frozen=True)
+class PickingSettings:
+    policy: str = "scored"  # "scored": weighted scorers; "random": uniform (a baseline)
+    # scorer name -> weight; a scorer with weight 0 is off
+    weights: Mapping[str, int] = field(
+        default_factory=lambda: {
+            "queueDepth": 2,
+            "kvCacheUsage": 1,
+            "inFlightRequests": 2,
+            "prefillTokens": 2,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class ScrapeSettings:
+    interval_millis: int = 1000  # how often each endpoint's /metrics is read
+    stale_after_millis: int = 5000  # older samples are ignored by the scorers
+    timeout_millis: int = 1000
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    failures_to_eject: int = 3  # consecutive upstream failures before an endpoint is ejected
+    check_interval_millis: int = 2000  # how often an ejected endpoint's /health is probed
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    max_waiting: int = 1024  # per pool; beyond it requests get 429 at once
+    timeout_millis: int = 30000  # the longest a request waits for a slot, then 429
+    retry_after_seconds: int = 1
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    kind: str = "tiktoken"
+    encoding: str | None = None  # tiktoken: the encoding name; None: cl100k_base
+    path: str | None = None  # huggingface: a tokenizer.json
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    connect_timeout_millis: int = 2000
+    read_timeout_millis: int = 120000  # the longest silence between two upstream chunks
+    health_timeout_millis: int = 1000
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    picking: PickingSettings = field(default_factory=PickingSettings)
+    scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+    queue: QueueSettings = field(default_factory=QueueSettings)
+    tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    max_body_bytes: int = 4 * 1024 * 1024  # a 128k-token prompt is about 512 KB of text
+    drain_timeout_millis: int = 30000  # how long shutdown waits for open streams
+
+
+@dataclass(frozen=True)
+class GatewayFile:
+    settings: GatewaySettings
+    pools: tuple[InferencePool, ...]
+
+
+def load_config(path: str | Path, allow_pools: bool = True) -> GatewayFile:
+    """Read a config file; UsageError with one line naming file, document and field."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read config {path}: {error}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise UsageError(f"{path}: not valid YAML: {_one_line(str(error))}") from None
+    return parse_documents(documents, str(path), allow_pools)
+
+
+def parse_documents(
+    documents: Sequence[object], source: str, allow_pools: bool = True
+) -> GatewayFile:
+    settings: GatewaySettings | None = None
+    pools: list[InferencePool] = []
+    for index, document in enumerate(documents):
+        if not isinstance(document, Mapping):
+            raise UsageError(f"{source}: document {index}: must be a mapping")
+        where = f"{source}: document {index} ({document.get('kind')} {_name_of(document)})"
+        kind = document.get("kind")
+        if kind == KIND:
+            if not allow_pools:
+                raise UsageError(
+                    f"{where}: with --kubernetes, pools come from the API; "
+                    "the config file may hold only the GatewayConfig document"
+                )
+            try:
+                pools.append(parse_pool(document))
+            except SpecError as error:
+                raise UsageError(f"{where}: {error}") from None
+        elif kind == GATEWAY_CONFIG_KIND:
+            if settings is not None:
+                raise UsageError(f"{where}: only one GatewayConfig document is allowed")
+            try:
+                settings = parse_settings(document)
+            except SpecError as error:
+                raise UsageError(f"{where}: {error}") from None
+        else:
+            raise UsageError(
+                f"{source}: document {index}: kind must be {KIND} or "
+                f"{GATEWAY_CONFIG_KIND}, got {kind!r}"
+            )
+    _check_unique_names(pools, source)
+    problems = check_pool_set(pools)
+    if problems:
+        raise UsageError(f"{source}: {'; '.join(str(p) for p in problems)}")
+    return GatewayFile(settings or GatewaySettings(), tuple(pools))
+
+
+def _check_unique_names(pools: Sequence[InferencePool], source: str) -> None:
+    seen: set[str] = set()
+    for pool in pools:
+        if pool.key in seen:
+            raise UsageError(f"{source}: InferencePool {pool.key} is defined twice")
+        seen.add(pool.key)
+
+
+def _name_of(document: Mapping[str, Any]) -> str:
+    metadata = document.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return str(name) if name else "<unnamed>"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def parse_settings(document: Mapping[str, Any]) -> GatewaySettings:
+    """Parse one GatewayConfig document; SpecError naming every wrong field."""
+    reader = _Reader()
+    if document.get("apiVersion") != API_VERSION:
+        reader.fail("apiVersion", f"must be {API_VERSION}, got {document.get('apiVersion')!r}")
+    spec = reader.mapping(document, "spec", "")
+    _reject_unknown(
+        reader,
+        spec,
+        "spec",
+        SPEC_FIELDS,
+    )
+    settings = GatewaySettings(
+        picking=_picking(reader, reader.mapping(spec, "picking", "spec")),
+        scrape=_scrape(reader, reader.mapping(spec, "scrape", "spec")),
+        health=_health(reader, reader.mapping(spec, "health", "spec")),
+        queue=_queue(reader, reader.mapping(spec, "queue", "spec")),
+        tokenizer=_tokenizer(reader, reader.mapping(spec, "tokenizer", "spec")),
+        upstream=_upstream(reader, reader.mapping(spec, "upstream", "spec")),
+        max_body_bytes=reader.integer(
+            spec, "maxBodyBytes", "spec", GatewaySettings.max_body_bytes, minimum=1024
+        ),
+        drain_timeout_millis=reader.integer(
+            spec, "drainTimeoutMillis", "spec", GatewaySettings.drain_timeout_millis
+        ),
+    )
+    errors = [FieldError(e.path.lstrip("."), e.message) for e in reader.errors]
+    if errors:
+        raise SpecError(errors)
+    return settings
+
+
+def _reject_unknown(
+    reader: _Reader, data: Mapping[str, Any], path: str, known: Sequence[str]
+) -> None:
+    for key in data:
+        if key not in known:
+            reader.fail(f"{path}.{key}", f"is not a known field; known: {', '.join(known)}")
+
+
+def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
+    path = "spec.picking"
+    _reject_unknown(reader, data, path, ("policy", "weights"))
+    policy = reader.choice(data, "policy", path, PICKING_POLICIES) if "policy" in data else None
+    weights_data = reader.mapping(data, "weights", path)
+    _reject_unknown(reader, weights_data, f"{path}.weights", SCORER_NAMES)
+    default = PickingSettings().weights
+    weights = {
+        name: reader.integer(weights_data, name, f"{path}.weights", default[name], maximum=100)
+        for name in SCORER_NAMES
+    }
+    if (policy or "scored") == "scored" and not any(weights.values()):
+        reader.fail(f"{path}.weights", "at least one scorer needs a weight above 0")
+    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights)
+
+
+def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:
+    path = "spec.scrape"
+    _reject_unknown(reader, data, path, ("intervalMillis", "staleAfterMillis", "timeoutMillis"))
+    default = ScrapeSettings()
+    interval = reader.integer(data, "intervalMillis", path, default.interval_millis, minimum=50)
+    stale = reader.integer(
+        data, "staleAfterMillis", path, default.stale_after_millis, minimum=interval
+    )
+    return ScrapeSettings(
+        interval_millis=interval,
+        stale_after_millis=stale,
+        timeout_millis=reader.integer(
+            data, "timeoutMillis", path, default.timeout_millis, minimum=10
+        ),
+    )
+
+
+def _health(reader: _Reader, data: Mapping[str, Any]) -> HealthSettings:
+    path = "spec.health"
+    _reject_unknown(reader, data, path, ("failuresToEject", "checkIntervalMillis"))
+    default = HealthSettings()
+    return HealthSettings(
+        failures_to_eject=reader.integer(
+            data, "failuresToEject", path, default.failures_to_eject, minimum=1
+        ),
+        check_interval_millis=reader.integer(
+            data, "checkIntervalMillis", path, default.check_interval_millis, minimum=50
+        ),
+    )
+
+
+def _queue(reader: _Reader, data: Mapping[str, Any]) -> QueueSettings:
+    path = "spec.queue"
+    _reject_unknown(reader, data, path, ("maxWaiting", "timeoutMillis", "retryAfterSeconds"))
+    default = QueueSettings()
+    return QueueSettings(
+        max_waiting=reader.integer(data, "maxWaiting", path, default.max_waiting),
+        timeout_millis=reader.integer(data, "timeoutMillis", path, default.timeout_millis),
+        retry_after_seconds=reader.integer(
+            data, "retryAfterSeconds", path, default.retry_after_seconds, minimum=1
+        ),
+    )
+
+
+def _tokenizer(reader: _Reader, data: Mapping[str, Any]) -> TokenizerSettings:
+    path = "spec.tokenizer"
+    _reject_unknown(reader, data, path, ("kind", "encoding", "path"))
+    kind = reader.choice(data, "kind", path, TOKENIZER_KINDS) if "kind" in data else None
+    settings = TokenizerSettings(
+        kind=kind or TokenizerSettings.kind,
+        encoding=reader.string(data, "encoding", path),
+        path=reader.string(data, "path", path),
+    )
+    if settings.kind == "huggingface" and settings.path is None:
+        reader.fail(f"{path}.path", "is required for kind huggingface (a tokenizer.json)")
+    return settings
+
+
+def _upstream(reader: _Reader, data: Mapping[str, Any]) -> UpstreamSettings:
+    path = "spec.upstream"
+    known = ("connectTimeoutMillis", "readTimeoutMillis", "healthTimeoutMillis")
+    _reject_unknown(reader, data, path, known)
+    default = UpstreamSettings()
+    return UpstreamSettings(
+        connect_timeout_millis=reader.integer(
+            data, "connectTimeoutMillis", path, default.connect_timeout_millis, minimum=1
+        ),
+        read_timeout_millis=reader.integer(
+            data, "readTimeoutMillis", path, default.read_timeout_millis, minimum=1
+        ),
+        health_timeout_millis=reader.integer(
+            data, "healthTimeoutMillis", path, default.health_timeout_millis, minimum=1
+        ),
+    )

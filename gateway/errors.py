@@ -1,0 +1,65 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from aiohttp import web
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+class ApiError(Exception):
+    """An answer the handler gives instead of a completion; never a traceback."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, object]:
+        return error_body(self.status, self.message, self.code, self.param)
+
+    def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
+        all_headers = dict(headers or {})
+        if self.retry_after is not None:
+            all_headers["Retry-After"] = str(self.retry_after)
+        return web.Response(
+            status=self.status,
+            text=json.dumps(self.body()),
+            content_type="application/json",
+            headers=all_headers,
+        )
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, object]:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }

@@ -1,0 +1,107 @@
+"""The gateway's Prometheus metrics, on a registry of their own per app (tests run several)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from laneway.gateway.registry import PoolRegistry
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+TBT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
+TOKEN_BUCKETS = tuple(float(2**n) for n in range(6, 18))  # 64 .. 131072
+TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+
+class GatewayMetrics:
+    def __init__(self, pools: PoolRegistry) -> None:
+        self.registry = CollectorRegistry()
+        by_pool_lane = ("pool", "lane")
+        self.requests = Counter(
+            "laneway_gateway_requests",
+            "Requests answered, by pool, lane and HTTP status (pool empty when not routed)",
+            ("pool", "lane", "status"),
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "laneway_gateway_ttft_seconds",
+            "Time from the request's arrival to its first streamed token",
+            by_pool_lane,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tbt = Histogram(
+            "laneway_gateway_tbt_seconds",
+            "Time between two streamed chunks of one response",
+            by_pool_lane,
+            buckets=TBT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "laneway_gateway_request_seconds",
+            "Time from the request's arrival to its last byte",
+            by_pool_lane,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Histogram(
+            "laneway_gateway_prompt_tokens",
+            "Prompt tokens of routed requests",
+            ("lane",),
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "laneway_gateway_queue_wait_seconds",
+            "Time a request waited in the gateway's line for a slot in its pool",
+            by_pool_lane,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "laneway_gateway_upstream_errors",
+            "Failed upstream attempts, by pool, endpoint and kind",
+            ("pool", "endpoint", "kind"),
+            registry=self.registry,
+        )
+        self.tokenize = Histogram(
+            "laneway_gateway_tokenization_seconds",
+            "Time to bound or count a request's prompt tokens, by method",
+            ("method",),
+            buckets=TOKENIZE_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_PoolStateCollector(pools))
+
+
+class _PoolStateCollector(Collector):
+    """Queue depth, running requests and endpoint health, read from the registry at scrape."""
+
+    def __init__(self, pools: PoolRegistry) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting = GaugeMetricFamily(
+            "laneway_gateway_queue_depth", "Requests waiting in the gateway's line", labels=["pool"]
+        )
+        active = GaugeMetricFamily(
+            "laneway_gateway_active_requests", "Requests admitted and running", labels=["pool"]
+        )
+        endpoints = GaugeMetricFamily(
+            "laneway_gateway_endpoints",
+            "Endpoints by state (available or ejected)",
+            labels=["pool", "state"],
+        )
+        for pool in self._pools.pools():
+            gate = self._pools.gate(pool)
+            waiting.add_metric([pool.key], gate.waiting)
+            active.add_metric([pool.key], gate.active)
+            available = len(self._pools.available(pool))
+            endpoints.add_metric([pool.key, "available"], available)
+            endpoints.add_metric([pool.key, "ejected"], len(pool.endpoints) - available)
+        yield waiting
+        yield active
+        yield endpoints

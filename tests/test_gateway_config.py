@@ -1,0 +1,161 @@
+"""The gateway's config file: a bad file names the file, the document and the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from laneway.errors import UsageError
+from laneway.gateway.config import GatewaySettings, load_config
+
+POOL = """\
+apiVersion: laneway.io/v1alpha1
+kind: InferencePool
+metadata: {name: realtime}
+spec:
+  lane: interactive
+  model: llama
+  engine: {kind: simulator}
+  routing: {maxPromptTokens: 2000}
+  limits: {maxContextTokens: 4096}
+status:
+  endpoints: [http://127.0.0.1:9001]
+"""
+
+GATEWAY = """\
+apiVersion: laneway.io/v1alpha1
+kind: GatewayConfig
+metadata: {name: gateway}
+spec:
+  picking: {policy: scored, weights: {queueDepth: 3, kvCacheUsage: 0}}
+  scrape: {intervalMillis: 500, staleAfterMillis: 2000}
+  health: {failuresToEject: 2, checkIntervalMillis: 300}
+  queue: {maxWaiting: 10, timeoutMillis: 750, retryAfterSeconds: 2}
+  tokenizer: {kind: tiktoken, encoding: cl100k_base}
+  upstream: {connectTimeoutMillis: 100, readTimeoutMillis: 5000}
+  maxBodyBytes: 65536
+  drainTimeoutMillis: 1000
+"""
+
+
+def write(tmp_path: Path, *documents: str) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text("---\n".join(documents))
+    return path
+
+
+def test_a_full_file_loads_pools_and_settings(tmp_path: Path) -> None:
+    loaded = load_config(write(tmp_path, POOL, GATEWAY))
+    assert [p.name for p in loaded.pools] == ["realtime"]
+    assert loaded.pools[0].endpoints == ("http://127.0.0.1:9001",)
+    settings = loaded.settings
+    assert settings.picking.weights["queueDepth"] == 3
+    assert settings.picking.weights["kvCacheUsage"] == 0
+    assert settings.picking.weights["inFlightRequests"] == 2  # default kept
+    assert (settings.scrape.interval_millis, settings.scrape.stale_after_millis) == (500, 2000)
+    assert settings.health.failures_to_eject == 2
+    assert (settings.queue.max_waiting, settings.queue.timeout_millis) == (10, 750)
+    assert settings.upstream.connect_timeout_millis == 100
+    assert (settings.max_body_bytes, settings.drain_timeout_millis) == (65536, 1000)
+
+
+def test_without_a_gateway_config_the_defaults_apply(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, POOL)).settings == GatewaySettings()
+
+
+BAD = [
+    # (case, documents, text the one-line error must contain)
+    (
+        "a pool field names file, document index and name, and the field",
+        [POOL.replace("maxPromptTokens: 2000", "maxPromptTokens: 9000")],
+        "document 0 (InferencePool realtime): spec.routing.maxPromptTokens",
+    ),
+    (
+        "a GatewayConfig field of the wrong type",
+        [POOL, GATEWAY.replace("maxWaiting: 10", "maxWaiting: lots")],
+        "document 1 (GatewayConfig gateway): spec.queue.maxWaiting: must be an integer",
+    ),
+    (
+        "a misspelt GatewayConfig field",
+        [POOL, GATEWAY.replace("timeoutMillis: 750", "timeoutMilis: 750")],
+        "spec.queue.timeoutMilis: is not a known field",
+    ),
+    (
+        "an unknown scorer",
+        [POOL, GATEWAY.replace("queueDepth: 3", "latency: 3")],
+        "spec.picking.weights.latency: is not a known field",
+    ),
+    (
+        "staleness shorter than the scrape interval",
+        [POOL, GATEWAY.replace("staleAfterMillis: 2000", "staleAfterMillis: 100")],
+        "spec.scrape.staleAfterMillis: must be >= 500",
+    ),
+    (
+        "all scorer weights zero",
+        [
+            POOL,
+            GATEWAY.replace(
+                "{queueDepth: 3, kvCacheUsage: 0}",
+                "{queueDepth: 0, kvCacheUsage: 0, inFlightRequests: 0, prefillTokens: 0}",
+            ),
+        ],
+        "spec.picking.weights: at least one scorer needs a weight above 0",
+    ),
+    (
+        "huggingface without a path",
+        [POOL, GATEWAY.replace("{kind: tiktoken, encoding: cl100k_base}", "{kind: huggingface}")],
+        "spec.tokenizer.path: is required",
+    ),
+    (
+        "two GatewayConfigs",
+        [POOL, GATEWAY, GATEWAY],
+        "document 2 (GatewayConfig gateway): only one GatewayConfig",
+    ),
+    ("an unknown kind", [POOL.replace("kind: InferencePool", "kind: Pool")], "document 0: kind"),
+    ("a document that is not a mapping", ["- a\n- b\n"], "document 0: must be a mapping"),
+    ("the same pool twice", [POOL, POOL], "InferencePool default/realtime is defined twice"),
+]
+
+
+@pytest.mark.parametrize(
+    ("documents", "expected"), [case[1:] for case in BAD], ids=[case[0] for case in BAD]
+)
+def test_bad_files_fail_with_one_line_naming_the_field(
+    tmp_path: Path, documents: list[str], expected: str
+) -> None:
+    path = write(tmp_path, *documents)
+    with pytest.raises(UsageError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(str(path))
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_broken_yaml_and_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_config(write(tmp_path, "spec: [unclosed\n"))
+    with pytest.raises(UsageError, match="cannot read config"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_kubernetes_mode_refuses_pools_in_the_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="pools come from the API"):
+        load_config(write(tmp_path, POOL), allow_pools=False)
+    assert load_config(write(tmp_path, GATEWAY), allow_pools=False).pools == ()
+
+
+def test_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, POOL.replace("lane: interactive", "lane: fast"))
+    result = subprocess.run(
+        [sys.executable, "-m", "laneway.cli", "gateway", "--config", str(path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "document 0 (InferencePool realtime): spec.lane: must be one of" in result.stderr

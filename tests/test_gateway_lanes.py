@@ -1,0 +1,180 @@
+"""Lane classification: which pool takes a request, from bounds where they decide."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from laneway.api import InferencePool, Lane, parse_pool
+from laneway.gateway.lanes import (
+    NeedsExactCount,
+    NoFit,
+    Route,
+    RouteRequest,
+    UnknownModel,
+    classify,
+)
+from laneway.tokens import TokenBounds
+
+
+def pool(name: str, lane: str, routing: dict[str, Any], context: int) -> InferencePool:
+    return parse_pool(
+        {
+            "apiVersion": "laneway.io/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {"name": name},
+            "spec": {
+                "lane": lane,
+                "model": f"model-{name}",
+                "engine": {"kind": "simulator"},
+                "routing": {"models": ["llama"], **routing},
+                "limits": {"maxContextTokens": context},
+            },
+        }
+    )
+
+
+REALTIME = pool("realtime", "interactive", {"maxPromptTokens": 2000}, 4096)
+BATCH = pool("batch", "batch", {"minPromptTokens": 2001}, 131072)
+# A batch pool that also takes short prompts when pinned by the header.
+OPEN_BATCH = pool("open-batch", "batch", {"minPromptTokens": 16000}, 131072)
+LOCKED_BATCH = pool("locked", "batch", {"minPromptTokens": 16000, "allowLaneHeader": False}, 65536)
+OVERFLOW = pool("overflow", "batch", {"priority": -1}, 8192)
+SPLIT = [REALTIME, BATCH]
+
+
+def exact(n: int) -> TokenBounds:
+    return TokenBounds(n, n)
+
+
+def request(
+    tokens: TokenBounds, max_tokens: int | None = None, pinned: Lane | None = None
+) -> RouteRequest:
+    return RouteRequest("llama", tokens, max_tokens, pinned)
+
+
+ROUTES = [
+    # (case, pools, request, expected pool name, expected priority class)
+    ("short prompt goes interactive", SPLIT, request(exact(500)), "realtime", Lane.INTERACTIVE),
+    ("at the interactive edge", SPLIT, request(exact(2000)), "realtime", Lane.INTERACTIVE),
+    ("one past the edge goes batch", SPLIT, request(exact(2001)), "batch", Lane.BATCH),
+    ("long document goes batch", SPLIT, request(exact(64000)), "batch", Lane.BATCH),
+    (
+        "bounds wholly inside the batch range decide without a count",
+        SPLIT,
+        request(TokenBounds(30000, 120000)),
+        "batch",
+        Lane.BATCH,
+    ),
+    (
+        "bounds wholly inside the interactive range decide too",
+        SPLIT,
+        request(TokenBounds(10, 1500)),
+        "realtime",
+        Lane.INTERACTIVE,
+    ),
+    (
+        "max_tokens that overflows the interactive context moves the request to batch",
+        [REALTIME, pool("wide-batch", "batch", {}, 131072)],
+        request(exact(1500), max_tokens=3000),
+        "wide-batch",
+        Lane.BATCH,
+    ),
+    (
+        "header pins a short prompt to batch, lifting the batch minimum",
+        [REALTIME, OPEN_BATCH],
+        request(exact(300), pinned=Lane.BATCH),
+        "open-batch",
+        Lane.BATCH,
+    ),
+    (
+        "header cannot pin into a pool that does not allow it",
+        [REALTIME, LOCKED_BATCH],
+        request(exact(300), pinned=Lane.BATCH),
+        "realtime",
+        Lane.INTERACTIVE,
+    ),
+    (
+        "header asking interactive for a long prompt never spills it into interactive",
+        SPLIT,
+        request(exact(50000), pinned=Lane.INTERACTIVE),
+        "batch",
+        Lane.BATCH,
+    ),
+    (
+        "higher priority wins over the interactive preference",
+        [REALTIME, pool("vip", "batch", {"priority": 5}, 8192)],
+        request(exact(100)),
+        "vip",
+        Lane.BATCH,
+    ),
+    (
+        "equal priority prefers the interactive lane",
+        [REALTIME, pool("mixed", "batch", {}, 8192)],
+        request(exact(100)),
+        "realtime",
+        Lane.INTERACTIVE,
+    ),
+    (
+        "a lower-priority overflow pool takes what nothing else fits",
+        [REALTIME, OVERFLOW],
+        request(exact(5000)),
+        "overflow",
+        Lane.BATCH,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("pools", "req", "expected", "priority"),
+    [case[1:] for case in ROUTES],
+    ids=[case[0] for case in ROUTES],
+)
+def test_routes(
+    pools: list[InferencePool], req: RouteRequest, expected: str, priority: Lane
+) -> None:
+    decision = classify(req, pools)
+    assert isinstance(decision, Route)
+    assert decision.pool.name == expected
+    assert decision.priority is priority
+
+
+@pytest.mark.parametrize(
+    "bounds", [TokenBounds(1500, 2500), TokenBounds(100000, 140000), TokenBounds(140000, 600000)]
+)
+def test_straddling_or_rejecting_bounds_ask_for_an_exact_count(bounds: TokenBounds) -> None:
+    assert isinstance(classify(request(bounds), SPLIT), NeedsExactCount)
+
+
+def test_unknown_model_lists_the_known_ones() -> None:
+    decision = classify(RouteRequest("gpt-9", exact(10), None), SPLIT)
+    assert isinstance(decision, UnknownModel)
+    assert decision.known == ("llama",)
+    assert "gpt-9" in decision.message
+    assert "llama" in decision.message
+
+
+def test_too_long_names_the_count_and_the_largest_cap() -> None:
+    decision = classify(request(exact(140000)), SPLIT)
+    assert isinstance(decision, NoFit)
+    assert decision.context_exceeded
+    assert (decision.prompt_tokens, decision.largest_context) == (140000, 131072)
+    assert "140000" in decision.message
+    assert "131072" in decision.message
+
+
+def test_prompt_plus_max_tokens_over_the_cap_is_too_long() -> None:
+    decision = classify(request(exact(130000), max_tokens=2000), SPLIT)
+    assert isinstance(decision, NoFit)
+    assert decision.context_exceeded
+    assert "2000 max_tokens" in decision.message
+
+
+def test_a_gap_between_ranges_is_reported_as_such() -> None:
+    gapped = [REALTIME, OPEN_BATCH]
+    decision = classify(request(exact(5000)), gapped)
+    assert isinstance(decision, NoFit)
+    assert not decision.context_exceeded
+    assert "realtime (interactive) takes 0-2000" in decision.message
+    assert "open-batch (batch) takes 16000-" in decision.message

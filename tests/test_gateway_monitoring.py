@@ -1,0 +1,157 @@
+"""Engine metrics parsing (vLLM and SGLang names), endpoint health, and the pool registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from laneway.api import InferencePool, parse_pool
+from laneway.gateway.config import GatewaySettings, HealthSettings, ScrapeSettings
+from laneway.gateway.engine_metrics import (
+    EngineMetrics,
+    EngineMetricsError,
+    parse_engine_metrics,
+)
+from laneway.gateway.health import Health, after_failure, after_probe, after_success
+from laneway.gateway.registry import PoolRegistry
+
+VLLM = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 7.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="llama"} 12345.0
+"""
+
+SGLANG = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="a"} 2.0
+sglang:num_running_reqs{model_name="b"} 3.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="a"} 1.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="a"} 0.5
+"""
+
+OLD_VLLM = VLLM.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (VLLM, EngineMetrics(waiting=3.0, running=7.0, kv_usage=0.42)),
+        (SGLANG, EngineMetrics(waiting=1.0, running=5.0, kv_usage=0.5)),  # labels summed
+        (OLD_VLLM, EngineMetrics(waiting=3.0, running=7.0, kv_usage=0.42)),
+    ],
+    ids=["vllm", "sglang", "vllm-before-v1"],
+)
+def test_engine_metrics_from_either_engine(text: str, expected: EngineMetrics) -> None:
+    assert parse_engine_metrics(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("# TYPE foo gauge\nfoo 1\n", "none of vllm:num_requests_waiting"),
+        ("this is {not prometheus", "not Prometheus text"),
+    ],
+)
+def test_unusable_metrics_are_an_error(text: str, complaint: str) -> None:
+    with pytest.raises(EngineMetricsError, match=complaint):
+        parse_engine_metrics(text)
+
+
+def test_health_ejects_after_consecutive_failures_and_only_a_probe_readmits() -> None:
+    health = Health()
+    health = after_failure(health, 2)
+    assert not health.ejected
+    health = after_success(health)  # a success resets the streak
+    health = after_failure(after_failure(health, 2), 2)
+    assert health.ejected
+    assert after_success(health).ejected  # a late success on an old request is not a probe
+    assert after_probe(health, passed=False).ejected
+    assert after_probe(health, passed=True) == Health()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pool(name: str, endpoints: list[str], **limits: Any) -> InferencePool:
+    return parse_pool(
+        {
+            "apiVersion": "laneway.io/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {"name": name},
+            "spec": {
+                "lane": "interactive",
+                "model": name,
+                "engine": {"kind": "simulator"},
+                "limits": {"maxConcurrentRequests": 4, **limits},
+            },
+            "status": {"endpoints": endpoints},
+        }
+    )
+
+
+SETTINGS = GatewaySettings(
+    health=HealthSettings(failures_to_eject=2),
+    scrape=ScrapeSettings(interval_millis=500, stale_after_millis=2000),
+)
+
+
+def test_registry_limits_follow_healthy_endpoints() -> None:
+    registry = PoolRegistry(SETTINGS, FakeClock())
+    realtime = pool("realtime", ["http://a:1", "http://b:1"])
+    registry.update([realtime])
+    assert registry.ready()
+    assert registry.gate(realtime).limit == 8  # 4 per replica x 2
+    registry.record_failure("http://a:1")
+    registry.record_failure("http://a:1")
+    assert registry.available(realtime) == ["http://b:1"]
+    assert registry.ejected() == ["http://a:1"]
+    assert registry.gate(realtime).limit == 4
+    registry.record_probe("http://a:1", passed=True)
+    assert registry.gate(realtime).limit == 8
+
+
+def test_registry_diffs_updates_and_drains_removed_pools() -> None:
+    registry = PoolRegistry(SETTINGS, FakeClock())
+    assert not registry.ready()
+    first, second = pool("first", ["http://a:1"]), pool("second", ["http://b:1"])
+    registry.update([first, second])
+    kept_gate = registry.gate(first)
+    registry.record_failure("http://a:1")
+    moved = pool("first", ["http://a:1", "http://c:1"])
+    registry.update([moved])
+    assert [p.name for p in registry.pools()] == ["first"]
+    assert registry.gate(moved) is kept_gate  # admitted requests keep their slots
+    assert registry.current(second) is None
+    assert registry.endpoints() == ["http://a:1", "http://c:1"]
+    registry.record_failure("http://a:1")  # the failure streak survived the update
+    assert registry.ejected() == ["http://a:1"]
+
+
+def test_scraped_metrics_go_stale() -> None:
+    clock = FakeClock()
+    registry = PoolRegistry(SETTINGS, clock)
+    registry.update([pool("p", ["http://a:1"])])
+    sample = EngineMetrics(waiting=1, running=2, kv_usage=0.3)
+    registry.record_scrape("http://a:1", sample)
+    registry.record_scrape("http://gone:1", sample)  # not an endpoint any more: ignored
+    clock.now += 2.0
+    assert registry.fresh_metrics("http://a:1") == sample
+    clock.now += 0.1
+    assert registry.fresh_metrics("http://a:1") is None
+    assert registry.fresh_metrics("http://gone:1") is None

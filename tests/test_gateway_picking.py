@@ -1,0 +1,119 @@
+"""Endpoint scorers (scores in [0, 1], 1 is best) and the weighted, randomly tie-broken picker."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from laneway.gateway.engine_metrics import EngineMetrics
+from laneway.gateway.picker import WeightedScorer, rank, scorers_from_weights
+from laneway.gateway.scorers import EndpointView, Scorer
+from laneway.gateway.scorers.in_flight import InFlightScorer
+from laneway.gateway.scorers.kv_usage import KVUsageScorer
+from laneway.gateway.scorers.prefill_tokens import PrefillTokensScorer
+from laneway.gateway.scorers.queue_depth import QueueDepthScorer
+
+
+def view(
+    url: str,
+    in_flight: int = 0,
+    prefill: int = 0,
+    waiting: float | None = None,
+    kv: float = 0.0,
+) -> EndpointView:
+    engine = None if waiting is None else EngineMetrics(waiting=waiting, running=0, kv_usage=kv)
+    return EndpointView(url, in_flight, prefill, engine)
+
+
+SCORES = [
+    # (case, scorer, endpoints, expected scores)
+    (
+        "queue depth normalised between min and max",
+        QueueDepthScorer(),
+        [view("a", waiting=0), view("b", waiting=5), view("c", waiting=10)],
+        [1.0, 0.5, 0.0],
+    ),
+    (
+        "equal queues are all neutral-best",
+        QueueDepthScorer(),
+        [view("a", waiting=3), view("b", waiting=3)],
+        [1.0, 1.0],
+    ),
+    (
+        "a stale scrape (no engine metrics) scores the unknown middle",
+        QueueDepthScorer(),
+        [view("a", waiting=0), view("b", waiting=4), view("c")],
+        [1.0, 0.0, 0.5],
+    ),
+    (
+        "nothing scraped anywhere: every endpoint in the middle",
+        QueueDepthScorer(),
+        [view("a"), view("b")],
+        [0.5, 0.5],
+    ),
+    (
+        "KV usage is absolute free space",
+        KVUsageScorer(),
+        [view("a", waiting=0, kv=0.25), view("b", waiting=0, kv=0.9), view("c")],
+        [0.75, pytest.approx(0.1), 0.5],
+    ),
+    (
+        "in-flight requests from the gateway's own accounting",
+        InFlightScorer(),
+        [view("a", in_flight=2), view("b", in_flight=6), view("c", in_flight=4)],
+        [1.0, 0.0, 0.5],
+    ),
+    (
+        "one long prefill outweighs many short ones",
+        PrefillTokensScorer(),
+        [view("a", prefill=64000), view("b", prefill=16000), view("c", prefill=0)],
+        [0.0, 0.75, 1.0],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("scorer", "endpoints", "expected"),
+    [case[1:] for case in SCORES],
+    ids=[case[0] for case in SCORES],
+)
+def test_scores(scorer: Scorer, endpoints: list[EndpointView], expected: list[float]) -> None:
+    scores = scorer.score(endpoints)
+    assert scores == expected
+    assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+def test_weights_combine_into_a_mean_in_unit_range() -> None:
+    profile = (
+        WeightedScorer("inFlightRequests", InFlightScorer(), 3),
+        WeightedScorer("prefillTokens", PrefillTokensScorer(), 1),
+    )
+    endpoints = [view("busy", in_flight=4, prefill=0), view("idle", in_flight=0, prefill=8000)]
+    ranked = rank(endpoints, profile, random.Random(1))
+    # idle: in-flight 1.0 x3 + prefill 0.0 x1 = 0.75; busy: 0.0 x3 + 1.0 x1 = 0.25
+    assert [(r.url, r.score) for r in ranked] == [("idle", 0.75), ("busy", 0.25)]
+
+
+def test_ties_break_at_random_with_the_injected_generator() -> None:
+    profile = scorers_from_weights("scored", {"inFlightRequests": 1})
+    endpoints = [view(name) for name in "abcd"]
+    winners = Counter(rank(endpoints, profile, random.Random(seed))[0].url for seed in range(400))
+    assert set(winners) == set("abcd")
+    assert min(winners.values()) > 60  # roughly uniform, never stuck on the first
+    first = [r.url for r in rank(endpoints, profile, random.Random(42))]
+    again = [r.url for r in rank(endpoints, profile, random.Random(42))]
+    assert first == again
+
+
+def test_random_policy_has_no_scorers_and_weight_zero_turns_a_scorer_off() -> None:
+    assert scorers_from_weights("random", {"queueDepth": 5}) == ()
+    profile = scorers_from_weights("scored", {"queueDepth": 0, "kvCacheUsage": 2})
+    assert [(s.name, s.weight) for s in profile] == [("kvCacheUsage", 2)]
+
+
+def test_the_ranking_keeps_every_candidate_for_the_retry() -> None:
+    profile = scorers_from_weights("scored", {"inFlightRequests": 1})
+    endpoints = [view("a", in_flight=3), view("b", in_flight=1), view("c", in_flight=2)]
+    assert [r.url for r in rank(endpoints, profile, random.Random(0))] == ["b", "c", "a"]

@@ -1,0 +1,125 @@
+"""Request bodies: the fields routing needs are checked and named; the rest passes through."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from laneway.api import Lane
+from laneway.gateway.errors import ApiError
+from laneway.gateway.request_body import Endpoint, parse_lane, parse_request
+from laneway.tokens import ChatMessage, default_tokenizer
+
+
+def body(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+CHAT = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+
+BAD = [
+    # (case, endpoint, raw body, the param the error names)
+    ("not JSON", Endpoint.CHAT, b"{nope", None),
+    ("not UTF-8", Endpoint.CHAT, b"\xff\xfe{}", None),
+    ("a JSON list", Endpoint.CHAT, body([1, 2]), None),
+    ("no model", Endpoint.CHAT, body({"messages": CHAT["messages"]}), "model"),
+    ("model a number", Endpoint.CHAT, body({**CHAT, "model": 7}), "model"),
+    ("stream a string", Endpoint.CHAT, body({**CHAT, "stream": "yes"}), "stream"),
+    ("max_tokens negative", Endpoint.CHAT, body({**CHAT, "max_tokens": -1}), "max_tokens"),
+    (
+        "max_tokens a boolean",
+        Endpoint.COMPLETIONS,
+        body({"model": "m", "prompt": "x", "max_tokens": True}),
+        "max_tokens",
+    ),
+    ("messages empty", Endpoint.CHAT, body({**CHAT, "messages": []}), "messages"),
+    ("a message not an object", Endpoint.CHAT, body({**CHAT, "messages": ["hi"]}), "messages[0]"),
+    (
+        "a role missing",
+        Endpoint.CHAT,
+        body({**CHAT, "messages": [{"content": "x"}]}),
+        "messages[0].role",
+    ),
+    (
+        "content a number",
+        Endpoint.CHAT,
+        body({**CHAT, "messages": [{"role": "user", "content": 5}]}),
+        "messages[0].content",
+    ),
+    (
+        "a part without type",
+        Endpoint.CHAT,
+        body({**CHAT, "messages": [{"role": "user", "content": [{}]}]}),
+        "messages[0].content",
+    ),
+    ("no prompt", Endpoint.COMPLETIONS, body({"model": "m"}), "prompt"),
+    (
+        "prompt of mixed items",
+        Endpoint.COMPLETIONS,
+        body({"model": "m", "prompt": ["a", 1]}),
+        "prompt",
+    ),
+    ("negative token ids", Endpoint.COMPLETIONS, body({"model": "m", "prompt": [1, -2]}), "prompt"),
+]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "raw", "param"), [case[1:] for case in BAD], ids=[case[0] for case in BAD]
+)
+def test_bad_bodies_are_400_naming_the_field(
+    endpoint: Endpoint, raw: bytes, param: str | None
+) -> None:
+    with pytest.raises(ApiError) as error:
+        parse_request(raw, endpoint)
+    assert error.value.status == 400
+    assert error.value.param == param
+    assert error.value.body()["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_chat_keeps_the_payload_and_reads_text_parts() -> None:
+    payload = {
+        **CHAT,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]},
+            {"role": "assistant", "content": None, "tool_calls": []},
+        ],
+        "max_completion_tokens": 20,
+        "temperature": 0.2,
+        "stream": True,
+    }
+    parsed = parse_request(body(payload), Endpoint.CHAT)
+    assert parsed.messages == (
+        ChatMessage("system", "be brief"),
+        ChatMessage("user", "a"),
+        ChatMessage("assistant", ""),
+    )
+    assert (parsed.max_tokens, parsed.stream) == (20, True)
+    assert parsed.payload == payload
+
+
+def test_completion_prompts_count_the_longest() -> None:
+    tokenizer = default_tokenizer()
+    texts = parse_request(
+        body({"model": "m", "prompt": ["a b", "a b c d e"]}), Endpoint.COMPLETIONS
+    )
+    assert texts.count(tokenizer) == tokenizer.count("a b c d e")
+    bounds = texts.bounds(tokenizer)
+    assert bounds.low <= texts.count(tokenizer) <= bounds.high
+    ids = parse_request(body({"model": "m", "prompt": [[1, 2], [3, 4, 5]]}), Endpoint.COMPLETIONS)
+    assert ids.count(tokenizer) == 3
+    assert ids.bounds(tokenizer).exact
+
+
+@pytest.mark.parametrize(
+    ("value", "lane"),
+    [(None, None), ("batch", Lane.BATCH), (" Interactive ", Lane.INTERACTIVE)],
+)
+def test_lane_header(value: str | None, lane: Lane | None) -> None:
+    assert parse_lane(value) is lane
+
+
+def test_an_unknown_lane_header_is_400() -> None:
+    with pytest.raises(ApiError, match="must be one of interactive, batch"):
+        parse_lane("urgent")
