@@ -9,7 +9,7 @@ from typing import Any
 def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
-    """Add `demo`."""
+    """Add `demo` and `bench gateway`."""
     demo = commands.add_parser(
         "demo",
         help="simulated pools + the gateway on this machine, a mixed workload, a live table",
@@ -43,6 +43,35 @@ def register(
     )
     demo.set_defaults(handler=run_demo)
 
+    gateway = bench.add_parser(
+        "gateway",
+        help="the gateway's own overhead: direct to an engine vs through the gateway",
+        description="Start a zero-service-time simulated engine and a gateway in front of it; "
+        "at each concurrency send the same streamed requests direct and through the gateway "
+        "and report the added latency (P50/P99), requests/s and requests/s per gateway core; "
+        "then time the routing of a 128k-token prompt, bounds-decided and exactly counted.",
+    )
+    gateway.add_argument(
+        "--concurrency",
+        default="1,50,200,500",
+        help="comma-separated concurrent streams per level (default 1,50,200,500)",
+    )
+    gateway.add_argument(
+        "--requests",
+        type=int,
+        help="requests per level and path (default: max(400, 4 x concurrency))",
+    )
+    gateway.add_argument("--prompt-tokens", type=int, default=200, help="(default 200)")
+    gateway.add_argument("--output-tokens", type=int, default=16, help="(default 16)")
+    gateway.add_argument(
+        "--classify-tokens",
+        type=int,
+        default=131_072,
+        help="length of the long prompt whose routing is timed (default 131072)",
+    )
+    gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    gateway.set_defaults(handler=run_bench_gateway)
+
 
 def run_demo(args: argparse.Namespace) -> int:
     import asyncio
@@ -71,3 +100,36 @@ def run_demo(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("laneway demo: stopped; the gateway and every engine have shut down", file=sys.stderr)
         return 0 if options.serve else 130
+
+
+def run_bench_gateway(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from laneway.benchgw import BenchOptions, check_options, parse_concurrency, render, run_bench
+    from laneway.errors import UsageError
+    from laneway.procs import ChildError
+
+    options = BenchOptions(
+        concurrency=parse_concurrency(args.concurrency),
+        requests=args.requests,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        classify_tokens=args.classify_tokens,
+    )
+    check_options(options)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise UsageError(f"--json: the folder of {args.json} does not exist")
+    command = "laneway " + shlex.join(sys.argv[1:])
+    try:
+        report = asyncio.run(run_bench(options, command))
+    except ChildError as error:
+        print(f"laneway bench gateway: {error}", file=sys.stderr)
+        return 1
+    print("\n".join(render(report)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return 0

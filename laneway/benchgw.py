@@ -1,0 +1,445 @@
+"""`laneway bench gateway`: what the gateway itself costs, measured against going direct.
+
+One run starts a zero-service-time `laneway sim` and a gateway in front of it, then at each
+concurrency sends the same closed-loop streaming requests straight to the engine (the
+baseline) and through the gateway; the difference of the latency percentiles is what the
+gateway adds. The gateway's CPU time during its phase gives requests per second per core.
+Separately, in this process, it times the gateway's routing of a 128k-token prompt: once
+where the token bounds decide the lane, once where the exact count must.
+
+The statistics and the table are pure; `run_bench` is the shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
+from laneway.errors import UsageError
+from laneway.loadgen import Distribution, PromptFactory, StreamResult, stream_request
+from laneway.procs import Children
+from laneway.tables import format_table
+from laneway.tokens import default_tokenizer
+
+MODEL = "bench"
+DEFAULT_CONCURRENCY = (1, 50, 200, 500)
+INTERACTIVE_MAX_PROMPT = 4096
+# Zero service time and room for every concurrent stream: the engine never queues.
+ENGINE_ARGS = (
+    "--host", "127.0.0.1", "--port", "0", "--model", MODEL, "--profile", "zero",
+    "--max-num-seqs", "4096", "--token-budget", "8192", "--max-context", "8192",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    requests: int | None = None  # per level and path; None: max(400, 4 x concurrency)
+    prompt_tokens: int = 200
+    output_tokens: int = 16
+    classify_tokens: int = 131_072
+    classify_repeats: int = 15
+    seed: int = 0
+
+    def requests_at(self, concurrency: int) -> int:
+        return self.requests if self.requests is not None else max(400, 4 * concurrency)
+
+
+def check_options(options: BenchOptions) -> None:
+    if not options.concurrency or any(c < 1 for c in options.concurrency):
+        raise UsageError("--concurrency needs one or more positive integers, e.g. 1,50,200")
+    if options.requests is not None and options.requests < 1:
+        raise UsageError(f"--requests must be at least 1, got {options.requests}")
+    if options.prompt_tokens < 1 or options.prompt_tokens > INTERACTIVE_MAX_PROMPT:
+        raise UsageError(f"--prompt-tokens must be within 1-{INTERACTIVE_MAX_PROMPT}")
+    if options.output_tokens < 1:
+        raise UsageError("--output-tokens must be at least 1")
+    if options.classify_tokens <= INTERACTIVE_MAX_PROMPT or options.classify_repeats < 1:
+        raise UsageError(
+            f"--classify-tokens must exceed {INTERACTIVE_MAX_PROMPT} (a batch-lane prompt)"
+        )
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
+    return levels
+
+
+# -- results (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathResult:
+    """One path (direct or through the gateway) at one concurrency."""
+
+    requests: int
+    errors: int
+    e2e: Distribution | None  # successful requests
+    ttft: Distribution | None
+    wall_s: float
+
+    @property
+    def requests_per_s(self) -> float:
+        return (self.requests - self.errors) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def path_result(results: Sequence[StreamResult], wall_s: float) -> PathResult:
+    ok = [r for r in results if r.status == 200 and r.error is None]
+    return PathResult(
+        requests=len(results),
+        errors=len(results) - len(ok),
+        e2e=Distribution.of([r.e2e_s for r in ok]),
+        ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        wall_s=wall_s,
+    )
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    direct: PathResult
+    gateway: PathResult
+    gateway_cpu_s: float  # the gateway process's CPU time during its phase
+
+    @property
+    def added_p50_s(self) -> float | None:
+        if self.direct.e2e is None or self.gateway.e2e is None:
+            return None
+        return self.gateway.e2e.p50 - self.direct.e2e.p50
+
+    @property
+    def added_p99_s(self) -> float | None:
+        if self.direct.e2e is None or self.gateway.e2e is None:
+            return None
+        return self.gateway.e2e.p99 - self.direct.e2e.p99
+
+    @property
+    def gateway_cores_busy(self) -> float:
+        """How many cores the gateway kept busy on average during its phase."""
+        return self.gateway_cpu_s / self.gateway.wall_s if self.gateway.wall_s > 0 else 0.0
+
+    @property
+    def requests_per_core_s(self) -> float | None:
+        """Requests the gateway serves per second of its CPU time (one core fully busy)."""
+        ok = self.gateway.requests - self.gateway.errors
+        return ok / self.gateway_cpu_s if self.gateway_cpu_s > 0 else None
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    prompt_tokens: int
+    prompt_bytes: int
+    repeats: int
+    bounds_decided_s: Distribution  # parse the body, bound the count, classify
+    exact_count_s: Distribution  # the same where the bounds straddle a limit: count exactly
+    bounds_pool: str  # the pool each path chose (both must be the batch pool)
+    exact_pool: str
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    machine: str
+    date: str
+    command: str
+    levels: tuple[LevelResult, ...]
+    classification: ClassifyResult
+
+    def to_json(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        for level, data in zip(self.levels, document["levels"], strict=True):
+            data["added_p50_s"] = level.added_p50_s
+            data["added_p99_s"] = level.added_p99_s
+            data["requests_per_core_s"] = level.requests_per_core_s
+            data["gateway_cores_busy"] = level.gateway_cores_busy
+            data["gateway"]["requests_per_s"] = level.gateway.requests_per_s
+            data["direct"]["requests_per_s"] = level.direct.requests_per_s
+        return document
+
+
+def _ms(seconds: float | None, digits: int = 2) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.{digits}f}"
+
+
+def render(report: BenchReport) -> list[str]:
+    header = (
+        "concurrency", "direct p50", "direct p99", "gateway p50", "gateway p99",
+        "added p50", "added p99", "p99 ratio", "gateway req/s", "gateway cores",
+        "req/s per core", "errors",
+    )  # fmt: skip
+    rows = []
+    for level in report.levels:
+        direct, gateway = level.direct, level.gateway
+        ratio = (
+            f"{gateway.e2e.p99 / direct.e2e.p99:.2f}x"
+            if gateway.e2e and direct.e2e and direct.e2e.p99 > 0
+            else "-"
+        )
+        per_core = level.requests_per_core_s
+        rows.append(
+            (
+                str(level.concurrency),
+                _ms(direct.e2e.p50 if direct.e2e else None),
+                _ms(direct.e2e.p99 if direct.e2e else None),
+                _ms(gateway.e2e.p50 if gateway.e2e else None),
+                _ms(gateway.e2e.p99 if gateway.e2e else None),
+                _ms(level.added_p50_s),
+                _ms(level.added_p99_s),
+                ratio,
+                f"{gateway.requests_per_s:.0f}",
+                f"{level.gateway_cores_busy:.2f}",
+                "-" if per_core is None else f"{per_core:.0f}",
+                f"{direct.errors}/{gateway.errors}",
+            )
+        )
+    classify = report.classification
+    lines = [
+        f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine})",
+        *format_table(header, rows),
+        "",
+        f"routing a {classify.prompt_tokens:,}-token prompt ({classify.prompt_bytes:,} bytes "
+        f"of JSON body), median / p99 of {classify.repeats}:",
+        *format_table(
+            ("path", "median ms", "p99 ms", "pool"),
+            [
+                (
+                    "bounds decide",
+                    _ms(classify.bounds_decided_s.p50),
+                    _ms(classify.bounds_decided_s.p99),
+                    classify.bounds_pool,
+                ),
+                (
+                    "exact count",
+                    _ms(classify.exact_count_s.p50),
+                    _ms(classify.exact_count_s.p99),
+                    classify.exact_pool,
+                ),
+            ],
+        ),
+    ]
+    return lines
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def pool_documents(
+    endpoint: str, batch_context: int, max_concurrent: int = 1024
+) -> list[dict[str, Any]]:
+    """An interactive pool capped at 4k prompts and a batch pool with `batch_context` tokens."""
+
+    def pool(name: str, lane: str, minimum: int, maximum: int, context: int) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": "bench"},
+            "spec": {
+                "lane": lane,
+                "model": MODEL,
+                "engine": {"kind": "simulator"},
+                "routing": {"minPromptTokens": minimum, "maxPromptTokens": maximum},
+                "prefill": {"tokenBudget": 8192, "chunkSize": 1024},
+                "limits": {"maxContextTokens": context, "maxConcurrentRequests": max_concurrent},
+            },
+            "status": {"endpoints": [endpoint]},
+        }
+
+    return [
+        pool("interactive", "interactive", 0, INTERACTIVE_MAX_PROMPT, 8192),
+        pool("batch", "batch", INTERACTIVE_MAX_PROMPT + 1, batch_context - 1024, batch_context),
+    ]
+
+
+def gateway_config(endpoint: str) -> list[dict[str, Any]]:
+    queue = {"maxWaiting": 100_000, "timeoutMillis": 120_000}
+    settings = {"apiVersion": API_VERSION, "kind": "GatewayConfig", "spec": {"queue": queue}}
+    return [settings, *pool_documents(endpoint, 8192 * 16)]
+
+
+# -- classification (in this process) ---------------------------------------------------------
+
+
+def time_classification(options: BenchOptions, clock: Callable[[], float]) -> ClassifyResult:
+    """Time the gateway's routing path for one long prompt, bounds-decided and exact."""
+    from laneway.gateway.lanes import NeedsExactCount, Route, RouteRequest, classify
+    from laneway.gateway.request_body import Endpoint, parse_request
+    from laneway.tokens import TokenBounds
+
+    tokenizer = default_tokenizer()
+    text = PromptFactory(tokenizer).text(random.Random(options.seed), options.classify_tokens)
+    body = json.dumps({"model": MODEL, "prompt": text, "max_tokens": 64}).encode()
+    # The byte bound of this prompt is several times its token count: a batch pool whose
+    # context covers the byte bound is decided by bounds, one capped just above the token
+    # count needs the exact count.
+    roomy = [parse_pool(d) for d in pool_documents("http://127.0.0.1:1", 2 * len(body))]
+    tight = [
+        parse_pool(d) for d in pool_documents("http://127.0.0.1:1", options.classify_tokens + 2048)
+    ]
+
+    def route(pools: Sequence[InferencePool]) -> tuple[str, float]:
+        begun = clock()
+        parsed = parse_request(body, Endpoint.COMPLETIONS)
+        bounds = parsed.bounds(tokenizer)
+        decision = classify(RouteRequest(parsed.model, bounds, parsed.max_tokens), pools)
+        if isinstance(decision, NeedsExactCount):
+            exact = parsed.count(tokenizer)
+            decision = classify(
+                RouteRequest(parsed.model, TokenBounds(exact, exact), parsed.max_tokens), pools
+            )
+        elapsed = clock() - begun
+        if not isinstance(decision, Route):
+            raise RuntimeError(f"the benchmark prompt was not routed: {decision}")
+        return decision.pool.name, elapsed
+
+    bounds_runs = [route(roomy) for _ in range(options.classify_repeats)]
+    exact_runs = [route(tight) for _ in range(options.classify_repeats)]
+    bounds_times = Distribution.of([t for _, t in bounds_runs])
+    exact_times = Distribution.of([t for _, t in exact_runs])
+    assert bounds_times is not None
+    assert exact_times is not None
+    return ClassifyResult(
+        prompt_tokens=options.classify_tokens,
+        prompt_bytes=len(body),
+        repeats=options.classify_repeats,
+        bounds_decided_s=bounds_times,
+        exact_count_s=exact_times,
+        bounds_pool=bounds_runs[0][0],
+        exact_pool=exact_runs[0][0],
+    )
+
+
+# -- the shell ------------------------------------------------------------------------------
+
+
+def progress(message: str) -> None:
+    print(f"laneway bench gateway: {message}", file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads included (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are the 14th and 15th fields of stat; 12th and 13th after the name.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    concurrency: int,
+    requests: int,
+) -> tuple[list[StreamResult], float]:
+    """`concurrency` workers send `requests` in all, each the next as soon as one ends."""
+    results: list[StreamResult] = []
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            results.append(await stream_request(session, url, body))
+
+    begun = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+    return results, time.perf_counter() - begun
+
+
+async def measure_levels(
+    options: BenchOptions, engine_url: str, gateway_url: str, gateway_pid: int
+) -> list[LevelResult]:
+    tokenizer = default_tokenizer()
+    content = PromptFactory(tokenizer).chat_content(
+        random.Random(options.seed), options.prompt_tokens
+    )
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": options.output_tokens,
+        "stream": True,
+    }
+    path = "/v1/chat/completions"
+    levels = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        progress("warming up both paths")
+        for base in (engine_url, gateway_url):
+            await closed_loop(session, base + path, body, 20, 200)
+        for concurrency in options.concurrency:
+            count = options.requests_at(concurrency)
+            progress(f"{concurrency} concurrent: {count} requests direct to the engine")
+            direct, direct_wall = await closed_loop(
+                session, engine_url + path, body, concurrency, count
+            )
+            progress(f"{concurrency} concurrent: {count} requests through the gateway")
+            cpu_before = cpu_seconds(gateway_pid)
+            through, gateway_wall = await closed_loop(
+                session, gateway_url + path, body, concurrency, count
+            )
+            cpu = cpu_seconds(gateway_pid) - cpu_before
+            levels.append(
+                LevelResult(
+                    concurrency,
+                    path_result(direct, direct_wall),
+                    path_result(through, gateway_wall),
+                    cpu,
+                )
+            )
+    return levels
+
+
+async def run_bench(options: BenchOptions, command: str) -> BenchReport:
+    progress(f"timing the routing of a {options.classify_tokens:,}-token prompt")
+    classification = time_classification(options, time.perf_counter)
+    with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
+        async with Children() as children:
+            progress("starting a zero-service-time engine and the gateway")
+            engine = await children.start_laneway_async(
+                "sim",
+                ENGINE_ARGS,
+                name="engine",
+            )
+            config = Path(workdir) / "gateway.yaml"
+            config.write_text(yaml.safe_dump_all(gateway_config(engine.url), sort_keys=False))
+            gateway = await children.start_laneway_async(
+                "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
+            )
+            levels = await children.watch(
+                measure_levels(options, engine.url, gateway.url, gateway.pid)
+            )
+    return BenchReport(
+        machine=machine_description(),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        command=command,
+        levels=tuple(levels),
+        classification=classification,
+    )
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"

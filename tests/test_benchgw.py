@@ -1,0 +1,153 @@
+"""`laneway bench gateway`: honest arithmetic on the samples, and a short real run's structure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from laneway.benchgw import (
+    BenchOptions,
+    BenchReport,
+    LevelResult,
+    check_options,
+    parse_concurrency,
+    path_result,
+    render,
+    time_classification,
+)
+from laneway.cli import main
+from laneway.errors import UsageError
+from laneway.loadgen import StreamResult
+from laneway.procs import laneway_argv
+from laneway.tables import format_table
+
+
+def result(e2e: float, status: int = 200, error: str | None = None) -> StreamResult:
+    return StreamResult(status, {}, e2e / 2, (e2e / 4,), e2e, 2, error)
+
+
+def test_a_path_result_counts_errors_and_keeps_them_out_of_the_latencies() -> None:
+    samples = [result(0.010), result(0.020), result(0.5, status=429), result(9.0, error="broke")]
+    path = path_result(samples, wall_s=2.0)
+    assert (path.requests, path.errors) == (4, 2)
+    assert path.e2e is not None
+    assert path.e2e.max == 0.020
+    assert path.requests_per_s == 1.0  # two good requests in two seconds
+
+
+def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_core() -> None:
+    direct = path_result([result(0.010)] * 99 + [result(0.030)], wall_s=1.0)
+    gateway = path_result([result(0.012)] * 99 + [result(0.040)], wall_s=2.0)
+    level = LevelResult(50, direct, gateway, gateway_cpu_s=0.5)
+    assert level.added_p50_s == pytest.approx(0.002)
+    assert direct.e2e is not None
+    assert gateway.e2e is not None
+    assert level.added_p99_s == pytest.approx(gateway.e2e.p99 - direct.e2e.p99)
+    assert level.requests_per_core_s == pytest.approx(200)  # 100 requests in 0.5 CPU s
+    assert level.gateway_cores_busy == pytest.approx(0.25)
+    all_failed = path_result([result(1.0, status=503)], wall_s=1.0)
+    assert LevelResult(1, all_failed, gateway, 0.0).added_p99_s is None
+    assert LevelResult(1, direct, gateway, 0.0).requests_per_core_s is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"concurrency": ()}, "--concurrency"),
+        ({"concurrency": (0, 5)}, "--concurrency"),
+        ({"requests": 0}, "--requests"),
+        ({"prompt_tokens": 5000}, "--prompt-tokens"),
+        ({"output_tokens": 0}, "--output-tokens"),
+        ({"classify_tokens": 100}, "--classify-tokens"),
+    ],
+)
+def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
+    with pytest.raises(UsageError, match=flag):
+        check_options(BenchOptions(**changes))  # type: ignore[arg-type]
+
+
+def test_concurrency_levels_parse_from_a_comma_list() -> None:
+    assert parse_concurrency("1, 50,200") == (1, 50, 200)
+    with pytest.raises(UsageError, match="comma-separated"):
+        parse_concurrency("1,many")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "gateway", "--concurrency", "x"],
+        ["bench", "gateway", "--requests", "0"],
+        ["bench", "gateway", "--json", "/no/such/folder/out.json"],
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_tables_refuse_rows_of_the_wrong_width() -> None:
+    assert format_table(("a", "b"), [("x", "1")]) == ["a  b", "x  1"]
+    with pytest.raises(ValueError, match="cells"):
+        format_table(("a", "b"), [("x",)])
+
+
+def test_the_long_prompt_reaches_the_batch_pool_by_bounds_and_by_exact_count() -> None:
+    options = BenchOptions(classify_tokens=20_000, classify_repeats=2)
+    classified = time_classification(options, time.perf_counter)
+    assert classified.bounds_pool == classified.exact_pool == "batch"
+    assert classified.bounds_decided_s.count == classified.exact_count_s.count == 2
+    assert classified.prompt_bytes > classified.prompt_tokens
+
+
+def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
+    output = tmp_path / "bench.json"
+    run = subprocess.run(
+        laneway_argv(
+            "bench",
+            "gateway",
+            "--concurrency",
+            "1,8",
+            "--requests",
+            "24",
+            "--classify-tokens",
+            "6000",
+            "--json",
+            str(output),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(output.read_text())
+    assert [level["concurrency"] for level in report["levels"]] == [1, 8]
+    for level in report["levels"]:
+        for path in ("direct", "gateway"):
+            assert level[path]["requests"] == 24
+            assert level[path]["errors"] == 0
+            assert level[path]["e2e"]["count"] == 24
+        assert level["gateway_cpu_s"] > 0
+    assert report["classification"]["bounds_pool"] == "batch"
+    assert report["command"].startswith("laneway bench gateway --concurrency 1,8")
+    table = run.stdout.splitlines()
+    assert table[1].split()[0] == "concurrency"
+    assert [line.split()[0] for line in table[2:4]] == ["1", "8"]
+    assert "through the gateway" in run.stderr  # progress goes to stderr
+
+
+def test_render_lists_every_level_in_order() -> None:
+    options = BenchOptions(classify_tokens=5000, classify_repeats=1)
+    classification = time_classification(options, time.perf_counter)
+    direct = path_result([result(0.01)], 1.0)
+    levels = tuple(LevelResult(c, direct, direct, 0.1) for c in (1, 50, 200))
+    report = BenchReport("a machine", "today", "laneway bench gateway", levels, classification)
+    lines = render(report)
+    assert "a machine" in lines[0]
+    assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
+    assert json.loads(json.dumps(report.to_json()))["levels"][2]["added_p50_s"] == 0
