@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from laneway.errors import UsageError
 from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import PROFILES, Profile
 from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
+from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
 
 DEFAULT_PROFILE = "h200-llama3-8b"
 
@@ -42,6 +47,7 @@ def register(
         help="run this many times faster than real time (default 1.0)",
     )
     sim.set_defaults(handler=run_sim)
+    register_bench(bench)
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -96,4 +102,120 @@ def run_sim(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
     )
     asyncio.run(serve(settings, args.host, args.port))
+    return 0
+
+
+def register_bench(bench: argparse._SubParsersAction[Any]) -> None:
+    defaults = SeedScenario()
+    seed = bench.add_parser(
+        "seed",
+        help="the seed experiment: interactive sessions plus a long-prompt burst, 4 configurations",
+        description="Run the seed experiment (200 interactive sessions and a burst of 20 "
+        "64k-token requests on 8 GPUs) under four configurations: unified-full, "
+        "unified-chunked, split and laneway. Prints a table; --json and --plot save results.",
+    )
+    seed.add_argument("--mode", choices=("virtual",), default="virtual",
+                      help="virtual: a discrete-event simulation (default)")  # fmt: skip
+    seed.add_argument("--seed", type=int, default=defaults.seed, help="workload random seed")
+    seed.add_argument("--gpus", type=int, default=defaults.gpus, help="GPUs (one replica each)")
+    seed.add_argument("--sessions", type=int, default=defaults.sessions,
+                      help="concurrent closed-loop interactive sessions")  # fmt: skip
+    seed.add_argument("--long-requests", type=int, default=defaults.long_requests,
+                      help="long requests in the burst")  # fmt: skip
+    seed.add_argument("--long-tokens", type=int, default=defaults.long_tokens,
+                      help="prompt tokens of each long request")  # fmt: skip
+    seed.add_argument("--duration", type=float, default=defaults.duration_s,
+                      help="seconds sessions start turns; the run then drains")  # fmt: skip
+    seed.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE)
+    seed.add_argument("--configs", default=",".join(CONFIG_NAMES),
+                      help="comma-separated subset of configurations to run")  # fmt: skip
+    seed.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    seed.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TBT/TTFT over time")
+    seed.set_defaults(handler=run_seed)
+
+
+def _writable(path: Path | None, flag: str) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise UsageError(f"{flag} {path}: directory {path.parent} does not exist")
+
+
+class _Progress:
+    """One line per configuration on stderr, redrawn in place on a terminal."""
+
+    def __init__(self, name: str, duration_s: float) -> None:
+        self._name = name
+        self._duration_s = duration_s
+        self._tty = sys.stderr.isatty()
+        self._last_quarter = -1
+
+    def __call__(self, simulated_s: float) -> None:
+        share = min(simulated_s / self._duration_s, 1.0)
+        line = f"seed: {self._name:<16} {share:4.0%} ({simulated_s:5.1f} s simulated)"
+        if self._tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        elif int(share * 4) > self._last_quarter:
+            self._last_quarter = int(share * 4)
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self, wall_s: float) -> None:
+        end = "\n" if self._tty else ""
+        print(f"{end}seed: {self._name:<16} done in {wall_s:.1f} s wall", file=sys.stderr)
+
+
+def run_seed(args: argparse.Namespace) -> int:
+    from laneway.simulator.report import seed_json, seed_table, summarize
+    from laneway.simulator.runner import RunResult, run_virtual
+    from laneway.simulator.seed import scenario_problems, seed_configs
+
+    scenario = SeedScenario(
+        gpus=args.gpus,
+        sessions=args.sessions,
+        long_requests=args.long_requests,
+        long_tokens=args.long_tokens,
+        duration_s=args.duration,
+        seed=args.seed,
+    )
+    problems = scenario_problems(scenario)
+    if problems:
+        raise UsageError("; ".join(problems))
+    wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(CONFIG_NAMES))
+    if unknown or not wanted:
+        raise UsageError(
+            f"--configs: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(CONFIG_NAMES)}"
+        )
+    _writable(args.json, "--json")
+    _writable(args.plot, "--plot")
+
+    profile = PROFILES[args.profile]
+    configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
+    started = time.perf_counter()
+    results: list[RunResult] = []
+    for config in configs:
+        progress = _Progress(config.name, scenario.duration_s)
+        config_started = time.perf_counter()
+        results.append(run_virtual(config, profile, scenario, progress))
+        progress.done(time.perf_counter() - config_started)
+    wall_s = time.perf_counter() - started
+
+    summaries = [summarize(result, scenario) for result in results]
+    print(
+        f"seed experiment, virtual time: {scenario.gpus} x {profile.gpu.name} "
+        f"({profile.name}), {scenario.sessions} sessions, {scenario.long_requests} x "
+        f"{scenario.long_tokens}-token requests at t={scenario.burst_at_s:g} s, "
+        f"{scenario.duration_s:g} s, seed {scenario.seed}; {wall_s:.1f} s wall"
+    )
+    print()
+    print(seed_table(summaries))
+    if args.json is not None:
+        document = seed_json(scenario, profile.name, summaries, wall_s)
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        from laneway.simulator.plot import plot_seed
+
+        title = f"seed experiment (virtual), {scenario.gpus} x {profile.name}, seed {scenario.seed}"
+        plot_seed(results, scenario, args.plot, title)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0

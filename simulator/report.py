@@ -1,0 +1,184 @@
+"""Numbers people compare: per-configuration summaries, the table, and the JSON document."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from laneway.simulator.runner import RunResult
+from laneway.simulator.seed import SeedScenario
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p99: float
+    max: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"p50": round(self.p50, 3), "p99": round(self.p99, 3), "max": round(self.max, 3)}
+
+
+NO_SAMPLES = Percentiles(math.nan, math.nan, math.nan)
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    if not sorted_values:
+        return math.nan
+    position = fraction * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def percentiles_ms(seconds: Sequence[float]) -> Percentiles:
+    if not seconds:
+        return NO_SAMPLES
+    ordered = sorted(seconds)
+    return Percentiles(
+        percentile(ordered, 0.5) * 1e3, percentile(ordered, 0.99) * 1e3, ordered[-1] * 1e3
+    )
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    name: str
+    description: str
+    ttft_ms: Percentiles
+    tbt_ms: Percentiles
+    interactive_completed: int
+    interactive_rejected: int
+    batch_makespan_s: float  # burst arrival to the last batch completion
+    batch_throughput_tok_s: float  # batch prompt + output tokens per makespan second
+    batch_completed: int
+    batch_submitted: int
+    gpu_busy: float  # fraction of GPU-time with a step running, over the whole run
+
+
+def summarize(result: RunResult, scenario: SeedScenario) -> ConfigSummary:
+    finished = result.batch_finished_at_s
+    makespan = max(finished) - scenario.burst_at_s if finished else math.nan
+    throughput = result.batch_tokens / makespan if finished and makespan > 0 else math.nan
+    gpu_time = result.config.gpus * result.end_s
+    return ConfigSummary(
+        name=result.config.name,
+        description=result.config.summary,
+        ttft_ms=percentiles_ms(result.ttft_s),
+        tbt_ms=percentiles_ms(result.tbt_s),
+        interactive_completed=result.interactive_completed,
+        interactive_rejected=result.interactive_rejected,
+        batch_makespan_s=makespan,
+        batch_throughput_tok_s=throughput,
+        batch_completed=len(finished),
+        batch_submitted=result.batch_submitted,
+        gpu_busy=result.gpu_busy_s / gpu_time if gpu_time > 0 else 0.0,
+    )
+
+
+def _number(value: float) -> float | None:
+    """JSON has no NaN: a metric without samples is null."""
+    return None if math.isnan(value) else round(value, 3)
+
+
+def seed_json(
+    scenario: SeedScenario, profile_name: str, summaries: Sequence[ConfigSummary], wall_s: float
+) -> dict[str, Any]:
+    configs: dict[str, Any] = {}
+    for summary in summaries:
+        configs[summary.name] = {
+            "description": summary.description,
+            "interactive": {
+                "ttft_ms": {k: _number(v) for k, v in summary.ttft_ms.as_dict().items()},
+                "tbt_ms": {k: _number(v) for k, v in summary.tbt_ms.as_dict().items()},
+                "completed": summary.interactive_completed,
+                "rejected": summary.interactive_rejected,
+            },
+            "batch": {
+                "makespan_s": _number(summary.batch_makespan_s),
+                "throughput_tok_s": _number(summary.batch_throughput_tok_s),
+                "completed": summary.batch_completed,
+                "submitted": summary.batch_submitted,
+            },
+            "gpu_busy": round(summary.gpu_busy, 4),
+        }
+    return {
+        "scenario": "seed",
+        "mode": "virtual",
+        "seed": scenario.seed,
+        "profile": profile_name,
+        "parameters": {
+            "gpus": scenario.gpus,
+            "sessions": scenario.sessions,
+            "long_requests": scenario.long_requests,
+            "long_tokens": scenario.long_tokens,
+            "long_output_tokens": scenario.long_output_tokens,
+            "duration_s": scenario.duration_s,
+            "burst_at_s": scenario.burst_at_s,
+        },
+        "wall_s": round(wall_s, 2),
+        "configs": configs,
+    }
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def _ratio(value: float, baseline: float) -> str:
+    if math.isnan(value) or math.isnan(baseline) or baseline == 0:
+        return "-"
+    return f"{value / baseline:.2f}x"
+
+
+def seed_table(summaries: Sequence[ConfigSummary]) -> str:
+    """One column per configuration; the last rows compare each with the first (baseline)."""
+    rows: list[tuple[str, list[str]]] = [
+        ("interactive TTFT P50 ms", [_fmt(s.ttft_ms.p50) for s in summaries]),
+        ("interactive TTFT P99 ms", [_fmt(s.ttft_ms.p99) for s in summaries]),
+        ("interactive TTFT max ms", [_fmt(s.ttft_ms.max) for s in summaries]),
+        ("interactive TBT P50 ms", [_fmt(s.tbt_ms.p50) for s in summaries]),
+        ("interactive TBT P99 ms", [_fmt(s.tbt_ms.p99) for s in summaries]),
+        ("interactive TBT max ms", [_fmt(s.tbt_ms.max) for s in summaries]),
+        ("interactive completed", [str(s.interactive_completed) for s in summaries]),
+        ("batch makespan s", [_fmt(s.batch_makespan_s) for s in summaries]),
+        ("batch throughput tok/s", [_fmt(s.batch_throughput_tok_s, 0) for s in summaries]),
+        (
+            "batch completed",
+            [f"{s.batch_completed}/{s.batch_submitted}" for s in summaries],
+        ),
+        ("GPU busy", [f"{s.gpu_busy:.0%}" for s in summaries]),
+    ]
+    if summaries:
+        base = summaries[0]
+        rows += [
+            (
+                f"TTFT P99 vs {base.name}",
+                [_ratio(s.ttft_ms.p99, base.ttft_ms.p99) for s in summaries],
+            ),
+            (f"TBT P99 vs {base.name}", [_ratio(s.tbt_ms.p99, base.tbt_ms.p99) for s in summaries]),
+            (
+                f"makespan vs {base.name}",
+                [_ratio(s.batch_makespan_s, base.batch_makespan_s) for s in summaries],
+            ),
+        ]
+    headers = ["metric", *(s.name for s in summaries)]
+    widths = [max(len(headers[0]), *(len(label) for label, _ in rows))]
+    for column, summary in enumerate(summaries):
+        widths.append(max(len(summary.name), *(len(values[column]) for _, values in rows)))
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(headers, widths, strict=True))
+        )
+    ]
+    lines.append("  ".join("-" * w for w in widths))
+    for label, values in rows:
+        cells = [label.ljust(widths[0])]
+        cells += [v.rjust(w) for v, w in zip(values, widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+    lines.append("")
+    lines += [f"{s.name}: {s.description}" for s in summaries]
+    return "\n".join(lines)

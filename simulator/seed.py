@@ -1,0 +1,184 @@
+"""The seed experiment as data: the workload and the four cluster configurations.
+
+Virtual mode (`laneway bench seed --mode virtual`) runs these in the discrete-event runner;
+a live mode can start one `laneway sim` per replica with `PoolSpec.engine` as its flags and
+configure the gateway from `PoolSpec.route`, replaying the same workload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
+from laneway.simulator.profiles import Profile
+from laneway.simulator.routing import PoolRoute
+from laneway.simulator.scheduler import SchedulerConfig
+
+CONFIG_NAMES = ("unified-full", "unified-chunked", "split", "laneway")
+
+# The seed's lane rule: short (< 2k tokens) to the realtime cluster, capped at 4k context.
+REALTIME_MAX_PROMPT = 2048
+REALTIME_MAX_CONTEXT = 4096
+# Long enough for the 128k documents the seed sends to the batch pool.
+LONG_CONTEXT = 131072
+# The interactive SLO the seed states: TTFT < 300 ms, TBT < 30 ms.
+TTFT_SLO_S = 0.300
+TBT_SLO_S = 0.030
+
+
+@dataclass(frozen=True)
+class SeedScenario:
+    gpus: int = 8
+    sessions: int = 200
+    long_requests: int = 20
+    long_tokens: int = 65536
+    long_output_tokens: int = 512
+    duration_s: float = 60.0  # sessions start new turns until then; the run drains after
+    burst_at_s: float = 5.0  # when all long requests arrive at once
+    prompt_tokens: tuple[int, int] = (200, 1500)
+    output_tokens: tuple[int, int] = (50, 250)
+    think_time_s: tuple[float, float] = (1.0, 5.0)
+    session_start_spread_s: float = 2.0  # sessions begin uniformly within this window
+    seed: int = 0
+
+
+def scenario_problems(scenario: SeedScenario) -> list[str]:
+    """What makes `scenario` unusable, as sentences naming the flag; empty if fine."""
+    problems = []
+    if scenario.gpus < 2:
+        problems.append("--gpus must be at least 2 (the split configurations need two lanes)")
+    if scenario.sessions < 0:
+        problems.append("--sessions must not be negative")
+    if scenario.long_requests < 0:
+        problems.append("--long-requests must not be negative")
+    if not 1 <= scenario.long_tokens <= LONG_CONTEXT - scenario.long_output_tokens:
+        problems.append(
+            f"--long-tokens must be between 1 and {LONG_CONTEXT - scenario.long_output_tokens}"
+        )
+    if not scenario.duration_s > 0:
+        problems.append("--duration must be above 0")
+    if scenario.sessions == 0 and scenario.long_requests == 0:
+        problems.append("nothing to run: --sessions and --long-requests are both 0")
+    return problems
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    route: PoolRoute
+    replicas: int
+    engine: SchedulerConfig
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    summary: str
+    pools: tuple[PoolSpec, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(pool.replicas for pool in self.pools)
+
+
+# A lane planned to run its prefill capacity at this fraction at peak demand: the usual
+# capacity-planning headroom, which keeps queueing delay to a few steps.
+TARGET_UTILIZATION = 0.7
+INTERACTIVE_DECODE_BATCH = 64  # the decode batch an interactive step is priced with
+
+
+def tbt_token_budget(profile: Profile, decode_batch: int, context_tokens: int) -> int:
+    """The largest step budget (a multiple of 128) that keeps a mixed step within the TBT SLO.
+
+    The step priced is the worst the interactive lane sees: `decode_batch` decodes of
+    `context_tokens` each plus one prefill chunk filling the rest of the budget, attending
+    to a prompt's worth of context. This is Sarathi-Serve's rule for choosing the budget.
+    """
+    budget = 128
+    while budget + 128 <= REALTIME_MAX_CONTEXT:
+        candidate = budget + 128
+        if _mixed_step_s(profile, candidate, decode_batch, context_tokens) > TBT_SLO_S:
+            break
+        budget = candidate
+    return budget
+
+
+def _mixed_step_s(profile: Profile, budget: int, decode_batch: int, context_tokens: int) -> float:
+    chunk = PrefillChunk(budget - decode_batch, context_tokens, completes_prompt=True)
+    return step_duration(profile, StepWork((chunk,), decode_batch, decode_batch * context_tokens))
+
+
+def interactive_replicas(scenario: SeedScenario, profile: Profile, budget: int) -> int:
+    """GPUs the interactive lane needs for the scenario's peak prompt rate, the rest go to batch.
+
+    Peak demand: every session sends a mean prompt per mean think time (an upper bound, as
+    it ignores the time spent generating). Capacity of one replica: the prefill tokens of a
+    full mixed step per step time. The lane runs at TARGET_UTILIZATION of its capacity.
+    """
+    if profile.zero_service_time:
+        return scenario.gpus // 2
+    mean_prompt = sum(scenario.prompt_tokens) / 2
+    mean_think = sum(scenario.think_time_s) / 2
+    demand = scenario.sessions * mean_prompt / mean_think
+    step_s = _mixed_step_s(profile, budget, INTERACTIVE_DECODE_BATCH, REALTIME_MAX_PROMPT)
+    capacity = (budget - INTERACTIVE_DECODE_BATCH) / step_s
+    needed = math.ceil(demand / (TARGET_UTILIZATION * capacity))
+    return min(max(needed, 1), scenario.gpus - 1)
+
+
+def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfig, ...]:
+    """The four configurations of the seed experiment on the scenario's GPUs."""
+    gpus = scenario.gpus
+    unified_route = PoolRoute("unified", "interactive", 0, None, LONG_CONTEXT)
+    realtime_route = PoolRoute(
+        "realtime", "interactive", 0, REALTIME_MAX_PROMPT, REALTIME_MAX_CONTEXT
+    )
+    batch_route = PoolRoute("batch", "batch", 0, None, LONG_CONTEXT)
+    split_realtime = gpus // 2
+
+    # vLLM without chunked prefill needs a budget that holds the longest prompt
+    # (its default max_num_batched_tokens is max(max_model_len, 2048)).
+    full_long = SchedulerConfig("full", LONG_CONTEXT, LONG_CONTEXT, 256, 1, LONG_CONTEXT)
+    full_realtime = SchedulerConfig(
+        "full", REALTIME_MAX_CONTEXT, REALTIME_MAX_CONTEXT, 256, 1, REALTIME_MAX_CONTEXT
+    )
+    # The seed article's chunked settings: 2,048-token step budget, 1,024-token chunks;
+    # vLLM V1 puts no cap on prompts left part-prefilled, so neither do we here.
+    chunked_long = SchedulerConfig("chunked", 2048, 1024, 256, 256, LONG_CONTEXT)
+
+    budget = tbt_token_budget(profile, INTERACTIVE_DECODE_BATCH, REALTIME_MAX_PROMPT)
+    slo_interactive = SchedulerConfig(
+        "chunked", budget, budget, INTERACTIVE_DECODE_BATCH, INTERACTIVE_DECODE_BATCH,
+        REALTIME_MAX_CONTEXT,
+    )  # fmt: skip
+    laneway_interactive = interactive_replicas(scenario, profile, budget)
+    return (
+        ClusterConfig(
+            "unified-full",
+            f"{gpus} mixed replicas, whole-prompt prefill",
+            (PoolSpec(unified_route, gpus, full_long),),
+        ),
+        ClusterConfig(
+            "unified-chunked",
+            f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
+            (PoolSpec(unified_route, gpus, chunked_long),),
+        ),
+        ClusterConfig(
+            "split",
+            f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
+            f"{gpus - split_realtime} batch (chunked prefill)",
+            (
+                PoolSpec(realtime_route, split_realtime, full_realtime),
+                PoolSpec(batch_route, gpus - split_realtime, chunked_long),
+            ),
+        ),
+        ClusterConfig(
+            "laneway",
+            f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token TBT-SLO "
+            f"budget) + {gpus - laneway_interactive} batch (chunked prefill)",
+            (
+                PoolSpec(realtime_route, laneway_interactive, slo_interactive),
+                PoolSpec(batch_route, gpus - laneway_interactive, chunked_long),
+            ),
+        ),
+    )
