@@ -11,7 +11,7 @@ from laneway.gateway.batches import BatchStore, parse_create
 from laneway.gateway.errors import ApiError
 from laneway.gateway.files import FileStore, file_object, new_file_id, read_upload
 from laneway.gateway.redis_state import needs_redis
-from laneway.gateway.shared_keys import BATCH_STORE, FILE_STORE, MAX_FILE_BYTES, TENANT
+from laneway.gateway.shared_keys import BATCH_STORE, FILE_SIZE_LIMIT, FILE_STORE, TENANT
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -50,7 +50,7 @@ def _batches(request: web.Request) -> BatchStore:
 
 async def upload_file(request: web.Request) -> web.Response:
     store = _files(request)
-    purpose, filename, content = await read_upload(request, request.app[MAX_FILE_BYTES])
+    purpose, filename, content = await read_upload(request, request.app[FILE_SIZE_LIMIT])
     file = file_object(new_file_id(), len(content), filename, purpose, _owner(request))
     await store.put(file, content)
     return web.json_response(file.to_json())

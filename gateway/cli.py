@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from laneway.errors import UsageError
+from laneway.gateway.redis_cli import add_gateway_flags
 
 REDIS_URL_ENV = "LANEWAY_REDIS_URL"
 
@@ -53,23 +54,21 @@ def register(
         help=f"shared state for several replicas (default ${REDIS_URL_ENV}; password from "
         "$LANEWAY_REDIS_PASSWORD)",
     )
+    add_gateway_flags(gateway)
     gateway.set_defaults(handler=run_gateway)
 
 
 def run_gateway(args: argparse.Namespace) -> int:
     from laneway.gateway.app import create_app
     from laneway.gateway.config import GatewaySettings, load_config
+    from laneway.gateway.shared_state import install, options_from_args
     from laneway.gateway.sources import PoolSource, StaticPoolSource
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
     if args.namespace and not args.kubernetes:
         raise UsageError("--namespace needs --kubernetes")
-    if args.redis_url:
-        raise UsageError(
-            "--redis-url: the Redis state layer is not wired into the gateway yet; "
-            "run without it for in-memory state"
-        )
+    shared = options_from_args(args)
     if args.config is None and not args.kubernetes:
         raise UsageError("give --config FILE with the pools, or --kubernetes to watch them")
     loaded = load_config(args.config, allow_pools=not args.kubernetes) if args.config else None
@@ -86,6 +85,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         source = StaticPoolSource(loaded.pools)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     app = create_app(settings, source)
+    install(app, shared)
     asyncio.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
     return 0
 
@@ -93,6 +93,8 @@ def run_gateway(args: argparse.Namespace) -> int:
 async def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting and drain open streams."""
     from aiohttp import web
+
+    from laneway.gateway.shared_state import announce_listening
 
     runner = web.AppRunner(
         app,
@@ -109,6 +111,7 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
         await runner.cleanup()
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     bound_port = runner.addresses[0][1]
+    announce_listening(app, host, bound_port)
     print(f"laneway gateway: listening on http://{host}:{bound_port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

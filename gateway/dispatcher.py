@@ -35,6 +35,7 @@ from laneway.gateway.batches import (
     response_line,
 )
 from laneway.gateway.fairshare import FairShareQueue
+from laneway.gateway.redis_cli import BATCH_CONCURRENCY, BATCH_LEASE_S
 from laneway.gateway.redis_state import REDIS_DOWN
 from laneway.gateway.request_body import LANE_HEADER
 
@@ -47,8 +48,8 @@ RETRYABLE = (429, 502, 503, 504)
 
 @dataclass(frozen=True)
 class DispatchSettings:
-    concurrency: int = 8  # items of this replica in the batch lane at once
-    lease_s: float = 30.0  # silence after which another replica reclaims an item
+    concurrency: int = BATCH_CONCURRENCY
+    lease_s: float = BATCH_LEASE_S
     poll_s: float = 0.2  # how often to look for new items when idle
     max_attempts: int = 5  # tries per item against a saturated or unreachable lane
     retry_backoff_s: float = 1.0

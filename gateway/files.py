@@ -19,7 +19,6 @@ from laneway.gateway.errors import ApiError
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
-DEFAULT_MAX_FILE_BYTES = 100 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 
 

@@ -49,6 +49,7 @@ from laneway.gateway.request_body import (
     parse_request,
 )
 from laneway.gateway.scorers import EndpointView
+from laneway.gateway.shared_state import admit_tenant
 from laneway.gateway.state import Lease
 from laneway.tokens import TokenBounds
 
@@ -125,6 +126,7 @@ async def _serve(
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
     route, bounds, count = await _route(app, parsed, pinned, outcome)
+    await admit_tenant(request, _prefill_estimate(bounds, count) + (parsed.max_tokens or 0))
     pool = route.pool
     outcome.pool, outcome.lane = pool.name, route.lane.value
     try:

@@ -13,7 +13,7 @@ LIMITER = web.AppKey("limiter", RateLimiter)
 INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof on loopback
 FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
-MAX_FILE_BYTES = web.AppKey("max_file_bytes", int)
+FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
 
 TENANT = web.RequestKey("tenant", Tenant)
 # Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.

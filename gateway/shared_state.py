@@ -12,6 +12,7 @@ The proxy asks `admit_tenant` once per request, after counting its tokens; the s
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hmac
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from redis.asyncio import Redis
 
+from laneway.errors import UsageError
 from laneway.gateway.batch_api import add_routes
 from laneway.gateway.batches import BatchStore
 from laneway.gateway.dispatcher import (
@@ -31,21 +33,23 @@ from laneway.gateway.dispatcher import (
     DispatchSettings,
 )
 from laneway.gateway.errors import ApiError
-from laneway.gateway.files import DEFAULT_MAX_FILE_BYTES, FileStore
+from laneway.gateway.files import FileStore
 from laneway.gateway.keys import SESSION, TRACKER
+from laneway.gateway.redis_cli import MAX_FILE_BYTES
 from laneway.gateway.redis_state import (
     DEFAULT_LEASE_S,
     RedisLoadTracker,
     RedisSettings,
     connect,
+    redis_settings,
 )
 from laneway.gateway.shared_keys import (
     BATCH_STORE,
+    FILE_SIZE_LIMIT,
     FILE_STORE,
     INTERNAL,
     INTERNAL_SECRET,
     LIMITER,
-    MAX_FILE_BYTES,
     TENANT,
     TENANTS,
 )
@@ -55,6 +59,7 @@ from laneway.gateway.tenants import (
     RedisRateLimiter,
     Tenant,
     TenantDirectory,
+    load_tenants,
     retry_after_header,
 )
 
@@ -68,7 +73,7 @@ class SharedStateOptions:
     redis: RedisSettings | None = None  # None: in-memory, one replica
     tenants: TenantDirectory | None = None  # None: auth off, every request is anonymous
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_file_bytes: int = MAX_FILE_BYTES
     load_lease_s: float = DEFAULT_LEASE_S
 
 
@@ -85,7 +90,7 @@ LOOPBACK = web.AppKey("loopback", Loopback)
 def install(app: web.Application, options: SharedStateOptions) -> None:
     app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
     app[LOOPBACK] = Loopback()
-    app[MAX_FILE_BYTES] = options.max_file_bytes
+    app[FILE_SIZE_LIMIT] = options.max_file_bytes
     if options.tenants is not None:
         app[TENANTS] = options.tenants
     app.middlewares.append(tenant_middleware)
@@ -207,4 +212,22 @@ async def admit_tenant(request: web.Request, tokens: int) -> None:
         f"retry after {retry_after_header(decision)} s",
         "rate_limit_exceeded",
         retry_after=int(retry_after_header(decision)),
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
+    """UsageError naming the flag when a value cannot work."""
+    if args.batch_concurrency < 1:
+        raise UsageError(f"--batch-concurrency must be at least 1, got {args.batch_concurrency}")
+    if args.batch_lease < 1:
+        raise UsageError(f"--batch-lease must be at least 1 second, got {args.batch_lease:g}")
+    if args.max_file_bytes < 1:
+        raise UsageError(f"--max-file-bytes must be at least 1, got {args.max_file_bytes}")
+    return SharedStateOptions(
+        redis=redis_settings(args.redis_url),
+        tenants=load_tenants(args.tenants) if args.tenants else None,
+        dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
+        max_file_bytes=args.max_file_bytes,
+        # A replica's load outlives it by one lease; batch items wait as long.
+        load_lease_s=min(DEFAULT_LEASE_S, args.batch_lease),
     )
