@@ -58,8 +58,10 @@ up() {
         --set gateway.resources.requests.cpu=100m \
         --set gateway.resources.requests.memory=128Mi \
         --set operator.resources.requests.cpu=50m \
-        --set operator.resources.requests.memory=64Mi \
-        --wait --timeout 5m >&2
+        --set operator.resources.requests.memory=64Mi >&2
+    # Not `helm --wait`: the gateway reports ready (/readyz) only once a pool has an
+    # endpoint, and the tests apply the pools. The operator must be up before they do.
+    kubectl --namespace "$namespace" rollout status deployment/"$release"-operator --timeout=300s >&2
     # Helm never upgrades crds/: apply it so a reused cluster runs this checkout's CRD.
     kubectl apply -f charts/laneway/crds/laneway.io_inferencepools.yaml >&2
     say "ready: release $release in namespace $namespace on kind-$cluster"
