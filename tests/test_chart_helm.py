@@ -519,6 +519,12 @@ def test_notes_tell_how_to_call_the_gateway(helm: str) -> None:
     assert "without Redis keep separate state" in notes
 
 
+def test_chart_refuses_a_kubernetes_older_than_its_schemas_were_checked_against(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", "1.26.0")
+    assert result.returncode != 0
+    assert "chart requires kubeVersion: >=1.27.0-0" in result.stderr
+
+
 # --- bad values -------------------------------------------------------------------------
 
 
