@@ -25,11 +25,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
+
+if TYPE_CHECKING:
+    from laneway.simulator.seed import SeedScenario
 
 INTERACTIVE = "interactive"
 LONG = "long"
@@ -53,7 +56,7 @@ class Workload:
     prompt_tokens: tuple[int, int] = (200, 1500)  # inclusive range per interactive turn
     output_tokens: tuple[int, int] = (50, 250)
     think_s: tuple[float, float] = (1.0, 3.0)  # pause between a reply and the next turn
-    ramp_s: float = 1.0  # sessions start spread evenly over this long
+    ramp_s: float = 1.0  # each session starts at a uniformly drawn moment within this
     duration_s: float = 30.0  # no interactive turn starts after this
     max_requests: int | None = None  # a cap on interactive turns, across sessions
     long_requests: tuple[LongRequest, ...] = ()
@@ -73,6 +76,23 @@ class Workload:
     @property
     def long_request_count(self) -> int:
         return len(self.long_requests)
+
+
+def workload_from_scenario(scenario: SeedScenario, model: str, drain_s: float = 300.0) -> Workload:
+    """The seed experiment's workload (laneway.simulator.seed), to replay it live."""
+    burst = LongRequest(scenario.burst_at_s, scenario.long_tokens, scenario.long_output_tokens)
+    return Workload(
+        model=model,
+        sessions=scenario.sessions,
+        prompt_tokens=scenario.prompt_tokens,
+        output_tokens=scenario.output_tokens,
+        think_s=scenario.think_time_s,
+        ramp_s=scenario.session_start_spread_s,
+        duration_s=scenario.duration_s,
+        long_requests=(burst,) * scenario.long_requests,
+        drain_s=drain_s,
+        seed=scenario.seed,
+    )
 
 
 def _workload_problems(workload: Workload) -> list[str]:
@@ -113,8 +133,18 @@ def draw_turn(rng: random.Random, workload: Workload) -> Turn:
 
 
 def session_rng(seed: int, session: int) -> random.Random:
-    """Each session's own stream, so that one session's draws never shift another's."""
-    return random.Random(f"laneway-loadgen:{seed}:{session}")
+    """Each session's own stream, so that one session's draws never shift another's.
+
+    Seeded and drawn from exactly as the virtual-time runner (laneway.simulator.runner) does:
+    the start offset, then per turn the prompt length, the output length and the think
+    time. A live run therefore sends the very turns a virtual run of the same seed prices.
+    """
+    return random.Random(f"{seed}/session/{session}")
+
+
+def text_rng(seed: int, session: int, turn: int) -> random.Random:
+    """Prompt wording, drawn apart from the session stream so that it never shifts it."""
+    return random.Random(f"{seed}/text/{session}/{turn}")
 
 
 # Common English words; those that are one token with a leading space make prompts of an
@@ -330,8 +360,8 @@ class LoadGenerator:
     async def _session(self, session: aiohttp.ClientSession, index: int) -> None:
         workload = self.workload
         rng = session_rng(workload.seed, index)
-        if workload.sessions > 1:
-            await self._sleep_model(workload.ramp_s * index / workload.sessions)
+        await self._sleep_model(rng.uniform(0, workload.ramp_s))
+        turns = 0
         while self.elapsed_s() < workload.duration_s:
             if (
                 workload.max_requests is not None
@@ -340,7 +370,10 @@ class LoadGenerator:
                 return
             turn = draw_turn(rng, workload)
             self._interactive_issued += 1
-            content = self.prompts.chat_content(rng, turn.prompt_tokens)
+            turns += 1
+            content = self.prompts.chat_content(
+                text_rng(workload.seed, index, turns), turn.prompt_tokens
+            )
             body = {
                 "model": workload.model,
                 "messages": [{"role": "user", "content": content}],
