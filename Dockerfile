@@ -11,10 +11,8 @@ RUN python -m venv /opt/laneway
 WORKDIR /src
 # Dependencies first, in their own layer, so a source change does not reinstall them.
 COPY pyproject.toml README.md ./
-RUN mkdir -p laneway gateway operator simulator \
-    && touch laneway/__init__.py gateway/__init__.py operator/__init__.py simulator/__init__.py \
-    && /opt/laneway/bin/pip install . \
-    && /opt/laneway/bin/pip uninstall --yes laneway
+RUN /opt/laneway/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && /opt/laneway/bin/pip install --requirement /tmp/requirements.txt
 COPY laneway ./laneway
 COPY gateway ./gateway
 COPY operator ./operator

