@@ -88,7 +88,10 @@ def load_pools(text: str, source: str) -> list[InferencePool]:
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as error:
-        raise UsageError(f"{source}: not valid YAML: {error}") from error
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "cannot be parsed"
+        raise UsageError(f"{source}: not valid YAML{where}: {problem}") from error
     pools = []
     for index, document in enumerate(documents):
         if not isinstance(document, dict):

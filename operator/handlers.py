@@ -81,10 +81,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await cluster.close()
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
-@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
-@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
-@kopf.timer(GROUP, VERSION, PLURAL, id="resync", interval=RESYNC_SECONDS, registry=registry)
 async def reconcile_pool(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     outcome = await reconcile_or_retry(body, memo["state"])
     if outcome.status != dict(body.get("status") or {}):
@@ -98,15 +94,6 @@ _CHILD_FILTER: dict[str, Any] = {
 }
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=_CHILD_FILTER, registry=registry)
-@kopf.on.event("", "v1", "services", labels=_CHILD_FILTER, registry=registry)
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_FILTER, registry=registry)
-@kopf.on.event(
-    "autoscaling", "v2", "horizontalpodautoscalers", labels=_CHILD_FILTER, registry=registry
-)
-@kopf.on.event(
-    "discovery.k8s.io", "v1", "endpointslices", labels={POOL_LABEL: kopf.PRESENT}, registry=registry
-)
 async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child or the pool's endpoints changed: reconcile the owning pool now."""
     state: OperatorState = memo["state"]
@@ -120,3 +107,23 @@ async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if outcome.status != dict(pool.get("status") or {}):
         await state.cluster.patch_status(KIND, namespace, name, outcome.status)
     post_events(pool, outcome)
+
+
+# Registered by call rather than stacked decorators, so the functions keep their own
+# signatures for type checkers and tests.
+for _on_cause in (kopf.on.resume, kopf.on.create, kopf.on.update):
+    _on_cause(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(reconcile_pool)
+kopf.timer(GROUP, VERSION, PLURAL, id="resync", interval=RESYNC_SECONDS, registry=registry)(
+    reconcile_pool
+)
+for _group, _version, _plural in (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+):
+    kopf.on.event(_group, _version, _plural, labels=_CHILD_FILTER, registry=registry)(child_changed)
+# EndpointSlices carry their Service's labels: readiness changes refresh the pool's status.
+kopf.on.event(
+    "discovery.k8s.io", "v1", "endpointslices", labels={POOL_LABEL: kopf.PRESENT}, registry=registry
+)(child_changed)
