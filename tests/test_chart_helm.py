@@ -14,6 +14,7 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -490,6 +491,38 @@ def test_example_pools_pass_the_crd_schema_and_laneways_own_checks(
     parsed = [parse_pool(pool) for pool in pools]
     assert check_pool_set(parsed) == []
     assert not any(o["kind"] == "InferencePool" for o in rendered["minimal"])
+
+
+def test_example_pools_render_into_engines_the_network_policy_guards(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """The operator's own rendering (`laneway render`) of the chart's pools, with the image
+    the chart hands the operator: engine pods carry the label the NetworkPolicy selects."""
+    objects = rendered["redis"]
+    operator = container(deployment(objects, "operator"))
+    image = next(e["value"] for e in operator["env"] if e["name"] == "LANEWAY_IMAGE")
+    pools = [o for o in objects if o["kind"] == "InferencePool"]
+    result = subprocess.run(
+        [sys.executable, "-m", "laneway.cli", "render", "-", "--image", f"simulator={image}"],
+        input=yaml.safe_dump_all(pools),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    children = [d for d in yaml.safe_load_all(result.stdout) if d]
+    engines = [c for c in children if c["kind"] == "Deployment"]
+    assert len(engines) == len(pools)
+    selector = only(objects, "NetworkPolicy", "-engines")["spec"]["podSelector"]
+    [expression] = selector["matchExpressions"]
+    assert (expression["key"], expression["operator"]) == ("laneway.io/pool", "Exists")
+    for engine in engines:
+        pod = engine["spec"]["template"]
+        assert expression["key"] in pod["metadata"]["labels"]
+        assert [c["image"] for c in pod["spec"]["containers"]] == [image]
+    for child in children:
+        kubernetes_validate.validate(child, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def test_example_pool_schema_check_rejects_a_bad_pool(rendered: dict[str, list[Manifest]]) -> None:
