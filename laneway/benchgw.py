@@ -3,7 +3,8 @@
 One run starts a zero-service-time `laneway sim` and a gateway in front of it, then at each
 concurrency sends the same closed-loop streaming requests straight to the engine (the
 baseline) and through the gateway; the difference of the latency percentiles is what the
-gateway adds. The gateway's CPU time during its phase gives requests per second per core.
+gateway adds. The gateway's CPU time during its phase gives requests per second per core,
+and every process's CPU time shows which of them was the bottleneck.
 Separately, in this process, it times the gateway's routing of a 128k-token prompt: once
 where the token bounds decide the lane, once where the exact count must.
 
@@ -22,7 +23,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ import yaml
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
 from laneway.errors import UsageError
 from laneway.loadgen import Distribution, PromptFactory, StreamResult, stream_request
-from laneway.procs import Children
+from laneway.procs import ChildProcess, Children
 from laneway.tables import format_table
 from laneway.tokens import default_tokenizer
 
@@ -88,6 +89,15 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds each process spent during one phase."""
+
+    client: float  # this process: the load generator
+    engine: float
+    gateway: float  # 0 on the direct path, which does not pass through it
+
+
+@dataclass(frozen=True)
 class PathResult:
     """One path (direct or through the gateway) at one concurrency."""
 
@@ -96,13 +106,18 @@ class PathResult:
     e2e: Distribution | None  # successful requests
     ttft: Distribution | None
     wall_s: float
+    cpu: CpuUse
 
     @property
     def requests_per_s(self) -> float:
         return (self.requests - self.errors) / self.wall_s if self.wall_s > 0 else 0.0
 
+    def cores_busy(self, cpu_s: float) -> float:
+        """How many cores `cpu_s` of CPU time kept busy on average during this phase."""
+        return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
-def path_result(results: Sequence[StreamResult], wall_s: float) -> PathResult:
+
+def path_result(results: Sequence[StreamResult], wall_s: float, cpu: CpuUse) -> PathResult:
     ok = [r for r in results if r.status == 200 and r.error is None]
     return PathResult(
         requests=len(results),
@@ -110,6 +125,7 @@ def path_result(results: Sequence[StreamResult], wall_s: float) -> PathResult:
         e2e=Distribution.of([r.e2e_s for r in ok]),
         ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
         wall_s=wall_s,
+        cpu=cpu,
     )
 
 
@@ -118,7 +134,6 @@ class LevelResult:
     concurrency: int
     direct: PathResult
     gateway: PathResult
-    gateway_cpu_s: float  # the gateway process's CPU time during its phase
 
     @property
     def added_p50_s(self) -> float | None:
@@ -133,15 +148,10 @@ class LevelResult:
         return self.gateway.e2e.p99 - self.direct.e2e.p99
 
     @property
-    def gateway_cores_busy(self) -> float:
-        """How many cores the gateway kept busy on average during its phase."""
-        return self.gateway_cpu_s / self.gateway.wall_s if self.gateway.wall_s > 0 else 0.0
-
-    @property
     def requests_per_core_s(self) -> float | None:
         """Requests the gateway serves per second of its CPU time (one core fully busy)."""
         ok = self.gateway.requests - self.gateway.errors
-        return ok / self.gateway_cpu_s if self.gateway_cpu_s > 0 else None
+        return ok / self.gateway.cpu.gateway if self.gateway.cpu.gateway > 0 else None
 
 
 @dataclass(frozen=True)
@@ -169,7 +179,6 @@ class BenchReport:
             data["added_p50_s"] = level.added_p50_s
             data["added_p99_s"] = level.added_p99_s
             data["requests_per_core_s"] = level.requests_per_core_s
-            data["gateway_cores_busy"] = level.gateway_cores_busy
             data["gateway"]["requests_per_s"] = level.gateway.requests_per_s
             data["direct"]["requests_per_s"] = level.direct.requests_per_s
         return document
@@ -182,8 +191,8 @@ def _ms(seconds: float | None, digits: int = 2) -> str:
 def render(report: BenchReport) -> list[str]:
     header = (
         "concurrency", "direct p50", "direct p99", "gateway p50", "gateway p99",
-        "added p50", "added p99", "p99 ratio", "gateway req/s", "gateway cores",
-        "req/s per core", "errors",
+        "added p50", "added p99", "p99 ratio", "direct req/s", "gateway req/s",
+        "req/s per gw core", "cores client/engine/gw", "errors",
     )  # fmt: skip
     rows = []
     for level in report.levels:
@@ -194,6 +203,10 @@ def render(report: BenchReport) -> list[str]:
             else "-"
         )
         per_core = level.requests_per_core_s
+        cores = "/".join(
+            f"{gateway.cores_busy(cpu):.2f}"
+            for cpu in (gateway.cpu.client, gateway.cpu.engine, gateway.cpu.gateway)
+        )
         rows.append(
             (
                 str(level.concurrency),
@@ -204,9 +217,10 @@ def render(report: BenchReport) -> list[str]:
                 _ms(level.added_p50_s),
                 _ms(level.added_p99_s),
                 ratio,
+                f"{direct.requests_per_s:.0f}",
                 f"{gateway.requests_per_s:.0f}",
-                f"{level.gateway_cores_busy:.2f}",
                 "-" if per_core is None else f"{per_core:.0f}",
+                cores,
                 f"{direct.errors}/{gateway.errors}",
             )
         )
@@ -346,7 +360,7 @@ async def closed_loop(
     body: dict[str, Any],
     concurrency: int,
     requests: int,
-) -> tuple[list[StreamResult], float]:
+) -> list[StreamResult]:
     """`concurrency` workers send `requests` in all, each the next as soon as one ends."""
     results: list[StreamResult] = []
     remaining = requests
@@ -357,13 +371,30 @@ async def closed_loop(
             remaining -= 1
             results.append(await stream_request(session, url, body))
 
-    begun = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-    return results, time.perf_counter() - begun
+    return results
+
+
+async def measured_phase(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    concurrency: int,
+    requests: int,
+    pids: Mapping[str, int],
+) -> PathResult:
+    """One closed-loop phase, with the wall time and each process's CPU time it took."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    client_before, begun = time.process_time(), time.perf_counter()
+    results = await closed_loop(session, url, body, concurrency, requests)
+    wall, client = time.perf_counter() - begun, time.process_time() - client_before
+    used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    cpu = CpuUse(client=client, engine=used["engine"], gateway=used.get("gateway", 0.0))
+    return path_result(results, wall, cpu)
 
 
 async def measure_levels(
-    options: BenchOptions, engine_url: str, gateway_url: str, gateway_pid: int
+    options: BenchOptions, engine: ChildProcess, gateway: ChildProcess
 ) -> list[LevelResult]:
     tokenizer = default_tokenizer()
     content = PromptFactory(tokenizer).chat_content(
@@ -380,28 +411,24 @@ async def measure_levels(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         progress("warming up both paths")
-        for base in (engine_url, gateway_url):
+        for base in (engine.url, gateway.url):
             await closed_loop(session, base + path, body, 20, 200)
         for concurrency in options.concurrency:
             count = options.requests_at(concurrency)
             progress(f"{concurrency} concurrent: {count} requests direct to the engine")
-            direct, direct_wall = await closed_loop(
-                session, engine_url + path, body, concurrency, count
+            direct = await measured_phase(
+                session, engine.url + path, body, concurrency, count, {"engine": engine.pid}
             )
             progress(f"{concurrency} concurrent: {count} requests through the gateway")
-            cpu_before = cpu_seconds(gateway_pid)
-            through, gateway_wall = await closed_loop(
-                session, gateway_url + path, body, concurrency, count
+            through = await measured_phase(
+                session,
+                gateway.url + path,
+                body,
+                concurrency,
+                count,
+                {"engine": engine.pid, "gateway": gateway.pid},
             )
-            cpu = cpu_seconds(gateway_pid) - cpu_before
-            levels.append(
-                LevelResult(
-                    concurrency,
-                    path_result(direct, direct_wall),
-                    path_result(through, gateway_wall),
-                    cpu,
-                )
-            )
+            levels.append(LevelResult(concurrency, direct, through))
     return levels
 
 
@@ -421,9 +448,7 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
             gateway = await children.start_laneway_async(
                 "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
             )
-            levels = await children.watch(
-                measure_levels(options, engine.url, gateway.url, gateway.pid)
-            )
+            levels = await children.watch(measure_levels(options, engine, gateway))
     return BenchReport(
         machine=machine_description(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

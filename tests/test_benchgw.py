@@ -12,6 +12,7 @@ import pytest
 from laneway.benchgw import (
     BenchOptions,
     BenchReport,
+    CpuUse,
     LevelResult,
     check_options,
     parse_concurrency,
@@ -25,6 +26,8 @@ from laneway.loadgen import StreamResult
 from laneway.procs import laneway_argv
 from laneway.tables import format_table
 
+NO_CPU = CpuUse(0.0, 0.0, 0.0)
+
 
 def result(e2e: float, status: int = 200, error: str | None = None) -> StreamResult:
     return StreamResult(status, {}, e2e / 2, (e2e / 4,), e2e, 2, error)
@@ -32,7 +35,7 @@ def result(e2e: float, status: int = 200, error: str | None = None) -> StreamRes
 
 def test_a_path_result_counts_errors_and_keeps_them_out_of_the_latencies() -> None:
     samples = [result(0.010), result(0.020), result(0.5, status=429), result(9.0, error="broke")]
-    path = path_result(samples, wall_s=2.0)
+    path = path_result(samples, wall_s=2.0, cpu=NO_CPU)
     assert (path.requests, path.errors) == (4, 2)
     assert path.e2e is not None
     assert path.e2e.max == 0.020
@@ -40,18 +43,18 @@ def test_a_path_result_counts_errors_and_keeps_them_out_of_the_latencies() -> No
 
 
 def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_core() -> None:
-    direct = path_result([result(0.010)] * 99 + [result(0.030)], wall_s=1.0)
-    gateway = path_result([result(0.012)] * 99 + [result(0.040)], wall_s=2.0)
-    level = LevelResult(50, direct, gateway, gateway_cpu_s=0.5)
+    direct = path_result([result(0.010)] * 99 + [result(0.030)], 1.0, CpuUse(0.6, 0.4, 0.0))
+    gateway = path_result([result(0.012)] * 99 + [result(0.040)], 2.0, CpuUse(0.8, 0.4, 0.5))
+    level = LevelResult(50, direct, gateway)
     assert level.added_p50_s == pytest.approx(0.002)
     assert direct.e2e is not None
     assert gateway.e2e is not None
     assert level.added_p99_s == pytest.approx(gateway.e2e.p99 - direct.e2e.p99)
     assert level.requests_per_core_s == pytest.approx(200)  # 100 requests in 0.5 CPU s
-    assert level.gateway_cores_busy == pytest.approx(0.25)
-    all_failed = path_result([result(1.0, status=503)], wall_s=1.0)
-    assert LevelResult(1, all_failed, gateway, 0.0).added_p99_s is None
-    assert LevelResult(1, direct, gateway, 0.0).requests_per_core_s is None
+    assert gateway.cores_busy(gateway.cpu.gateway) == pytest.approx(0.25)
+    all_failed = path_result([result(1.0, status=503)], 1.0, NO_CPU)
+    assert LevelResult(1, all_failed, gateway).added_p99_s is None
+    assert LevelResult(1, direct, direct).requests_per_core_s is None  # no gateway CPU
 
 
 @pytest.mark.parametrize(
@@ -132,7 +135,9 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
             assert level[path]["requests"] == 24
             assert level[path]["errors"] == 0
             assert level[path]["e2e"]["count"] == 24
-        assert level["gateway_cpu_s"] > 0
+        assert level["gateway"]["cpu"]["gateway"] > 0
+        assert level["direct"]["cpu"]["gateway"] == 0
+        assert level["direct"]["cpu"]["engine"] > 0
     assert report["classification"]["bounds_pool"] == "batch"
     assert report["command"].startswith("laneway bench gateway --concurrency 1,8")
     table = run.stdout.splitlines()
@@ -144,8 +149,8 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
 def test_render_lists_every_level_in_order() -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
     classification = time_classification(options, time.perf_counter)
-    direct = path_result([result(0.01)], 1.0)
-    levels = tuple(LevelResult(c, direct, direct, 0.1) for c in (1, 50, 200))
+    direct = path_result([result(0.01)], 1.0, CpuUse(0.1, 0.1, 0.1))
+    levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
     report = BenchReport("a machine", "today", "laneway bench gateway", levels, classification)
     lines = render(report)
     assert "a machine" in lines[0]
