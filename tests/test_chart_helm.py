@@ -14,19 +14,23 @@ import copy
 import re
 import shutil
 import subprocess
-import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import openai
 import pytest
 import yaml
 
 from laneway import __version__
 from laneway.api import check_pool_set, parse_pool
 from laneway.gateway.config import GatewaySettings, parse_documents
+from laneway.procs import Children, laneway_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"
@@ -493,17 +497,10 @@ def test_example_pools_pass_the_crd_schema_and_laneways_own_checks(
     assert not any(o["kind"] == "InferencePool" for o in rendered["minimal"])
 
 
-def test_example_pools_render_into_engines_the_network_policy_guards(
-    rendered: dict[str, list[Manifest]],
-) -> None:
-    """The operator's own rendering (`laneway render`) of the chart's pools, with the image
-    the chart hands the operator: engine pods carry the label the NetworkPolicy selects."""
-    objects = rendered["redis"]
-    operator = container(deployment(objects, "operator"))
-    image = next(e["value"] for e in operator["env"] if e["name"] == "LANEWAY_IMAGE")
-    pools = [o for o in objects if o["kind"] == "InferencePool"]
+def operator_render(pools: list[Manifest], image: str) -> list[Manifest]:
+    """What the operator creates for `pools`: `laneway render`, the operator's own code."""
     result = subprocess.run(
-        [sys.executable, "-m", "laneway.cli", "render", "-", "--image", f"simulator={image}"],
+        laneway_argv("render", "-", "--image", f"simulator={image}"),
         input=yaml.safe_dump_all(pools),
         capture_output=True,
         text=True,
@@ -511,7 +508,22 @@ def test_example_pools_render_into_engines_the_network_policy_guards(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    children = [d for d in yaml.safe_load_all(result.stdout) if d]
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def operator_image(objects: list[Manifest]) -> str:
+    env = container(deployment(objects, "operator"))["env"]
+    image: str = next(e["value"] for e in env if e["name"] == "LANEWAY_IMAGE")
+    return image
+
+
+def test_example_pools_render_into_engines_the_network_policy_guards(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    objects = rendered["redis"]
+    image = operator_image(objects)
+    pools = [o for o in objects if o["kind"] == "InferencePool"]
+    children = operator_render(pools, image)
     engines = [c for c in children if c["kind"] == "Deployment"]
     assert len(engines) == len(pools)
     selector = only(objects, "NetworkPolicy", "-engines")["spec"]["podSelector"]
@@ -523,6 +535,81 @@ def test_example_pools_render_into_engines_the_network_policy_guards(
         assert [c["image"] for c in pod["spec"]["containers"]] == [image]
     for child in children:
         kubernetes_validate.validate(child, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def on_loopback(args: list[str]) -> list[str]:
+    """A container's flags for this machine: loopback instead of 0.0.0.0, a free port."""
+    local = list(args)
+    local[local.index("--host") + 1] = "127.0.0.1"
+    local[local.index("--port") + 1] = "0"
+    return local
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_gateway_container_serves_the_example_pools_through_both_lanes(
+    rendered: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    """The chart's gateway command and GatewayConfig, in front of the example pools' engines
+    as the operator renders them, run here as processes: probes answer, lanes route.
+    Only what needs a cluster changes: pools come from the file instead of the API."""
+    objects = rendered["default"]
+    pools = [o for o in objects if o["kind"] == "InferencePool"]
+    engines = {
+        e["metadata"]["labels"]["laneway.io/pool"]: container(e)
+        for e in operator_render(pools, operator_image(objects))
+        if e["kind"] == "Deployment"
+    }
+    gateway = container(deployment(objects, "gateway"))
+    args = on_loopback(gateway["args"])
+    at = args.index("--kubernetes")
+    assert args[at : at + 3] == ["--kubernetes", "--namespace", NAMESPACE]
+    del args[at : at + 3]
+    config = tmp_path / "gateway.yaml"
+    args[args.index("--config") + 1] = str(config)
+
+    with Children() as children:
+        for pool in pools:
+            engine = engines[pool["metadata"]["name"]]
+            assert engine["command"] == ["laneway"]
+            sim_args = on_loopback(engine["args"])
+            sim = children.start_laneway(sim_args[0], sim_args[1:], name=pool["metadata"]["name"])
+            pool["status"] = {"endpoints": [sim.url]}
+        config.write_text(yaml.safe_dump_all([*gateway_config_documents(objects), *pools]))
+        url = children.start_laneway(args[0], args[1:]).url
+
+        readiness = url + gateway["readinessProbe"]["httpGet"]["path"]
+        deadline = time.monotonic() + 30
+        while http_status(readiness) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert http_status(readiness) == 200
+        assert http_status(url + gateway["livenessProbe"]["httpGet"]["path"]) == 200
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        [model] = {m for p in pools for m in p["spec"]["routing"]["models"]}
+        short = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+        )
+        assert (short.headers["x-laneway-lane"], short.headers["x-laneway-pool"]) == (
+            "interactive",
+            "sim-realtime",
+        )
+        document = "Clause 7 limits liability. " * 1000
+        long = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": document}], max_tokens=4
+        )
+        assert (long.headers["x-laneway-lane"], long.headers["x-laneway-pool"]) == (
+            "batch",
+            "sim-batch",
+        )
+        assert children.crashed() == []
 
 
 def test_example_pool_schema_check_rejects_a_bad_pool(rendered: dict[str, list[Manifest]]) -> None:
