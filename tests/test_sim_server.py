@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -240,3 +241,23 @@ def test_bad_flags_exit_2_with_one_line() -> None:
         assert result.returncode == 2, flags
         assert "Traceback" not in result.stderr
         assert "error:" in result.stderr.splitlines()[-1]
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_engine(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    before = scrape(vllm_sim)["vllm:generation_tokens_total"]
+    stream = vllm_client.completions.create(
+        model=MODEL, prompt="tell me everything", max_tokens=4000, stream=True
+    )
+    for received, _ in enumerate(stream):
+        if received == 3:
+            break
+    stream.close()
+    for _ in range(200):
+        samples = scrape(vllm_sim)
+        if samples["vllm:num_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert samples["vllm:num_requests_running"] == 0
+    assert samples["vllm:generation_tokens_total"] - before < 4000
