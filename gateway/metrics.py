@@ -97,11 +97,11 @@ class _PoolStateCollector(Collector):
         )
         for pool in self._pools.pools():
             gate = self._pools.gate(pool)
-            waiting.add_metric([pool.key], gate.waiting)
-            active.add_metric([pool.key], gate.active)
+            waiting.add_metric([pool.name], gate.waiting)
+            active.add_metric([pool.name], gate.active)
             available = len(self._pools.available(pool))
-            endpoints.add_metric([pool.key, "available"], available)
-            endpoints.add_metric([pool.key, "ejected"], len(pool.endpoints) - available)
+            endpoints.add_metric([pool.name, "available"], available)
+            endpoints.add_metric([pool.name, "ejected"], len(pool.endpoints) - available)
         yield waiting
         yield active
         yield endpoints

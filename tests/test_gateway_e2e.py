@@ -1,0 +1,477 @@
+"""`laneway gateway` end to end: real `laneway sim` engines, loopback HTTP, the openai client.
+
+One module-scoped lane setup (an interactive and a batch engine behind one gateway) serves
+the routing and error tests; the fault tests start their own engines, since they kill them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from laneway.procs import ChildProcess, Children
+from laneway.tokens import default_tokenizer
+
+FAST = "20"  # engine time scale for tests that only need answers, not long streams
+MAX_BODY = 1024 * 1024
+
+
+def pool_doc(
+    name: str,
+    lane: str,
+    served: str,
+    endpoints: list[str],
+    routing: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "laneway.io/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": name},
+        "spec": {
+            "lane": lane,
+            "model": served,
+            "servedModelName": served,
+            "engine": {"kind": "simulator"},
+            "routing": {"models": ["llama"], **(routing or {})},
+            "limits": limits or {},
+        },
+        "status": {"endpoints": endpoints},
+    }
+
+
+def gateway_doc(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "laneway.io/v1alpha1",
+        "kind": "GatewayConfig",
+        "metadata": {"name": "test"},
+        "spec": {"maxBodyBytes": MAX_BODY, **spec},
+    }
+
+
+def start_sim(children: Children, model: str, *extra: str) -> ChildProcess:
+    args = ["--host", "127.0.0.1", "--port", "0", "--model", model, *extra]
+    return children.start_laneway("sim", args, name=f"sim {model}")
+
+
+def start_gateway(children: Children, path: Path, documents: list[dict[str, Any]]) -> ChildProcess:
+    path.write_text(yaml.safe_dump_all(documents))
+    args = ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
+    return children.start_laneway("gateway", args)
+
+
+def client(gateway: ChildProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+
+
+async def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample on `url`/metrics, parsed by prometheus-client: name -> (labels, value)."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def total(
+    samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str
+) -> float:
+    return sum(
+        value
+        for found, value in samples.get(name, [])
+        if all(found.get(k) == v for k, v in labels.items())
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 15) -> None:
+    async with asyncio.timeout(within):
+        # Polling another process over HTTP: there is no event to wait on.
+        while not await check():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+# --- one gateway with an interactive and a batch lane ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildProcess]:
+    with Children() as children:
+        realtime = start_sim(children, "llama-small", "--time-scale", FAST, "--max-context", "4096")
+        batch = start_sim(
+            children,
+            "llama-long",
+            *("--time-scale", FAST, "--scheduler", "chunked", "--max-context", "131072"),
+        )
+        documents = [
+            pool_doc(
+                "realtime",
+                "interactive",
+                "llama-small",
+                [realtime.url],
+                routing={"maxPromptTokens": 2000},
+                limits={"maxContextTokens": 4096},
+            ),
+            pool_doc(
+                "batch",
+                "batch",
+                "llama-long",
+                [batch.url],
+                routing={"minPromptTokens": 2001},
+                limits={"maxContextTokens": 131072},
+            ),
+            gateway_doc(),
+        ]
+        path = tmp_path_factory.mktemp("lanes") / "gateway.yaml"
+        yield start_gateway(children, path, documents)
+
+
+@pytest.fixture
+async def api(lanes: ChildProcess) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with client(lanes) as opened:
+        yield opened
+
+
+async def test_chat_routes_short_prompts_to_the_interactive_lane(api: openai.AsyncOpenAI) -> None:
+    raw = await api.chat.completions.with_raw_response.create(
+        model="llama",
+        messages=[{"role": "user", "content": "Where is my parcel?"}],
+        max_tokens=8,
+    )
+    completion = raw.parse()
+    assert raw.headers["x-laneway-pool"] == "realtime"
+    assert raw.headers["x-laneway-lane"] == "interactive"
+    assert completion.model == "llama-small"  # the request's model was rewritten
+    assert completion.usage is not None
+    # The gateway and the engine count the prompt with the same tokenizer.
+    assert int(raw.headers["x-laneway-prompt-tokens"]) == completion.usage.prompt_tokens
+    assert completion.usage.completion_tokens == 8
+    assert completion.choices[0].message.content
+
+
+async def test_chat_streams_chunk_by_chunk(api: openai.AsyncOpenAI) -> None:
+    raw = await api.chat.completions.with_raw_response.create(
+        model="llama",
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=12,
+        stream=True,
+    )
+    assert raw.headers["x-laneway-lane"] == "interactive"
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    pieces = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
+    assert len([p for p in pieces if p]) == 12
+
+
+async def test_completions_stream_and_not(api: openai.AsyncOpenAI) -> None:
+    completion = await api.completions.create(model="llama", prompt="Once upon", max_tokens=5)
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 5
+    stream = await api.completions.create(
+        model="llama", prompt="Once upon", max_tokens=6, stream=True
+    )
+    texts = [chunk.choices[0].text async for chunk in stream if chunk.choices]
+    assert len([t for t in texts if t]) == 6
+
+
+async def test_long_documents_go_to_the_batch_lane(api: openai.AsyncOpenAI) -> None:
+    document = "The supplier shall deliver the goods within thirty days. " * 400
+    raw = await api.completions.with_raw_response.create(
+        model="llama", prompt=document, max_tokens=4
+    )
+    completion = raw.parse()
+    assert (raw.headers["x-laneway-pool"], raw.headers["x-laneway-lane"]) == ("batch", "batch")
+    assert completion.model == "llama-long"
+    assert completion.usage is not None
+    assert int(raw.headers["x-laneway-prompt-tokens"]) == completion.usage.prompt_tokens
+    assert completion.usage.prompt_tokens == default_tokenizer().count(document)
+
+
+async def test_the_lane_header_pins_a_short_prompt_to_batch(api: openai.AsyncOpenAI) -> None:
+    raw = await api.chat.completions.with_raw_response.create(
+        model="llama",
+        messages=[{"role": "user", "content": "nightly report"}],
+        max_tokens=3,
+        extra_headers={"x-laneway-lane": "batch"},
+    )
+    assert raw.headers["x-laneway-pool"] == "batch"
+    bad = await api.chat.completions.with_raw_response.create(
+        model="llama",
+        messages=[{"role": "user", "content": "long essay " * 3000}],
+        max_tokens=3,
+        extra_headers={"x-laneway-lane": "interactive"},
+    )
+    assert bad.headers["x-laneway-lane"] == "batch"  # long prompts never spill into interactive
+
+
+async def test_context_too_long_names_the_count_and_the_cap(api: openai.AsyncOpenAI) -> None:
+    document = "word " * 140_000
+    with pytest.raises(openai.BadRequestError) as error:
+        await api.completions.create(model="llama", prompt=document, max_tokens=4)
+    assert error.value.status_code == 400
+    assert error.value.code == "context_length_exceeded"
+    assert f"{default_tokenizer().count(document)} prompt tokens" in error.value.message
+    assert "131072" in error.value.message
+
+
+async def test_unknown_model_is_404(api: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as error:
+        await api.chat.completions.create(
+            model="gpt-17", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert error.value.code == "model_not_found"
+    assert "llama" in error.value.message
+
+
+async def test_models_lists_the_public_names(api: openai.AsyncOpenAI) -> None:
+    assert [model.id async for model in api.models.list()] == ["llama"]
+
+
+ONE_MESSAGE = [{"role": "user", "content": "x"}]
+BAD_BODIES = [
+    # (case, raw body, status, OpenAI error code)
+    ("malformed JSON", b'{"model": "llama", "messages": [', 400, "invalid_request"),
+    (
+        "messages of the wrong type",
+        json.dumps({"model": "llama", "messages": "hi"}).encode(),
+        400,
+        "invalid_request",
+    ),
+    (
+        "max_tokens a string",
+        json.dumps({"model": "llama", "messages": ONE_MESSAGE, "max_tokens": "9"}).encode(),
+        400,
+        "invalid_request",
+    ),
+    (
+        "a huge body",
+        b'{"model": "llama", "prompt": "' + b"a" * (MAX_BODY + 10) + b'"}',
+        413,
+        "body_too_large",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "code"), [c[1:] for c in BAD_BODIES], ids=[c[0] for c in BAD_BODIES]
+)
+async def test_bad_bodies_get_openai_errors(
+    lanes: ChildProcess, raw: bytes, status: int, code: str
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{lanes.url}/v1/chat/completions",
+            data=io.BytesIO(raw),
+            headers={"Content-Type": "application/json"},
+        ) as response,
+    ):
+        assert response.status == status
+        error = (await response.json())["error"]
+    assert error["code"] == code
+    assert error["type"] == "invalid_request_error"
+    assert "Traceback" not in error["message"]
+
+
+async def test_health_readiness_and_metrics(lanes: ChildProcess, api: openai.AsyncOpenAI) -> None:
+    await api.chat.completions.create(
+        model="llama", messages=[{"role": "user", "content": "ping"}], max_tokens=3, stream=True
+    )
+    async with aiohttp.ClientSession() as session:
+        for path in ("/healthz", "/readyz"):
+            async with session.get(f"{lanes.url}{path}") as response:
+                assert response.status == 200, path
+    samples = await scrape(lanes.url)
+    requests = "laneway_gateway_requests_total"
+    assert total(samples, requests, pool="realtime", lane="interactive", status="200") >= 1
+    assert total(samples, "laneway_gateway_ttft_seconds_count", pool="realtime") >= 1
+    assert total(samples, "laneway_gateway_tbt_seconds_count", pool="realtime") >= 2
+    assert total(samples, "laneway_gateway_request_seconds_count", lane="interactive") >= 1
+    assert total(samples, "laneway_gateway_prompt_tokens_count", lane="interactive") >= 1
+    assert total(samples, "laneway_gateway_queue_wait_seconds_count", pool="realtime") >= 1
+    assert total(samples, "laneway_gateway_tokenization_seconds_count") >= 1
+    assert total(samples, "laneway_gateway_queue_depth", pool="realtime") == 0
+    assert total(samples, "laneway_gateway_endpoints", pool="batch", state="available") == 1
+
+
+# --- faults: each test starts and kills its own engines --------------------------------------
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    with Children(stop_grace=10) as started:
+        yield started
+
+
+async def test_an_engine_killed_before_the_request_is_retried_elsewhere_then_readmitted(
+    children: Children, tmp_path: Path
+) -> None:
+    doomed = start_sim(children, "llama-small", "--time-scale", FAST)
+    spare = start_sim(children, "llama-small", "--time-scale", FAST)
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [
+            pool_doc("pair", "interactive", "llama-small", [doomed.url, spare.url]),
+            # Random picks, so the dead engine is tried; one failure ejects it.
+            gateway_doc(
+                picking={"policy": "random"},
+                health={"failuresToEject": 1, "checkIntervalMillis": 100},
+            ),
+        ],
+    )
+    doomed.kill_now()
+    await asyncio.to_thread(doomed.stop)
+    async with client(gateway) as api:
+        for _ in range(16):
+            raw = await api.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            assert raw.parse().choices[0].message.content
+    samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_upstream_errors_total", endpoint=doomed.url) == 1
+    assert total(samples, "laneway_gateway_endpoints", state="ejected") == 1
+    assert total(samples, "laneway_gateway_requests_total", status="200") == 16
+
+    port = doomed.url.rsplit(":", 1)[1]
+    start_sim_on = ["--host", "127.0.0.1", "--port", port, "--model", "llama-small"]
+    children.start_laneway("sim", start_sim_on, name="sim restarted")
+
+    async def readmitted() -> bool:
+        samples = await scrape(gateway.url)
+        return total(samples, "laneway_gateway_endpoints", state="available") == 2
+
+    await eventually(readmitted, "the restarted engine to pass /health")
+
+
+async def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event(
+    children: Children, tmp_path: Path
+) -> None:
+    engine = start_sim(children, "llama-small", "--time-scale", "1")
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [pool_doc("solo", "interactive", "llama-small", [engine.url]), gateway_doc()],
+    )
+    async with client(gateway) as api:
+        stream = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "recite"}],
+            max_tokens=2000,
+            stream=True,
+        )
+        received = 0
+
+        async def read_until_the_end() -> None:
+            nonlocal received
+            async for _chunk in stream:
+                received += 1
+                if received == 3:
+                    engine.kill_now()
+
+        with pytest.raises(openai.APIError, match="failed mid-stream"):
+            await read_until_the_end()
+        assert 3 <= received < 2000
+        # The only endpoint is ejected: the next request is told to come back later.
+        with pytest.raises(openai.APIStatusError) as error:
+            await api.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "again"}], max_tokens=2
+            )
+    assert error.value.status_code == 503
+    assert error.value.response.headers["retry-after"] == "1"
+    samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_upstream_errors_total", kind="mid_stream") == 1
+
+
+async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the_slot(
+    children: Children, tmp_path: Path
+) -> None:
+    engine = start_sim(children, "llama-small", "--time-scale", "1")
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [
+            pool_doc(
+                "narrow",
+                "interactive",
+                "llama-small",
+                [engine.url],
+                limits={"maxConcurrentRequests": 1},
+            ),
+            gateway_doc(queue={"timeoutMillis": 1500, "retryAfterSeconds": 3}),
+        ],
+    )
+    chat: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "go"}]}
+
+    async def queue_depth() -> float:
+        return total(await scrape(gateway.url), "laneway_gateway_queue_depth", pool="narrow")
+
+    async with client(gateway) as api, client(gateway) as holder_api:
+        # A long stream holds the pool's one slot.
+        holder = await holder_api.chat.completions.create(**chat, max_tokens=4000, stream=True)
+        await anext(aiter(holder))
+        waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
+
+        async def queued() -> bool:
+            return await queue_depth() == 1
+
+        await eventually(queued, "the second request to wait in the gateway's line")
+        with pytest.raises(openai.RateLimitError) as error:
+            await waiting
+        assert error.value.code == "pool_saturated"
+        assert error.value.response.headers["retry-after"] == "3"
+
+        # Queue again; the holder hangs up, which frees the slot for the one waiting.
+        waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
+        await eventually(queued, "the third request to wait")
+        await holder.close()
+        answer = await waiting
+        assert answer.choices[0].message.content
+
+    async def engine_idle() -> bool:
+        return total(await scrape(engine.url), "vllm:num_requests_running") == 0
+
+    # The engine saw the disconnect too: the abandoned stream is no longer running.
+    await eventually(engine_idle, "the engine to drop the abandoned stream")
+    samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_requests_total", status="429") == 1
+
+
+async def test_shutdown_drains_open_streams(children: Children, tmp_path: Path) -> None:
+    engine = start_sim(children, "llama-small", "--time-scale", "4")
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [pool_doc("solo", "interactive", "llama-small", [engine.url]), gateway_doc()],
+    )
+    async with client(gateway) as api:
+        stream = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "a long answer"}],
+            max_tokens=150,
+            stream=True,
+        )
+        stopping: asyncio.Task[int | None] | None = None
+        pieces = 0
+        finish = None
+        async for chunk in stream:
+            if not chunk.choices:
+                continue
+            pieces += bool(chunk.choices[0].delta.content)
+            finish = chunk.choices[0].finish_reason or finish
+            if stopping is None:
+                stopping = asyncio.create_task(asyncio.to_thread(gateway.stop, 10))
+    assert stopping is not None
+    assert await stopping == 0
+    assert (pieces, finish) == (150, "length")
