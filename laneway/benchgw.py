@@ -170,6 +170,8 @@ class BenchReport:
     machine: str
     date: str
     command: str
+    # The machine's 1-minute load average as the run began: other work skews latencies.
+    load_average: float
     levels: tuple[LevelResult, ...]
     classification: ClassifyResult
 
@@ -226,7 +228,8 @@ def render(report: BenchReport) -> list[str]:
         )
     classify = report.classification
     lines = [
-        f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine})",
+        f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
+        f"load average {report.load_average:.2f} at the start)",
         *format_table(header, rows),
         "",
         f"routing a {classify.prompt_tokens:,}-token prompt ({classify.prompt_bytes:,} bytes "
@@ -433,6 +436,7 @@ async def measure_levels(
 
 
 async def run_bench(options: BenchOptions, command: str) -> BenchReport:
+    load_average = os.getloadavg()[0]
     progress(f"timing the routing of a {options.classify_tokens:,}-token prompt")
     classification = time_classification(options, time.perf_counter)
     with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
@@ -453,6 +457,7 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         machine=machine_description(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
+        load_average=load_average,
         levels=tuple(levels),
         classification=classification,
     )

@@ -200,6 +200,13 @@ def render_table(
         )
         for summary in summaries
     ]
+    # A lane whose first requests are still running has no summary yet, but shows up.
+    done_lanes = {summary.lane for summary in summaries}
+    rows += [
+        (lane, "0", "0", str(running), "-", "-", "-", "-")
+        for lane, running in in_flight.items()
+        if running and lane not in done_lanes
+    ]
     lines = [heading, *format_table(header, rows)]
     pools = [f"{pool} {count}" for s in summaries for pool, count in s.pools]
     lines.append("requests per pool: " + (", ".join(pools) if pools else "-"))
@@ -301,7 +308,7 @@ async def drive(options: DemoOptions, gateway_url: str, children: Children) -> L
     workload = demo_workload(options)
     say(
         f"sending {workload.sessions} chat sessions for {workload.duration_s:g} s and "
-        f"{workload.long_request_count} long documents "
+        f"{workload.long_request_count} long document(s) "
         f"({', '.join(f'{r.prompt_tokens:,}' for r in workload.long_requests) or 'none'} tokens)"
         + (f", {options.time_scale:g}x faster than real time" if options.time_scale != 1 else "")
     )

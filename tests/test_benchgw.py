@@ -151,7 +151,7 @@ def test_render_lists_every_level_in_order() -> None:
     classification = time_classification(options, time.perf_counter)
     direct = path_result([result(0.01)], 1.0, CpuUse(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
-    report = BenchReport("a machine", "today", "laneway bench gateway", levels, classification)
+    report = BenchReport("a machine", "today", "laneway bench gateway", 0.5, levels, classification)
     lines = render(report)
     assert "a machine" in lines[0]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]

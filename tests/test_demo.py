@@ -110,6 +110,8 @@ def test_the_table_has_a_row_per_lane_and_counts_per_pool() -> None:
     assert lines[2].split()[:4] == ["interactive", "10", "1", "3"]
     assert lines[3].split()[:4] == ["batch", "2", "0", "0"]
     assert lines[-1] == "requests per pool: chat 9, documents 2"
+    only_interactive = render_table(summaries[:1], {"interactive": 1, "batch": 2}, "h")
+    assert only_interactive[3].split()[:4] == ["batch", "0", "0", "2"]  # running, none done
 
 
 # -- whole runs -----------------------------------------------------------------------------
