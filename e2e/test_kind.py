@@ -28,8 +28,6 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.kind
-
 ROOT = Path(__file__).resolve().parent.parent
 KIND_SH = ROOT / "e2e" / "kind.sh"
 EXAMPLES = ROOT / "manifests" / "examples" / "simulator-pools.yaml"
@@ -174,6 +172,7 @@ def model_of(pool: Manifest) -> str:
     return name
 
 
+@pytest.mark.kind
 def test_example_pools_report_ready_status(pools: list[Manifest]) -> None:
     for pool in pools:
         current = pool_status(pool["metadata"]["name"])
@@ -186,6 +185,7 @@ def test_example_pools_report_ready_status(pools: list[Manifest]) -> None:
         assert str(pool["spec"]["limits"]["maxContextTokens"]) in status["engineArgs"]
 
 
+@pytest.mark.kind
 def test_short_request_takes_the_interactive_lane(pools: list[Manifest], gateway_url: str) -> None:
     interactive = pool_named(pools, "interactive")
     raw = client(gateway_url).chat.completions.with_raw_response.create(
@@ -202,6 +202,7 @@ def test_short_request_takes_the_interactive_lane(pools: list[Manifest], gateway
     assert completion.usage.completion_tokens <= 8
 
 
+@pytest.mark.kind
 def test_long_request_takes_the_batch_lane_and_streams(
     pools: list[Manifest], gateway_url: str
 ) -> None:
@@ -231,6 +232,7 @@ def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
+@pytest.mark.kind
 def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_url: str) -> None:
     interactive = pool_named(pools, "interactive")
     for _ in range(3):
@@ -256,6 +258,7 @@ def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_
         assert available == pool["spec"]["replicas"]
 
 
+@pytest.mark.kind
 def test_a_deleted_pool_drains_from_the_gateway(gateway_url: str) -> None:
     pool = example_pools()[0]
     name = "e2e-drain"
@@ -294,3 +297,27 @@ def test_a_deleted_pool_drains_from_the_gateway(gateway_url: str) -> None:
             )["items"]
         ),
     )
+
+
+def test_kind_script_says_what_is_missing_and_touches_nothing(tmp_path: Path) -> None:
+    """Without the tools (here: a PATH with none of them), `kind.sh up` stops before doing
+    anything, with exit 3 and the names of what is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "cat"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+    isolated = tmp_path / "checkout"
+    (isolated / "e2e").mkdir(parents=True)
+    shutil.copy2(KIND_SH, isolated / "e2e" / "kind.sh")
+    result = subprocess.run(
+        [str(bin_dir / "bash"), str(isolated / "e2e" / "kind.sh"), "up"],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "e2e/kind.sh: missing: docker kind kubectl helm" in result.stderr
