@@ -29,9 +29,9 @@ from typing import Any, Protocol
 
 import yaml
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from laneway.errors import UsageError
+from laneway.gateway.redis_state import REDIS_DOWN
 
 log = logging.getLogger("laneway.gateway.tenants")
 
@@ -306,21 +306,33 @@ WHICH = {0: "", 1: "requests", 2: "tokens"}
 
 
 class RedisRateLimiter:
-    """One bucket pair per tenant shared by every replica; local buckets while Redis is away."""
+    """One bucket pair per tenant shared by every replica; local buckets while Redis is away.
+
+    After a failed call it stays on local buckets for `recheck_s` before asking Redis again,
+    so an unreachable Redis costs one timeout per interval, not one per request.
+    """
 
     def __init__(
-        self, redis: Redis, prefix: str = "laneway", fallback: InMemoryRateLimiter | None = None
+        self,
+        redis: Redis,
+        prefix: str = "laneway",
+        clock: Clock = time.monotonic,
+        recheck_s: float = 1.0,
     ) -> None:
         self._redis = redis
         self._prefix = prefix
         self._script = redis.register_script(TAKE_LUA)
-        self._fallback = fallback or InMemoryRateLimiter()
-        self._degraded = False
+        self._clock = clock
+        self._recheck_s = recheck_s
+        self._fallback = InMemoryRateLimiter(clock)
+        self._local_until: float | None = None  # set while Redis is considered away
 
     async def admit(self, tenant: Tenant, tokens: int, now: float | None = None) -> LimitDecision:
         limits = (tenant.requests_per_minute, tenant.tokens_per_minute)
         if limits == (None, None):
             return ALLOWED
+        if self._local_until is not None and self._clock() < self._local_until:
+            return self._fallback.admit_now(tenant, tokens)
         keys = [
             f"{self._prefix}:limit:{tenant.name}:requests",
             f"{self._prefix}:limit:{tenant.name}:tokens",
@@ -333,14 +345,14 @@ class RedisRateLimiter:
         ]
         try:
             allowed, wait_ms, which, never = await self._script(keys=keys, args=args)
-        except (RedisError, OSError) as error:
-            if not self._degraded:
+        except REDIS_DOWN as error:
+            if self._local_until is None:
                 log.warning("redis unreachable, enforcing tenant limits per replica: %s", error)
-                self._degraded = True
+            self._local_until = self._clock() + self._recheck_s
             return self._fallback.admit_now(tenant, tokens)
-        if self._degraded:
+        if self._local_until is not None:
             log.warning("redis is back, tenant limits are shared again")
-            self._degraded = False
+            self._local_until = None
         if allowed:
             return ALLOWED
         return LimitDecision(False, int(wait_ms) / 1000.0, WHICH[int(which)], bool(never))

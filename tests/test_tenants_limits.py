@@ -7,6 +7,9 @@ import random
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
+
+from laneway.errors import UsageError
 from laneway.gateway.redis_server import LocalRedis
 from laneway.gateway.tenants import (
     Bucket,
@@ -18,9 +21,6 @@ from laneway.gateway.tenants import (
     retry_after_header,
     take,
 )
-from redis.asyncio import Redis
-
-from laneway.errors import UsageError
 
 TENANTS_YAML = """
 tenants:
@@ -196,7 +196,8 @@ async def test_redis_limiter_falls_back_to_local_buckets_and_recovers(
 ) -> None:
     tenant = Tenant("fallback", requests_per_minute=3)
     redis = Redis.from_url(redis_server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    limiter = RedisRateLimiter(redis)
+    now = [0.0]
+    limiter = RedisRateLimiter(redis, clock=lambda: now[0], recheck_s=1.0)
     try:
         assert (await limiter.admit(tenant, 1)).allowed
         redis_server.stop()
@@ -204,6 +205,9 @@ async def test_redis_limiter_falls_back_to_local_buckets_and_recovers(
         local = [(await limiter.admit(tenant, 1)).allowed for _ in range(5)]
         assert local == [True, True, True, False, False]
         redis_server.start()
+        # Within the recheck interval it stays local (and refuses, its bucket is empty).
+        assert not (await limiter.admit(tenant, 1)).allowed
+        now[0] = 1.5
         # Back (empty, no persistence): shared buckets again, full after the restart.
         shared = [(await limiter.admit(tenant, 1)).allowed for _ in range(4)]
         assert shared == [True, True, True, False]
