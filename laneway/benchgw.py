@@ -33,7 +33,13 @@ import yaml
 
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
 from laneway.errors import UsageError
-from laneway.loadgen import Distribution, PromptFactory, StreamResult, stream_request
+from laneway.loadgen import (
+    Distribution,
+    PromptFactory,
+    StreamResult,
+    percentile,
+    stream_request,
+)
 from laneway.procs import ChildProcess, Children
 from laneway.tables import format_table
 from laneway.tokens import default_tokenizer
@@ -163,6 +169,9 @@ class ClassifyResult:
     exact_count_s: Distribution  # the same where the bounds straddle a limit: count exactly
     bounds_pool: str  # the pool each path chose (both must be the batch pool)
     exact_pool: str
+    # Median seconds of each stage, per path: parse, bounds, count, classify.
+    bounds_stages_s: tuple[tuple[str, float], ...]
+    exact_stages_s: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
@@ -233,20 +242,22 @@ def render(report: BenchReport) -> list[str]:
         *format_table(header, rows),
         "",
         f"routing a {classify.prompt_tokens:,}-token prompt ({classify.prompt_bytes:,} bytes "
-        f"of JSON body), median / p99 of {classify.repeats}:",
+        f"of JSON body) in ms, {classify.repeats} times; stages are medians:",
         *format_table(
-            ("path", "median ms", "p99 ms", "pool"),
+            ("path", "median", "p99", *STAGES, "pool"),
             [
                 (
                     "bounds decide",
                     _ms(classify.bounds_decided_s.p50),
                     _ms(classify.bounds_decided_s.p99),
+                    *(_ms(seconds) for _, seconds in classify.bounds_stages_s),
                     classify.bounds_pool,
                 ),
                 (
                     "exact count",
                     _ms(classify.exact_count_s.p50),
                     _ms(classify.exact_count_s.p99),
+                    *(_ms(seconds) for _, seconds in classify.exact_stages_s),
                     classify.exact_pool,
                 ),
             ],
@@ -311,36 +322,56 @@ def time_classification(options: BenchOptions, clock: Callable[[], float]) -> Cl
         parse_pool(d) for d in pool_documents("http://127.0.0.1:1", options.classify_tokens + 2048)
     ]
 
-    def route(pools: Sequence[InferencePool]) -> tuple[str, float]:
+    def route(pools: Sequence[InferencePool]) -> tuple[str, dict[str, float]]:
+        stages = dict.fromkeys(STAGES, 0.0)
         begun = clock()
         parsed = parse_request(body, Endpoint.COMPLETIONS)
+        parsed_at = clock()
         bounds = parsed.bounds(tokenizer)
+        bounded_at = clock()
         decision = classify(RouteRequest(parsed.model, bounds, parsed.max_tokens), pools)
+        stages["classify"] = clock() - bounded_at
         if isinstance(decision, NeedsExactCount):
+            counting = clock()
             exact = parsed.count(tokenizer)
+            counted_at = clock()
             decision = classify(
                 RouteRequest(parsed.model, TokenBounds(exact, exact), parsed.max_tokens), pools
             )
-        elapsed = clock() - begun
+            stages["count"] = counted_at - counting
+            stages["classify"] += clock() - counted_at
+        stages["parse"] = parsed_at - begun
+        stages["bounds"] = bounded_at - parsed_at
         if not isinstance(decision, Route):
             raise RuntimeError(f"the benchmark prompt was not routed: {decision}")
-        return decision.pool.name, elapsed
+        return decision.pool.name, stages
 
     bounds_runs = [route(roomy) for _ in range(options.classify_repeats)]
     exact_runs = [route(tight) for _ in range(options.classify_repeats)]
-    bounds_times = Distribution.of([t for _, t in bounds_runs])
-    exact_times = Distribution.of([t for _, t in exact_runs])
-    assert bounds_times is not None
-    assert exact_times is not None
     return ClassifyResult(
         prompt_tokens=options.classify_tokens,
         prompt_bytes=len(body),
         repeats=options.classify_repeats,
-        bounds_decided_s=bounds_times,
-        exact_count_s=exact_times,
+        bounds_decided_s=_total(bounds_runs),
+        exact_count_s=_total(exact_runs),
         bounds_pool=bounds_runs[0][0],
         exact_pool=exact_runs[0][0],
+        bounds_stages_s=_stage_medians(bounds_runs),
+        exact_stages_s=_stage_medians(exact_runs),
     )
+
+
+STAGES = ("parse", "bounds", "count", "classify")
+
+
+def _total(runs: Sequence[tuple[str, dict[str, float]]]) -> Distribution:
+    totals = Distribution.of([sum(stages.values()) for _, stages in runs])
+    assert totals is not None  # at least one repeat
+    return totals
+
+
+def _stage_medians(runs: Sequence[tuple[str, dict[str, float]]]) -> tuple[tuple[str, float], ...]:
+    return tuple((stage, percentile([s[stage] for _, s in runs], 50)) for stage in STAGES)
 
 
 # -- the shell ------------------------------------------------------------------------------
