@@ -119,7 +119,8 @@ class KubeApi:
                 context.load_cert_chain(configuration.cert_file, configuration.key_file)
 
         def authorization() -> str | None:
-            value = configuration.get_api_key_with_prefix("authorization")
+            # auth_settings() runs the client's refresh hook (rotated tokens, exec plugins).
+            value = configuration.auth_settings().get("BearerToken", {}).get("value")
             return value if isinstance(value, str) and value else None
 
         return cls(configuration.host, authorization=authorization, ssl_context=context)

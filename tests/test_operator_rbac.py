@@ -1,0 +1,114 @@
+"""Least privilege: every API call the operator makes, through a full life cycle of pools,
+is granted by manifests/rbac/operator.yaml, and the role grants nothing beyond what the
+operator and kopf use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import kopf
+import pytest
+import yaml
+from kopf._core.engines import posting
+from operator_fakes import FakeCluster, pool_document
+
+from laneway.api import KIND
+from laneway.operator.handlers import OperatorState, child_changed
+from laneway.operator.reconcile import reconcile
+from laneway.operator.render import RenderOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What kopf itself does besides the operator's calls: watch what it serves (including the
+# children the drift handler follows), keep progress in annotations, post events, and
+# discover resources from the CRDs.
+KOPF_CALLS = {
+    ("laneway.io", "inferencepools", "watch"),
+    ("laneway.io", "inferencepools", "list"),
+    ("laneway.io", "inferencepools", "patch"),
+    ("", "events", "create"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+} | {
+    (group, resource, verb)
+    for group, resource in [
+        ("apps", "deployments"),
+        ("", "services"),
+        ("policy", "poddisruptionbudgets"),
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("discovery.k8s.io", "endpointslices"),
+    ]
+    for verb in ("list", "watch")
+}
+
+
+@pytest.fixture(autouse=True)
+def no_event_posting() -> Iterator[None]:
+    """kopf.event() needs the operator's settings; these tests do not read events."""
+    settings = kopf.OperatorSettings()
+    settings.posting.enabled = False
+    token = posting.settings_var.set(settings)
+    yield
+    posting.settings_var.reset(token)
+
+
+def granted() -> set[tuple[str, str, str]]:
+    path = ROOT / "manifests" / "rbac" / "operator.yaml"
+    role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ClusterRole")
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+async def life_cycle(cluster: FakeCluster) -> None:
+    """Create, autoscale, change, drift, switch to adopted pods, report status."""
+    memo = kopf.Memo(state=OperatorState(cluster=cluster, options=RenderOptions()))
+    spec = {"lane": "batch", "model": "m", "engine": {"kind": "sglang"}}
+    cluster.create(pool_document("p", spec))
+
+    async def once() -> None:
+        outcome = await reconcile(cluster.pool("serving", "p"), cluster, RenderOptions(), "t")
+        await cluster.patch_status(KIND, "serving", "p", outcome.status)
+
+    await once()
+    cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(autoscaling={"maxReplicas": 3}))
+    await once()
+    cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(autoscaling={"maxReplicas": 5}))
+    cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(prefill={"chunkSize": 512}))
+    await once()
+    cluster.edit("Service", "serving", "p", lambda s: s["spec"].update(selector={}))
+    await child_changed(body=kopf.Body(cluster.objects[("Service", "serving", "p")]), memo=memo)  # type: ignore[arg-type]
+    cluster.edit(
+        KIND,
+        "serving",
+        "p",
+        lambda p: p["spec"].update(selector={"matchLabels": {"a": "b"}}, autoscaling=None),
+    )
+    del cluster.objects[(KIND, "serving", "p")]["spec"]["autoscaling"]
+    await once()
+
+
+async def test_every_operator_call_is_granted() -> None:
+    cluster = FakeCluster()
+    await life_cycle(cluster)
+    used = {(c.api_group, c.resource, c.verb) for c in cluster.calls}
+    assert {verb for _, _, verb in used} >= {"get", "list", "create", "patch", "delete"}
+    assert used <= granted(), used - granted()
+
+
+async def test_the_role_grants_nothing_unused() -> None:
+    cluster = FakeCluster()
+    await life_cycle(cluster)
+    used = {(c.api_group, c.resource, c.verb) for c in cluster.calls} | KOPF_CALLS
+    # events.k8s.io and the event patch are kept for kopf's event aggregation.
+    allowed_spares = {
+        ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
+        ("", "events", "patch"),
+    }
+    assert granted() - used <= allowed_spares, granted() - used - allowed_spares
