@@ -145,7 +145,9 @@ async def _serve(
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
             prefill = _prefill_estimate(bounds, count)
-            return await _forward(request, parsed, route, count, prefill, started, outcome)
+            return await _forward(
+                _Exchange(request, parsed, route, count, prefill, started, outcome)
+            )
         finally:
             gate.release()
     finally:
@@ -262,18 +264,27 @@ def _prefill_estimate(bounds: TokenBounds, count: asyncio.Future[int]) -> int:
     return min(max(bounds.low, bounds.high // 4), bounds.high)
 
 
-async def _forward(
-    request: web.Request,
-    parsed: ParsedRequest,
-    route: Route,
-    count: asyncio.Future[int],
-    prefill: int,
-    started: float,
-    outcome: Outcome,
-) -> web.StreamResponse:
-    app = request.app
+@dataclass
+class _Exchange:
+    """One admitted request on its way to an endpoint: what every attempt needs."""
+
+    request: web.Request
+    parsed: ParsedRequest
+    route: Route
+    count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
+    prefill: int  # the prompt tokens this request adds to an endpoint's load
+    started: float
+    outcome: Outcome
+
+    @property
+    def app(self) -> web.Application:
+        return self.request.app
+
+
+async def _forward(exchange: _Exchange) -> web.StreamResponse:
+    app, outcome = exchange.app, exchange.outcome
     registry, metrics = app[REGISTRY], app[METRICS]
-    pool = registry.current(route.pool) or route.pool
+    pool = registry.current(exchange.route.pool) or exchange.route.pool
     available = registry.available(pool)
     loads = await app[TRACKER].loads(available)
     views = [
@@ -284,15 +295,13 @@ async def _forward(
     ]
     profile = app[PROFILE]
     ranked = rank(views, profile, app[RNG])
-    payload = {**parsed.payload, "model": pool.spec.served_model_name}
+    payload = {**exchange.parsed.payload, "model": pool.spec.served_model_name}
     failures = []
     for candidate in ranked[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
         try:
-            return await _attempt(
-                request, candidate.url, payload, parsed, route, count, prefill, started, outcome
-            )
+            return await _attempt(exchange, candidate.url, payload)
         except UpstreamFailed as failure:
             registry.record_failure(candidate.url)
             metrics.upstream_errors.labels(pool.name, candidate.url, failure.kind).inc()
@@ -301,38 +310,29 @@ async def _forward(
     raise _no_endpoint(app, pool, why)
 
 
-async def _attempt(
-    request: web.Request,
-    url: str,
-    payload: dict[str, Any],
-    parsed: ParsedRequest,
-    route: Route,
-    count: asyncio.Future[int],
-    prefill: int,
-    started: float,
-    outcome: Outcome,
-) -> web.StreamResponse:
-    app = request.app
-    upstream_settings = app[SETTINGS].upstream
+async def _attempt(exchange: _Exchange, url: str, payload: dict[str, Any]) -> web.StreamResponse:
+    """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
+    app, outcome = exchange.app, exchange.outcome
+    limits = app[SETTINGS].upstream
     timeout = aiohttp.ClientTimeout(
         total=None,
-        sock_connect=upstream_settings.connect_timeout_millis / 1000,
-        sock_read=upstream_settings.read_timeout_millis / 1000,
+        sock_connect=limits.connect_timeout_millis / 1000,
+        sock_read=limits.read_timeout_millis / 1000,
     )
     tracker = app[TRACKER]
-    lease = await tracker.start(url, prefill)
+    lease = await tracker.start(url, exchange.prefill)
     progress = _Progress()
     try:
         async with app[SESSION].post(
-            f"{url}{parsed.endpoint.value}", json=payload, timeout=timeout
+            f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
         ) as upstream:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
-            if upstream.status != 200 or not parsed.stream:
+            if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
                 app[REGISTRY].record_success(url)
-                outcome.prompt_tokens = await count
+                outcome.prompt_tokens = await exchange.count
                 outcome.status = upstream.status
                 return web.Response(
                     status=upstream.status,
@@ -341,9 +341,7 @@ async def _attempt(
                     headers=outcome.routing_headers(),
                 )
             app[REGISTRY].record_success(url)
-            return await _relay_stream(
-                request, upstream, url, route, count, lease, progress, started, outcome
-            )
+            return await _relay_stream(exchange, upstream, lease, progress)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
         raise UpstreamFailed(kind, f"{type(error).__name__}: {error}") from None
@@ -357,21 +355,13 @@ class _Progress:
 
 
 async def _relay_stream(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    url: str,
-    route: Route,
-    count: asyncio.Future[int],
-    lease: Lease,
-    progress: _Progress,
-    started: float,
-    outcome: Outcome,
+    exchange: _Exchange, upstream: aiohttp.ClientResponse, lease: Lease, progress: _Progress
 ) -> web.StreamResponse:
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
-    app = request.app
+    app, outcome, started = exchange.app, exchange.outcome, exchange.started
     clock, metrics, tracker = app[CLOCK], app[METRICS], app[TRACKER]
-    labels = (route.pool.name, route.lane.value)
-    outcome.prompt_tokens = await count
+    labels = (exchange.route.pool.name, exchange.route.lane.value)
+    outcome.prompt_tokens = await exchange.count
     client = web.StreamResponse(
         status=200,
         headers={
@@ -380,7 +370,7 @@ async def _relay_stream(
             **outcome.routing_headers(),
         },
     )
-    await client.prepare(request)
+    await client.prepare(exchange.request)
     outcome.status = 200
     last_event: float | None = None
     at_boundary = True
@@ -388,8 +378,8 @@ async def _relay_stream(
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as error:
-            app[REGISTRY].record_failure(url)
-            metrics.upstream_errors.labels(route.pool.name, url, "mid_stream").inc()
+            app[REGISTRY].record_failure(lease.endpoint)
+            metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
             outcome.error = "upstream_failed_mid_stream"
             await _end_with_error(client, error, at_boundary)
             return client
@@ -409,7 +399,7 @@ async def _relay_stream(
         try:
             await client.write(chunk)
         except ConnectionError:
-            # The client went away: leaving the `async with` closes the upstream request.
+            # The client went away: closing the upstream response tells the engine.
             outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
             upstream.close()
             return client
