@@ -1,0 +1,102 @@
+"""Redis restarted under traffic: chat keeps flowing, batches answer 503, then all recovers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from redis_fleet import (
+    PUBLIC_MODEL,
+    chat_line,
+    start_engines,
+    start_gateway,
+    wait_for,
+    write_config,
+)
+
+from laneway.gateway.redis_server import LocalRedis
+from laneway.procs import Children
+
+
+class ChatTraffic:
+    """Chat requests one after another from a thread, each answer's status and end time."""
+
+    def __init__(self, base_url: str) -> None:
+        self._client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+        self._stop = threading.Event()
+        self.answers: list[tuple[float, int]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._client.chat.completions.create(
+                    model=PUBLIC_MODEL,
+                    messages=[{"role": "user", "content": "still there?"}],
+                    max_tokens=4,
+                )
+                status = 200
+            except openai.APIStatusError as error:
+                status = error.status_code
+            self.answers.append((time.monotonic(), status))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self._client.close()
+
+
+def test_chat_survives_a_redis_restart_and_batches_come_back(tmp_path: Path) -> None:
+    with LocalRedis() as server, Children() as children:
+        engines = start_engines(children, {"chat": 1, "documents": 1}, time_scale=20.0)
+        config = write_config(tmp_path / "gateway.yaml", engines)
+        gateway = start_gateway(children, config, server.url, "--batch-lease", "2")
+        base_url = f"{gateway.url}/v1"
+        traffic = ChatTraffic(base_url)
+        client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+        line = (chat_line("a", "hello") + "\n").encode()
+        try:
+            wait_for("chat traffic", lambda: len(traffic.answers) >= 3)
+            server.stop()
+            down_at = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as upload:
+                client.files.create(file=("a.jsonl", line), purpose="batch")
+            assert upload.value.status_code == 503
+            assert int(upload.value.response.headers["retry-after"]) >= 1
+            with pytest.raises(openai.APIStatusError) as lookup:
+                client.batches.retrieve("batch_anything")
+            assert lookup.value.status_code == 503
+            wait_for("chat answers while Redis is down", lambda: _after(traffic, down_at) >= 5)
+            server.start()  # same port, empty
+
+            def upload_works() -> openai.types.FileObject | None:
+                try:
+                    return client.files.create(file=("a.jsonl", line), purpose="batch")
+                except openai.APIStatusError as error:
+                    if error.status_code != 503:
+                        raise
+                    return None
+
+            uploaded: openai.types.FileObject = wait_for("uploads to work again", upload_works)
+            batch = client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            done = wait_for(
+                "the batch after the restart",
+                lambda: client.batches.retrieve(batch.id).status == "completed",
+            )
+            assert done
+        finally:
+            traffic.stop()
+            client.close()
+        # Not one chat request failed, before, during or after the outage.
+        assert {status for _, status in traffic.answers} == {200}
+        assert _after(traffic, down_at) >= 5
+
+
+def _after(traffic: ChatTraffic, moment: float) -> int:
+    return sum(1 for at, _ in traffic.answers if at > moment)
