@@ -275,20 +275,19 @@ async def start_everything(
     children: Children, options: DemoOptions, config_dir: Path
 ) -> ChildProcess:
     """Start every engine (in parallel), then the gateway configured with their URLs."""
-    engines = sum(pool.replicas for pool in DEMO_POOLS)
-    say(f"starting {engines} simulated engines ({PROFILE}) and the gateway ...")
+    replicas = [(pool, index) for pool in DEMO_POOLS for index in range(pool.replicas)]
+    say(f"starting {len(replicas)} simulated engines ({PROFILE}) and the gateway ...")
     started = await asyncio.gather(
         *(
             children.start_laneway_async(
                 "sim", sim_args(pool, options.time_scale), name=f"engine {pool.name}-{index}"
             )
-            for pool in DEMO_POOLS
-            for index in range(pool.replicas)
+            for pool, index in replicas
         )
     )
     endpoints: dict[str, list[str]] = {pool.name: [] for pool in DEMO_POOLS}
-    for child in started:
-        endpoints[child.name.removeprefix("engine ").rsplit("-", 1)[0]].append(child.url)
+    for (pool, _), child in zip(replicas, started, strict=True):
+        endpoints[pool.name].append(child.url)
     config = config_dir / "gateway.yaml"
     config.write_text(yaml.safe_dump_all(config_documents(endpoints), sort_keys=False))
     gateway = await children.start_laneway_async(
