@@ -4,6 +4,9 @@ the upstream Kubernetes OpenAPI schemas (kubernetes-validate, strict)."""
 from __future__ import annotations
 
 import copy
+import json
+import urllib.error
+import urllib.request
 from typing import Any
 
 import kubernetes_validate
@@ -20,6 +23,7 @@ from laneway.operator.render import (
     engine_command,
     render_pool,
 )
+from laneway.procs import Children
 
 
 def pool(spec: dict[str, Any], name: str = "pool", uid: str = "") -> api.InferencePool:
@@ -255,3 +259,37 @@ def test_autoscaling_renders_an_hpa_and_leaves_replicas_to_it() -> None:
 def test_rendering_is_deterministic() -> None:
     spec = {**KNOBS, "engine": {"kind": "vllm"}}
     assert render_pool(pool(spec, uid="u")) == render_pool(pool(spec, uid="u"))
+
+
+def test_a_rendered_simulator_pod_command_serves_its_pool() -> None:
+    """Run the container's command line as the pod would (bound to loopback on a free port
+    here) and check the engine serves the pool's model with the pool's context cap."""
+    spec = {
+        "servedModelName": "sim-chat",
+        "engine": {"kind": "simulator", "simulator": {"profile": "zero", "timeScale": 100}},
+        "limits": {"maxContextTokens": 2048},
+        "prefill": {"chunkSize": 256, "tokenBudget": 512},
+    }
+    argv = list(engine_command(pool(spec)).argv)
+    assert argv[:2] == ["laneway", "sim"]
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--port") + 1] = "0"
+    with Children() as children:
+        engine = children.start_laneway("sim", argv[2:])
+        with urllib.request.urlopen(f"{engine.url}/health", timeout=10) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"{engine.url}/v1/models", timeout=10) as response:
+            models = json.load(response)
+        assert [m["id"] for m in models["data"]] == ["sim-chat"]
+        too_long = json.dumps(
+            {"model": "sim-chat", "prompt": "word " * 3000, "max_tokens": 4}
+        ).encode()
+        request = urllib.request.Request(
+            f"{engine.url}/v1/completions",
+            data=too_long,
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        caught.value.close()
+        assert caught.value.code == 400
