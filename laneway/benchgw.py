@@ -47,6 +47,7 @@ from laneway.tokens import default_tokenizer
 MODEL = "bench"
 DEFAULT_CONCURRENCY = (1, 50, 200, 500)
 INTERACTIVE_MAX_PROMPT = 4096
+ROUNDS = 2  # per level and path
 # Zero service time and room for every concurrent stream: the engine never queues.
 ENGINE_ARGS = (
     "--host", "127.0.0.1", "--port", "0", "--model", MODEL, "--profile", "zero",
@@ -57,7 +58,7 @@ ENGINE_ARGS = (
 @dataclass(frozen=True)
 class BenchOptions:
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    requests: int | None = None  # per level and path; None: max(400, 4 x concurrency)
+    requests: int | None = None  # per level and path; None: max(400, 8 x concurrency)
     prompt_tokens: int = 200
     output_tokens: int = 16
     classify_tokens: int = 131_072
@@ -65,7 +66,7 @@ class BenchOptions:
     seed: int = 0
 
     def requests_at(self, concurrency: int) -> int:
-        return self.requests if self.requests is not None else max(400, 4 * concurrency)
+        return self.requests if self.requests is not None else max(400, 8 * concurrency)
 
 
 def check_options(options: BenchOptions) -> None:
@@ -409,22 +410,39 @@ async def closed_loop(
     return results
 
 
-async def measured_phase(
+@dataclass
+class _Phase:
+    """What the rounds of one path at one level add up to."""
+
+    results: list[StreamResult] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    client_s: float = 0.0
+    engine_s: float = 0.0
+    gateway_s: float = 0.0
+
+    def result(self) -> PathResult:
+        cpu = CpuUse(self.client_s, self.engine_s, self.gateway_s)
+        return path_result(self.results, self.wall_s, cpu)
+
+
+async def measured_round(
     session: aiohttp.ClientSession,
     url: str,
     body: dict[str, Any],
     concurrency: int,
     requests: int,
     pids: Mapping[str, int],
-) -> PathResult:
-    """One closed-loop phase, with the wall time and each process's CPU time it took."""
+    phase: _Phase,
+) -> None:
+    """One closed-loop round, adding its wall time and each process's CPU time to `phase`."""
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     client_before, begun = time.process_time(), time.perf_counter()
-    results = await closed_loop(session, url, body, concurrency, requests)
-    wall, client = time.perf_counter() - begun, time.process_time() - client_before
+    phase.results += await closed_loop(session, url, body, concurrency, requests)
+    phase.wall_s += time.perf_counter() - begun
+    phase.client_s += time.process_time() - client_before
     used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-    cpu = CpuUse(client=client, engine=used["engine"], gateway=used.get("gateway", 0.0))
-    return path_result(results, wall, cpu)
+    phase.engine_s += used["engine"]
+    phase.gateway_s += used.get("gateway", 0.0)
 
 
 async def measure_levels(
@@ -441,28 +459,35 @@ async def measure_levels(
         "stream": True,
     }
     path = "/v1/chat/completions"
+    paths = (
+        (engine.url + path, {"engine": engine.pid}),
+        (gateway.url + path, {"engine": engine.pid, "gateway": gateway.pid}),
+    )
     levels = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         progress("warming up both paths")
-        for base in (engine.url, gateway.url):
-            await closed_loop(session, base + path, body, 20, 200)
+        for url, _ in paths:
+            await closed_loop(session, url, body, 20, 200)
         for concurrency in options.concurrency:
             count = options.requests_at(concurrency)
-            progress(f"{concurrency} concurrent: {count} requests direct to the engine")
-            direct = await measured_phase(
-                session, engine.url + path, body, concurrency, count, {"engine": engine.pid}
+            progress(
+                f"{concurrency} concurrent: {count} requests direct and {count} through the "
+                f"gateway, in {ROUNDS} alternating rounds"
             )
-            progress(f"{concurrency} concurrent: {count} requests through the gateway")
-            through = await measured_phase(
-                session,
-                gateway.url + path,
-                body,
-                concurrency,
-                count,
-                {"engine": engine.pid, "gateway": gateway.pid},
-            )
-            levels.append(LevelResult(concurrency, direct, through))
+            phases = (_Phase(), _Phase())
+            # Alternating rounds (direct first, then gateway first, ...) spread whatever else
+            # the machine is doing evenly over both paths.
+            for round_index in range(ROUNDS):
+                share = count // ROUNDS + (1 if round_index < count % ROUNDS else 0)
+                order = (0, 1) if round_index % 2 == 0 else (1, 0)
+                for which in order:
+                    url, pids = paths[which]
+                    if share:
+                        await measured_round(
+                            session, url, body, concurrency, share, pids, phases[which]
+                        )
+            levels.append(LevelResult(concurrency, phases[0].result(), phases[1].result()))
     return levels
 
 

@@ -59,7 +59,7 @@ def register(
     gateway.add_argument(
         "--requests",
         type=int,
-        help="requests per level and path (default: max(400, 4 x concurrency))",
+        help="requests per level and path (default: max(400, 8 x concurrency))",
     )
     gateway.add_argument("--prompt-tokens", type=int, default=200, help="(default 200)")
     gateway.add_argument("--output-tokens", type=int, default=16, help="(default 16)")
