@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Generates the plain `kubectl apply` manifests in manifests/install/ from the Helm chart,
-# and the chart's copy of the CRD from crds/, so neither is edited by hand.
+# Generates the plain `kubectl apply` manifests in manifests/install/ from the Helm chart, and
+# the chart's copies of the CRD (crds/) and of the RBAC rules (manifests/rbac/), so none is
+# edited by hand.
 #   scripts/gen-manifests.sh           write them
 #   scripts/gen-manifests.sh --check   write nothing; exit 1 with a diff if either drifted
 set -euo pipefail
@@ -22,8 +23,13 @@ fi
 
 namespace=laneway
 crd=crds/laneway.io_inferencepools.yaml
-chart_crd=charts/laneway/crds/laneway.io_inferencepools.yaml
 install=manifests/install/laneway.yaml
+# Files the chart carries a byte-for-byte copy of: "source copy" pairs.
+copies=(
+    "$crd charts/laneway/crds/laneway.io_inferencepools.yaml"
+    "manifests/rbac/operator.yaml charts/laneway/files/rbac-operator.yaml"
+    "manifests/rbac/gateway.yaml charts/laneway/files/rbac-gateway.yaml"
+)
 
 render() {
     cat <<HEADER
@@ -47,15 +53,18 @@ HEADER
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-render >"$work/install.yaml"
 
 if [ "$mode" = check ]; then
     drifted=0
-    if ! cmp -s "$crd" "$chart_crd"; then
-        echo "gen-manifests: $chart_crd differs from $crd" >&2
-        diff -u "$crd" "$chart_crd" >&2 || true
-        drifted=1
-    fi
+    for pair in "${copies[@]}"; do
+        read -r source copy <<<"$pair"
+        if ! cmp -s "$source" "$copy"; then
+            echo "gen-manifests: $copy differs from $source" >&2
+            diff -u "$source" "$copy" >&2 || true
+            drifted=1
+        fi
+    done
+    render >"$work/install.yaml"
     if ! cmp -s "$work/install.yaml" "$install"; then
         echo "gen-manifests: $install differs from what the chart renders" >&2
         diff -u "$install" "$work/install.yaml" >&2 || true
@@ -65,11 +74,17 @@ if [ "$mode" = check ]; then
         echo "gen-manifests: run scripts/gen-manifests.sh and commit the result" >&2
         exit 1
     fi
-    echo "gen-manifests: $install and $chart_crd are up to date" >&2
+    echo "gen-manifests: $install and the chart's copies are up to date" >&2
     exit 0
 fi
 
+for pair in "${copies[@]}"; do
+    read -r source copy <<<"$pair"
+    mkdir -p "$(dirname "$copy")"
+    cp "$source" "$copy"
+done
+# Rendered after the copies: the chart reads the RBAC rules from them.
+render >"$work/install.yaml"
 mkdir -p "$(dirname "$install")"
-cp "$crd" "$chart_crd"
 cp "$work/install.yaml" "$install"
-echo "gen-manifests: wrote $chart_crd and $install" >&2
+echo "gen-manifests: wrote $install and the chart's copies of ${copies[*]%% *}" >&2

@@ -259,6 +259,7 @@ def test_gateway_defaults_to_several_replicas_spread_over_nodes(
     gateway = deployment(rendered["default"], "gateway")
     assert gateway["spec"]["replicas"] >= 2
     assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert container(gateway)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
     pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
     preferred = gateway["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"
@@ -351,7 +352,9 @@ def test_operator_roles_grant_exactly_the_documented_rules(
 ) -> None:
     objects = rendered["default"]
     cluster_wide = rules_of(objects, "ClusterRole", "-operator")
-    assert cluster_wide == {("apiextensions.k8s.io", "customresourcedefinitions"): READ}
+    # Only reads of CRDs reach beyond the release namespace.
+    assert list(cluster_wide) == [("apiextensions.k8s.io", "customresourcedefinitions")]
+    assert all(verbs <= READ for verbs in cluster_wide.values())
     assert rules_of(objects, "Role", "-operator") | cluster_wide == documented_rules("operator")
 
 
@@ -732,8 +735,8 @@ BAD_VALUES: list[tuple[str, Manifest, str]] = [
     (
         "drain longer than grace",
         nested("gateway.terminationGracePeriodSeconds", 20),
-        "gateway.config.drainTimeoutMillis (30000) must be below "
-        "gateway.terminationGracePeriodSeconds (20 s)",
+        "gateway.preStopSleepSeconds (5 s) plus gateway.config.drainTimeoutMillis (30000) "
+        "must be below gateway.terminationGracePeriodSeconds (20 s)",
     ),
     (
         "stale before next scrape",

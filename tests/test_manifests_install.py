@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path("scripts") / "gen-manifests.sh"
 INSTALL = Path("manifests") / "install" / "laneway.yaml"
 CHART_CRD = Path("charts") / "laneway" / "crds" / "laneway.io_inferencepools.yaml"
+# (source, the chart's byte-for-byte copy)
+CHART_COPIES = [
+    ("crds/laneway.io_inferencepools.yaml", str(CHART_CRD)),
+    ("manifests/rbac/operator.yaml", "charts/laneway/files/rbac-operator.yaml"),
+    ("manifests/rbac/gateway.yaml", "charts/laneway/files/rbac-gateway.yaml"),
+]
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
 
 
@@ -45,7 +51,7 @@ def gen_check(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def repo_copy(destination: Path) -> Path:
-    for part in ("scripts", "charts", "crds", "manifests/install"):
+    for part in ("scripts", "charts", "crds", "manifests/install", "manifests/rbac"):
         shutil.copytree(ROOT / part, destination / part)
     return destination
 
@@ -70,25 +76,28 @@ def test_check_fails_when_the_install_manifests_are_edited_by_hand(tmp_path: Pat
 
 
 @pytest.mark.usefixtures("helm_on_path")
-def test_check_fails_when_the_chart_crd_copy_drifts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("source", "chart_copy"), CHART_COPIES)
+def test_check_fails_when_a_chart_copy_drifts(tmp_path: Path, source: str, chart_copy: str) -> None:
     copy = repo_copy(tmp_path)
-    with (copy / CHART_CRD).open("a") as crd:
-        crd.write("# edited in the chart only\n")
+    with (copy / chart_copy).open("a") as edited:
+        edited.write("# edited in the chart only\n")
     result = gen_check(copy)
     assert result.returncode == 1
-    assert f"{CHART_CRD} differs from crds/laneway.io_inferencepools.yaml" in result.stderr
+    assert f"{chart_copy} differs from {source}" in result.stderr
 
 
 @pytest.mark.usefixtures("helm_on_path")
-def test_generating_rewrites_both_files(tmp_path: Path) -> None:
+def test_generating_rewrites_the_manifests_and_every_chart_copy(tmp_path: Path) -> None:
     copy = repo_copy(tmp_path)
     (copy / INSTALL).write_text("stale\n")
-    (copy / CHART_CRD).write_text("stale\n")
+    for _, chart_copy in CHART_COPIES:
+        (copy / chart_copy).write_text("stale\n")
     written = subprocess.run(
         ["bash", str(copy / SCRIPT)], capture_output=True, text=True, timeout=60, check=False
     )
     assert written.returncode == 0, written.stderr
-    assert (copy / CHART_CRD).read_bytes() == (copy / "crds" / CHART_CRD.name).read_bytes()
+    for source, chart_copy in CHART_COPIES:
+        assert (copy / chart_copy).read_bytes() == (copy / source).read_bytes()
     assert (copy / INSTALL).read_text().startswith("# laneway: the CRD, the operator")
     assert gen_check(copy).returncode == 0
 

@@ -102,3 +102,23 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "laneway.operator.clusterRoleName" -}}
 {{- printf "%s-%s" .Release.Namespace (include "laneway.operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+The rules of the ClusterRole in a copy of manifests/rbac/<component>.yaml (files/rbac-*.yaml,
+kept identical by scripts/gen-manifests.sh), as a YAML list. Those manifests are the one
+written record of what each component calls; the chart grants the same, in its namespace.
+*/}}
+{{- define "laneway.documentedRules" -}}
+{{- $path := printf "files/rbac-%s.yaml" .component }}
+{{- $rules := list }}
+{{- range $document := regexSplit "(?m)^---\\s*$" (.root.Files.Get $path) -1 }}
+{{- $object := fromYaml $document }}
+{{- if eq (get $object "kind") "ClusterRole" }}
+{{- $rules = $object.rules }}
+{{- end }}
+{{- end }}
+{{- if not $rules }}
+{{- fail (printf "%s holds no ClusterRole rules: run scripts/gen-manifests.sh" $path) }}
+{{- end }}
+{{- toYaml $rules }}
+{{- end }}

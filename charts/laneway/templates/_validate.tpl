@@ -9,8 +9,9 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- fail (printf "gateway.autoscaling.minReplicas (%d) must not exceed gateway.autoscaling.maxReplicas (%d)" (int $auto.minReplicas) (int $auto.maxReplicas)) }}
 {{- end }}
 {{- $drain := int (default 30000 $gw.config.drainTimeoutMillis) }}
-{{- if ge $drain (mul (int $gw.terminationGracePeriodSeconds) 1000) }}
-{{- fail (printf "gateway.config.drainTimeoutMillis (%d) must be below gateway.terminationGracePeriodSeconds (%d s), or Kubernetes kills open streams mid-drain" $drain (int $gw.terminationGracePeriodSeconds)) }}
+{{- $preStop := int $gw.preStopSleepSeconds }}
+{{- if ge (add $drain (mul $preStop 1000)) (mul (int $gw.terminationGracePeriodSeconds) 1000) }}
+{{- fail (printf "gateway.preStopSleepSeconds (%d s) plus gateway.config.drainTimeoutMillis (%d) must be below gateway.terminationGracePeriodSeconds (%d s), or Kubernetes kills open streams mid-drain" $preStop $drain (int $gw.terminationGracePeriodSeconds)) }}
 {{- end }}
 {{- $scrape := default dict $gw.config.scrape }}
 {{- if and (hasKey $scrape "intervalMillis") (hasKey $scrape "staleAfterMillis") (lt (int $scrape.staleAfterMillis) (int $scrape.intervalMillis)) }}
