@@ -250,12 +250,17 @@ def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_
         and ("status", "200") in labels
     )
     assert answered >= 3
-    for pool in pools:
-        key = f"{NAMESPACE}/{pool['metadata']['name']}"
-        available = samples[
-            ("laneway_gateway_endpoints", frozenset({("pool", key), ("state", "available")}))
-        ]
-        assert available == pool["spec"]["replicas"]
+    expected = {f"{NAMESPACE}/{p['metadata']['name']}": p["spec"]["replicas"] for p in pools}
+
+    def every_endpoint_available() -> bool:
+        available = {
+            dict(labels)["pool"]: value
+            for (name, labels), value in scrape(gateway_url).items()
+            if name == "laneway_gateway_endpoints" and ("state", "available") in labels
+        }
+        return all(available.get(key) == count for key, count in expected.items())
+
+    eventually("the gateway counts every engine replica as available", every_endpoint_available)
 
 
 @pytest.mark.kind
