@@ -1,8 +1,8 @@
 """Hardware/model profiles: the numbers the cost model turns into step durations.
 
-Every constant here is a datasheet figure or a published measurement; docs/SIMULATOR.md
-cites each one and compares the model's predictions with measurements. None of them was
-chosen to make a benchmark come out a particular way.
+Each constant is a datasheet figure, a published measurement, or an assumption checked
+against measurements; docs/SIMULATOR.md says which, cites each, and compares the model's
+predictions with measurements. None was chosen to make a benchmark come out a certain way.
 """
 
 from __future__ import annotations
