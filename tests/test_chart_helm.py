@@ -11,6 +11,7 @@ to change.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -640,6 +641,19 @@ def test_notes_tell_how_to_call_the_gateway(helm: str) -> None:
     assert "/v1/chat/completions" in notes
     assert "sim-realtime: lane interactive" in notes
     assert "without Redis keep separate state" in notes
+
+
+def test_values_schema_is_draft_7_so_helm_3_and_4_both_read_it() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    validator = jsonschema.Draft7Validator(schema)
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for overlay in [{}, *(yaml.safe_load(path.read_text()) for path in CI_VALUES)]:
+        errors = [error.message for error in validator.iter_errors(merged(defaults, overlay))]
+        assert errors == [], overlay
+    broken = merged(defaults, nested("gateway.replicaCount", "two"))
+    assert [e.message for e in validator.iter_errors(broken)] == ["'two' is not of type 'integer'"]
 
 
 def test_chart_refuses_a_kubernetes_older_than_its_schemas_were_checked_against(helm: str) -> None:
