@@ -382,13 +382,6 @@ def progress(message: str) -> None:
     print(f"laneway bench gateway: {message}", file=sys.stderr, flush=True)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads included (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # utime and stime are the 14th and 15th fields of stat; 12th and 13th after the name.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def closed_loop(
     session: aiohttp.ClientSession,
     url: str,
@@ -431,16 +424,16 @@ async def measured_round(
     body: dict[str, Any],
     concurrency: int,
     requests: int,
-    pids: Mapping[str, int],
+    children: Mapping[str, ChildProcess],
     phase: _Phase,
 ) -> None:
     """One closed-loop round, adding its wall time and each process's CPU time to `phase`."""
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    before = {name: child.cpu_seconds() for name, child in children.items()}
     client_before, begun = time.process_time(), time.perf_counter()
     phase.results += await closed_loop(session, url, body, concurrency, requests)
     phase.wall_s += time.perf_counter() - begun
     phase.client_s += time.process_time() - client_before
-    used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    used = {name: child.cpu_seconds() - before[name] for name, child in children.items()}
     phase.engine_s += used["engine"]
     phase.gateway_s += used.get("gateway", 0.0)
 
@@ -460,8 +453,8 @@ async def measure_levels(
     }
     path = "/v1/chat/completions"
     paths = (
-        (engine.url + path, {"engine": engine.pid}),
-        (gateway.url + path, {"engine": engine.pid, "gateway": gateway.pid}),
+        (engine.url + path, {"engine": engine}),
+        (gateway.url + path, {"engine": engine, "gateway": gateway}),
     )
     levels = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -482,10 +475,10 @@ async def measure_levels(
                 share = count // ROUNDS + (1 if round_index < count % ROUNDS else 0)
                 order = (0, 1) if round_index % 2 == 0 else (1, 0)
                 for which in order:
-                    url, pids = paths[which]
+                    url, measured = paths[which]
                     if share:
                         await measured_round(
-                            session, url, body, concurrency, share, pids, phases[which]
+                            session, url, body, concurrency, share, measured, phases[which]
                         )
             levels.append(LevelResult(concurrency, phases[0].result(), phases[1].result()))
     return levels

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import IO, TypeVar
 
@@ -111,6 +112,12 @@ class ChildProcess:
     @property
     def returncode(self) -> int | None:
         return self._process.poll()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the child has used so far, all threads (Linux /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # utime and stime, the 14th and 15th fields of stat: 12th and 13th after the name.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stderr_tail(self) -> str:
         return "".join(self._stderr_tail)

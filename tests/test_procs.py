@@ -276,3 +276,22 @@ async def test_watch_returns_the_result_or_raises_when_a_child_dies() -> None:
             await children.watch(never_done.wait(), poll_s=0.05)
         assert "status 7" in str(raised.value)
         assert "engine fell over" in str(raised.value)
+
+
+def test_cpu_seconds_counts_what_the_child_burned() -> None:
+    with Children() as children:
+        child = children.start(
+            "busy",
+            python_child(f"""
+                import time
+                end = time.process_time() + 0.3
+                while time.process_time() < end:
+                    pass
+                print("{READY}http://127.0.0.1:7", flush=True)
+                time.sleep(60)
+            """),
+            READY,
+        )
+        first = child.cpu_seconds()
+        assert first > 0
+        assert child.cpu_seconds() >= first
