@@ -29,7 +29,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from laneway.errors import UsageError
 from laneway.gateway.errors import ApiError
@@ -83,8 +87,11 @@ def connect(settings: RedisSettings) -> Redis:
         password=settings.password,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=SOCKET_TIMEOUT_S,
-        health_check_interval=5,
-        retry_on_timeout=False,
+        # One immediate retry on a fresh connection: after a Redis restart every pooled
+        # connection is stale, and the retry hides that; more retries would only stall
+        # requests while Redis is really away.
+        retry=Retry(NoBackoff(), 1),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
 
 
