@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -55,8 +55,8 @@ from laneway.tokens import TokenBounds
 
 log = logging.getLogger("laneway.gateway.requests")
 
-# Counting this much text exactly takes well under a millisecond: do it inline, so the
-# x-laneway-prompt-tokens header is exact without a trip to the thread pool.
+# A body this small holds little enough text to count exactly in well under a millisecond:
+# do it inline, so the x-laneway-prompt-tokens header is exact without the thread pool.
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
@@ -125,7 +125,7 @@ async def _serve(
     outcome.model, outcome.stream = parsed.model, parsed.stream
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
-    route, bounds, count = await _route(app, parsed, pinned, outcome)
+    route, bounds, count = await _route(app, parsed, len(body), pinned, outcome)
     await admit_tenant(request, _prefill_estimate(bounds, count) + (parsed.max_tokens or 0))
     pool = route.pool
     outcome.pool, outcome.lane = pool.name, route.lane.value
@@ -171,17 +171,21 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 async def _route(
-    app: web.Application, parsed: ParsedRequest, pinned: Lane | None, outcome: Outcome
+    app: web.Application,
+    parsed: ParsedRequest,
+    body_bytes: int,
+    pinned: Lane | None,
+    outcome: Outcome,
 ) -> tuple[Route, TokenBounds, asyncio.Future[int]]:
     """Classify from bounds where they decide; the exact count follows off the loop."""
     tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
     begun = clock()
-    bounds = parsed.bounds(tokenizer)
-    if not bounds.exact and bounds.high <= INLINE_COUNT_BYTES:
+    if body_bytes <= INLINE_COUNT_BYTES:
         exact = parsed.count(tokenizer)
         bounds = TokenBounds(exact, exact)
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
+        bounds = parsed.bounds(tokenizer)
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
     def decide(prompt_tokens: TokenBounds) -> Decision:
@@ -372,6 +376,7 @@ async def _relay_stream(
     )
     await client.prepare(exchange.request)
     outcome.status = 200
+    tbt = metrics.tbt.labels(*labels)
     last_event: float | None = None
     at_boundary = True
     while True:
@@ -394,7 +399,7 @@ async def _relay_stream(
                 progress.first_token = True
                 await tracker.prefill_done(lease)
             else:
-                metrics.tbt.labels(*labels).observe(now - last_event)
+                tbt.observe(now - last_event)
             last_event = now
         try:
             await client.write(chunk)
@@ -435,7 +440,7 @@ def _record(app: web.Application, outcome: Outcome) -> None:
         metrics.prompt_tokens.labels(outcome.lane).observe(outcome.prompt_tokens)
     record = {
         "ts": round(time.time(), 3),
-        **{k: v for k, v in asdict(outcome).items() if v not in (None, "")},
+        **{k: v for k, v in vars(outcome).items() if v is not None and v != ""},
     }
     for key in ("queue_ms", "ttft_ms", "total_ms"):
         if key in record:

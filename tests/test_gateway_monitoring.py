@@ -28,16 +28,18 @@ vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
 vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42
 # TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{model_name="llama"} 12345.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 4.0
 """
 
 SGLANG = """\
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="a"} 2.0
-sglang:num_running_reqs{model_name="b"} 3.0
+sglang:num_running_reqs{model_name="b",note="x} y"} 3.0 1700000000000
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="a"} 1.0
 # TYPE sglang:token_usage gauge
-sglang:token_usage{model_name="a"} 0.5
+sglang:token_usage 0.5
 """
 
 OLD_VLLM = VLLM.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
@@ -60,7 +62,8 @@ def test_engine_metrics_from_either_engine(text: str, expected: EngineMetrics) -
     ("text", "complaint"),
     [
         ("# TYPE foo gauge\nfoo 1\n", "none of vllm:num_requests_waiting"),
-        ("this is {not prometheus", "not Prometheus text"),
+        ('vllm:num_requests_waiting{model_name="m"} many\n', "not Prometheus text"),
+        ("vllm:num_requests_waiting\n", "not Prometheus text"),
     ],
 )
 def test_unusable_metrics_are_an_error(text: str, complaint: str) -> None:
