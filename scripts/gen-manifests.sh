@@ -3,7 +3,7 @@
 # the chart's copies of the CRD (crds/) and of the RBAC rules (manifests/rbac/), so none is
 # edited by hand.
 #   scripts/gen-manifests.sh           write them
-#   scripts/gen-manifests.sh --check   write nothing; exit 1 with a diff if either drifted
+#   scripts/gen-manifests.sh --check   write nothing; exit 1 with a diff if any of them drifted
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
