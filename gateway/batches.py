@@ -414,7 +414,7 @@ class BatchStore:
             await self.finalize_if_settled(batch_id, now)
         elif current["status"] not in (Status.CANCELLING, Status.CANCELLED):
             raise ApiError(
-                409,
+                400,
                 f"Batch {batch_id!r} is {current['status']} and cannot be cancelled",
                 "batch_not_cancellable",
             )

@@ -53,3 +53,70 @@ def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
     """Add `bench redis`."""
+    redis = bench.add_parser(
+        "redis",
+        help="what the Redis state layer costs per request, against in-memory state",
+        description="Measure, in one run, the per-request latency that Redis-backed state "
+        "(tenant limits, shared endpoint load) adds: end to end through two gateways that "
+        "differ only in --redis-url, and for the state operations alone. Starts a "
+        "throwaway redis-server unless --redis-url is given.",
+    )
+    redis.add_argument(
+        "--concurrency",
+        default="1,32,128",
+        help="comma-separated concurrency levels (default 1,32,128)",
+    )
+    redis.add_argument(
+        "--requests",
+        type=int,
+        help="requests per level through each gateway (default max(300, 4 x concurrency))",
+    )
+    redis.add_argument(
+        "--state-ops",
+        type=int,
+        default=3000,
+        help="requests' worth of state operations per level and backend (default 3000)",
+    )
+    redis.add_argument(
+        "--redis-url",
+        help="use this Redis (its current database is flushed) instead of starting one",
+    )
+    redis.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
+    redis.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    redis.set_defaults(handler=run_bench_redis)
+
+
+def run_bench_redis(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import sys
+    from pathlib import Path
+
+    from laneway.benchgw import parse_concurrency
+    from laneway.errors import UsageError
+    from laneway.gateway.redis_bench import BenchOptions, check_options, render, run_bench
+    from laneway.gateway.redis_state import redis_settings
+    from laneway.procs import ChildError
+
+    options = BenchOptions(
+        concurrency=parse_concurrency(args.concurrency),
+        requests=args.requests,
+        state_ops=args.state_ops,
+        redis_url=args.redis_url,
+        seed=args.seed,
+    )
+    check_options(options)
+    if args.redis_url is not None:
+        redis_settings(args.redis_url)  # a UsageError for a malformed URL
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise UsageError(f"--json: the folder of {args.json} does not exist")
+    command = " ".join(["laneway", *sys.argv[1:]])
+    try:
+        report = asyncio.run(run_bench(options, command))
+    except ChildError as error:
+        print(f"laneway bench redis: {error}", file=sys.stderr)
+        return 1
+    print("\n".join(render(report)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return 0

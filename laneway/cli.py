@@ -19,6 +19,7 @@ COMPONENT_CLIS = (
     "laneway.gateway.cli",
     "laneway.operator.cli",
     "laneway.commands",
+    "laneway.gateway.redis_cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

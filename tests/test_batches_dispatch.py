@@ -1,0 +1,207 @@
+"""The dispatcher against a recording lane over loopback: fair share, retries, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+
+from laneway.gateway.batches import BatchStore, CreateRequest
+from laneway.gateway.dispatcher import (
+    INTERNAL_HEADER,
+    TENANT_HEADER,
+    Dispatcher,
+    DispatchSettings,
+)
+from laneway.gateway.errors import ApiError
+from laneway.gateway.files import FileStore, file_object, new_file_id
+from laneway.gateway.redis_server import LocalRedis
+from laneway.gateway.request_body import LANE_HEADER
+
+SECRET = "test-secret"
+
+
+@dataclass
+class Lane:
+    """Stands in for the gateway's batch lane: records calls, answers like an engine."""
+
+    delay_s: float = 0.0
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (tenant, custom text)
+    refuse_first: dict[str, int] = field(default_factory=dict)  # text -> 429s before a 200
+    second_call: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        assert request.headers[INTERNAL_HEADER] == SECRET
+        assert request.headers[LANE_HEADER] == "batch"
+        body = await request.json()
+        text = body["messages"][0]["content"]
+        if self.refuse_first.get(text, 0) > 0:
+            self.refuse_first[text] -= 1
+            return web.json_response(
+                {"error": {"message": "saturated", "type": "rate_limit_error"}},
+                status=429,
+                headers={"Retry-After": "0"},
+            )
+        self.calls.append((request.headers[TENANT_HEADER], text))
+        if len(self.calls) == 2:
+            self.second_call.set()
+        await asyncio.sleep(self.delay_s)
+        if text.startswith("bad"):
+            return web.json_response(
+                {"error": {"message": "no such model", "type": "not_found_error"}}, status=404
+            )
+        usage = {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
+        return web.json_response({"object": "chat.completion", "echo": text, "usage": usage})
+
+
+@dataclass
+class Harness:
+    store: BatchStore
+    files: FileStore
+    lane: Lane
+    url: str
+
+    async def submit(self, tenant: str, texts: list[str]) -> str:
+        lines = [
+            json.dumps(
+                {
+                    "custom_id": f"{tenant}-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": "m", "messages": [{"role": "user", "content": text}]},
+                }
+            )
+            for i, text in enumerate(texts)
+        ]
+        content = "\n".join(lines).encode()
+        file = file_object(new_file_id(), len(content), "in.jsonl", "batch", tenant)
+        await self.files.put(file, content)
+        request = CreateRequest(file.id, "/v1/chat/completions", None)
+        batch = await self.store.create(request, tenant, now=0.0)
+        return str(batch["id"])
+
+    async def wait_finished(self, batch_id: str, tenant: str) -> dict[str, object]:
+        async with asyncio.timeout(60):
+            while True:
+                batch = await self.store.get(batch_id, tenant)
+                if batch["status"] in ("completed", "cancelled"):
+                    return batch
+                await asyncio.sleep(0.05)
+
+    async def output(
+        self, batch: dict[str, object], key: str, tenant: str
+    ) -> list[dict[str, object]]:
+        file_id = batch[key]
+        assert isinstance(file_id, str)
+        text = (await self.files.content(file_id, tenant)).decode()
+        return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.fixture
+async def harness(redis_server: LocalRedis) -> AsyncIterator[Harness]:
+    lane = Lane()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", lane.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    redis = Redis.from_url(redis_server.url)
+    files = FileStore(redis, "laneway")
+    yield Harness(BatchStore(redis, files, "laneway"), files, lane, f"http://127.0.0.1:{port}")
+    await redis.aclose()
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def run_dispatcher(harness: Harness) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """Call with concurrency by appending: tasks are cancelled at the end."""
+    tasks: list[asyncio.Task[None]] = []
+    yield tasks
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def start(harness: Harness, tasks: list[asyncio.Task[None]], concurrency: int) -> None:
+    session = aiohttp.ClientSession()
+    settings = DispatchSettings(
+        concurrency=concurrency, lease_s=3, poll_s=0.05, retry_backoff_s=0.01
+    )
+    dispatcher = Dispatcher(
+        harness.store, session, lambda: harness.url, SECRET, "test-consumer", settings
+    )
+
+    async def run() -> None:
+        try:
+            await dispatcher.run()
+        finally:
+            await session.close()
+
+    tasks.append(asyncio.create_task(run()))
+
+
+async def test_a_small_tenant_is_served_between_a_large_tenants_items(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    bulk = await harness.submit("bulk", [f"bulk document {i}" for i in range(40)])
+    small = await harness.submit("small", [f"small document {i}" for i in range(4)])
+    await start(harness, run_dispatcher, concurrency=1)
+    await harness.wait_finished(bulk, "bulk")
+    await harness.wait_finished(small, "small")
+    order = [tenant for tenant, _ in harness.lane.calls]
+    assert len(order) == 44
+    # FIFO would serve all 40 bulk items first; fair share alternates by tokens.
+    assert max(i for i, tenant in enumerate(order) if tenant == "small") < 10
+
+
+async def test_saturation_is_retried_and_errors_go_to_the_error_file(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    harness.lane.refuse_first = {"busy": 2}
+    batch_id = await harness.submit("t", ["fine", "busy", "bad model"])
+    await start(harness, run_dispatcher, concurrency=2)
+    batch = await harness.wait_finished(batch_id, "t")
+    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    output = await harness.output(batch, "output_file_id", "t")
+    assert sorted(line["custom_id"] for line in output) == ["t-0", "t-1"]  # type: ignore[type-var]
+    errors = await harness.output(batch, "error_file_id", "t")
+    assert errors[0]["custom_id"] == "t-2"
+    with pytest.raises(ApiError, match="is completed and cannot be cancelled"):
+        await harness.store.cancel(batch_id, "t", now=5.0)
+    assert errors[0]["response"] == {
+        "status_code": 404,
+        "request_id": errors[0]["id"],
+        "body": {"error": {"message": "no such model", "type": "not_found_error"}},
+    }
+
+
+async def test_cancel_stops_the_rest_and_keeps_what_finished(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    harness.lane.delay_s = 0.1
+    batch_id = await harness.submit("c", [f"item {i}" for i in range(30)])
+    await start(harness, run_dispatcher, concurrency=1)
+    async with asyncio.timeout(30):
+        await harness.lane.second_call.wait()
+    cancelling = await harness.store.cancel(batch_id, "c", now=1.0)
+    assert cancelling["status"] == "cancelling"
+    batch = await harness.wait_finished(batch_id, "c")
+    assert batch["status"] == "cancelled"
+    counts = batch["request_counts"]
+    assert isinstance(counts, dict)
+    assert 2 <= counts["completed"] < 30
+    assert counts["failed"] == 0
+    output = await harness.output(batch, "output_file_id", "c")
+    assert len(output) == counts["completed"] == len(harness.lane.calls)
+    again = await harness.store.cancel(batch_id, "c", now=2.0)
+    assert again["status"] == "cancelled"  # cancelling twice is harmless

@@ -1,0 +1,91 @@
+"""Batch input lines and create requests: every bad line named, every good one kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from laneway.gateway.batches import (
+    Item,
+    LineError,
+    parse_create,
+    parse_input,
+)
+from laneway.gateway.errors import ApiError
+
+CHAT = "/v1/chat/completions"
+
+
+def line(**fields: object) -> str:
+    base: dict[str, object] = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "m", "messages": []},
+    }
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "message"),
+    [
+        ("{oops", "invalid_json", "line 1: not valid JSON"),
+        ("[1, 2]", "invalid_request", "line 1: must be a JSON object"),
+        (line(custom_id=None), "missing_custom_id", "'custom_id' must be a non-empty string"),
+        (line(custom_id=""), "missing_custom_id", "'custom_id' must be a non-empty string"),
+        (line(method="GET"), "invalid_method", "'method' must be 'POST', got 'GET'"),
+        (line(url="/v1/completions"), "mismatched_url", "must be the batch's endpoint"),
+        (line(body=[1]), "invalid_body", "'body' must be a JSON object"),
+        (line(body={"stream": True}), "invalid_body", "'stream' is not supported"),
+    ],
+)
+def test_each_bad_line_is_reported_with_its_number(raw: str, code: str, message: str) -> None:
+    items, errors = parse_input(raw.encode(), CHAT)
+    assert items == []
+    assert len(errors) == 1
+    assert errors[0].code == code
+    assert message in errors[0].message
+
+
+def test_good_lines_are_kept_blank_lines_skipped_and_duplicates_refused() -> None:
+    content = "\n".join(
+        [line(custom_id="a"), "", "   ", line(custom_id="b"), line(custom_id="a"), "{"]
+    )
+    items, errors = parse_input(content.encode(), CHAT)
+    assert [(i.index, i.custom_id) for i in items] == [(0, "a"), (3, "b")]
+    assert items[0] == Item(0, "a", {"model": "m", "messages": []})
+    assert [(e.index, e.custom_id, e.code) for e in errors] == [
+        (4, "a", "duplicate_custom_id"),
+        (5, None, "invalid_json"),
+    ]
+    assert isinstance(errors[0], LineError)
+    assert errors[0].message.startswith("line 5: ")
+
+
+GOOD = {"input_file_id": "file-1", "endpoint": CHAT, "completion_window": "24h"}
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ([], None),
+        ({**GOOD, "input_file_id": 3}, "input_file_id"),
+        ({**GOOD, "endpoint": "/v1/embeddings"}, "endpoint"),
+        ({**GOOD, "completion_window": "1h"}, "completion_window"),
+        ({**GOOD, "metadata": {"k": 1}}, "metadata"),
+        ({**GOOD, "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ],
+)
+def test_bad_create_requests_name_the_field(payload: object, param: str | None) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_create(payload)
+    assert caught.value.status == 400
+    assert caught.value.param == param
+
+
+def test_a_good_create_request() -> None:
+    request = parse_create({**GOOD, "metadata": {"team": "legal"}})
+    assert (request.input_file_id, request.endpoint) == ("file-1", CHAT)
+    assert request.metadata == {"team": "legal"}
