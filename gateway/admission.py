@@ -1,6 +1,8 @@
 """Admission: at most `limit` requests of a pool run at once; the rest wait in line.
 
-The line serves interactive requests before batch ones and is FIFO within each class. A
+The line serves interactive requests before batch ones. Interactive requests are FIFO;
+batch requests leave in fair-share order between tenants, weighted by tokens (fairshare.py),
+so one tenant's 500 documents do not starve another's five. A
 request that cannot even join (the line is full) is refused at once; the handler bounds the
 wait and answers both with 429 and Retry-After.
 """
@@ -11,8 +13,7 @@ import asyncio
 from collections import deque
 
 from laneway.api import Lane
-
-SERVICE_ORDER = (Lane.INTERACTIVE, Lane.BATCH)
+from laneway.gateway.fairshare import FairShareQueue
 
 
 class AdmissionRefused(Exception):
@@ -26,9 +27,8 @@ class PoolGate:
         self._limit = limit
         self._max_waiting = max_waiting
         self._active = 0
-        self._lines: dict[Lane, deque[asyncio.Future[None]]] = {
-            lane: deque() for lane in SERVICE_ORDER
-        }
+        self._interactive: deque[asyncio.Future[None]] = deque()
+        self._batch: FairShareQueue[asyncio.Future[None]] = FairShareQueue()
         self._closed = False
 
     @property
@@ -37,7 +37,7 @@ class PoolGate:
 
     @property
     def waiting(self) -> int:
-        return sum(len(line) for line in self._lines.values())
+        return len(self._interactive) + len(self._batch)
 
     @property
     def limit(self) -> int:
@@ -47,8 +47,10 @@ class PoolGate:
         self._limit = limit
         self._grant()
 
-    async def acquire(self, priority: Lane) -> None:
+    async def acquire(self, priority: Lane, tenant: str = "", tokens: int = 0) -> None:
         """Return once admitted; raise AdmissionRefused when full or closed.
+
+        `tenant` and `tokens` place a batch request in the fair-share order.
 
         Callers bound the wait with `asyncio.timeout`; a cancelled wait leaves no trace.
         """
@@ -60,15 +62,20 @@ class PoolGate:
         if self.waiting >= self._max_waiting:
             raise AdmissionRefused("queue_full")
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._lines[priority].append(slot)
+        if priority is Lane.BATCH:
+            self._batch.push(tenant, slot, tokens)
+        else:
+            self._interactive.append(slot)
         try:
             await slot
         except asyncio.CancelledError:
             # Timed out or the client went away: give back a slot granted in the same tick.
             if slot.done() and not slot.cancelled() and slot.exception() is None:
                 self.release()
-            elif slot in self._lines[priority]:
-                self._lines[priority].remove(slot)
+            elif slot in self._interactive:
+                self._interactive.remove(slot)
+            else:
+                self._batch.remove(slot)
             raise
 
     def release(self) -> None:
@@ -78,18 +85,15 @@ class PoolGate:
     def close(self) -> None:
         """The pool is gone: refuse everyone waiting; running requests finish (drain)."""
         self._closed = True
-        for line in self._lines.values():
-            while line:
-                slot = line.popleft()
-                if not slot.done():
-                    slot.set_exception(AdmissionRefused("pool_removed"))
+        while self.waiting:
+            slot = self._interactive.popleft() if self._interactive else self._batch.pop()
+            if not slot.done():
+                slot.set_exception(AdmissionRefused("pool_removed"))
 
     def _grant(self) -> None:
-        for lane in SERVICE_ORDER:
-            line = self._lines[lane]
-            while line and self._active < self._limit:
-                slot = line.popleft()
-                if slot.done():
-                    continue  # cancelled by its timeout in this same tick
-                self._active += 1
-                slot.set_result(None)
+        while self.waiting and self._active < self._limit:
+            slot = self._interactive.popleft() if self._interactive else self._batch.pop()
+            if slot.done():
+                continue  # cancelled by its timeout in this same tick
+            self._active += 1
+            slot.set_result(None)

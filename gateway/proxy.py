@@ -49,7 +49,7 @@ from laneway.gateway.request_body import (
     parse_request,
 )
 from laneway.gateway.scorers import EndpointView
-from laneway.gateway.shared_state import admit_tenant
+from laneway.gateway.shared_state import admit_tenant, tenant_name
 from laneway.gateway.state import Lease
 from laneway.tokens import TokenBounds
 
@@ -137,7 +137,9 @@ async def _serve(
         waiting_since = app[CLOCK]()
         try:
             async with asyncio.timeout(settings.queue.timeout_millis / 1000):
-                await gate.acquire(route.priority)
+                await gate.acquire(
+                    route.priority, tenant_name(request), _prefill_estimate(bounds, count)
+                )
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since

@@ -186,6 +186,11 @@ def _named(app: web.Application, name: str) -> Tenant:
     return Tenant(name) if name else ANONYMOUS_TENANT
 
 
+def tenant_name(request: web.Request) -> str:
+    """Whose request this is, for fair share in the batch lane."""
+    return request[TENANT].name if TENANT in request else ANONYMOUS_TENANT.name
+
+
 async def admit_tenant(request: web.Request, tokens: int) -> None:
     """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
     if LIMITER not in request.app or TENANT not in request or request.get(INTERNAL):
