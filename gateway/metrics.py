@@ -95,6 +95,16 @@ class _PoolStateCollector(Collector):
             "Endpoints by state (available or ejected)",
             labels=["pool", "state"],
         )
+        engine_waiting = GaugeMetricFamily(
+            "laneway_gateway_engine_waiting_requests",
+            "Requests queued inside each engine, as last scraped (fresh samples only)",
+            labels=["pool", "endpoint"],
+        )
+        engine_kv = GaugeMetricFamily(
+            "laneway_gateway_engine_kv_usage",
+            "KV cache usage of each engine, 0-1, as last scraped (fresh samples only)",
+            labels=["pool", "endpoint"],
+        )
         for pool in self._pools.pools():
             gate = self._pools.gate(pool)
             waiting.add_metric([pool.name], gate.waiting)
@@ -102,6 +112,9 @@ class _PoolStateCollector(Collector):
             available = len(self._pools.available(pool))
             endpoints.add_metric([pool.name, "available"], available)
             endpoints.add_metric([pool.name, "ejected"], len(pool.endpoints) - available)
-        yield waiting
-        yield active
-        yield endpoints
+            for url in pool.endpoints:
+                sample = self._pools.fresh_metrics(url)
+                if sample is not None:
+                    engine_waiting.add_metric([pool.name, url], sample.waiting)
+                    engine_kv.add_metric([pool.name, url], sample.kv_usage)
+        yield from (waiting, active, endpoints, engine_waiting, engine_kv)

@@ -114,6 +114,7 @@ def lanes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildProcess]:
             children,
             "llama-long",
             *("--time-scale", FAST, "--scheduler", "chunked", "--max-context", "131072"),
+            *("--metrics-flavor", "sglang"),
         )
         documents = [
             pool_doc(
@@ -303,6 +304,20 @@ async def test_health_readiness_and_metrics(lanes: ChildProcess, api: openai.Asy
     assert total(samples, "laneway_gateway_tokenization_seconds_count") >= 1
     assert total(samples, "laneway_gateway_queue_depth", pool="realtime") == 0
     assert total(samples, "laneway_gateway_endpoints", pool="batch", state="available") == 1
+
+
+async def test_both_engine_flavors_are_scraped(lanes: ChildProcess) -> None:
+    async def pools_scraped() -> set[str]:
+        samples = await scrape(lanes.url)
+        return {labels["pool"] for labels, _ in samples.get("laneway_gateway_engine_kv_usage", [])}
+
+    async def both() -> bool:
+        return await pools_scraped() == {"realtime", "batch"}
+
+    # The interactive engine speaks vLLM's metric names, the batch one SGLang's.
+    await eventually(both, "both engines' /metrics to be read")
+    samples = await scrape(lanes.url)
+    assert total(samples, "laneway_gateway_engine_waiting_requests") == 0
 
 
 # --- faults: each test starts and kills its own engines --------------------------------------
