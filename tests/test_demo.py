@@ -10,6 +10,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import openai
 import pytest
@@ -151,6 +152,13 @@ def demo_process(mark: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def wait_for_line(stream: IO[str], fragment: str) -> str:
+    for line in stream:
+        if fragment in line:
+            return line
+    raise AssertionError(f"the demo never printed {fragment!r}")
+
+
 def test_a_short_run_accounts_for_every_request_and_keeps_lanes_apart(marker: str) -> None:
     demo = demo_process(marker, "--duration", "6", "--sessions", "4", "--long-documents", "2")
     stdout, stderr = demo.communicate(timeout=150)
@@ -178,12 +186,7 @@ def test_serve_answers_an_openai_client_then_ctrl_c_stops_everything(marker: str
     )
     try:
         assert demo.stderr is not None
-        url = None
-        for line in demo.stderr:
-            if "serving on " in line:
-                url = line.split("serving on ", 1)[1].split()[0]
-                break
-        assert url is not None, "the demo never said where it serves"
+        url = wait_for_line(demo.stderr, "serving on ").split("serving on ", 1)[1].split()[0]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(
             model=PUBLIC_MODEL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=5
@@ -198,4 +201,40 @@ def test_serve_answers_an_openai_client_then_ctrl_c_stops_everything(marker: str
         demo.wait()
     assert demo.returncode == 0, stderr
     assert "accounted for" in stdout
+    assert processes_marked(marker) == []
+
+
+def test_ctrl_c_during_the_workload_stops_every_process(marker: str) -> None:
+    demo = demo_process(marker, "--duration", "60", "--sessions", "2", "--long-documents", "1")
+    try:
+        assert demo.stderr is not None
+        wait_for_line(demo.stderr, "sending")
+        demo.send_signal(signal.SIGINT)
+        _, stderr = demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+        demo.wait()
+    assert demo.returncode == 130, stderr
+    assert "stopped" in stderr
+    assert "Traceback" not in stderr
+    assert processes_marked(marker) == []
+
+
+def test_an_engine_that_dies_mid_run_ends_the_demo_with_its_reason(marker: str) -> None:
+    demo = demo_process(marker, "--duration", "60", "--sessions", "2", "--long-documents", "0")
+    try:
+        assert demo.stderr is not None
+        wait_for_line(demo.stderr, "sending")
+        engine = next(
+            pid
+            for pid in processes_marked(marker)
+            if b"\0sim\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+        os.kill(engine, signal.SIGKILL)
+        _, stderr = demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+        demo.wait()
+    assert demo.returncode == 1, stderr
+    assert f"status {-signal.SIGKILL}" in stderr
     assert processes_marked(marker) == []
