@@ -309,7 +309,7 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         try:
             return await _attempt(exchange, candidate.url, payload)
         except UpstreamFailed as failure:
-            registry.record_failure(candidate.url)
+            _note_failure(app, candidate.url, str(failure))
             metrics.upstream_errors.labels(pool.name, candidate.url, failure.kind).inc()
             failures.append(f"{candidate.url}: {failure}")
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
@@ -385,7 +385,7 @@ async def _relay_stream(
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as error:
-            app[REGISTRY].record_failure(lease.endpoint)
+            _note_failure(app, lease.endpoint, f"mid-stream: {type(error).__name__}: {error}")
             metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
             outcome.error = "upstream_failed_mid_stream"
             await _end_with_error(client, error, at_boundary)
@@ -431,6 +431,11 @@ async def _end_with_error(
         await client.write_eof()
     except ConnectionError:
         return
+
+
+def _note_failure(app: web.Application, url: str, why: str) -> None:
+    if app[REGISTRY].record_failure(url):
+        log.warning(json.dumps({"event": "endpoint_ejected", "endpoint": url, "after": why}))
 
 
 def _record(app: web.Application, outcome: Outcome) -> None:

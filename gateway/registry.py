@@ -68,12 +68,15 @@ class PoolRegistry:
     def ready(self) -> bool:
         return self.synced and any(self.available(pool) for pool in self._pools.values())
 
-    def record_failure(self, url: str) -> None:
-        if url in self._health:
-            self._health[url] = after_failure(
-                self._health[url], self._settings.health.failures_to_eject
-            )
-            self._refresh_limits()
+    def record_failure(self, url: str) -> bool:
+        """Count a failed request; True when this failure ejected the endpoint."""
+        before = self._health.get(url)
+        if before is None:
+            return False
+        after = after_failure(before, self._settings.health.failures_to_eject)
+        self._health[url] = after
+        self._refresh_limits()
+        return after.ejected and not before.ejected
 
     def record_success(self, url: str) -> None:
         if url in self._health:

@@ -120,8 +120,9 @@ def test_registry_limits_follow_healthy_endpoints() -> None:
     registry.update([realtime])
     assert registry.ready()
     assert registry.gate(realtime).limit == 8  # 4 per replica x 2
-    registry.record_failure("http://a:1")
-    registry.record_failure("http://a:1")
+    assert not registry.record_failure("http://a:1")
+    assert registry.record_failure("http://a:1")  # this one ejects
+    assert not registry.record_failure("http://a:1")  # already out
     assert registry.available(realtime) == ["http://b:1"]
     assert registry.ejected() == ["http://a:1"]
     assert registry.gate(realtime).limit == 4
