@@ -323,9 +323,7 @@ class LoadGenerator:
     async def run(self) -> list[RequestRecord]:
         workload = self.workload
         long_prompts = [
-            self.prompts.text(
-                random.Random(f"laneway-long:{workload.seed}:{index}"), long.prompt_tokens
-            )
+            self.prompts.text(random.Random(f"{workload.seed}/long/{index}"), long.prompt_tokens)
             for index, long in enumerate(workload.long_requests)
         ]
         connector = aiohttp.TCPConnector(limit=0)
