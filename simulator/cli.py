@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -105,33 +106,82 @@ def run_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+QUICK = SeedScenario(
+    gpus=4, sessions=16, long_requests=2, long_tokens=16384, duration_s=8.0, burst_at_s=2.0
+)
+QUICK_TIME_SCALE = 2.0
+
+
 def register_bench(bench: argparse._SubParsersAction[Any]) -> None:
-    defaults = SeedScenario()
+    full = SeedScenario()
     seed = bench.add_parser(
         "seed",
         help="the seed experiment: interactive sessions plus a long-prompt burst, 4 configurations",
         description="Run the seed experiment (200 interactive sessions and a burst of 20 "
         "64k-token requests on 8 GPUs) under four configurations: unified-full, "
-        "unified-chunked, split and laneway. Prints a table; --json and --plot save results.",
+        "unified-chunked, split and laneway. --mode virtual simulates it in virtual time; "
+        "--mode live runs it over HTTP through laneway gateway and laneway sim processes and "
+        "puts it beside the virtual run. Prints tables; --json and --plot save results.",
     )
-    seed.add_argument("--mode", choices=("virtual",), default="virtual",
-                      help="virtual: a discrete-event simulation (default)")  # fmt: skip
-    seed.add_argument("--seed", type=int, default=defaults.seed, help="workload random seed")
-    seed.add_argument("--gpus", type=int, default=defaults.gpus, help="GPUs (one replica each)")
-    seed.add_argument("--sessions", type=int, default=defaults.sessions,
-                      help="concurrent closed-loop interactive sessions")  # fmt: skip
-    seed.add_argument("--long-requests", type=int, default=defaults.long_requests,
-                      help="long requests in the burst")  # fmt: skip
-    seed.add_argument("--long-tokens", type=int, default=defaults.long_tokens,
-                      help="prompt tokens of each long request")  # fmt: skip
-    seed.add_argument("--duration", type=float, default=defaults.duration_s,
-                      help="seconds sessions start turns; the run then drains")  # fmt: skip
+    seed.add_argument(
+        "--mode",
+        choices=("virtual", "live"),
+        default="virtual",
+        help="virtual (default): discrete-event simulation; live: real processes",
+    )
+    seed.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short variant: {QUICK.gpus} GPUs, {QUICK.sessions} sessions, "
+        f"{QUICK.long_requests} x {QUICK.long_tokens} tokens, {QUICK.duration_s:g} s, "
+        f"time scale {QUICK_TIME_SCALE:g}",
+    )
+    seed.add_argument("--seed", type=int, help=f"workload random seed (default {full.seed})")
+    seed.add_argument("--gpus", type=int, help=f"GPUs, one replica each (default {full.gpus})")
+    seed.add_argument(
+        "--sessions", type=int, help=f"closed-loop interactive sessions (default {full.sessions})"
+    )
+    seed.add_argument(
+        "--long-requests",
+        type=int,
+        help=f"long requests in the burst (default {full.long_requests})",
+    )
+    seed.add_argument(
+        "--long-tokens",
+        type=int,
+        help=f"prompt tokens of each long request (default {full.long_tokens})",
+    )
+    seed.add_argument(
+        "--duration", type=float, help=f"seconds sessions start turns (default {full.duration_s:g})"
+    )
     seed.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE)
-    seed.add_argument("--configs", default=",".join(CONFIG_NAMES),
-                      help="comma-separated subset of configurations to run")  # fmt: skip
+    seed.add_argument(
+        "--time-scale",
+        type=float,
+        help="live mode: engines and generator run this many times faster than "
+        "real time (default 1, or 2 with --quick)",
+    )
+    seed.add_argument(
+        "--configs",
+        default=",".join(CONFIG_NAMES),
+        help="comma-separated subset of configurations to run",
+    )
     seed.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     seed.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TBT/TTFT over time")
     seed.set_defaults(handler=run_seed)
+
+
+def scenario_from(args: argparse.Namespace) -> SeedScenario:
+    base = QUICK if args.quick else SeedScenario()
+    overrides = {
+        "seed": args.seed,
+        "gpus": args.gpus,
+        "sessions": args.sessions,
+        "long_requests": args.long_requests,
+        "long_tokens": args.long_tokens,
+        "duration_s": args.duration,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def _writable(path: Path | None, flag: str) -> None:
@@ -163,19 +213,19 @@ class _Progress:
 
 
 def run_seed(args: argparse.Namespace) -> int:
-    from laneway.simulator.report import seed_json, seed_table, summarize
+    from laneway.simulator.report import seed_table, summarize
     from laneway.simulator.runner import RunResult, run_virtual
     from laneway.simulator.seed import scenario_problems, seed_configs
 
-    scenario = SeedScenario(
-        gpus=args.gpus,
-        sessions=args.sessions,
-        long_requests=args.long_requests,
-        long_tokens=args.long_tokens,
-        duration_s=args.duration,
-        seed=args.seed,
-    )
+    scenario = scenario_from(args)
     problems = scenario_problems(scenario)
+    time_scale = args.time_scale
+    if time_scale is None:
+        time_scale = QUICK_TIME_SCALE if args.quick else 1.0
+    if not time_scale > 0:
+        problems.append(f"--time-scale must be above 0, got {args.time_scale}")
+    if args.time_scale is not None and args.mode == "virtual":
+        problems.append("--time-scale applies to --mode live only")
     if problems:
         raise UsageError("; ".join(problems))
     wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
@@ -198,17 +248,23 @@ def run_seed(args: argparse.Namespace) -> int:
         results.append(run_virtual(config, profile, scenario, progress))
         progress.done(time.perf_counter() - config_started)
     wall_s = time.perf_counter() - started
-
     summaries = [summarize(result, scenario) for result in results]
-    print(
-        f"seed experiment, virtual time: {scenario.gpus} x {profile.gpu.name} "
-        f"({profile.name}), {scenario.sessions} sessions, {scenario.long_requests} x "
-        f"{scenario.long_tokens}-token requests at t={scenario.burst_at_s:g} s, "
-        f"{scenario.duration_s:g} s, seed {scenario.seed}; {wall_s:.1f} s wall"
+    heading = (
+        f"{scenario.gpus} x {profile.gpu.name} ({profile.name}), {scenario.sessions} sessions, "
+        f"{scenario.long_requests} x {scenario.long_tokens}-token requests at "
+        f"t={scenario.burst_at_s:g} s, {scenario.duration_s:g} s, seed {scenario.seed}"
     )
+    if args.mode == "live":
+        from laneway.simulator.live_report import run_live_mode
+
+        return run_live_mode(args, scenario, profile, configs, results, time_scale, heading)
+
+    print(f"seed experiment, virtual time: {heading}; {wall_s:.1f} s wall")
     print()
     print(seed_table(summaries))
     if args.json is not None:
+        from laneway.simulator.report import seed_json
+
         document = seed_json(scenario, profile.name, summaries, wall_s)
         args.json.write_text(json.dumps(document, indent=2) + "\n")
         print(f"\nwrote {args.json}", file=sys.stderr)
@@ -216,6 +272,6 @@ def run_seed(args: argparse.Namespace) -> int:
         from laneway.simulator.plot import plot_seed
 
         title = f"seed experiment (virtual), {scenario.gpus} x {profile.name}, seed {scenario.seed}"
-        plot_seed(results, scenario, args.plot, title)
+        plot_seed([("virtual", results)], scenario, args.plot, title)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 MetricsFlavor = Literal["vllm", "sglang"]
@@ -75,11 +75,17 @@ NAMES: dict[MetricsFlavor, MetricNames] = {
 }
 
 
+# Not an engine metric: the simulated GPU time spent in steps, so a benchmark can report
+# how busy the simulated GPUs were. The same name in both flavors.
+BUSY_SECONDS = "laneway:engine_busy_seconds"
+
+
 @dataclass(frozen=True)
 class EngineGauges:
     running: int
     waiting: int
     kv_usage: float
+    busy_s: float  # simulated seconds spent in steps since start
 
 
 class _GaugeCollector(Collector):
@@ -100,6 +106,11 @@ class _GaugeCollector(Collector):
             family = GaugeMetricFamily(name, documentation, labels=list(self._labels))
             family.add_metric(list(self._labels.values()), value)
             yield family
+        busy = CounterMetricFamily(
+            BUSY_SECONDS, "Simulated GPU seconds spent in steps.", labels=list(self._labels)
+        )
+        busy.add_metric(list(self._labels.values()), gauges.busy_s)
+        yield busy
 
 
 class EngineMetrics:

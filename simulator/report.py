@@ -83,30 +83,35 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 3)
 
 
+def config_json(summary: ConfigSummary) -> dict[str, Any]:
+    return {
+        "description": summary.description,
+        "interactive": {
+            "ttft_ms": {k: _number(v) for k, v in summary.ttft_ms.as_dict().items()},
+            "tbt_ms": {k: _number(v) for k, v in summary.tbt_ms.as_dict().items()},
+            "completed": summary.interactive_completed,
+            "rejected": summary.interactive_rejected,
+        },
+        "batch": {
+            "makespan_s": _number(summary.batch_makespan_s),
+            "throughput_tok_s": _number(summary.batch_throughput_tok_s),
+            "completed": summary.batch_completed,
+            "submitted": summary.batch_submitted,
+        },
+        "gpu_busy": round(summary.gpu_busy, 4),
+    }
+
+
 def seed_json(
-    scenario: SeedScenario, profile_name: str, summaries: Sequence[ConfigSummary], wall_s: float
+    scenario: SeedScenario,
+    profile_name: str,
+    summaries: Sequence[ConfigSummary],
+    wall_s: float,
+    mode: str = "virtual",
 ) -> dict[str, Any]:
-    configs: dict[str, Any] = {}
-    for summary in summaries:
-        configs[summary.name] = {
-            "description": summary.description,
-            "interactive": {
-                "ttft_ms": {k: _number(v) for k, v in summary.ttft_ms.as_dict().items()},
-                "tbt_ms": {k: _number(v) for k, v in summary.tbt_ms.as_dict().items()},
-                "completed": summary.interactive_completed,
-                "rejected": summary.interactive_rejected,
-            },
-            "batch": {
-                "makespan_s": _number(summary.batch_makespan_s),
-                "throughput_tok_s": _number(summary.batch_throughput_tok_s),
-                "completed": summary.batch_completed,
-                "submitted": summary.batch_submitted,
-            },
-            "gpu_busy": round(summary.gpu_busy, 4),
-        }
     return {
         "scenario": "seed",
-        "mode": "virtual",
+        "mode": mode,
         "seed": scenario.seed,
         "profile": profile_name,
         "parameters": {
@@ -119,8 +124,74 @@ def seed_json(
             "burst_at_s": scenario.burst_at_s,
         },
         "wall_s": round(wall_s, 2),
-        "configs": configs,
+        "configs": {summary.name: config_json(summary) for summary in summaries},
     }
+
+
+COMPARED: tuple[tuple[str, str], ...] = (
+    ("interactive TTFT P50 ms", "ttft_p50"),
+    ("interactive TTFT P99 ms", "ttft_p99"),
+    ("interactive TTFT max ms", "ttft_max"),
+    ("interactive TBT P50 ms", "tbt_p50"),
+    ("interactive TBT P99 ms", "tbt_p99"),
+    ("interactive TBT max ms", "tbt_max"),
+    ("interactive completed", "interactive_completed"),
+    ("batch makespan s", "batch_makespan_s"),
+    ("batch throughput tok/s", "batch_throughput_tok_s"),
+    ("batch completed", "batch_completed"),
+    ("GPU busy %", "gpu_busy_pct"),
+)
+
+
+def compared_values(summary: ConfigSummary) -> dict[str, float]:
+    return {
+        "ttft_p50": summary.ttft_ms.p50,
+        "ttft_p99": summary.ttft_ms.p99,
+        "ttft_max": summary.ttft_ms.max,
+        "tbt_p50": summary.tbt_ms.p50,
+        "tbt_p99": summary.tbt_ms.p99,
+        "tbt_max": summary.tbt_ms.max,
+        "interactive_completed": float(summary.interactive_completed),
+        "batch_makespan_s": summary.batch_makespan_s,
+        "batch_throughput_tok_s": summary.batch_throughput_tok_s,
+        "batch_completed": float(summary.batch_completed),
+        "gpu_busy_pct": summary.gpu_busy * 100,
+    }
+
+
+def difference_pct(live: float, virtual: float) -> float:
+    if math.isnan(live) or math.isnan(virtual) or virtual == 0:
+        return math.nan
+    return (live - virtual) / virtual * 100
+
+
+def comparison_table(virtual: ConfigSummary, live: ConfigSummary) -> str:
+    """One configuration: each metric virtual, live, and live's difference in percent."""
+    virtual_values, live_values = compared_values(virtual), compared_values(live)
+    rows = [("metric", "virtual", "live", "live vs virtual")]
+    for label, key in COMPARED:
+        digits = 0 if key.endswith(("completed", "tok_s")) else 1
+        diff = difference_pct(live_values[key], virtual_values[key])
+        rows.append(
+            (
+                label,
+                _fmt(virtual_values[key], digits),
+                _fmt(live_values[key], digits),
+                "-" if math.isnan(diff) else f"{diff:+.0f}%",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [f"{virtual.name}: {virtual.description}"]
+    for index, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                cell.ljust(width) if column == 0 else cell.rjust(width)
+                for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
 
 
 def _fmt(value: float, digits: int = 1) -> str:

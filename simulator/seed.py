@@ -143,8 +143,8 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         "full", REALTIME_MAX_CONTEXT, REALTIME_MAX_CONTEXT, 256, 1, REALTIME_MAX_CONTEXT
     )
     # The seed article's chunked settings: 2,048-token step budget, 1,024-token chunks;
-    # vLLM V1 puts no cap on prompts left part-prefilled, so neither do we here.
-    chunked_long = SchedulerConfig("chunked", 2048, 1024, 256, 256, LONG_CONTEXT)
+    # vLLM V1 puts no cap on prompts left part-prefilled; 64 (the API maximum) is none here.
+    chunked_long = SchedulerConfig("chunked", 2048, 1024, 256, 64, LONG_CONTEXT)
 
     budget = tbt_token_budget(profile, INTERACTIVE_DECODE_BATCH, REALTIME_MAX_PROMPT)
     slo_interactive = SchedulerConfig(

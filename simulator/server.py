@@ -33,6 +33,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/compl
 CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt is about 0.6 MB; leave room
 OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized in a worker thread
+MAX_LAG_S = 0.01  # wall seconds the step clock may fall behind before it resets
 OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
 
 Endpoint = Literal["completions", "chat"]
@@ -95,6 +96,7 @@ class RealTimeEngine:
                  model: str) -> None:  # fmt: skip
         self.core = core
         self.time_scale = time_scale
+        self.busy_s = 0.0  # simulated seconds spent in steps
         self.metrics = EngineMetrics(metrics_flavor, model, self._gauges)
         self._tracked: dict[str, _Tracked] = {}
         self._wake = asyncio.Event()
@@ -104,7 +106,9 @@ class RealTimeEngine:
         return (asyncio.get_running_loop().time() - self._origin) * self.time_scale
 
     def _gauges(self) -> EngineGauges:
-        return EngineGauges(len(self.core.running), len(self.core.waiting), self.core.kv_usage)
+        return EngineGauges(
+            len(self.core.running), len(self.core.waiting), self.core.kv_usage, self.busy_s
+        )
 
     def submit(
         self, request_id: str, prompt_tokens: int, max_tokens: int
@@ -123,19 +127,28 @@ class RealTimeEngine:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        # When the simulated GPU finishes its current step. Steps run back to back on this
+        # clock, so the server's own work between steps (delivering tokens, planning) is not
+        # added to simulated time; it overlaps the next step, as vLLM's async scheduling does.
         gpu_free_at = loop.time()
         while True:
             if not self.core.has_work:
                 self._wake.clear()
                 await self._wake.wait()
+                gpu_free_at = loop.time()
                 continue
             outcome = self.core.step()
             if outcome is None:
                 self._wake.clear()
                 await self._wake.wait()
+                gpu_free_at = loop.time()
                 continue
-            # Keep a running deadline, so sleep granularity never accumulates into drift.
-            gpu_free_at = max(gpu_free_at, loop.time()) + outcome.duration_s / self.time_scale
+            self.busy_s += outcome.duration_s
+            gpu_free_at += outcome.duration_s / self.time_scale
+            behind = loop.time() - gpu_free_at
+            if behind > MAX_LAG_S:
+                # Starved of CPU: resume from now rather than emit a burst of late steps.
+                gpu_free_at += behind
             await asyncio.sleep(max(0.0, gpu_free_at - loop.time()))
             self._deliver(outcome)
 

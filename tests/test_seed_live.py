@@ -1,0 +1,142 @@
+"""`laneway bench seed --mode live --quick`: real engines, the real gateway, the load generator.
+
+Structure and invariants only (every request accounted for, the batch completes, lanes
+respected); never timings. And no child process outlives the run, however it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from laneway.simulator.seed import CONFIG_NAMES
+
+BENCH = [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", "--quick"]
+
+
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for_children(bench: subprocess.Popen[str], count: int) -> list[int]:
+    """The bench's children once at least `count` are running (engines, then the gateway)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert bench.poll() is None, "the benchmark ended before its children started"
+        found = children_of(bench.pid)
+        if len(found) >= count:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {count} children appeared")
+
+
+def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
+    out = tmp_path / "live.json"
+    result = subprocess.run(
+        [*BENCH, "--json", str(out)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "live vs virtual" in result.stdout
+    document = json.loads(out.read_text())
+    assert document["mode"] == "live"
+    assert set(document["configs"]) == set(CONFIG_NAMES)
+    assert set(document["virtual"]["configs"]) == set(CONFIG_NAMES)
+    long_requests = document["parameters"]["long_requests"]
+    for name, numbers in document["configs"].items():
+        requests = numbers["requests"]
+        assert requests["issued"] == requests["accounted_for"], name
+        assert requests["failed"] == {}, name
+        assert numbers["batch"]["completed"] == long_requests, name
+        assert numbers["interactive"]["completed"] > 0, name
+        if name.startswith("unified"):
+            # One pool takes everything.
+            assert requests["long_lanes"] == {"interactive": long_requests}, name
+        else:
+            assert requests["long_lanes"] == {"batch": long_requests}, name
+            assert set(requests["interactive_lanes"]) == {"interactive"}, name
+        assert set(document["difference_pct"][name]) >= {"ttft_p99", "tbt_p99", "batch_makespan_s"}
+
+
+def test_a_crashed_engine_ends_the_run_and_every_child(tmp_path: Path) -> None:
+    bench = subprocess.Popen(
+        [*BENCH, "--configs", "split"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        children = wait_for_children(bench, 5)  # 4 engines and the gateway
+        victim = children[0]
+        os.kill(victim, signal.SIGKILL)
+        _, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 1
+    assert "a child process failed" in err
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    assert [pid for pid in children if alive(pid)] == []
+
+
+def test_ctrl_c_stops_every_child() -> None:
+    bench = subprocess.Popen(
+        [*BENCH, "--configs", "laneway"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        children = wait_for_children(bench, 5)
+        bench.send_signal(signal.SIGINT)
+        _, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    time.sleep(0.5)
+    assert [pid for pid in children if alive(pid)] == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--time-scale", "0"], "--time-scale must be above 0"),
+        (["--mode", "virtual", "--time-scale", "2"], "--time-scale applies to --mode live only"),
+    ],
+)
+def test_live_flags_are_checked(flags: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
