@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -24,9 +23,11 @@ from laneway.gateway.keys import (
     SESSION,
     SETTINGS,
     SHUTTING_DOWN,
+    STOP,
     TOKENIZER,
     TRACKER,
 )
+from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.monitor import probe_forever, scrape_forever
 from laneway.gateway.picker import scorers_from_weights
@@ -63,6 +64,7 @@ def create_app(
     app[RNG] = rng or random.Random()
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
+    app[STOP] = Stop()
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
@@ -98,20 +100,21 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
             asyncio.create_task(scrape_forever(registry, session, settings), name="scrape"),
             asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
         ]
-        tasks[0].add_done_callback(_report_source_failure)
+        tasks[0].add_done_callback(lambda task: _source_ended(app, task))
         yield
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Failures were reported when they happened; here they only need collecting.
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     return run
 
 
-def _report_source_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("the pool source stopped: %s", task.exception())
+def _source_ended(app: web.Application, task: asyncio.Task[None]) -> None:
+    # A static source returns after its one update; one that raises leaves the gateway
+    # blind to pool changes, so it stops (and its supervisor restarts it).
+    if not task.cancelled() and (error := task.exception()) is not None:
+        app[STOP].fail(f"the pool source failed: {type(error).__name__}: {error}")
 
 
 async def _begin_drain(app: web.Application) -> None:

@@ -86,14 +86,14 @@ def run_gateway(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     app = create_app(settings, source)
     install(app, shared)
-    asyncio.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
-    return 0
+    return asyncio.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
 
 
-async def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
-    """Serve until SIGTERM or SIGINT, then stop accepting and drain open streams."""
+async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
+    """Serve until SIGTERM, SIGINT or a fatal failure, then drain open streams; exit code."""
     from aiohttp import web
 
+    from laneway.gateway.keys import STOP
     from laneway.gateway.shared_state import announce_listening
 
     runner = web.AppRunner(
@@ -113,10 +113,13 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
     bound_port = runner.addresses[0][1]
     announce_listening(app, host, bound_port)
     print(f"laneway gateway: listening on http://{host}:{bound_port}", flush=True)
-    stop = asyncio.Event()
+    stop = app[STOP]
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(signum, stop.requested.set)
+    await stop.requested.wait()
+    if stop.failure is not None:
+        print(f"laneway gateway: error: {stop.failure}", file=sys.stderr, flush=True)
     print(f"laneway gateway: draining for up to {drain_seconds:g} s", file=sys.stderr, flush=True)
     await runner.cleanup()
+    return 0 if stop.failure is None else 1

@@ -10,6 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from laneway.gateway.config import GatewaySettings
+from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.picker import WeightedScorer
 from laneway.gateway.registry import PoolRegistry
@@ -26,3 +27,4 @@ RNG = web.AppKey("rng", random.Random)
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins
+STOP = web.AppKey("stop", Stop)
