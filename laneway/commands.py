@@ -75,6 +75,7 @@ def register(
 
 def run_demo(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
     import sys
 
     from laneway.demo import DemoOptions, check_options
@@ -92,6 +93,8 @@ def run_demo(args: argparse.Namespace) -> int:
         serve=args.serve,
     )
     check_options(options)
+    # `kill` (a container stopping, say) ends the demo as cleanly as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return asyncio.run(demo(options))
     except ChildError as error:

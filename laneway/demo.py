@@ -307,8 +307,12 @@ async def drive(options: DemoOptions, gateway_url: str, children: Children) -> L
     workload = demo_workload(options)
     say(
         f"sending {workload.sessions} chat sessions for {workload.duration_s:g} s and "
-        f"{workload.long_request_count} long document(s) "
-        f"({', '.join(f'{r.prompt_tokens:,}' for r in workload.long_requests) or 'none'} tokens)"
+        f"{workload.long_request_count} long document(s)"
+        + (
+            f" of {', '.join(f'{r.prompt_tokens:,}' for r in workload.long_requests)} tokens"
+            if workload.long_requests
+            else ""
+        )
         + (f", {options.time_scale:g}x faster than real time" if options.time_scale != 1 else "")
     )
     generator = LoadGenerator(workload, gateway_url, time_scale=options.time_scale)

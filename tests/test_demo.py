@@ -204,12 +204,15 @@ def test_serve_answers_an_openai_client_then_ctrl_c_stops_everything(marker: str
     assert processes_marked(marker) == []
 
 
-def test_ctrl_c_during_the_workload_stops_every_process(marker: str) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_kill_during_the_workload_stops_every_process(
+    marker: str, signum: signal.Signals
+) -> None:
     demo = demo_process(marker, "--duration", "60", "--sessions", "2", "--long-documents", "1")
     try:
         assert demo.stderr is not None
         wait_for_line(demo.stderr, "sending")
-        demo.send_signal(signal.SIGINT)
+        demo.send_signal(signum)
         _, stderr = demo.communicate(timeout=60)
     finally:
         demo.kill()
