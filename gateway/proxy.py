@@ -131,6 +131,8 @@ async def _serve(
     outcome.pool, outcome.lane = pool.name, route.lane.value
     try:
         registry = app[REGISTRY]
+        if registry.current(pool) is None:
+            raise _no_endpoint(app, pool, "the pool was removed while the request was routed")
         if not registry.available(pool):
             raise _no_endpoint(app, pool, "every endpoint is ejected or none is known")
         gate = registry.gate(pool)
