@@ -3,8 +3,10 @@
 `RedisLoadTracker` implements `LoadTracker` for several gateway replicas. Every replica adds
 its own load to one shared hash per gateway (`{prefix}:load`: `URL|in_flight` and
 `URL|prefill` -> totals), so a pick sees what every replica has sent, one round trip per
-read. Each replica also keeps its contribution in its own hash and holds a lease (a key
-with a TTL) that a heartbeat renews. When a replica dies, its lease expires and the next
+read, and concurrent picks share one read. Changes are written in the background, many
+requests' worth per round trip, so a request never waits for a write. Each replica also
+keeps its contribution in its own hash and holds a lease (a key with a TTL) that a
+heartbeat renews. When a replica dies, its lease expires and the next
 heartbeat of any surviving replica subtracts the dead one's contribution from the totals:
 a killed replica's load expires instead of leaking.
 
@@ -17,6 +19,7 @@ counts alone, and interactive traffic keeps flowing.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,6 +49,8 @@ REDIS_PASSWORD_ENV = "LANEWAY_REDIS_PASSWORD"
 DEFAULT_PREFIX = "laneway"
 # Redis calls must fail fast when the server is away, never hang a request.
 SOCKET_TIMEOUT_S = 0.5
+MAX_CONNECTIONS = 64
+POOL_WAIT_S = 2.0
 DEFAULT_LEASE_S = 6.0
 
 # Errors that mean "Redis is not answering" rather than a bug in a command.
@@ -81,18 +86,26 @@ def redis_settings(
 
 
 def connect(settings: RedisSettings) -> Redis:
-    """A client that fails fast while Redis is away and reconnects by itself when it returns."""
-    return Redis.from_url(
+    """A client that fails fast while Redis is away and reconnects by itself when it returns.
+
+    Its pool is bounded and blocking: under a burst, calls wait briefly for a connection
+    instead of opening hundreds or failing.
+    """
+    pool = BlockingConnectionPool.from_url(
         settings.url,
         password=settings.password,
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT_S,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=5,
         # One immediate retry on a fresh connection: after a Redis restart every pooled
         # connection is stale, and the retry hides that; more retries would only stall
         # requests while Redis is really away.
         retry=Retry(NoBackoff(), 1),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
+    return Redis.from_pool(pool)
 
 
 @contextlib.asynccontextmanager
@@ -115,6 +128,17 @@ for i = 1, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 return 1
+"""
+
+# KEYS: totals, contribution. ARGV: fields. The totals less this replica's own share.
+OTHERS_LUA = """
+local totals = redis.call('HMGET', KEYS[1], unpack(ARGV))
+local mine = redis.call('HMGET', KEYS[2], unpack(ARGV))
+local others = {}
+for i = 1, #ARGV do
+  others[i] = (tonumber(totals[i]) or 0) - (tonumber(mine[i]) or 0)
+end
+return others
 """
 
 # KEYS: totals, replicas set. ARGV: prefix, this replica, lease ms, then field, value pairs
@@ -183,40 +207,100 @@ class RedisLoadTracker:
         self._contribution = f"{prefix}:load:replica:{self.replica}"
         self._sync_keys = [self._totals, f"{prefix}:load:replicas"]
         self._apply = redis.register_script(APPLY_LUA)
+        self._others = redis.register_script(OTHERS_LUA)
         self._sync = redis.register_script(SYNC_LUA)
         self.shared = True  # False while Redis is unreachable
+        self._unsent: collections.Counter[str] = collections.Counter()  # field -> delta
+        self._writer: asyncio.Task[None] | None = None
+        # One read in flight per set of endpoints, shared by the picks that want it.
+        self._reads: dict[tuple[str, ...], asyncio.Future[list[int]]] = {}
 
     async def start(self, endpoint: str, prefill_tokens: int) -> Lease:
         lease = await self._local.start(endpoint, prefill_tokens)
         self._endpoints.add(endpoint)
         in_flight, prefill = _fields(endpoint)
-        await self._send((in_flight, 1), (prefill, prefill_tokens))
+        self._queue((in_flight, 1), (prefill, prefill_tokens))
         return lease
 
     async def prefill_done(self, lease: Lease) -> None:
         await self._local.prefill_done(lease)
-        await self._send((_fields(lease.endpoint)[1], -lease.prefill_tokens))
+        self._queue((_fields(lease.endpoint)[1], -lease.prefill_tokens))
 
     async def finish(self, lease: Lease, prefill_done: bool) -> None:
         await self._local.finish(lease, prefill_done)
         in_flight, prefill = _fields(lease.endpoint)
-        deltas = [(in_flight, -1)]
+        self._queue((in_flight, -1))
         if not prefill_done:
-            deltas.append((prefill, -lease.prefill_tokens))
-        await self._send(*deltas)
+            self._queue((prefill, -lease.prefill_tokens))
 
     async def loads(self, endpoints: Iterable[str]) -> Mapping[str, EndpointLoad]:
         urls = list(endpoints)
         if not self.shared:
             return await self._local.loads(urls)
-        fields = [field for url in urls for field in _fields(url)]
+        fields = tuple(field for url in urls for field in _fields(url))
         try:
-            values = await self._redis.hmget(self._totals, fields)
+            others = await asyncio.shield(self._read(fields))
         except REDIS_DOWN as error:
             self._went_down(error)
             return await self._local.loads(urls)
-        counts = [max(0, int(v)) if v is not None else 0 for v in values]
-        return {url: EndpointLoad(counts[2 * i], counts[2 * i + 1]) for i, url in enumerate(urls)}
+        # Other replicas' load from Redis, this replica's own from its exact local counts:
+        # changes still on their way to Redis count at once, and none counts twice.
+        mine = await self._local.loads(urls)
+        return {
+            url: EndpointLoad(
+                mine[url].in_flight + max(0, others[2 * i]),
+                mine[url].prefill_tokens + max(0, others[2 * i + 1]),
+            )
+            for i, url in enumerate(urls)
+        }
+
+    def _read(self, fields: tuple[str, ...]) -> asyncio.Future[list[int]]:
+        """One read shared by every pick that asks for the same endpoints meanwhile."""
+        read = self._reads.get(fields)
+        if read is None:
+            read = asyncio.ensure_future(self._read_others(fields))
+            self._reads[fields] = read
+            read.add_done_callback(lambda done: self._read_done(fields, done))
+        return read
+
+    async def _read_others(self, fields: tuple[str, ...]) -> list[int]:
+        """The totals less this replica's contribution, read in one step."""
+        others: list[int] = await self._others(
+            keys=[self._totals, self._contribution], args=list(fields)
+        )
+        return others
+
+    def _read_done(self, fields: tuple[str, ...], done: asyncio.Future[list[int]]) -> None:
+        self._reads.pop(fields, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here, whoever of its waiters went away
+
+    def _queue(self, *deltas: tuple[str, int]) -> None:
+        """Apply deltas in the background: picks never wait for a write to Redis."""
+        if not self.shared:
+            return  # the next heartbeat after Redis returns resyncs this replica's share
+        for field, delta in deltas:
+            self._unsent[field] += delta
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="load-writer")
+
+    async def _write(self) -> None:
+        """Send what is queued, many requests' changes per round trip, until nothing is left."""
+        while self._unsent and self.shared:
+            sending, self._unsent = self._unsent, collections.Counter()
+            args: list[str | int] = [x for f, d in sending.items() if d for x in (f, d)]
+            try:
+                if args:
+                    await self._apply(keys=[self._totals, self._contribution], args=args)
+            except REDIS_DOWN as error:
+                self._went_down(error)
+        if not self.shared:
+            self._unsent.clear()
+
+    async def flush(self) -> None:
+        """Wait until every change made so far has reached Redis (or Redis has gone away)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
 
     async def heartbeat(self) -> int:
         """Renew the lease, resync this replica's share, reap dead replicas; how many reaped."""
@@ -246,19 +330,11 @@ class RedisLoadTracker:
     async def leave(self) -> None:
         """On a clean shutdown: take this replica's load out of the totals now."""
         with contextlib.suppress(*REDIS_DOWN):
+            await self.flush()
             # An empty snapshot takes this replica's share out of the totals.
             await self._sync(keys=self._sync_keys, args=[self._prefix, self.replica, 1])
             await self._redis.delete(f"{self._prefix}:load:lease:{self.replica}")
             await self._redis.srem(self._sync_keys[1], self.replica)
-
-    async def _send(self, *deltas: tuple[str, int]) -> None:
-        if not self.shared:
-            return  # the next heartbeat after Redis returns resyncs this replica's share
-        args: list[str | int] = [value for pair in deltas for value in pair]
-        try:
-            await self._apply(keys=[self._totals, self._contribution], args=args)
-        except REDIS_DOWN as error:
-            self._went_down(error)
 
     def _went_down(self, error: BaseException) -> None:
         if self.shared:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
@@ -40,6 +41,12 @@ def register(
     demo.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     demo.add_argument(
         "--serve", action="store_true", help="keep serving after the workload, until Ctrl-C"
+    )
+    demo.add_argument(
+        "--redis-url",
+        default=os.environ.get("LANEWAY_REDIS_URL"),
+        help="give the gateway shared state in this Redis (default $LANEWAY_REDIS_URL; "
+        "unset: in memory)",
     )
     demo.set_defaults(handler=run_demo)
 
@@ -91,6 +98,7 @@ def run_demo(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         seed=args.seed,
         serve=args.serve,
+        redis_url=args.redis_url,
     )
     check_options(options)
     # `kill` (a container stopping, say) ends the demo as cleanly as Ctrl-C does.

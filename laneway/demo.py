@@ -87,6 +87,7 @@ class DemoOptions:
     seed: int = 0
     serve: bool = False
     refresh_s: float = 1.0  # wall time between two live-table updates
+    redis_url: str | None = None  # the gateway's shared state; None: in memory
 
 
 def check_options(options: DemoOptions) -> None:
@@ -292,7 +293,10 @@ async def start_everything(
     config.write_text(yaml.safe_dump_all(config_documents(endpoints), sort_keys=False))
     gateway = await children.start_laneway_async(
         "gateway",
-        ["--config", str(config), "--host", options.host, "--port", str(options.port)],
+        [
+            *("--config", str(config), "--host", options.host, "--port", str(options.port)),
+            *("--redis-url", options.redis_url or ""),
+        ],
     )
     for pool in DEMO_POOLS:
         say(

@@ -24,11 +24,14 @@ async def test_replicas_see_each_others_load(redis_server: LocalRedis) -> None:
         lease_a = await a.start(E1, 1000)
         lease_b = await b.start(E1, 500)
         await b.start(E2, 10)
+        await b.flush()  # changes go to Redis in the background
         assert await a.loads([E1, E2]) == {E1: EndpointLoad(2, 1500), E2: EndpointLoad(1, 10)}
         await a.prefill_done(lease_a)
         await b.finish(lease_b, prefill_done=False)
+        await a.flush()
         assert (await b.loads([E1]))[E1] == EndpointLoad(1, 0)
         await a.finish(lease_a, prefill_done=True)
+        await b.flush()
         assert await a.loads([E1, E2]) == {E1: EndpointLoad(0, 0), E2: EndpointLoad(1, 10)}
     finally:
         await first.aclose()
@@ -45,6 +48,7 @@ async def test_a_dead_replicas_load_expires_with_its_lease(redis_server: LocalRe
         await doomed.start(E1, 4000)
         await doomed.start(E1, 4000)
         await survivor.start(E1, 100)
+        await doomed.flush()
         assert (await survivor.loads([E1]))[E1] == EndpointLoad(3, 8100)
         # `doomed` stops heartbeating, as a killed process would; its lease runs out.
         await asyncio.sleep(0.4)
@@ -62,9 +66,30 @@ async def test_a_clean_leave_takes_the_share_out_at_once(redis_server: LocalRedi
         staying = RedisLoadTracker(redis, replica="staying")
         await leaving.heartbeat()
         await leaving.start(E2, 50)
+        await leaving.flush()
+        assert (await staying.loads([E2]))[E2] == EndpointLoad(1, 50)
         await leaving.leave()
         assert (await staying.loads([E2]))[E2] == EndpointLoad(0, 0)
         assert await redis.smembers("laneway:load:replicas") == set()
+    finally:
+        await redis.aclose()
+
+
+async def test_a_burst_of_changes_is_written_in_few_round_trips(redis_server: LocalRedis) -> None:
+    redis = Redis.from_url(redis_server.url)
+    try:
+        tracker = RedisLoadTracker(redis, replica="burst")
+        before = int((await redis.info("stats"))["total_commands_processed"])
+        leases = [await tracker.start(E1, 10) for _ in range(200)]
+        for lease in leases[:150]:
+            await tracker.finish(lease, prefill_done=False)
+        # Picks on this replica see its own changes before they reach Redis.
+        assert (await tracker.loads([E1]))[E1] == EndpointLoad(50, 500)
+        await tracker.flush()
+        after = int((await redis.info("stats"))["total_commands_processed"])
+        assert after - before < 50  # 350 changes and a read; not one call each
+        reader = RedisLoadTracker(redis, replica="reader")
+        assert (await reader.loads([E1]))[E1] == EndpointLoad(50, 500)
     finally:
         await redis.aclose()
 
@@ -76,11 +101,12 @@ async def test_local_load_while_redis_is_away_and_resync_after(redis_server: Loc
     try:
         tracker = RedisLoadTracker(redis, replica="r")
         kept = await tracker.start(E1, 300)
+        await tracker.flush()
         redis_server.stop()
         # Picks go on from this replica's own counts, without waiting on Redis.
         during = await tracker.start(E1, 200)
-        assert not is_shared(tracker)
         assert (await tracker.loads([E1]))[E1] == EndpointLoad(2, 500)
+        assert not is_shared(tracker)
         await tracker.finish(kept, prefill_done=False)
         redis_server.start()  # empty: no persistence
         await tracker.heartbeat()
