@@ -234,9 +234,9 @@ def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:
     _reject_unknown(reader, data, path, ("intervalMillis", "staleAfterMillis", "timeoutMillis"))
     default = ScrapeSettings()
     interval = reader.integer(data, "intervalMillis", path, default.interval_millis, minimum=50)
-    stale = reader.integer(
-        data, "staleAfterMillis", path, default.stale_after_millis, minimum=interval
-    )
+    # Unset, staleness follows a slowed-down interval: a few missed scrapes, never all.
+    stale_default = max(default.stale_after_millis, 3 * interval)
+    stale = reader.integer(data, "staleAfterMillis", path, stale_default, minimum=interval)
     return ScrapeSettings(
         interval_millis=interval,
         stale_after_millis=stale,

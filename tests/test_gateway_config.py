@@ -143,6 +143,13 @@ def test_broken_yaml_and_a_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "absent.yaml")
 
 
+def test_staleness_follows_a_long_scrape_interval(tmp_path: Path) -> None:
+    slow = GATEWAY.replace(
+        "scrape: {intervalMillis: 500, staleAfterMillis: 2000}", "scrape: {intervalMillis: 4000}"
+    )
+    assert load_config(write(tmp_path, POOL, slow)).settings.scrape.stale_after_millis == 12000
+
+
 def test_kubernetes_mode_refuses_pools_in_the_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="pools come from the API"):
         load_config(write(tmp_path, POOL), allow_pools=False)
