@@ -48,6 +48,7 @@ MODEL = "bench"
 DEFAULT_CONCURRENCY = (1, 50, 200, 500)
 INTERACTIVE_MAX_PROMPT = 4096
 ROUNDS = 2  # per level and path
+WARMUP_REQUESTS = 200  # per path, before the first level
 # Zero service time and room for every concurrent stream: the engine never queues.
 ENGINE_ARGS = (
     "--host", "127.0.0.1", "--port", "0", "--model", MODEL, "--profile", "zero",
@@ -459,9 +460,11 @@ async def measure_levels(
     levels = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        progress("warming up both paths")
+        # Enough to open connections and warm caches; never more than a level sends.
+        warmup = min(WARMUP_REQUESTS, max(map(options.requests_at, options.concurrency)))
+        progress(f"warming up both paths ({warmup} requests each)")
         for url, _ in paths:
-            await closed_loop(session, url, body, 20, 200)
+            await closed_loop(session, url, body, 20, warmup)
         for concurrency in options.concurrency:
             count = options.requests_at(concurrency)
             progress(
