@@ -27,11 +27,12 @@ def free_port() -> int:
 class LocalRedis:
     """`redis-server --port N --save '' --appendonly no` on 127.0.0.1, started and stopped."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, password: str | None = None) -> None:
         self.executable = shutil.which("redis-server")
         if self.executable is None:
             raise UsageError("redis-server is not installed: run scripts/install-tools.sh")
         self.port = port or free_port()
+        self.password = password
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,6 +58,7 @@ class LocalRedis:
                 "no",
                 "--loglevel",
                 "warning",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -89,6 +91,9 @@ class LocalRedis:
                 raise RuntimeError(f"redis-server on port {self.port} exited: {error}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    if self.password:
+                        conn.sendall(f"AUTH {self.password}\r\n".encode())
+                        conn.recv(64)
                     conn.sendall(b"PING\r\n")
                     if conn.recv(64).startswith(b"+PONG"):
                         return

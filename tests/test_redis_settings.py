@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import AuthenticationError
 
 from laneway.errors import UsageError
-from laneway.gateway.redis_state import RedisSettings, redis_settings
+from laneway.gateway.redis_server import LocalRedis
+from laneway.gateway.redis_state import RedisSettings, connect, redis_settings
 
 
 def test_flag_wins_over_env_and_password_comes_from_env() -> None:
@@ -29,3 +31,22 @@ def test_flag_wins_over_env_and_password_comes_from_env() -> None:
 def test_bad_urls_are_usage_errors(url: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         redis_settings(url, {})
+
+
+async def test_the_password_from_the_environment_opens_a_protected_redis() -> None:
+    with LocalRedis(password="s3cret") as server:
+        env = {"LANEWAY_REDIS_PASSWORD": "s3cret"}
+        for settings, works in (
+            (redis_settings(server.url, env), True),
+            (redis_settings(server.url, {}), False),
+        ):
+            assert settings is not None
+            client = connect(settings)
+            try:
+                if works:
+                    assert await client.ping()
+                else:
+                    with pytest.raises(AuthenticationError):
+                        await client.ping()
+            finally:
+                await client.aclose()
