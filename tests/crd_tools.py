@@ -9,6 +9,7 @@ and the CEL rules in `x-kubernetes-validations` (through `cel-python`, with Kube
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 Schema = dict[str, Any]
 
 
+@functools.cache
 def load_crd() -> dict[str, Any]:
+    """The CRD as parsed once; callers must not change it."""
     crd: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
     return crd
 

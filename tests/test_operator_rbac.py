@@ -20,16 +20,14 @@ from laneway.operator.render import RenderOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# What kopf itself does besides the operator's calls: watch what it serves (including the
-# children the drift handler follows), keep progress in annotations, post events, and
-# discover resources from the CRDs.
+# What kopf itself does besides the operator's calls (tests/test_operator_kopf.py watches
+# it do so): watch what it serves (including the children the drift handler follows), keep
+# progress in annotations, post events.
 KOPF_CALLS = {
     ("laneway.io", "inferencepools", "watch"),
     ("laneway.io", "inferencepools", "list"),
     ("laneway.io", "inferencepools", "patch"),
     ("", "events", "create"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 } | {
     (group, resource, verb)
     for group, resource in [

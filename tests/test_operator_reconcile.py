@@ -218,9 +218,11 @@ async def test_deleting_the_pool_lets_the_garbage_collector_remove_children() ->
     ]
     assert "metadata" in cluster.pool("serving", "other")
     assert "finalizers" not in cluster.pool("serving", "other")["metadata"]
-    # No deletion handler means kopf adds no finalizer: deletion is never blocked.
+    # No deletion handler and no timer or daemon means kopf adds no finalizer: deleting a
+    # pool is never blocked, even while the operator is down.
     changing = registry._changing.get_all_handlers()
     assert all(h.reason is not kopf.Reason.DELETE for h in changing)
+    assert registry._spawning.get_all_handlers() == []
 
 
 async def test_switching_to_selector_mode_deletes_the_owned_deployment() -> None:
@@ -310,17 +312,17 @@ async def test_a_rejected_child_is_reported_not_retried() -> None:
     assert "bad quantity" in ready["message"]
 
 
-async def test_kopf_handler_patches_status_and_posts_events(
+async def test_kopf_handler_writes_status_and_posts_events(
     events: asyncio.Queue[Any],
 ) -> None:
     cluster = FakeCluster()
     cluster.create(pool_document("realtime", SPEC))
     memo = kopf.Memo(state=OperatorState(cluster=cluster, options=RenderOptions()))
-    patch = kopf.Patch()
     body = kopf.Body(cluster.pool("serving", "realtime"))  # type: ignore[arg-type]
-    await reconcile_pool(body=body, patch=patch, memo=memo)
-    assert patch["status"]["observedGeneration"] == 1
-    assert [c["type"] for c in patch["status"]["conditions"]] == [
+    await reconcile_pool(body=body, memo=memo)
+    status = cluster.pool("serving", "realtime")["status"]
+    assert status["observedGeneration"] == 1
+    assert [c["type"] for c in status["conditions"]] == [
         "Ready",
         "Progressing",
         "Degraded",
@@ -342,13 +344,12 @@ async def test_api_errors_become_kopf_retries_and_the_next_pass_recovers(
     body = kopf.Body(cluster.pool("serving", "realtime"))  # type: ignore[arg-type]
     cluster.failures = [error]
     with pytest.raises(kopf.TemporaryError) as caught:
-        await reconcile_pool(body=body, patch=kopf.Patch(), memo=memo)
+        await reconcile_pool(body=body, memo=memo)
     assert caught.value.delay == RETRY_SECONDS
     assert str(error) in str(caught.value)
-    patch = kopf.Patch()
-    await reconcile_pool(body=body, patch=patch, memo=memo)
+    await reconcile_pool(body=body, memo=memo)
     assert len(children(cluster)) == 3
-    assert patch["status"]["observedGeneration"] == 1
+    assert cluster.pool("serving", "realtime")["status"]["observedGeneration"] == 1
 
 
 async def test_a_child_event_reconciles_its_pool(events: asyncio.Queue[Any]) -> None:

@@ -1,0 +1,188 @@
+"""The operator as it runs in a cluster: kopf itself, with our registry, logging in through
+a kubeconfig, discovering resources, watching pools and children, and writing status and
+events, against the scripted API server on loopback (no real one runs on these machines)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+from crd_tools import load_crd
+from fake_apiserver import FakeApiServer, Request
+from kubernetes.config import kube_config
+
+from laneway.operator.handlers import OperatorState, registry
+from laneway.operator.kube import KubeApi
+from laneway.operator.render import RenderOptions
+
+WAIT = 20.0
+POOLS = "/apis/laneway.io/v1alpha1/namespaces/serving/inferencepools"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/serving/deployments"
+SERVICES = "/api/v1/namespaces/serving/services"
+EVENTS = "/api/v1/namespaces/serving/events"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer()
+    server.serve_discovery(
+        [
+            ("laneway.io", "v1alpha1", "InferencePool", "inferencepools"),
+            ("apps", "v1", "Deployment", "deployments"),
+            ("", "v1", "Service", "services"),
+            ("", "v1", "Event", "events"),
+            ("", "v1", "Namespace", "namespaces"),
+            ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+            ("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+            ("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+            ("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions"),
+        ],
+        cluster_scoped={"customresourcedefinitions", "namespaces"},
+    )
+    server.put(CRDS, load_crd())
+    server.put(
+        POOLS,
+        {
+            "apiVersion": "laneway.io/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {
+                "name": "realtime",
+                "namespace": "serving",
+                "uid": "pool-uid",
+                "generation": 1,
+            },
+            "spec": {
+                "lane": "interactive",
+                "model": "llama",
+                "engine": {"kind": "simulator"},
+                "replicas": 2,
+            },
+        },
+    )
+    await server.start()
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server.url}}],
+                "users": [{"name": "u", "user": {"token": "operator-token"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    # The kubernetes package reads $KUBECONFIG once, at import; a process started with the
+    # variable set (as in a pod or a shell) sees it there.
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    yield server
+    await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_operator(server: FakeApiServer) -> AsyncIterator[None]:
+    api = KubeApi(server.url, authorization=lambda: "Bearer operator-token")
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            namespaces=["serving"],
+            memo=kopf.Memo(state=OperatorState(cluster=api, options=RenderOptions())),
+            stop_flag=stop,
+        )
+    )
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, WAIT)
+        await api.close()
+
+
+def status(server: FakeApiServer) -> dict[str, Any]:
+    pool = server.find(POOLS, "realtime") or {}
+    found: dict[str, Any] = pool.get("status") or {}
+    return found
+
+
+async def test_kopf_runs_the_operator_end_to_end(cluster: FakeApiServer) -> None:
+    async with running_operator(cluster):
+        await asyncio.wait_for(cluster.until(lambda: bool(status(cluster).get("conditions"))), WAIT)
+        deployment = cluster.find(DEPLOYMENTS, "realtime")
+        assert deployment is not None
+        assert deployment["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
+        assert cluster.find(SERVICES, "realtime") is not None
+        assert status(cluster)["observedGeneration"] == 1
+        assert status(cluster)["engineArgs"][:2] == ["laneway", "sim"]
+
+        # Someone scales the Deployment by hand: the child watch puts it back.
+        meddled = dict(deployment, spec={**deployment["spec"], "replicas": 9})
+        cluster.put(DEPLOYMENTS, meddled, "MODIFIED")
+        await asyncio.wait_for(
+            cluster.until(
+                lambda: (cluster.find(DEPLOYMENTS, "realtime") or {})["spec"]["replicas"] == 2
+            ),
+            WAIT,
+        )
+        await asyncio.wait_for(
+            cluster.until(
+                lambda: any(
+                    e.get("reason") == "Restored" for e in cluster.collections[EVENTS].values()
+                )
+            ),
+            WAIT,
+        )
+    reasons = sorted(str(e.get("reason")) for e in cluster.collections[EVENTS].values())
+    assert reasons == ["Created", "Created", "Created", "Restored"]
+    pool = cluster.find(POOLS, "realtime")
+    assert pool is not None
+    assert "finalizers" not in pool["metadata"]  # deleting a pool never waits for us
+    tokens = {r.headers.get("Authorization") for r in cluster.requests}
+    assert tokens == {"Bearer operator-token"}
+    granted = granted_rules()
+    for request in cluster.requests:
+        if request.path in ("/api", "/apis", "/version") or request.path.count("/") <= 3:
+            continue  # discovery: open to every authenticated client
+        assert rbac_call(request) in granted, request
+
+
+def granted_rules() -> set[tuple[str, str, str]]:
+    path = Path(__file__).resolve().parent.parent / "manifests" / "rbac" / "operator.yaml"
+    role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ClusterRole")
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def rbac_call(request: Request) -> tuple[str, str, str]:
+    """(API group, resource[/subresource], verb) that RBAC checks for a request."""
+    parts = request.path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if rest[:1] == ["namespaces"]:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    if request.method == "GET":
+        verb = (
+            "watch" if request.query.get("watch") == "true" else "get" if len(rest) > 1 else "list"
+        )
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[
+            request.method
+        ]
+    return group, resource, verb
