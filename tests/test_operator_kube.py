@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from fake_apiserver import FakeApiServer
 
-from laneway.operator.kube import FIELD_MANAGER, ApiError, ApiUnreachable, KubeApi
+from laneway.operator.kube import FIELD_MANAGER, RESOURCE_TYPES, ApiError, ApiUnreachable, KubeApi
 
 DEPLOYMENT = "/apis/apps/v1/namespaces/serving/deployments/realtime"
 
@@ -86,3 +86,16 @@ async def test_no_server_is_unreachable_and_transient() -> None:
     finally:
         await api.close()
     assert caught.value.transient
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespace", "name", "path"),
+    [
+        ("Service", "ns", "a", "/api/v1/namespaces/ns/services/a"),
+        ("Deployment", "ns", None, "/apis/apps/v1/namespaces/ns/deployments"),
+        ("InferencePool", None, None, "/apis/laneway.io/v1alpha1/inferencepools"),
+        ("EndpointSlice", None, None, "/apis/discovery.k8s.io/v1/endpointslices"),
+    ],
+)
+def test_resource_paths(kind: str, namespace: str | None, name: str | None, path: str) -> None:
+    assert RESOURCE_TYPES[kind].path(namespace, name) == path
