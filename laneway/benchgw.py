@@ -65,6 +65,9 @@ class BenchOptions:
     classify_tokens: int = 131_072
     classify_repeats: int = 15
     seed: int = 0
+    # Pin the gateway to a CPU of its own, the client and the engine to the others, so
+    # that what it adds is not CPU it takes from them.
+    own_core: bool = False
 
     def requests_at(self, concurrency: int) -> int:
         return self.requests if self.requests is not None else max(400, 8 * concurrency)
@@ -181,6 +184,7 @@ class BenchReport:
     machine: str
     date: str
     command: str
+    placement: str  # which CPUs the processes ran on
     # The machine's 1-minute load average as the run began: other work skews latencies.
     load_average: float
     levels: tuple[LevelResult, ...]
@@ -240,7 +244,7 @@ def render(report: BenchReport) -> list[str]:
     classify = report.classification
     lines = [
         f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
-        f"load average {report.load_average:.2f} at the start)",
+        f"load average {report.load_average:.2f} at the start; {report.placement})",
         *format_table(header, rows),
         "",
         f"routing a {classify.prompt_tokens:,}-token prompt ({classify.prompt_bytes:,} bytes "
@@ -504,15 +508,44 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
             gateway = await children.start_laneway_async(
                 "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
             )
+            placement = place(options, engine, gateway)
             levels = await children.watch(measure_levels(options, engine, gateway))
     return BenchReport(
         machine=machine_description(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
+        placement=placement,
         load_average=load_average,
         levels=tuple(levels),
         classification=classification,
     )
+
+
+def place(options: BenchOptions, engine: ChildProcess, gateway: ChildProcess) -> str:
+    """Pin the processes as the options ask; say where they run."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not options.own_core:
+        return f"all processes share CPUs {_cpu_list(cpus)}"
+    if len(cpus) < 2:
+        raise UsageError("--own-core needs at least 2 CPUs")
+    gateway_cpus, other_cpus = cpus[-1:], cpus[:-1]
+    pin(gateway.pid, gateway_cpus)
+    for pid in (engine.pid, os.getpid()):
+        pin(pid, other_cpus)
+    return (
+        f"gateway alone on CPU {_cpu_list(gateway_cpus)}, "
+        f"client and engine on {_cpu_list(other_cpus)}"
+    )
+
+
+def pin(pid: int, cpus: Sequence[int]) -> None:
+    """Every thread of `pid` on `cpus` (affinity is per thread; new ones inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    return ",".join(map(str, cpus))
 
 
 def machine_description() -> str:

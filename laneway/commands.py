@@ -76,6 +76,11 @@ def register(
         default=131_072,
         help="length of the long prompt whose routing is timed (default 131072)",
     )
+    gateway.add_argument(
+        "--own-core",
+        action="store_true",
+        help="pin the gateway to a CPU of its own and the client and engine to the others",
+    )
     gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     gateway.set_defaults(handler=run_bench_gateway)
 
@@ -130,6 +135,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
         classify_tokens=args.classify_tokens,
+        own_core=args.own_core,
     )
     check_options(options)
     if args.json and not Path(args.json).resolve().parent.is_dir():

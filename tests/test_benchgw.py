@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +28,8 @@ from laneway.procs import laneway_argv
 from laneway.tables import format_table
 
 NO_CPU = CpuUse(0.0, 0.0, 0.0)
+# Pinning the gateway to a CPU of its own needs two.
+OWN_CORE = ["--own-core"] if len(os.sched_getaffinity(0)) >= 2 else []
 
 
 def result(e2e: float, status: int = 200, error: str | None = None) -> StreamResult:
@@ -120,6 +123,7 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
             "24",
             "--classify-tokens",
             "6000",
+            *OWN_CORE,
             "--json",
             str(output),
         ),
@@ -139,6 +143,8 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
         assert level["direct"]["cpu"]["gateway"] == 0
         assert level["direct"]["cpu"]["engine"] > 0
     assert report["classification"]["bounds_pool"] == "batch"
+    expected = "gateway alone on CPU" if OWN_CORE else "all processes share"
+    assert report["placement"].startswith(expected)
     assert report["command"].startswith("laneway bench gateway --concurrency 1,8")
     table = run.stdout.splitlines()
     assert table[1].split()[0] == "concurrency"
@@ -151,7 +157,9 @@ def test_render_lists_every_level_in_order() -> None:
     classification = time_classification(options, time.perf_counter)
     direct = path_result([result(0.01)], 1.0, CpuUse(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
-    report = BenchReport("a machine", "today", "laneway bench gateway", 0.5, levels, classification)
+    report = BenchReport(
+        "a machine", "today", "laneway bench gateway", "shared", 0.5, levels, classification
+    )
     lines = render(report)
     assert "a machine" in lines[0]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
