@@ -6,7 +6,9 @@ package ships (never downloaded at run time). A Hugging Face `tokenizer.json` ca
 Bounds let the gateway route a 128k-token document without encoding it: a byte-level BPE
 token covers at least one UTF-8 byte, so bytes bound the count from above; and tiktoken's
 pre-tokenizer never lets one piece span whitespace between two non-whitespace runs, so the
-number of whitespace-separated words bounds it from below.
+number of whitespace-separated words bounds it from below. Only ASCII whitespace is counted
+as a separator there (vectorised over the UTF-8 bytes): treating fewer characters as spaces
+can only merge words, so the bound stays sound and costs about a millisecond for 500 KB.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import numpy as np
 
 from laneway.errors import UsageError
 
@@ -81,7 +85,12 @@ class TiktokenTokenizer:
         return len(self._encoding.encode_ordinary(text))
 
     def bounds(self, text: str) -> TokenBounds:
-        return TokenBounds(low=len(text.split()), high=_utf8_length(text))
+        data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+        if data.size == 0:
+            return TokenBounds(0, 0)
+        space = (data == 0x20) | ((data >= 0x09) & (data <= 0x0D))
+        word_starts = np.count_nonzero(space[:-1] & ~space[1:]) + (0 if space[0] else 1)
+        return TokenBounds(low=int(word_starts), high=int(data.size))
 
 
 class HuggingFaceTokenizer:

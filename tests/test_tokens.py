@@ -30,8 +30,8 @@ def random_text(rng: random.Random, pieces: int) -> str:
 def test_bounds_contain_the_exact_count_for_varied_text() -> None:
     tokenizer = default_tokenizer()
     rng = random.Random(7)
-    for _ in range(400):
-        text = random_text(rng, rng.randint(0, 300))
+    edge_cases = ["", " ", "\n\n", "word", " word ", "\u3000全角\u3000", "a\u00a0b"]
+    for text in edge_cases + [random_text(rng, rng.randint(0, 300)) for _ in range(400)]:
         bounds = tokenizer.bounds(text)
         count = tokenizer.count(text)
         assert bounds.low <= count <= bounds.high, text
