@@ -8,5 +8,5 @@ export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
+bash scripts/typecheck.sh
 .venv/bin/python -m pytest "$@"
