@@ -19,7 +19,9 @@ MAX_PAGE = 100
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/files", needs_redis(upload_file))
+    app.router.add_get("/v1/files", needs_redis(list_files))
     app.router.add_get("/v1/files/{file_id}", needs_redis(get_file))
+    app.router.add_delete("/v1/files/{file_id}", needs_redis(delete_file))
     app.router.add_get("/v1/files/{file_id}/content", needs_redis(file_content))
     app.router.add_post("/v1/batches", needs_redis(create_batch))
     app.router.add_get("/v1/batches", needs_redis(list_batches))
@@ -61,6 +63,18 @@ async def get_file(request: web.Request) -> web.Response:
     return web.json_response(file.to_json())
 
 
+async def list_files(request: web.Request) -> web.Response:
+    page = await _files(request).list_page(
+        _owner(request), request.query.get("after"), _limit(request), request.query.get("purpose")
+    )
+    return web.json_response(page)
+
+
+async def delete_file(request: web.Request) -> web.Response:
+    deleted = await _files(request).delete(request.match_info["file_id"], _owner(request))
+    return web.json_response(deleted)
+
+
 async def file_content(request: web.Request) -> web.Response:
     content = await _files(request).content(request.match_info["file_id"], _owner(request))
     return web.Response(body=content, content_type="application/octet-stream")
@@ -84,15 +98,19 @@ async def get_batch(request: web.Request) -> web.Response:
 
 
 async def list_batches(request: web.Request) -> web.Response:
-    raw_limit = request.query.get("limit", str(DEFAULT_PAGE))
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
+    page = await _batches(request).list_page(
+        _owner(request), request.query.get("after"), _limit(request)
+    )
+    return web.json_response(page)
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", str(DEFAULT_PAGE))
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
         raise ApiError(
             400, f"'limit' must be a whole number from 1 to {MAX_PAGE}", "invalid_request", "limit"
         )
-    page = await _batches(request).list_page(
-        _owner(request), request.query.get("after"), int(raw_limit)
-    )
-    return web.json_response(page)
+    return int(raw)
 
 
 async def cancel_batch(request: web.Request) -> web.Response:

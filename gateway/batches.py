@@ -32,7 +32,14 @@ from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
 from laneway.gateway.errors import ApiError
-from laneway.gateway.files import OUTPUT_PURPOSE, FileObject, FileStore, as_bytes, not_found
+from laneway.gateway.files import (
+    OUTPUT_PURPOSE,
+    FileObject,
+    FileStore,
+    as_bytes,
+    as_text,
+    not_found,
+)
 from laneway.gateway.request_body import Endpoint
 
 COMPLETION_WINDOW = "24h"
@@ -566,12 +573,6 @@ class BatchStore:
             endpoint=as_text(values["endpoint"]),
             body=as_bytes(values["body"]) or b"{}",
         )
-
-
-def as_text(value: object) -> str:
-    raw = as_bytes(value)
-    assert raw is not None
-    return raw.decode()
 
 
 def batch_json(record: Mapping[str, Any]) -> dict[str, object]:

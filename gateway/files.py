@@ -20,6 +20,7 @@ from laneway.gateway.errors import ApiError
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
 READ_CHUNK = 256 * 1024
+LIST_CHUNK = 100  # file ids read per round trip when listing
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,53 @@ class FileStore:
     def put_in(self, pipe: Pipeline, file: FileObject, content: bytes) -> None:
         """Queue the write on a transaction (a batch's output files go with its status)."""
         pipe.hset(self.key(file.id), mapping={"meta": json.dumps(asdict(file)), "content": content})
+        pipe.zadd(self._index(file.owner), {file.id: file.created_at})
+
+    def _index(self, owner: str) -> str:
+        return f"{self._prefix}:files:{owner}"
+
+    async def list_page(
+        self, owner: str, after: str | None, limit: int, purpose: str | None
+    ) -> dict[str, object]:
+        """Newest first, OpenAI's cursor pagination: `after` is the last id already seen."""
+        index = self._index(owner)
+        cursor = 0
+        if after is not None:
+            rank = await self._redis.zrevrank(index, after)
+            if not isinstance(rank, int):
+                raise not_found("file", after)
+            cursor = rank + 1
+        page: list[dict[str, object]] = []
+        has_more = False
+        while not has_more:
+            ids = await self._redis.zrevrange(index, cursor, cursor + LIST_CHUNK - 1)
+            for raw in ids:
+                cursor += 1
+                meta = as_bytes(await self._redis.hget(self.key(as_text(raw)), "meta"))
+                file = None if meta is None else FileObject(**json.loads(meta))
+                if file is None or purpose not in (None, file.purpose):
+                    continue
+                if len(page) == limit:
+                    has_more = True
+                    break
+                page.append(file.to_json())
+            if len(ids) < LIST_CHUNK:
+                break
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": has_more,
+        }
+
+    async def delete(self, file_id: str, owner: str) -> dict[str, object]:
+        await self.get(file_id, owner)
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.delete(self.key(file_id))
+            tx.zrem(self._index(owner), file_id)
+            await tx.execute()
+        return {"id": file_id, "object": "file", "deleted": True}
 
     async def get(self, file_id: str, owner: str) -> FileObject:
         """The file's metadata; ApiError 404 when unknown or another tenant's."""
@@ -84,6 +132,12 @@ class FileStore:
         if data is None:
             raise not_found("file", file_id)
         return data
+
+
+def as_text(value: object) -> str:
+    raw = as_bytes(value)
+    assert raw is not None
+    return raw.decode()
 
 
 def as_bytes(value: object) -> bytes | None:

@@ -217,6 +217,11 @@ def test_the_openai_client_runs_a_batch_to_completion(fleet: Fleet, tmp_path: Pa
         assert all(x["response"] is None for x in errors)
         listed = watcher.batches.list(limit=5)
         assert batch.id in [b.id for b in listed.data]
+        inputs = [f.id for f in watcher.files.list(purpose="batch")]
+        outputs = [f.id for f in watcher.files.list(purpose="batch_output")]
+        assert uploaded.id in inputs
+        assert {done.output_file_id, done.error_file_id} <= set(outputs)
+        assert uploaded.id not in outputs
         output_file = watcher.files.retrieve(done.output_file_id)
         assert output_file.purpose == "batch_output"
 
@@ -240,6 +245,12 @@ def test_batches_and_files_are_private_to_their_tenant(fleet: Fleet, tmp_path: P
                 completion_window="24h",
             )
         assert batch.id not in [b.id for b in stranger.batches.list().data]
+        assert uploaded.id not in [f.id for f in stranger.files.list()]
+        with pytest.raises(openai.NotFoundError):
+            stranger.files.delete(uploaded.id)
+        assert owner.files.delete(uploaded.id).deleted
+        with pytest.raises(openai.NotFoundError):
+            owner.files.retrieve(uploaded.id)
 
 
 def test_unknown_ids_oversized_files_and_bad_requests(fleet: Fleet, tmp_path: Path) -> None:
