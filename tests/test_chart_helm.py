@@ -156,15 +156,12 @@ def test_schema_validation_is_strict_enough_to_catch_a_misplaced_field(
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
 
 
-def test_every_object_lives_in_the_release_namespace_unless_cluster_scoped(
+def test_every_object_lives_in_the_release_namespace(
     rendered: dict[str, list[Manifest]],
 ) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
     for objects in rendered.values():
         for manifest in objects:
-            namespace = manifest["metadata"].get("namespace")
-            expected = None if manifest["kind"] in cluster_scoped else NAMESPACE
-            assert namespace == expected, f"{manifest['kind']} {manifest['metadata']['name']}"
+            assert manifest["metadata"]["namespace"] == NAMESPACE, manifest["metadata"]["name"]
 
 
 def test_every_object_carries_the_standard_labels(rendered: dict[str, list[Manifest]]) -> None:
@@ -352,11 +349,14 @@ def test_operator_roles_grant_exactly_the_documented_rules(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     objects = rendered["default"]
-    cluster_wide = rules_of(objects, "ClusterRole", "-operator")
-    # Only reads of CRDs reach beyond the release namespace.
-    assert list(cluster_wide) == [("apiextensions.k8s.io", "customresourcedefinitions")]
-    assert all(verbs <= READ for verbs in cluster_wide.values())
-    assert rules_of(objects, "Role", "-operator") | cluster_wide == documented_rules("operator")
+    assert rules_of(objects, "Role", "-operator") == documented_rules("operator")
+
+
+def test_nothing_is_granted_beyond_the_release_namespace(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    for objects in rendered.values():
+        assert not kinds(objects) & {"ClusterRole", "ClusterRoleBinding"}
 
 
 def test_no_rule_uses_a_wildcard_and_bindings_name_rendered_accounts(
@@ -368,7 +368,7 @@ def test_no_rule_uses_a_wildcard_and_bindings_name_rendered_accounts(
             for rule in manifest.get("rules", []):
                 for key in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule[key], manifest["metadata"]["name"]
-            if manifest["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            if manifest["kind"] == "RoleBinding":
                 roles = {
                     o["metadata"]["name"]
                     for o in objects
@@ -388,7 +388,6 @@ def test_no_rule_uses_a_wildcard_and_bindings_name_rendered_accounts(
 def test_operator_off_renders_no_operator_objects(rendered: dict[str, list[Manifest]]) -> None:
     objects = rendered["operator-off"]
     assert not [o for o in objects if o["metadata"]["name"].endswith("-operator")]
-    assert "ClusterRole" not in kinds(objects)
     deployment(objects, "gateway")
     operator = container(deployment(rendered["default"], "operator"))
     assert operator["args"][:3] == ["operator", "--namespace", NAMESPACE]

@@ -98,11 +98,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* Cluster-scoped names carry the namespace: two releases in two namespaces must not collide. */}}
-{{- define "laneway.operator.clusterRoleName" -}}
-{{- printf "%s-%s" .Release.Namespace (include "laneway.operator.fullname" .) | trunc 63 | trimSuffix "-" }}
-{{- end }}
-
 {{/*
 The rules of the ClusterRole in a copy of manifests/rbac/<component>.yaml (files/rbac-*.yaml,
 kept identical by scripts/gen-manifests.sh), as a YAML list. Those manifests are the one
