@@ -352,6 +352,25 @@ def test_operator_roles_grant_exactly_the_documented_rules(
     assert rules_of(objects, "Role", "-operator") == documented_rules("operator")
 
 
+def test_a_record_asking_for_crd_access_fails_rendering(helm: str, tmp_path: Path) -> None:
+    chart = tmp_path / "laneway"
+    shutil.copytree(CHART, chart)
+    record = chart / "files" / "rbac-operator.yaml"
+    documents = [d for d in yaml.safe_load_all(record.read_text()) if d]
+    role = next(d for d in documents if d["kind"] == "ClusterRole")
+    role["rules"].append(
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list"],
+        }
+    )
+    record.write_text(yaml.safe_dump_all(documents))
+    result = run_helm(helm, "template", RELEASE, str(chart))
+    assert result.returncode != 0
+    assert "asks for CRD access, which a namespaced Role cannot grant" in result.stderr
+
+
 def test_nothing_is_granted_beyond_the_release_namespace(
     rendered: dict[str, list[Manifest]],
 ) -> None:
