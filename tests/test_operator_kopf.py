@@ -186,3 +186,29 @@ def rbac_call(request: Request) -> tuple[str, str, str]:
             request.method
         ]
     return group, resource, verb
+
+
+async def test_a_change_made_while_the_api_was_away_is_applied_when_it_returns(
+    cluster: FakeApiServer,
+) -> None:
+    async with running_operator(cluster):
+        await asyncio.wait_for(cluster.until(lambda: bool(status(cluster).get("conditions"))), WAIT)
+        await cluster.stop()
+        # While the operator cannot reach it, someone changes the pool.
+        pool = cluster.find(POOLS, "realtime")
+        assert pool is not None
+        pool["spec"]["prefill"] = {"chunkSize": 256}
+        pool["metadata"]["generation"] = 2
+        cluster.put(POOLS, pool)
+        cluster.compact()
+        await cluster.start()
+
+        def rolled() -> bool:
+            deployment = cluster.find(DEPLOYMENTS, "realtime") or {}
+            args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            return bool(args[args.index("--chunk-size") + 1] == "256")
+
+        await asyncio.wait_for(cluster.until(rolled), WAIT)
+        await asyncio.wait_for(
+            cluster.until(lambda: status(cluster).get("observedGeneration") == 2), WAIT
+        )
