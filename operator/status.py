@@ -36,7 +36,7 @@ def problem_conditions(reason: str, message: str) -> tuple[Condition, ...]:
     """A pool that cannot work as written: not ready, not progressing, degraded."""
     return (
         Condition("Ready", False, reason, message),
-        Condition("Progressing", False, reason, "waiting for the spec to be fixed"),
+        Condition("Progressing", False, reason, "nothing rolls out until this is fixed"),
         Condition("Degraded", True, reason, message),
     )
 
