@@ -545,13 +545,14 @@ class BatchStore:
             return []
         return [self._item(queue, entry) for entry in reply[1] if entry[1]]
 
-    async def keep(self, items: Sequence[QueuedItem], consumer: str) -> None:
-        """Reset the idle time of items this replica still holds, so nobody reclaims them."""
+    async def keep(self, items: Sequence[QueuedItem], consumer: str, idle_ms: int = 0) -> None:
+        """Set the idle time of items this replica holds: 0 keeps them from being reclaimed,
+        a lease's worth hands them to the next replica that looks (a clean shutdown)."""
         by_stream: dict[str, list[StreamIdT]] = {}
         for item in items:
             by_stream.setdefault(item.stream, []).append(item.entry_id)
         for stream, ids in by_stream.items():
-            await self._redis.xclaim(stream, GROUP, consumer, 0, ids, justid=True)
+            await self._redis.xclaim(stream, GROUP, consumer, 0, ids, idle=idle_ms, justid=True)
 
     async def ack(self, item: QueuedItem) -> None:
         async with self._redis.pipeline(transaction=True) as tx:

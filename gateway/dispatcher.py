@@ -91,12 +91,16 @@ class Dispatcher:
                     log.warning("batch dispatch paused, redis unreachable: %s", error)
                     await asyncio.sleep(1.0)
         finally:
+            held = list(self._held.values())
             keeper.cancel()
             for task in [keeper, *self._running]:
                 task.cancel()
             for task in [keeper, *self._running]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            # Stopping cleanly: hand what this replica held to the others now, not a lease later.
+            with contextlib.suppress(*REDIS_DOWN):
+                await self._store.keep(held, self.consumer, int(self._settings.lease_s * 1000))
 
     async def _step(self) -> None:
         if self._target() is None:

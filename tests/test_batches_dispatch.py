@@ -66,6 +66,7 @@ class Harness:
     files: FileStore
     lane: Lane
     url: str
+    url_of_redis: str
 
     async def submit(self, tenant: str, texts: list[str]) -> str:
         lines = [
@@ -115,7 +116,13 @@ async def harness(redis_server: LocalRedis) -> AsyncIterator[Harness]:
     port = runner.addresses[0][1]
     redis = Redis.from_url(redis_server.url)
     files = FileStore(redis, "laneway")
-    yield Harness(BatchStore(redis, files, "laneway"), files, lane, f"http://127.0.0.1:{port}")
+    yield Harness(
+        BatchStore(redis, files, "laneway"),
+        files,
+        lane,
+        f"http://127.0.0.1:{port}",
+        redis_server.url,
+    )
     await redis.aclose()
     await runner.cleanup()
 
@@ -205,3 +212,25 @@ async def test_cancel_stops_the_rest_and_keeps_what_finished(
     assert len(output) == counts["completed"] == len(harness.lane.calls)
     again = await harness.store.cancel(batch_id, "c", now=2.0)
     assert again["status"] == "cancelled"  # cancelling twice is harmless
+
+
+async def test_a_dispatcher_that_stops_cleanly_hands_its_items_over(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    harness.lane.delay_s = 0.5
+    await harness.submit("h", [f"item {i}" for i in range(6)])
+    await start(harness, run_dispatcher, concurrency=2)
+    async with asyncio.timeout(30):
+        await harness.lane.second_call.wait()
+    stopping = run_dispatcher.pop()
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    redis = Redis.from_url(harness.url_of_redis)
+    pending = await redis.xpending_range(
+        "laneway:batch:queue:h", "dispatchers", min="-", max="+", count=10
+    )
+    await redis.aclose()
+    # What it held is marked idle for a whole lease: the next reclaim takes it at once.
+    assert pending
+    assert all(int(entry["time_since_delivered"]) >= 3000 for entry in pending)
