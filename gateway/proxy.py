@@ -40,6 +40,7 @@ from laneway.gateway.lanes import (
     UnknownModel,
     classify,
 )
+from laneway.gateway.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.picker import rank
 from laneway.gateway.request_body import (
     LANE_HEADER,
@@ -339,6 +340,8 @@ async def _attempt(exchange: _Exchange, url: str, payload: dict[str, Any]) -> we
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
+                if rename := rewriter(payload["model"], exchange.parsed.model):
+                    body = rename.whole(body)
                 app[REGISTRY].record_success(url)
                 outcome.prompt_tokens = await exchange.count
                 outcome.status = upstream.status
@@ -349,7 +352,8 @@ async def _attempt(exchange: _Exchange, url: str, payload: dict[str, Any]) -> we
                     headers=outcome.routing_headers(),
                 )
             app[REGISTRY].record_success(url)
-            return await _relay_stream(exchange, upstream, lease, progress)
+            rename = rewriter(payload["model"], exchange.parsed.model)
+            return await _relay_stream(exchange, upstream, lease, progress, rename)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
         raise UpstreamFailed(kind, f"{type(error).__name__}: {error}") from None
@@ -363,7 +367,11 @@ class _Progress:
 
 
 async def _relay_stream(
-    exchange: _Exchange, upstream: aiohttp.ClientResponse, lease: Lease, progress: _Progress
+    exchange: _Exchange,
+    upstream: aiohttp.ClientResponse,
+    lease: Lease,
+    progress: _Progress,
+    rename: ModelNameRewriter | None,
 ) -> web.StreamResponse:
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
     app, outcome, started = exchange.app, exchange.outcome, exchange.started
@@ -382,7 +390,7 @@ async def _relay_stream(
     outcome.status = 200
     tbt = metrics.tbt.labels(*labels)
     last_event: float | None = None
-    at_boundary = True
+    written = b"\n\n"  # the end of what the client has, enough to tell an event boundary
     while True:
         try:
             chunk = await upstream.content.readany()
@@ -390,7 +398,7 @@ async def _relay_stream(
             _note_failure(app, lease.endpoint, f"mid-stream: {type(error).__name__}: {error}")
             metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
             outcome.error = "upstream_failed_mid_stream"
-            await _end_with_error(client, error, at_boundary)
+            await _end_with_error(client, error, rename.flush() if rename else b"", written)
             return client
         if not chunk:
             break
@@ -405,6 +413,10 @@ async def _relay_stream(
             else:
                 tbt.observe(now - last_event)
             last_event = now
+        if rename:
+            chunk = rename.feed(chunk)
+            if not chunk:
+                continue
         try:
             await client.write(chunk)
         except ConnectionError:
@@ -412,8 +424,10 @@ async def _relay_stream(
             outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
             upstream.close()
             return client
-        at_boundary = chunk.endswith(b"\n\n")
+        written = (written + chunk[-2:])[-2:]
     try:
+        if rename and (rest := rename.flush()):
+            await client.write(rest)
         await client.write_eof()
     except ConnectionError:
         outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
@@ -421,13 +435,21 @@ async def _relay_stream(
 
 
 async def _end_with_error(
-    client: web.StreamResponse, error: BaseException, at_boundary: bool
+    client: web.StreamResponse, error: BaseException, pending: bytes, written: bytes
 ) -> None:
+    """End the stream with an error event after `pending`, the rest of a partial event."""
     body = error_body(
         502, f"The engine failed mid-stream: {type(error).__name__}: {error}", "upstream_failed"
     )
     # A half-written event would swallow ours: close it first.
-    event = (b"" if at_boundary else b"\n\n") + b"data: " + json.dumps(body).encode() + b"\n\n"
+    at_boundary = (written + pending).endswith(b"\n\n")
+    event = (
+        pending
+        + (b"" if at_boundary else b"\n\n")
+        + b"data: "
+        + json.dumps(body).encode()
+        + b"\n\n"
+    )
     try:
         await client.write(event)
         await client.write_eof()

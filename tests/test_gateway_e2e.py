@@ -154,7 +154,8 @@ async def test_chat_routes_short_prompts_to_the_interactive_lane(api: openai.Asy
     completion = raw.parse()
     assert raw.headers["x-laneway-pool"] == "realtime"
     assert raw.headers["x-laneway-lane"] == "interactive"
-    assert completion.model == "llama-small"  # the request's model was rewritten
+    # The engine only answers its served name, llama-small; the client reads its own name.
+    assert completion.model == "llama"
     assert completion.usage is not None
     # The gateway and the engine count the prompt with the same tokenizer.
     assert int(raw.headers["x-laneway-prompt-tokens"]) == completion.usage.prompt_tokens
@@ -168,22 +169,30 @@ async def test_chat_streams_chunk_by_chunk(api: openai.AsyncOpenAI) -> None:
         messages=[{"role": "user", "content": "Tell me a story"}],
         max_tokens=12,
         stream=True,
+        stream_options={"include_usage": True},
     )
     assert raw.headers["x-laneway-lane"] == "interactive"
     assert raw.headers["content-type"].startswith("text/event-stream")
-    pieces = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
+    chunks = [chunk async for chunk in raw.parse()]
+    pieces = [chunk.choices[0].delta.content for chunk in chunks if chunk.choices]
     assert len([p for p in pieces if p]) == 12
+    # Every chunk, the role chunk and the usage chunk too, names the model asked for.
+    assert chunks[-1].usage is not None
+    assert {chunk.model for chunk in chunks} == {"llama"}
 
 
 async def test_completions_stream_and_not(api: openai.AsyncOpenAI) -> None:
     completion = await api.completions.create(model="llama", prompt="Once upon", max_tokens=5)
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 5
+    assert completion.model == "llama"
     stream = await api.completions.create(
         model="llama", prompt="Once upon", max_tokens=6, stream=True
     )
-    texts = [chunk.choices[0].text async for chunk in stream if chunk.choices]
+    chunks = [chunk async for chunk in stream]
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
     assert len([t for t in texts if t]) == 6
+    assert {chunk.model for chunk in chunks} == {"llama"}
 
 
 async def test_long_documents_go_to_the_batch_lane(api: openai.AsyncOpenAI) -> None:
@@ -193,7 +202,7 @@ async def test_long_documents_go_to_the_batch_lane(api: openai.AsyncOpenAI) -> N
     )
     completion = raw.parse()
     assert (raw.headers["x-laneway-pool"], raw.headers["x-laneway-lane"]) == ("batch", "batch")
-    assert completion.model == "llama-long"
+    assert completion.model == "llama"  # served as llama-long by the batch engine
     assert completion.usage is not None
     assert int(raw.headers["x-laneway-prompt-tokens"]) == completion.usage.prompt_tokens
     assert completion.usage.prompt_tokens == default_tokenizer().count(document)
