@@ -62,15 +62,24 @@ def start_gateway(
     return children.start_laneway("gateway", [*args, "--redis-url", redis_url, *extra], name=name)
 
 
-def running_requests(engine: ChildProcess) -> int:
-    """`vllm:num_requests_running` as the engine itself reports it."""
+def engine_metric(engine: ChildProcess, name: str) -> int:
+    """A sample from the engine's own /metrics, summed over its labels (0 before any)."""
     with urllib.request.urlopen(f"{engine.url}/metrics", timeout=5) as response:
         text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:num_requests_running":
-                return int(sample.value)
-    raise AssertionError(f"{engine.name} reports no vllm:num_requests_running")
+    return sum(
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def running_requests(engine: ChildProcess) -> int:
+    return engine_metric(engine, "vllm:num_requests_running")
+
+
+def finished_requests(engine: ChildProcess) -> int:
+    return engine_metric(engine, "vllm:request_success_total")
 
 
 def chat_line(custom_id: str, text: str, max_tokens: int = 8) -> str:
