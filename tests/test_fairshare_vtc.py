@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+
 from laneway.gateway.fairshare import FairShareQueue
 
 
