@@ -37,6 +37,7 @@ PUBLIC_MODEL = "llama3-8b"
 # tokens first, requests in flight second, engine gauges not at all.
 PICKING_WEIGHTS = {"prefillTokens": 4, "inFlightRequests": 1, "queueDepth": 0, "kvCacheUsage": 0}
 DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the duration
+WARM_UP_PER_REPLICA = 2
 
 Say = Callable[[str], None]
 
@@ -153,6 +154,36 @@ async def engine_busy_s(session: aiohttp.ClientSession, url: str) -> float:
     raise RuntimeError(f"{url}/metrics has no {BUSY_SECONDS}_total")
 
 
+async def _tiny_request(session: aiohttp.ClientSession, gateway_url: str, lane: str) -> None:
+    body = {
+        "model": PUBLIC_MODEL,
+        "messages": [{"role": "user", "content": "warm up"}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+    async with session.post(
+        f"{gateway_url}/v1/chat/completions", json=body, headers={"x-laneway-lane": lane}
+    ) as response:
+        response.raise_for_status()
+        await response.read()
+
+
+async def warm_up(gateway_url: str, config: ClusterConfig) -> None:
+    """A few tiny requests through the gateway to every pool before the clock starts.
+
+    They open the gateway's connections to the engines and run every code path once, so
+    the first seconds of the run measure the system, not its cold start.
+    """
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(
+            *(
+                _tiny_request(session, gateway_url, pool.route.lane)
+                for pool in config.pools
+                for _ in range(pool.replicas * WARM_UP_PER_REPLICA)
+            )
+        )
+
+
 def result_from_records(
     config: ClusterConfig,
     scenario: SeedScenario,
@@ -244,6 +275,9 @@ async def run_live_config(
                 "gateway", ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
             )
 
+        await warm_up(gateway.url, config)
+        async with aiohttp.ClientSession() as session:
+            busy_before = await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines))
         workload = workload_from_scenario(scenario, PUBLIC_MODEL, drain_s=DRAIN_S)
         generator = LoadGenerator(workload, gateway.url, time_scale)
         cpu_before = (
@@ -268,7 +302,7 @@ async def run_live_config(
         async with aiohttp.ClientSession() as session:
             busy = await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines))
         say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
-    result = result_from_records(config, scenario, records, sum(busy), end_s)
+    result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
     return LiveRun(result, tuple(records), generator.issued, cpu)
 
 

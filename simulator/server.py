@@ -253,7 +253,7 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
-async def _count(tokenizer: Tokenizer, length: int, count: Callable[[], int]) -> int:
+async def _count(length: int, count: Callable[[], int]) -> int:
     """Count on the loop when cheap, in a worker thread when a long prompt would stall it."""
     if length > OFF_LOOP_CHARS:
         return await asyncio.to_thread(count)
@@ -290,12 +290,12 @@ async def parse_generation(
             prompt_tokens = len(prompt)
         else:
             text = prompt
-            prompt_tokens = await _count(tokenizer, len(text), lambda: tokenizer.count(text))
+            prompt_tokens = await _count(len(text), lambda: tokenizer.count(text))
         max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
     else:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        prompt_tokens = await _count(tokenizer, length, lambda: count_chat(tokenizer, messages))
+        prompt_tokens = await _count(length, lambda: count_chat(tokenizer, messages))
         max_tokens = (
             _positive_int(body, "max_completion_tokens")
             or _positive_int(body, "max_tokens")
