@@ -38,6 +38,7 @@ from laneway.gateway.fairshare import FairShareQueue
 from laneway.gateway.redis_cli import BATCH_CONCURRENCY, BATCH_LEASE_S
 from laneway.gateway.redis_state import REDIS_DOWN
 from laneway.gateway.request_body import LANE_HEADER
+from laneway.gateway.state_metrics import StateMetrics
 
 log = logging.getLogger("laneway.gateway.dispatcher")
 
@@ -67,6 +68,7 @@ class Dispatcher:
         settings: DispatchSettings = DispatchSettings(),
         weight: Callable[[str], float] = lambda _tenant: 1.0,
         clock: Callable[[], float] = time.time,
+        metrics: StateMetrics | None = None,
     ) -> None:
         self._store = store
         self._session = session
@@ -75,6 +77,7 @@ class Dispatcher:
         self.consumer = consumer
         self._settings = settings
         self._clock = clock
+        self._metrics = metrics
         self._ready: FairShareQueue[QueuedItem] = FairShareQueue(weight)
         self._held: dict[str, QueuedItem] = {}  # entry id -> item: buffered or running
         self._running: set[asyncio.Task[None]] = set()
@@ -113,6 +116,8 @@ class Dispatcher:
             item = self._ready.pop()
             task = asyncio.create_task(self._process(item), name=f"batch-item-{item.entry_id}")
             self._running.add(task)
+            if self._metrics is not None:
+                self._metrics.batch_running.set(len(self._running))
             task.add_done_callback(self._done)
             started = True
         if started:
@@ -137,6 +142,8 @@ class Dispatcher:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        if self._metrics is not None:
+            self._metrics.batch_running.set(len(self._running))
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("batch item task failed: %s", task.exception())
@@ -163,7 +170,9 @@ class Dispatcher:
         try:
             result = await self._result_for(item)
             if result is not None:
-                await self._store.settle(item, result, self._clock())
+                written = await self._store.settle(item, result, self._clock())
+                if written and self._metrics is not None:
+                    self._metrics.batch_items.labels(result.outcome.value).inc()
             await self._store.ack(item)
         except REDIS_DOWN as error:
             # Left pending: a reclaim runs it again once Redis is back.

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from laneway.gateway.batches import BatchStore
 from laneway.gateway.files import FileStore
+from laneway.gateway.state_metrics import StateMetrics
 from laneway.gateway.tenants import RateLimiter, Tenant, TenantDirectory
 
 TENANTS = web.AppKey("tenants", TenantDirectory)  # absent: auth is off
@@ -14,6 +15,7 @@ INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof o
 FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
+STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
 
 TENANT = web.RequestKey("tenant", Tenant)
 # Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.

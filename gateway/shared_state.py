@@ -34,7 +34,7 @@ from laneway.gateway.dispatcher import (
 )
 from laneway.gateway.errors import ApiError
 from laneway.gateway.files import FileStore
-from laneway.gateway.keys import SESSION, TRACKER
+from laneway.gateway.keys import METRICS, SESSION, TRACKER
 from laneway.gateway.redis_cli import MAX_FILE_BYTES
 from laneway.gateway.redis_state import (
     DEFAULT_LEASE_S,
@@ -50,9 +50,11 @@ from laneway.gateway.shared_keys import (
     INTERNAL,
     INTERNAL_SECRET,
     LIMITER,
+    STATE_METRICS,
     TENANT,
     TENANTS,
 )
+from laneway.gateway.state_metrics import StateMetrics
 from laneway.gateway.tenants import (
     ANONYMOUS_TENANT,
     InMemoryRateLimiter,
@@ -91,6 +93,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
     app[LOOPBACK] = Loopback()
     app[FILE_SIZE_LIMIT] = options.max_file_bytes
+    app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
     if options.tenants is not None:
         app[TENANTS] = options.tenants
     app.middlewares.append(tenant_middleware)
@@ -103,6 +106,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
     files = FileStore(redis, prefix)
     app[TRACKER] = tracker
+    metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[FILE_STORE] = files
     app[BATCH_STORE] = BatchStore(redis, files, prefix)
@@ -134,6 +138,7 @@ def _background(
             consumer=tracker.replica,
             settings=options.dispatch,
             weight=weight,
+            metrics=app[STATE_METRICS],
         )
         tasks = [
             asyncio.create_task(tracker.run(), name="load-heartbeat"),
@@ -165,6 +170,7 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
         authorization = request.headers.get("Authorization")
         tenant = app[TENANTS].authenticate(authorization)
         if tenant is None:
+            app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
             raise ApiError(
                 401,
                 "Incorrect API key provided"
@@ -199,6 +205,8 @@ async def admit_tenant(request: web.Request, tokens: int) -> None:
     decision = await request.app[LIMITER].admit(tenant, tokens)
     if decision.allowed:
         return
+    reason = "too_large" if decision.never else decision.exceeded
+    request.app[STATE_METRICS].refused.labels(tenant.name, reason).inc()
     if decision.never:
         raise ApiError(
             429,

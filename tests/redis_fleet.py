@@ -62,24 +62,24 @@ def start_gateway(
     return children.start_laneway("gateway", [*args, "--redis-url", redis_url, *extra], name=name)
 
 
-def engine_metric(engine: ChildProcess, name: str) -> int:
-    """A sample from the engine's own /metrics, summed over its labels (0 before any)."""
-    with urllib.request.urlopen(f"{engine.url}/metrics", timeout=5) as response:
+def metric(child: ChildProcess, name: str, **labels: str) -> int:
+    """A sample from a process's own /metrics, summed over other labels (0 before any)."""
+    with urllib.request.urlopen(f"{child.url}/metrics", timeout=5) as response:
         text = response.read().decode()
     return sum(
         int(sample.value)
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == name
+        if sample.name == name and labels.items() <= sample.labels.items()
     )
 
 
 def running_requests(engine: ChildProcess) -> int:
-    return engine_metric(engine, "vllm:num_requests_running")
+    return metric(engine, "vllm:num_requests_running")
 
 
 def finished_requests(engine: ChildProcess) -> int:
-    return engine_metric(engine, "vllm:request_success_total")
+    return metric(engine, "vllm:request_success_total")
 
 
 def chat_line(custom_id: str, text: str, max_tokens: int = 8) -> str:

@@ -21,6 +21,7 @@ from redis_fleet import (
     chat_line,
     finished_requests,
     http,
+    metric,
     running_requests,
     start_engines,
     start_gateway,
@@ -127,6 +128,11 @@ def test_tenant_limits_hold_across_both_gateways(fleet: Fleet) -> None:
             refusals.append(error)
     # Six per minute in all, whichever replica took them.
     assert answers == [200] * 6 + [429] * 4
+    refused = [
+        metric(g, "laneway_gateway_tenant_refusals_total", tenant="limited", reason="requests")
+        for g in fleet.gateways
+    ]
+    assert refused == [2, 2]  # each replica counts the refusals it answered
     for refusal in refusals:
         assert int(refusal.response.headers["retry-after"]) >= 1
         assert refusal.code == "rate_limit_exceeded"
@@ -166,6 +172,9 @@ def test_a_missing_or_unknown_key_gets_401(
         assert message in error["message"]
     # Health and metrics stay open to probes and scrapers.
     assert http("GET", f"{fleet.gateways[0].url}/healthz")[0] == 200
+    name, labels = "laneway_gateway_tenant_refusals_total", {"reason": "unauthenticated"}
+    assert all(metric(g, name, **labels) >= 1 for g in fleet.gateways)
+    assert all(metric(g, "laneway_gateway_redis_up") == 1 for g in fleet.gateways)
 
 
 def test_the_openai_client_runs_a_batch_to_completion(fleet: Fleet, tmp_path: Path) -> None:
@@ -212,6 +221,11 @@ def test_the_openai_client_runs_a_batch_to_completion(fleet: Fleet, tmp_path: Pa
             assert line["response"]["body"]["usage"]["completion_tokens"] == 8
         # Every item ran in the batch lane, on its engine, though its prompt is short.
         assert finished_requests(batch_engine) - finished_before == 12
+        settled = sum(
+            metric(g, "laneway_gateway_batch_items_total", outcome="completed")
+            for g in fleet.gateways
+        )
+        assert settled >= 12  # by whichever replica was free
         by_line = {x["error"]["line"]: x for x in errors}
         assert by_line[5]["error"]["code"] == "invalid_json"
         assert by_line[5]["custom_id"] is None

@@ -11,6 +11,7 @@ import pytest
 from redis_fleet import (
     PUBLIC_MODEL,
     chat_line,
+    metric,
     start_engines,
     start_gateway,
     wait_for,
@@ -71,6 +72,7 @@ def test_chat_survives_a_redis_restart_and_batches_come_back(tmp_path: Path) -> 
                 client.batches.retrieve("batch_anything")
             assert lookup.value.status_code == 503
             wait_for("chat answers while Redis is down", lambda: _after(traffic, down_at) >= 5)
+            assert metric(gateway, "laneway_gateway_redis_up") == 0
             server.start()  # same port, empty
 
             def upload_works() -> openai.types.FileObject | None:
@@ -82,6 +84,7 @@ def test_chat_survives_a_redis_restart_and_batches_come_back(tmp_path: Path) -> 
                     return None
 
             uploaded: openai.types.FileObject = wait_for("uploads to work again", upload_works)
+            wait_for("load sharing again", lambda: metric(gateway, "laneway_gateway_redis_up"))
             batch = client.batches.create(
                 input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
             )
