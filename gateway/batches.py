@@ -171,6 +171,7 @@ class Outcome(StrEnum):
     COMPLETED = "completed"  # a 2xx answer: goes to the output file
     FAILED = "failed"  # anything else: goes to the error file
     SKIPPED = "skipped"  # the batch was cancelled before the item ran: in neither file
+    EXPIRED = "expired"  # its completion window closed before it ran: to the error file
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,8 @@ def parse_create(payload: object) -> CreateRequest:
 SETTLE_LUA = """
 local status = redis.call('HGET', KEYS[2], 'status')
 if not status then return {0, 0, 0} end
-if status == 'completed' or status == 'cancelled' or status == 'failed' then
+if status == 'completed' or status == 'cancelled' or status == 'failed'
+    or status == 'expired' then
   return {0, 0, 0}
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
@@ -332,6 +334,7 @@ class BatchStore:
                     "meta": json.dumps(meta),
                     "status": Status.IN_PROGRESS,
                     "in_progress_at": created,
+                    "expires_at": created + WINDOW_SECONDS,
                     "total": total,
                     "completed": 0,
                     "failed": len(errors),
@@ -427,9 +430,12 @@ class BatchStore:
             )
         return await self.get(batch_id, tenant)
 
-    async def status(self, batch_id: str) -> Status | None:
-        raw = await self._redis.hget(self.batch_key(batch_id), "status")
-        return None if raw is None else Status(as_text(raw))
+    async def status(self, batch_id: str) -> tuple[Status, float] | None:
+        """The batch's status and when its completion window closes; None when it is gone."""
+        raw, expires_at = await self._redis.hmget(
+            self.batch_key(batch_id), ["status", "expires_at"]
+        )
+        return None if raw is None else (Status(as_text(raw)), float(as_text(expires_at)))
 
     async def has_result(self, item: QueuedItem) -> bool:
         return bool(await self._redis.exists(self.result_key(item.batch_id, item.index)))
@@ -482,15 +488,12 @@ class BatchStore:
                         result.line
                     )
         assert len(outputs) + len(failures) <= total
+        status, stamp = _final_status(record)
         fields: dict[FieldT, EncodableT] = {
-            "status": Status.CANCELLED
-            if record["status"] == Status.CANCELLING
-            else Status.COMPLETED,
+            "status": status,
             "finalizing_at": int(now),
+            stamp: int(now),
         }
-        fields["cancelled_at" if fields["status"] == Status.CANCELLED else "completed_at"] = int(
-            now
-        )
         async with self._redis.pipeline(transaction=True) as tx:
             for kind, lines in (("output", outputs), ("errors", failures)):
                 if not lines:
@@ -576,6 +579,15 @@ class BatchStore:
         )
 
 
+def _final_status(record: Mapping[str, Any]) -> tuple[Status, str]:
+    """How a batch ends, and the timestamp field that says when."""
+    if record["status"] == Status.CANCELLING:
+        return Status.CANCELLED, "cancelled_at"
+    if int(record.get("expired", 0)):
+        return Status.EXPIRED, "expired_at"
+    return Status.COMPLETED, "completed_at"
+
+
 def batch_json(record: Mapping[str, Any]) -> dict[str, object]:
     meta = record["meta"]
 
@@ -599,13 +611,13 @@ def batch_json(record: Mapping[str, Any]) -> dict[str, object]:
         "finalizing_at": stamp("finalizing_at"),
         "completed_at": stamp("completed_at"),
         "failed_at": None,
-        "expired_at": None,
+        "expired_at": stamp("expired_at"),
         "cancelling_at": stamp("cancelling_at"),
         "cancelled_at": stamp("cancelled_at"),
         "request_counts": {
             "total": int(record["total"]),
             "completed": int(record["completed"]),
-            "failed": int(record["failed"]),
+            "failed": int(record["failed"]) + int(record.get("expired", 0)),
         },
         "metadata": meta["metadata"],
     }

@@ -184,11 +184,20 @@ class Dispatcher:
         """None when another replica already wrote this item's result."""
         if await self._store.has_result(item):
             return None
-        status = await self._store.status(item.batch_id)
-        if status is None:
+        state = await self._store.status(item.batch_id)
+        if state is None:
             return None  # the batch is gone (Redis lost it): nothing to write
+        status, expires_at = state
         if status in (Status.CANCELLING, Status.CANCELLED):
             return Result(Outcome.SKIPPED, None)
+        if self._clock() > expires_at:
+            expired = LineError(
+                item.index,
+                item.custom_id,
+                "batch_expired",
+                "This request could not be executed before the completion window expired.",
+            )
+            return Result(Outcome.EXPIRED, error_line(item.batch_id, expired))
         return await self._call(item)
 
     async def _call(self, item: QueuedItem) -> Result:

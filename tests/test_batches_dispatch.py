@@ -91,7 +91,7 @@ class Harness:
         async with asyncio.timeout(60):
             while True:
                 batch = await self.store.get(batch_id, tenant)
-                if batch["status"] in ("completed", "cancelled"):
+                if batch["status"] in ("completed", "cancelled", "expired"):
                     return batch
                 await asyncio.sleep(0.05)
 
@@ -139,13 +139,24 @@ async def run_dispatcher(harness: Harness) -> AsyncIterator[list[asyncio.Task[No
             await task
 
 
-async def start(harness: Harness, tasks: list[asyncio.Task[None]], concurrency: int) -> None:
+async def start(
+    harness: Harness,
+    tasks: list[asyncio.Task[None]],
+    concurrency: int,
+    now: float = 1.0,  # batches are created at 0.0: one second in
+) -> None:
     session = aiohttp.ClientSession()
     settings = DispatchSettings(
         concurrency=concurrency, lease_s=3, poll_s=0.05, retry_backoff_s=0.01
     )
     dispatcher = Dispatcher(
-        harness.store, session, lambda: harness.url, SECRET, "test-consumer", settings
+        harness.store,
+        session,
+        lambda: harness.url,
+        SECRET,
+        "test-consumer",
+        settings,
+        clock=lambda: now,
     )
 
     async def run() -> None:
@@ -234,3 +245,18 @@ async def test_a_dispatcher_that_stops_cleanly_hands_its_items_over(
     # What it held is marked idle for a whole lease: the next reclaim takes it at once.
     assert pending
     assert all(int(entry["time_since_delivered"]) >= 3000 for entry in pending)
+
+
+async def test_items_left_when_the_window_closes_expire_into_the_error_file(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    batch_id = await harness.submit("late", ["one", "two"])  # created at 0.0, 24 h window
+    await start(harness, run_dispatcher, concurrency=1, now=24 * 3600 + 1)
+    batch = await harness.wait_finished(batch_id, "late")
+    assert batch["status"] == "expired"
+    assert batch["expired_at"] == 24 * 3600 + 1
+    assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
+    assert batch["output_file_id"] is None
+    errors = await harness.output(batch, "error_file_id", "late")
+    assert {line["error"]["code"] for line in errors} == {"batch_expired"}  # type: ignore[index]
+    assert harness.lane.calls == []  # nothing ran after the window closed
