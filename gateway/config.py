@@ -28,7 +28,7 @@ from laneway.errors import UsageError
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
 PICKING_POLICIES = ("scored", "random")
-SCORER_NAMES = ("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens")
+SCORER_NAMES = ("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens", "ttftSlo")
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
 SPEC_FIELDS = (
     *("picking", "scrape", "health", "queue", "tokenizer", "upstream"),
@@ -46,6 +46,7 @@ class PickingSettings:
             "kvCacheUsage": 1,
             "inFlightRequests": 2,
             "prefillTokens": 2,
+            "ttftSlo": 2,
         }
     )
 

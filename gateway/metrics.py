@@ -74,6 +74,19 @@ class GatewayMetrics:
             buckets=TOKENIZE_BUCKETS,
             registry=self.registry,
         )
+        self.ttft_slo = Counter(
+            "laneway_gateway_slo_ttft",
+            "Streamed requests whose first token came within the pool's slo.ttftMillis of "
+            "their arrival (met=true) or not",
+            ("pool", "lane", "met"),
+            registry=self.registry,
+        )
+        self.tbt_slo = Counter(
+            "laneway_gateway_slo_tbt",
+            "Gaps between two streamed chunks within the pool's slo.tbtMillis (met=true) or not",
+            ("pool", "lane", "met"),
+            registry=self.registry,
+        )
         self.registry.register(_PoolStateCollector(pools))
 
 
@@ -105,6 +118,12 @@ class _PoolStateCollector(Collector):
             "KV cache usage of each engine, 0-1, as last scraped (fresh samples only)",
             labels=["pool", "endpoint"],
         )
+        prefill_rate = GaugeMetricFamily(
+            "laneway_gateway_endpoint_prefill_ms_per_token",
+            "Each endpoint's learned time to first token per prompt token of prefill backlog "
+            "(the prior until streams have been observed)",
+            labels=["pool", "endpoint"],
+        )
         for pool in self._pools.pools():
             gate = self._pools.gate(pool)
             waiting.add_metric([pool.name], gate.waiting)
@@ -117,4 +136,6 @@ class _PoolStateCollector(Collector):
                 if sample is not None:
                     engine_waiting.add_metric([pool.name, url], sample.waiting)
                     engine_kv.add_metric([pool.name, url], sample.kv_usage)
-        yield from (waiting, active, endpoints, engine_waiting, engine_kv)
+                rate = self._pools.prefill_rate(url).ms_per_token
+                prefill_rate.add_metric([pool.name, url], rate)
+        yield from (waiting, active, endpoints, engine_waiting, engine_kv, prefill_rate)

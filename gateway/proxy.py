@@ -51,6 +51,7 @@ from laneway.gateway.request_body import (
 )
 from laneway.gateway.scorers import EndpointView
 from laneway.gateway.shared_state import admit_tenant, tenant_name
+from laneway.gateway.slo import within_slo
 from laneway.gateway.state import Lease
 from laneway.tokens import TokenBounds
 
@@ -77,6 +78,7 @@ class Outcome:
     stream: bool = False
     attempts: int = 0
     queue_ms: float | None = None
+    predicted_ttft_ms: float | None = None  # on the endpoint tried last, when it was picked
     ttft_ms: float | None = None
     total_ms: float | None = None
     error: str | None = None
@@ -296,9 +298,23 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     pool = registry.current(exchange.route.pool) or exchange.route.pool
     available = registry.available(pool)
     loads = await app[TRACKER].loads(available)
+    # The prompt tokens each endpoint would have to work through before this request's
+    # first token, and so its predicted TTFT there, counted from the request's arrival.
+    backlogs = {url: loads[url].prefill_tokens + exchange.prefill for url in available}
+    elapsed_ms = (app[CLOCK]() - exchange.started) * 1000
+    predicted = {
+        url: elapsed_ms + registry.prefill_rate(url).predict_ttft_ms(backlogs[url])
+        for url in available
+    }
+    slo_ms = pool.spec.slo.ttft_millis
     views = [
         EndpointView(
-            url, loads[url].in_flight, loads[url].prefill_tokens, registry.fresh_metrics(url)
+            url,
+            loads[url].in_flight,
+            loads[url].prefill_tokens,
+            registry.fresh_metrics(url),
+            predicted[url],
+            slo_ms,
         )
         for url in available
     ]
@@ -309,8 +325,9 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     for candidate in ranked[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
+        outcome.predicted_ttft_ms = predicted[candidate.url]
         try:
-            return await _attempt(exchange, candidate.url, payload)
+            return await _attempt(exchange, candidate.url, payload, backlogs[candidate.url])
         except UpstreamFailed as failure:
             _note_failure(app, candidate.url, str(failure))
             metrics.upstream_errors.labels(pool.name, candidate.url, failure.kind).inc()
@@ -319,7 +336,9 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     raise _no_endpoint(app, pool, why)
 
 
-async def _attempt(exchange: _Exchange, url: str, payload: dict[str, Any]) -> web.StreamResponse:
+async def _attempt(
+    exchange: _Exchange, url: str, payload: dict[str, Any], backlog_tokens: int
+) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome = exchange.app, exchange.outcome
     limits = app[SETTINGS].upstream
@@ -331,6 +350,7 @@ async def _attempt(exchange: _Exchange, url: str, payload: dict[str, Any]) -> we
     tracker = app[TRACKER]
     lease = await tracker.start(url, exchange.prefill)
     progress = _Progress()
+    sent = _Sent(backlog_tokens, app[CLOCK]())
     try:
         async with app[SESSION].post(
             f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
@@ -353,7 +373,7 @@ async def _attempt(exchange: _Exchange, url: str, payload: dict[str, Any]) -> we
                 )
             app[REGISTRY].record_success(url)
             rename = rewriter(payload["model"], exchange.parsed.model)
-            return await _relay_stream(exchange, upstream, lease, progress, rename)
+            return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
         raise UpstreamFailed(kind, f"{type(error).__name__}: {error}") from None
@@ -366,11 +386,20 @@ class _Progress:
     first_token: bool = False
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """When a request went to its endpoint, and the prefill backlog it joined there."""
+
+    backlog_tokens: int
+    at: float
+
+
 async def _relay_stream(
     exchange: _Exchange,
     upstream: aiohttp.ClientResponse,
     lease: Lease,
     progress: _Progress,
+    sent: _Sent,
     rename: ModelNameRewriter | None,
 ) -> web.StreamResponse:
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
@@ -389,6 +418,8 @@ async def _relay_stream(
     await client.prepare(exchange.request)
     outcome.status = 200
     tbt = metrics.tbt.labels(*labels)
+    slo = exchange.route.pool.spec.slo
+    tbt_met, tbt_missed = (metrics.tbt_slo.labels(*labels, met) for met in ("true", "false"))
     last_event: float | None = None
     written = b"\n\n"  # the end of what the client has, enough to tell an event boundary
     while True:
@@ -406,12 +437,20 @@ async def _relay_stream(
         events = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
         if events > 0:
             if last_event is None:
-                metrics.ttft.labels(*labels).observe(now - started)
-                outcome.ttft_ms = (now - started) * 1000
+                ttft = now - started
+                metrics.ttft.labels(*labels).observe(ttft)
+                met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
+                metrics.ttft_slo.labels(*labels, met).inc()
+                outcome.ttft_ms = ttft * 1000
                 progress.first_token = True
                 await tracker.prefill_done(lease)
+                app[REGISTRY].record_first_token(
+                    lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
+                )
             else:
-                tbt.observe(now - last_event)
+                gap = now - last_event
+                tbt.observe(gap)
+                (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
             last_event = now
         if rename:
             chunk = rename.feed(chunk)
@@ -473,7 +512,7 @@ def _record(app: web.Application, outcome: Outcome) -> None:
         "ts": round(time.time(), 3),
         **{k: v for k, v in vars(outcome).items() if v is not None and v != ""},
     }
-    for key in ("queue_ms", "ttft_ms", "total_ms"):
+    for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
         if key in record:
             record[key] = round(record[key], 2)
     log.info(json.dumps(record))

@@ -15,6 +15,7 @@ from laneway.gateway.admission import PoolGate
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.engine_metrics import EngineMetrics
 from laneway.gateway.health import Health, after_failure, after_probe, after_success
+from laneway.gateway.slo import PrefillRate
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class PoolRegistry:
         self._gates: dict[str, PoolGate] = {}
         self._health: dict[str, Health] = {}
         self._scrapes: dict[str, Scrape] = {}
+        self._rates: dict[str, PrefillRate] = {}
         self.synced = False  # a source has delivered its first set
 
     def update(self, pools: Sequence[InferencePool]) -> None:
@@ -43,6 +45,7 @@ class PoolRegistry:
         urls = dict.fromkeys(url for pool in pools for url in pool.endpoints)
         self._health = {url: self._health.get(url, Health()) for url in urls}
         self._scrapes = {url: s for url, s in self._scrapes.items() if url in urls}
+        self._rates = {url: r for url, r in self._rates.items() if url in urls}
         self.synced = True
         self._refresh_limits()
 
@@ -90,6 +93,14 @@ class PoolRegistry:
     def record_scrape(self, url: str, metrics: EngineMetrics) -> None:
         if url in self._health:
             self._scrapes[url] = Scrape(metrics, self._clock())
+
+    def record_first_token(self, url: str, backlog_tokens: int, ttft_ms: float) -> None:
+        """A stream's first token came `ttft_ms` after it joined `backlog_tokens` there."""
+        if url in self._health:
+            self._rates[url] = self.prefill_rate(url).observed(backlog_tokens, ttft_ms)
+
+    def prefill_rate(self, url: str) -> PrefillRate:
+        return self._rates.get(url) or PrefillRate()
 
     def fresh_metrics(self, url: str) -> EngineMetrics | None:
         scrape = self._scrapes.get(url)

@@ -100,7 +100,8 @@ BAD = [
             POOL,
             GATEWAY.replace(
                 "{queueDepth: 3, kvCacheUsage: 0}",
-                "{queueDepth: 0, kvCacheUsage: 0, inFlightRequests: 0, prefillTokens: 0}",
+                "{queueDepth: 0, kvCacheUsage: 0, inFlightRequests: 0, prefillTokens: 0, "
+                "ttftSlo: 0}",
             ),
         ],
         "spec.picking.weights: at least one scorer needs a weight above 0",

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from laneway.gateway.slo import PRIOR_MS_PER_TOKEN
 from laneway.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer
 
@@ -313,6 +314,36 @@ async def test_health_readiness_and_metrics(lanes: ChildProcess, api: openai.Asy
     assert total(samples, "laneway_gateway_tokenization_seconds_count") >= 1
     assert total(samples, "laneway_gateway_queue_depth", pool="realtime") == 0
     assert total(samples, "laneway_gateway_endpoints", pool="batch", state="available") == 1
+
+
+async def test_slo_attainment_and_learned_prefill_rates(
+    lanes: ChildProcess, api: openai.AsyncOpenAI
+) -> None:
+    # About 600 prompt tokens: enough backlog for the gateway to learn a prefill rate from.
+    question = "Which of the parcels in my last order left the warehouse, and when? " * 40
+    for _ in range(2):
+        stream = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": question}],
+            max_tokens=6,
+            stream=True,
+        )
+        assert len([chunk async for chunk in stream]) >= 6
+    samples = await scrape(lanes.url)
+    by_pool = {"pool": "realtime", "lane": "interactive"}
+    # Every first token and every gap is counted as met or missed against the pool's SLO,
+    # whose defaults (300 ms, 30 ms) sit on histogram bucket edges: the same comparisons.
+    for slo, histogram, edge in (("ttft", "ttft_seconds", "0.3"), ("tbt", "tbt_seconds", "0.03")):
+        counted = total(samples, f"laneway_gateway_slo_{slo}_total", **by_pool)
+        assert counted == total(samples, f"laneway_gateway_{histogram}_count", **by_pool) >= 2
+        met = total(samples, f"laneway_gateway_slo_{slo}_total", met="true", **by_pool)
+        within = total(samples, f"laneway_gateway_{histogram}_bucket", le=edge, **by_pool)
+        assert met == within
+    learned = samples["laneway_gateway_endpoint_prefill_ms_per_token"]
+    assert {labels["pool"] for labels, _ in learned} == {"realtime", "batch"}
+    realtime_rate = total(samples, "laneway_gateway_endpoint_prefill_ms_per_token", pool="realtime")
+    assert realtime_rate > 0
+    assert realtime_rate != PRIOR_MS_PER_TOKEN  # learned from the streams above
 
 
 async def test_both_engine_flavors_are_scraped(lanes: ChildProcess) -> None:

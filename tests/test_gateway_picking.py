@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from laneway.gateway.config import PickingSettings
 from laneway.gateway.engine_metrics import EngineMetrics
 from laneway.gateway.picker import WeightedScorer, rank, scorers_from_weights
 from laneway.gateway.scorers import EndpointView, Scorer
@@ -14,6 +15,7 @@ from laneway.gateway.scorers.in_flight import InFlightScorer
 from laneway.gateway.scorers.kv_usage import KVUsageScorer
 from laneway.gateway.scorers.prefill_tokens import PrefillTokensScorer
 from laneway.gateway.scorers.queue_depth import QueueDepthScorer
+from laneway.gateway.scorers.ttft_slo import TtftSloScorer
 
 
 def view(
@@ -22,9 +24,11 @@ def view(
     prefill: int = 0,
     waiting: float | None = None,
     kv: float = 0.0,
+    predicted_ms: float | None = None,
+    slo_ms: int | None = None,
 ) -> EndpointView:
     engine = None if waiting is None else EngineMetrics(waiting=waiting, running=0, kv_usage=kv)
-    return EndpointView(url, in_flight, prefill, engine)
+    return EndpointView(url, in_flight, prefill, engine, predicted_ms, slo_ms)
 
 
 SCORES = [
@@ -70,6 +74,24 @@ SCORES = [
         PrefillTokensScorer(),
         [view("a", prefill=64000), view("b", prefill=16000), view("c", prefill=0)],
         [0.0, 0.75, 1.0],
+    ),
+    (
+        "every endpoint predicted within the TTFT SLO scores 1, however close to it",
+        TtftSloScorer(),
+        [view("a", predicted_ms=20, slo_ms=300), view("b", predicted_ms=300, slo_ms=300)],
+        [1.0, 1.0],
+    ),
+    (
+        "a predicted miss scores SLO / prediction: a near miss beats a certain one",
+        TtftSloScorer(),
+        [view("a", predicted_ms=600, slo_ms=300), view("b", predicted_ms=3000, slo_ms=300)],
+        [0.5, 0.1],
+    ),
+    (
+        "no prediction, or no SLO, is the unknown middle",
+        TtftSloScorer(),
+        [view("a", slo_ms=300), view("b", predicted_ms=10), view("c", predicted_ms=0, slo_ms=1)],
+        [0.5, 0.5, 1.0],
     ),
 ]
 
@@ -117,3 +139,14 @@ def test_the_ranking_keeps_every_candidate_for_the_retry() -> None:
     profile = scorers_from_weights("scored", {"inFlightRequests": 1})
     endpoints = [view("a", in_flight=3), view("b", in_flight=1), view("c", in_flight=2)]
     assert [r.url for r in rank(endpoints, profile, random.Random(0))] == ["b", "c", "a"]
+
+
+def test_the_default_profile_steers_away_from_a_predicted_slo_miss() -> None:
+    # Same load everywhere; "slow" learned a rate that puts this request past its SLO.
+    profile = scorers_from_weights("scored", PickingSettings().weights)
+    endpoints = [
+        view("slow", prefill=2000, waiting=1, predicted_ms=900, slo_ms=300),
+        view("fast", prefill=2000, waiting=1, predicted_ms=120, slo_ms=300),
+    ]
+    for seed in range(20):
+        assert [r.url for r in rank(endpoints, profile, random.Random(seed))] == ["fast", "slow"]

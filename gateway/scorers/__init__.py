@@ -7,6 +7,7 @@ from laneway.gateway.scorers.in_flight import InFlightScorer
 from laneway.gateway.scorers.kv_usage import KVUsageScorer
 from laneway.gateway.scorers.prefill_tokens import PrefillTokensScorer
 from laneway.gateway.scorers.queue_depth import QueueDepthScorer
+from laneway.gateway.scorers.ttft_slo import TtftSloScorer
 
 # Config name (GatewayConfig spec.picking.weights) -> scorer.
 SCORERS: dict[str, Scorer] = {
@@ -14,6 +15,7 @@ SCORERS: dict[str, Scorer] = {
     "kvCacheUsage": KVUsageScorer(),
     "inFlightRequests": InFlightScorer(),
     "prefillTokens": PrefillTokensScorer(),
+    "ttftSlo": TtftSloScorer(),
 }
 
 __all__ = ["SCORERS", "EndpointView", "Scorer"]

@@ -22,6 +22,8 @@ class EndpointView:
     in_flight: int  # requests this gateway has sent and not yet finished
     prefill_tokens: int  # prompt tokens sent whose first token has not come back yet
     engine: EngineMetrics | None  # None: no fresh scrape
+    predicted_ttft_ms: float | None = None  # this request's first token here (slo.py)
+    ttft_slo_ms: int | None = None  # the pool's slo.ttftMillis
 
 
 class Scorer(Protocol):
