@@ -7,9 +7,9 @@ from aiohttp import web
 from laneway.gateway.batches import BatchStore
 from laneway.gateway.files import FileStore
 from laneway.gateway.state_metrics import StateMetrics
-from laneway.gateway.tenants import RateLimiter, Tenant, TenantDirectory
+from laneway.gateway.tenants import RateLimiter, Tenant, TenantKeys
 
-TENANTS = web.AppKey("tenants", TenantDirectory)  # absent: auth is off
+TENANTS = web.AppKey("tenants", TenantKeys)  # absent: auth is off
 LIMITER = web.AppKey("limiter", RateLimiter)
 INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof on loopback
 FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API

@@ -60,11 +60,11 @@ from laneway.gateway.tenants import (
     InMemoryRateLimiter,
     RedisRateLimiter,
     Tenant,
-    TenantDirectory,
-    load_tenants,
+    TenantKeys,
     retry_after_header,
 )
 
+TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -73,7 +73,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @dataclass(frozen=True)
 class SharedStateOptions:
     redis: RedisSettings | None = None  # None: in-memory, one replica
-    tenants: TenantDirectory | None = None  # None: auth off, every request is anonymous
+    tenants: TenantKeys | None = None  # None: auth off, every request is anonymous
+    tenants_reload_s: float = TENANTS_RELOAD_S
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     max_file_bytes: int = MAX_FILE_BYTES
     load_lease_s: float = DEFAULT_LEASE_S
@@ -96,6 +97,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
     if options.tenants is not None:
         app[TENANTS] = options.tenants
+        app.cleanup_ctx.append(_reload_tenants(options.tenants, options.tenants_reload_s))
     app.middlewares.append(tenant_middleware)
     add_routes(app)
     if options.redis is None:
@@ -113,6 +115,24 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app.cleanup_ctx.append(_background(redis, tracker, options))
 
 
+def _reload_tenants(
+    keys: TenantKeys, every_s: float
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                await asyncio.to_thread(keys.refresh)
+
+        task = asyncio.create_task(watch(), name="tenant-keys")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return run
+
+
 def announce_listening(app: web.Application, host: str, port: int) -> None:
     if LOOPBACK in app:
         local = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -123,10 +143,10 @@ def _background(
     redis: Redis, tracker: RedisLoadTracker, options: SharedStateOptions
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def run(app: web.Application) -> AsyncIterator[None]:
-        directory = options.tenants
+        keys = options.tenants
 
         def weight(name: str) -> float:
-            found = directory and next((t for t in directory.tenants if t.name == name), None)
+            found = keys.directory.named(name) if keys else None
             return found.weight if found else 1.0
 
         loopback = app[LOOPBACK]
@@ -168,7 +188,7 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
         request[TENANT] = _named(app, request.headers.get(TENANT_HEADER, ""))
     elif TENANTS in app:
         authorization = request.headers.get("Authorization")
-        tenant = app[TENANTS].authenticate(authorization)
+        tenant = app[TENANTS].directory.authenticate(authorization)
         if tenant is None:
             app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
             raise ApiError(
@@ -185,11 +205,8 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def _named(app: web.Application, name: str) -> Tenant:
-    if TENANTS in app:
-        for tenant in app[TENANTS].tenants:
-            if tenant.name == name:
-                return tenant
-    return Tenant(name) if name else ANONYMOUS_TENANT
+    known = app[TENANTS].directory.named(name) if TENANTS in app else None
+    return known or (Tenant(name) if name else ANONYMOUS_TENANT)
 
 
 def tenant_name(request: web.Request) -> str:
@@ -238,7 +255,7 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         raise UsageError(f"--max-file-bytes must be at least 1, got {args.max_file_bytes}")
     return SharedStateOptions(
         redis=redis_settings(args.redis_url),
-        tenants=load_tenants(args.tenants) if args.tenants else None,
+        tenants=TenantKeys(args.tenants) if args.tenants else None,
         dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
         max_file_bytes=args.max_file_bytes,
         # A replica's load outlives it by one lease; batch items wait as long.

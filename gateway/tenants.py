@@ -19,6 +19,8 @@ arithmetic in a Lua script, so every replica draws from one bucket in one round 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import math
 import time
@@ -68,6 +70,47 @@ class TenantDirectory:
         if scheme.lower() != "bearer":
             return None
         return self.by_key.get(key.strip())
+
+    def named(self, name: str) -> Tenant | None:
+        return next((t for t in self.by_key.values() if t.name == name), None)
+
+
+class TenantKeys:
+    """The keys file as last read; `refresh` reads it again when its content changed.
+
+    A Kubernetes Secret mounted as a volume is updated in place when it is rotated, so new
+    keys take effect without a restart. A file that stops parsing keeps the previous keys.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fingerprint = _fingerprint(self.path)
+        self.directory = load_tenants(self.path)
+
+    def refresh(self) -> bool:
+        """True when the keys changed."""
+        fingerprint = _fingerprint(self.path)
+        if fingerprint == self._fingerprint:
+            return False
+        self._fingerprint = fingerprint  # a broken file is reported once, not every check
+        try:
+            self.directory = load_tenants(self.path)
+        except UsageError as error:
+            log.warning("keeping the previous tenant keys: %s", error)
+            return False
+        log.info("tenant keys reloaded from %s", self.path)
+        return True
+
+
+def _fingerprint(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    files = (
+        sorted(p for p in path.iterdir() if not p.name.startswith(".")) if path.is_dir() else [path]
+    )
+    for file in files:
+        with contextlib.suppress(OSError):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.digest()
 
 
 def load_tenants(path: str | Path) -> TenantDirectory:

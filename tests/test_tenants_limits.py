@@ -17,6 +17,7 @@ from laneway.gateway.tenants import (
     LimitDecision,
     RedisRateLimiter,
     Tenant,
+    TenantKeys,
     load_tenants,
     retry_after_header,
     take,
@@ -214,3 +215,28 @@ async def test_redis_limiter_falls_back_to_local_buckets_and_recovers(
         assert await redis.exists("laneway:limit:fallback:requests") == 1
     finally:
         await redis.aclose()
+
+
+def test_rotated_keys_take_effect_and_a_broken_file_keeps_the_old_ones(tmp_path: Path) -> None:
+    # A Secret volume as the kubelet rotates it: new folder, then the ..data link swapped.
+    first = tmp_path / "..2026_11_29_09_00_00.1"
+    first.mkdir()
+    (first / "tenants.yaml").write_text("tenants: [{name: a, apiKeys: [sk-old]}]")
+    os.symlink(first.name, tmp_path / "..data")
+    os.symlink("..data/tenants.yaml", tmp_path / "tenants.yaml")
+    keys = TenantKeys(tmp_path)
+    assert not keys.refresh()  # nothing changed
+    assert keys.directory.authenticate("Bearer sk-old") == Tenant("a")
+
+    second = tmp_path / "..2026_11_29_10_00_00.2"
+    second.mkdir()
+    (second / "tenants.yaml").write_text("tenants: [{name: a, apiKeys: [sk-new]}]")
+    os.symlink(second.name, tmp_path / "..data_tmp")
+    os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+    assert keys.refresh()
+    assert keys.directory.authenticate("Bearer sk-new") == Tenant("a")
+    assert keys.directory.authenticate("Bearer sk-old") is None
+
+    (second / "tenants.yaml").write_text("tenants: [{name: a}]")  # no apiKeys: invalid
+    assert not keys.refresh()
+    assert keys.directory.authenticate("Bearer sk-new") == Tenant("a")
