@@ -8,12 +8,15 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from laneway.errors import UsageError
 from laneway.gateway.redis_cli import add_gateway_flags
 
 REDIS_URL_ENV = "LANEWAY_REDIS_URL"
+# Where Kubernetes mounts a pod's own namespace with its service account token.
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def register(
@@ -39,7 +42,16 @@ def register(
         "hold only the GatewayConfig)",
     )
     gateway.add_argument(
-        "--namespace", help="with --kubernetes: the namespace to watch (default: the pod's own)"
+        "--namespace",
+        help="with --kubernetes: the one namespace to watch (default: the pod's own, read from "
+        f"{POD_NAMESPACE_FILE}; every namespace when that file does not exist, i.e. outside "
+        "a pod)",
+    )
+    gateway.add_argument(
+        "--all-namespaces",
+        action="store_true",
+        help="with --kubernetes: watch every namespace, even in a pod (needs the cluster-wide "
+        "role of manifests/rbac/gateway.yaml)",
     )
     gateway.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     gateway.add_argument(
@@ -66,8 +78,12 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.namespace and not args.kubernetes:
-        raise UsageError("--namespace needs --kubernetes")
+    for flag, given in (
+        ("--namespace", args.namespace is not None),
+        ("--all-namespaces", args.all_namespaces),
+    ):
+        if given and not args.kubernetes:
+            raise UsageError(f"{flag} needs --kubernetes")
     shared = options_from_args(args)
     if args.config is None and not args.kubernetes:
         raise UsageError("give --config FILE with the pools, or --kubernetes to watch them")
@@ -77,7 +93,10 @@ def run_gateway(args: argparse.Namespace) -> int:
     if args.kubernetes:
         from laneway.gateway.discovery import KubernetesPoolSource
 
-        source = KubernetesPoolSource(namespace=args.namespace)
+        namespace = watched_namespace(args)
+        where = f"namespace {namespace}" if namespace else "every namespace"
+        print(f"laneway gateway: watching InferencePools in {where}", file=sys.stderr, flush=True)
+        source = KubernetesPoolSource(namespace=namespace)
     else:
         assert loaded is not None
         if not loaded.pools:
@@ -87,6 +106,30 @@ def run_gateway(args: argparse.Namespace) -> int:
     app = create_app(settings, source)
     install(app, shared)
     return asyncio.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
+
+
+def watched_namespace(args: argparse.Namespace, pod_file: Path = POD_NAMESPACE_FILE) -> str | None:
+    """--namespace, else the pod's own namespace, else None: every namespace."""
+    if args.namespace is not None and args.all_namespaces:
+        raise UsageError("give --namespace NS or --all-namespaces, not both")
+    if args.all_namespaces:
+        return None
+    if args.namespace is not None:
+        if not args.namespace:
+            raise UsageError("--namespace must not be empty (--all-namespaces watches every one)")
+        return str(args.namespace)
+    try:
+        namespace = pod_file.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None  # not in a pod (or no service account mounted): the kubeconfig's cluster
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            f"cannot read the pod's namespace from {pod_file}: {error}; "
+            "give --namespace NS or --all-namespaces"
+        ) from None
+    if not namespace:
+        raise UsageError(f"{pod_file} is empty; give --namespace NS or --all-namespaces")
+    return namespace
 
 
 async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:

@@ -170,18 +170,32 @@ def test_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "document 0 (InferencePool realtime): spec.lane: must be one of" in result.stderr
 
 
-def test_a_pool_source_that_fails_stops_the_gateway_with_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "watching"),
+    [
+        # Without --namespace: the pod's own, or every one outside a pod (test_gateway_cli.py).
+        ([], "laneway gateway: watching InferencePools in "),
+        (
+            ["--namespace", "serving"],
+            "laneway gateway: watching InferencePools in namespace serving",
+        ),
+    ],
+)
+def test_a_pool_source_that_fails_stops_the_gateway_with_one_line(
+    tmp_path: Path, flags: list[str], watching: str
+) -> None:
     # No cluster to watch: the Kubernetes source fails, and the gateway must not keep
     # serving blind; it exits 1 so that its supervisor restarts it.
     environment = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     environment["KUBECONFIG"] = str(tmp_path / "absent-kubeconfig")
     result = subprocess.run(
-        [sys.executable, "-m", "laneway.cli", "gateway", "--kubernetes", "--port", "0"],
+        [sys.executable, "-m", "laneway.cli", "gateway", "--kubernetes", "--port", "0", *flags],
         capture_output=True,
         text=True,
         timeout=60,
         env=environment,
     )
     assert result.returncode == 1
+    assert watching in result.stderr
     assert "laneway gateway: error: the pool source failed:" in result.stderr
     assert "Traceback" not in result.stderr
