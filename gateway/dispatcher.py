@@ -44,7 +44,12 @@ log = logging.getLogger("laneway.gateway.dispatcher")
 
 INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
 TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
-RETRYABLE = (429, 502, 503, 504)
+# The lane is full or has no endpoint right now: wait and try again, for as long as the
+# batch's window lasts (batch items are paced by this dispatcher, not by per-minute limits,
+# so a 429 here always means saturation).
+SATURATED = (429, 503)
+UPSTREAM_FAILED = (500, 502, 504)  # counted: the item fails after max_attempts of these
+EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class DispatchSettings:
     concurrency: int = BATCH_CONCURRENCY
     lease_s: float = BATCH_LEASE_S
     poll_s: float = 0.2  # how often to look for new items when idle
-    max_attempts: int = 5  # tries per item against a saturated or unreachable lane
+    max_attempts: int = 5  # failed tries (5xx, unreachable) before an item fails
     retry_backoff_s: float = 1.0
     request_timeout_s: float = 3600.0
 
@@ -184,65 +189,72 @@ class Dispatcher:
         """None when another replica already wrote this item's result."""
         if await self._store.has_result(item):
             return None
-        state = await self._store.status(item.batch_id)
-        if state is None:
-            return None  # the batch is gone (Redis lost it): nothing to write
-        status, expires_at = state
-        if status in (Status.CANCELLING, Status.CANCELLED):
-            return Result(Outcome.SKIPPED, None)
-        if self._clock() > expires_at:
-            expired = LineError(
-                item.index,
-                item.custom_id,
-                "batch_expired",
-                "This request could not be executed before the completion window expired.",
-            )
-            return Result(Outcome.EXPIRED, error_line(item.batch_id, expired))
-        return await self._call(item)
+        failures: list[str] = []
+        while True:
+            # Checked before every try: a batch cancelled or expired meanwhile stops here.
+            state = await self._store.status(item.batch_id)
+            if state is None:
+                return None  # the batch is gone (Redis lost it): nothing to write
+            status, expires_at = state
+            if status in (Status.CANCELLING, Status.CANCELLED):
+                return Result(Outcome.SKIPPED, None)
+            if self._clock() > expires_at:
+                return _give_up(item, Outcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
+            answer = await self._try(item)
+            if isinstance(answer, Result):
+                return answer
+            if isinstance(answer, str):
+                failures.append(answer)
+                if len(failures) == self._settings.max_attempts:
+                    message = (
+                        f"line {item.index + 1}: the batch lane failed "
+                        f"{len(failures)} times, last: {failures[-1]}"
+                    )
+                    return _give_up(item, Outcome.FAILED, "batch_lane_unreachable", message)
+                await asyncio.sleep(self._settings.retry_backoff_s * len(failures))
+            else:
+                await asyncio.sleep(answer)  # saturated: wait as long as it says, no limit
 
-    async def _call(self, item: QueuedItem) -> Result:
+    async def _try(self, item: QueuedItem) -> Result | str | float:
+        """A final result; a failure to count (str); or seconds to wait while saturated."""
         headers = {
             "Content-Type": "application/json",
             LANE_HEADER: "batch",
             INTERNAL_HEADER: self._secret,
             TENANT_HEADER: item.tenant,
         }
+        target = self._target()
+        assert target is not None
         timeout = aiohttp.ClientTimeout(total=self._settings.request_timeout_s)
-        last_problem = ""
-        for attempt in range(self._settings.max_attempts):
-            target = self._target()
-            assert target is not None
+        try:
+            async with self._session.post(
+                f"{target}{item.endpoint}", data=item.body, headers=headers, timeout=timeout
+            ) as response:
+                raw = await response.read()
+                status = response.status
+                retry_after = response.headers.get("Retry-After", "")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return f"{type(error).__name__}: {error}"
+        if status in SATURATED:
             try:
-                async with self._session.post(
-                    f"{target}{item.endpoint}", data=item.body, headers=headers, timeout=timeout
-                ) as response:
-                    raw = await response.read()
-                    status = response.status
-                    retry_after = response.headers.get("Retry-After", "")
-            except (aiohttp.ClientError, TimeoutError) as error:
-                last_problem = f"{type(error).__name__}: {error}"
-            else:
-                body = _json_or_text(raw)
-                if status not in RETRYABLE or attempt + 1 == self._settings.max_attempts:
-                    line = response_line(item.batch_id, item.index, item.custom_id, status, body)
-                    ok = 200 <= status < 300
-                    if ok and isinstance(body, dict):
-                        usage = body.get("usage") or {}
-                        self._ready.charge(item.tenant, int(usage.get("completion_tokens", 0)))
-                    return Result(Outcome.COMPLETED if ok else Outcome.FAILED, line)
-                last_problem = f"HTTP {status}"
-                with contextlib.suppress(ValueError):
-                    await asyncio.sleep(float(retry_after))
-                    continue
-            await asyncio.sleep(self._settings.retry_backoff_s * (attempt + 1))
-        gave_up = LineError(
-            item.index,
-            item.custom_id,
-            "batch_lane_unreachable",
-            f"line {item.index + 1}: no answer after {self._settings.max_attempts} attempts: "
-            f"{last_problem}",
-        )
-        return Result(Outcome.FAILED, error_line(item.batch_id, gave_up))
+                return max(float(retry_after), self._settings.retry_backoff_s)
+            except ValueError:
+                return self._settings.retry_backoff_s
+        if status in UPSTREAM_FAILED:
+            return f"HTTP {status}"
+        body = _json_or_text(raw)
+        line = response_line(item.batch_id, item.index, item.custom_id, status, body)
+        if not 200 <= status < 300:
+            return Result(Outcome.FAILED, line)
+        if isinstance(body, dict):
+            usage = body.get("usage") or {}
+            self._ready.charge(item.tenant, int(usage.get("completion_tokens", 0)))
+        return Result(Outcome.COMPLETED, line)
+
+
+def _give_up(item: QueuedItem, outcome: Outcome, code: str, message: str) -> Result:
+    error = LineError(item.index, item.custom_id, code, message)
+    return Result(outcome, error_line(item.batch_id, error))
 
 
 def _json_or_text(raw: bytes) -> object:

@@ -52,6 +52,8 @@ class Lane:
         if len(self.calls) == 2:
             self.second_call.set()
         await asyncio.sleep(self.delay_s)
+        if text.startswith("crash"):
+            return web.json_response({"error": {"message": "engine died"}}, status=502)
         if text.startswith("bad"):
             return web.json_response(
                 {"error": {"message": "no such model", "type": "not_found_error"}}, status=404
@@ -185,22 +187,25 @@ async def test_a_small_tenant_is_served_between_a_large_tenants_items(
 async def test_saturation_is_retried_and_errors_go_to_the_error_file(
     harness: Harness, run_dispatcher: list[asyncio.Task[None]]
 ) -> None:
-    harness.lane.refuse_first = {"busy": 2}
-    batch_id = await harness.submit("t", ["fine", "busy", "bad model"])
+    harness.lane.refuse_first = {"busy": 7}  # saturation is waited out, however long
+    batch_id = await harness.submit("t", ["fine", "busy", "bad model", "crash"])
     await start(harness, run_dispatcher, concurrency=2)
     batch = await harness.wait_finished(batch_id, "t")
-    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert batch["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
     output = await harness.output(batch, "output_file_id", "t")
     assert sorted(line["custom_id"] for line in output) == ["t-0", "t-1"]  # type: ignore[type-var]
-    errors = await harness.output(batch, "error_file_id", "t")
-    assert errors[0]["custom_id"] == "t-2"
-    with pytest.raises(ApiError, match="is completed and cannot be cancelled"):
-        await harness.store.cancel(batch_id, "t", now=5.0)
-    assert errors[0]["response"] == {
+    errors = {line["custom_id"]: line for line in await harness.output(batch, "error_file_id", "t")}
+    assert errors["t-2"]["response"] == {
         "status_code": 404,
-        "request_id": errors[0]["id"],
+        "request_id": errors["t-2"]["id"],
         "body": {"error": {"message": "no such model", "type": "not_found_error"}},
     }
+    crashed = errors["t-3"]["error"]
+    assert isinstance(crashed, dict)
+    assert crashed["code"] == "batch_lane_unreachable"
+    assert "failed 5 times, last: HTTP 502" in crashed["message"]
+    with pytest.raises(ApiError, match="is completed and cannot be cancelled"):
+        await harness.store.cancel(batch_id, "t", now=5.0)
 
 
 async def test_cancel_stops_the_rest_and_keeps_what_finished(
