@@ -20,6 +20,7 @@ transaction: an accepted batch is never half-enqueued.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -260,6 +261,17 @@ return {1, settled, tonumber(redis.call('HGET', KEYS[2], 'total'))}
 """
 
 
+# KEYS: batch key. ARGV: now. Moves an in-progress batch to cancelling; returns the status
+# it found, so the caller knows whether it was in progress.
+CANCEL_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelling', 'cancelling_at', ARGV[1])
+end
+return status
+"""
+
+
 @dataclass(frozen=True)
 class QueuedItem:
     stream: str
@@ -283,6 +295,7 @@ class BatchStore:
         self._files = files
         self._prefix = prefix
         self._settle = redis.register_script(SETTLE_LUA)
+        self._cancel = redis.register_script(CANCEL_LUA)
 
     def batch_key(self, batch_id: str) -> str:
         return f"{self._prefix}:batch:{batch_id}"
@@ -310,7 +323,9 @@ class BatchStore:
                 "invalid_request",
                 "input_file_id",
             )
-        items, errors = parse_input(await self._files.content(source.id, tenant), request.endpoint)
+        content = await self._files.content(source.id, tenant)
+        # A large file takes a while to parse: off the event loop, so requests keep flowing.
+        items, errors = await asyncio.to_thread(parse_input, content, request.endpoint)
         total = len(items) + len(errors)
         if total == 0:
             raise ApiError(400, "The input file holds no requests", "invalid_request")
@@ -413,19 +428,18 @@ class BatchStore:
         }
 
     async def cancel(self, batch_id: str, tenant: str, now: float) -> dict[str, object]:
-        current = await self.get(batch_id, tenant)
-        if current["status"] == Status.IN_PROGRESS:
-            async with self._redis.pipeline(transaction=True) as tx:
-                tx.hset(
-                    self.batch_key(batch_id),
-                    mapping={"status": Status.CANCELLING, "cancelling_at": int(now)},
-                )
-                await tx.execute()
+        await self.get(batch_id, tenant)  # 404 unless it is this tenant's
+        # Atomic: a batch that finishes meanwhile must not be turned back to cancelling.
+        found = await self._cancel(keys=[self.batch_key(batch_id)], args=[int(now)])
+        if found is None:
+            raise not_found("batch", batch_id)
+        status = as_text(found)
+        if status == Status.IN_PROGRESS:
             await self.finalize_if_settled(batch_id, now)
-        elif current["status"] not in (Status.CANCELLING, Status.CANCELLED):
+        elif status not in (Status.CANCELLING, Status.CANCELLED):
             raise ApiError(
                 400,
-                f"Batch {batch_id!r} is {current['status']} and cannot be cancelled",
+                f"Batch {batch_id!r} is {status} and cannot be cancelled",
                 "batch_not_cancellable",
             )
         return await self.get(batch_id, tenant)
@@ -498,7 +512,7 @@ class BatchStore:
             for kind, lines in (("output", outputs), ("errors", failures)):
                 if not lines:
                     continue
-                content = jsonl(lines)
+                content = await asyncio.to_thread(jsonl, lines)
                 # Derived from the batch, so a second finalizing run rewrites the same files.
                 file = FileObject(
                     id=f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{kind}').hex}",
