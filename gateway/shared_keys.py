@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from laneway.gateway.batches import BatchStore
@@ -16,6 +18,17 @@ FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/B
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
 STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
+
+
+class Loopback:
+    """This gateway's own base URL, known once it listens."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+
+
+LOOPBACK = web.AppKey("loopback", Loopback)  # where the dispatcher reaches the batch lane
+DISPATCHING = web.AppKey("dispatching", list[asyncio.Task[None]])  # stopped on shutdown
 
 TENANT = web.RequestKey("tenant", Tenant)
 # Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.

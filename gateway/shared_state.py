@@ -45,14 +45,17 @@ from laneway.gateway.redis_state import (
 )
 from laneway.gateway.shared_keys import (
     BATCH_STORE,
+    DISPATCHING,
     FILE_SIZE_LIMIT,
     FILE_STORE,
     INTERNAL,
     INTERNAL_SECRET,
     LIMITER,
+    LOOPBACK,
     STATE_METRICS,
     TENANT,
     TENANTS,
+    Loopback,
 )
 from laneway.gateway.state_metrics import StateMetrics
 from laneway.gateway.tenants import (
@@ -80,16 +83,6 @@ class SharedStateOptions:
     load_lease_s: float = DEFAULT_LEASE_S
 
 
-class Loopback:
-    """This gateway's own base URL, known once it listens."""
-
-    def __init__(self) -> None:
-        self.url: str | None = None
-
-
-LOOPBACK = web.AppKey("loopback", Loopback)
-
-
 def install(app: web.Application, options: SharedStateOptions) -> None:
     app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
     app[LOOPBACK] = Loopback()
@@ -112,7 +105,19 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[FILE_STORE] = files
     app[BATCH_STORE] = BatchStore(redis, files, prefix)
+    app[DISPATCHING] = []
     app.cleanup_ctx.append(_background(redis, tracker, options))
+    # Stop claiming and running batch items as soon as shutdown begins: this replica's
+    # own listener is about to close, and its items go to the other replicas at once.
+    app.on_shutdown.append(_stop_dispatching)
+
+
+async def _stop_dispatching(app: web.Application) -> None:
+    for task in app[DISPATCHING]:
+        task.cancel()
+    for task in app[DISPATCHING]:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _reload_tenants(
@@ -160,10 +165,9 @@ def _background(
             weight=weight,
             metrics=app[STATE_METRICS],
         )
-        tasks = [
-            asyncio.create_task(tracker.run(), name="load-heartbeat"),
-            asyncio.create_task(dispatcher.run(), name="batch-dispatcher"),
-        ]
+        dispatching = asyncio.create_task(dispatcher.run(), name="batch-dispatcher")
+        app[DISPATCHING].append(dispatching)
+        tasks = [asyncio.create_task(tracker.run(), name="load-heartbeat"), dispatching]
         yield
         for task in tasks:
             task.cancel()

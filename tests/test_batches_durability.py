@@ -1,4 +1,4 @@
-"""A gateway killed with SIGKILL mid-batch: its items are reclaimed and each result written once."""
+"""A gateway stopped mid-batch (SIGKILL or SIGTERM): its items are reclaimed, each written once."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import openai
+import pytest
 import redis
 from redis_fleet import chat_line, start_engines, start_gateway, wait_for, write_config
 
@@ -21,7 +22,8 @@ def consumer_of(pid: int) -> str:
     return f"{socket.gethostname()}-{pid}-"
 
 
-def test_items_of_a_killed_gateway_complete_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_items_of_a_stopped_gateway_complete_exactly_once(tmp_path: Path, stop: str) -> None:
     with LocalRedis() as server, Children() as children:
         # Real-time engines: each item takes a few tenths of a second, so the kill lands
         # while the doomed replica holds some.
@@ -47,10 +49,14 @@ def test_items_of_a_killed_gateway_complete_exactly_once(tmp_path: Path) -> None
                 return int(mine[0]["pending"]) if mine else 0
 
             wait_for("the doomed replica to hold items", doomed_pending, patience=30)
-            doomed.kill_now()
-            # What it held stays pending under its name: only a reclaim can take it over.
-            orphaned = doomed_pending()
-            assert orphaned > 0
+            if stop == "SIGKILL":
+                doomed.kill_now()
+                # What it held stays pending under its name: only a reclaim takes it over.
+                assert doomed_pending() > 0
+            else:
+                # A clean stop: it stops dispatching at once, hands its items over (marked
+                # idle for a lease, so the next reclaim takes them) and exits by itself.
+                assert doomed.stop() == 0
             progress = client.batches.retrieve(batch.id).request_counts
             assert progress is not None
             assert progress.completed < ITEMS  # killed mid-batch
