@@ -10,6 +10,7 @@ to change.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
@@ -30,6 +31,7 @@ import yaml
 
 from laneway import __version__
 from laneway.api import check_pool_set, parse_pool
+from laneway.cli import build_parser
 from laneway.gateway.config import GatewaySettings, parse_documents
 from laneway.procs import Children, laneway_argv
 
@@ -156,12 +158,17 @@ def test_schema_validation_is_strict_enough_to_catch_a_misplaced_field(
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
 
 
-def test_every_object_lives_in_the_release_namespace(
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+CLUSTER_WIDE_SETS = [s for s in VALUE_SETS if s == "production"]  # watchAllNamespaces: true
+
+
+def test_every_object_lives_in_the_release_namespace_unless_cluster_scoped(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     for objects in rendered.values():
         for manifest in objects:
-            assert manifest["metadata"]["namespace"] == NAMESPACE, manifest["metadata"]["name"]
+            expected = None if manifest["kind"] in CLUSTER_SCOPED else NAMESPACE
+            assert manifest["metadata"].get("namespace") == expected, manifest["metadata"]["name"]
 
 
 def test_every_object_carries_the_standard_labels(rendered: dict[str, list[Manifest]]) -> None:
@@ -208,6 +215,51 @@ def test_production_gateway_config_reaches_the_gateway(
     assert "/etc/laneway/tokenizer" in mounts
 
 
+def test_tenants_secret_is_mounted_where_the_gateway_reads_it(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    gateway = deployment(rendered["production"], "gateway")
+    args = container(gateway)["args"]
+    path = args[args.index("--tenants") + 1]
+    mount = next(m for m in container(gateway)["volumeMounts"] if m["mountPath"] == path)
+    volumes = gateway["spec"]["template"]["spec"]["volumes"]
+    volume = next(v for v in volumes if v["name"] == mount["name"])
+    assert volume["secret"] == {"secretName": "laneway-tenants"}
+    assert "--tenants" not in container(deployment(rendered["default"], "gateway"))["args"]
+
+
+def test_default_batch_flags_are_the_gateways_own_defaults(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    args = parse_laneway(container(deployment(rendered["default"], "gateway"))["args"])
+    defaults = parse_laneway(["gateway", "--kubernetes"])
+    for flag in ("batch_concurrency", "batch_lease", "max_file_bytes"):
+        assert getattr(args, flag) == getattr(defaults, flag), flag
+
+
+def parse_laneway(argv: list[str]) -> argparse.Namespace:
+    """Parse a container's args with the real `laneway` parser; fail on what it rejects."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as error:
+        pytest.fail(f"laneway rejects {argv}: exit {error.code}")
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_container_command_is_one_laneway_accepts(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    for component in ("gateway", "operator"):
+        found = [
+            o
+            for o in rendered[value_set]
+            if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(f"-{component}")
+        ]
+        for manifest in found:
+            parsed = parse_laneway(container(manifest)["args"])
+            assert parsed.command == component
+
+
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_gateway_runs_in_kubernetes_mode_with_its_config_mounted(
     rendered: dict[str, list[Manifest]], value_set: str
@@ -218,7 +270,11 @@ def test_gateway_runs_in_kubernetes_mode_with_its_config_mounted(
     args = main["args"]
     assert args[0] == "gateway"
     assert "--kubernetes" in args
-    assert args[args.index("--namespace") + 1] == NAMESPACE
+    if value_set in CLUSTER_WIDE_SETS:
+        assert "--all-namespaces" in args
+        assert "--namespace" not in args
+    else:
+        assert args[args.index("--namespace") + 1] == NAMESPACE
     config_path = Path(args[args.index("--config") + 1])
     mount = next(m for m in main["volumeMounts"] if m["mountPath"] == str(config_path.parent))
     volume = next(
@@ -337,19 +393,19 @@ def documented_rules(component: str) -> dict[tuple[str, str], set[str]]:
     return rules_of(documents, "ClusterRole", f"laneway-{component}")
 
 
-def test_gateway_role_grants_exactly_the_documented_reads(
-    rendered: dict[str, list[Manifest]],
+@pytest.mark.parametrize("value_set", ["default", *CLUSTER_WIDE_SETS])
+def test_roles_grant_exactly_the_documented_rules(
+    rendered: dict[str, list[Manifest]], value_set: str
 ) -> None:
-    rules = rules_of(rendered["default"], "Role", "-gateway")
-    assert rules == documented_rules("gateway")
-    assert all(verbs <= READ for verbs in rules.values())
-
-
-def test_operator_roles_grant_exactly_the_documented_rules(
-    rendered: dict[str, list[Manifest]],
-) -> None:
-    objects = rendered["default"]
-    assert rules_of(objects, "Role", "-operator") == documented_rules("operator")
+    objects = rendered[value_set]
+    kind = "ClusterRole" if value_set in CLUSTER_WIDE_SETS else "Role"
+    gateway = rules_of(objects, kind, "-gateway")
+    assert gateway == documented_rules("gateway")
+    assert all(verbs <= READ for verbs in gateway.values()), "the gateway only reads"
+    assert rules_of(objects, kind, "-operator") == documented_rules("operator")
+    if kind == "ClusterRole":
+        names = {o["metadata"]["name"] for o in objects if o["kind"] in CLUSTER_SCOPED}
+        assert all(name.startswith(f"{NAMESPACE}-") for name in names), "no clash across releases"
 
 
 def test_a_record_asking_for_crd_access_fails_rendering(helm: str, tmp_path: Path) -> None:
@@ -371,11 +427,13 @@ def test_a_record_asking_for_crd_access_fails_rendering(helm: str, tmp_path: Pat
     assert "asks for CRD access, which a namespaced Role cannot grant" in result.stderr
 
 
-def test_nothing_is_granted_beyond_the_release_namespace(
+def test_nothing_is_granted_beyond_the_release_namespace_unless_asked(
     rendered: dict[str, list[Manifest]],
 ) -> None:
-    for objects in rendered.values():
-        assert not kinds(objects) & {"ClusterRole", "ClusterRoleBinding"}
+    for value_set, objects in rendered.items():
+        assert bool(kinds(objects) & CLUSTER_SCOPED) == (value_set in CLUSTER_WIDE_SETS)
+    operator = container(deployment(rendered["production"], "operator"))
+    assert "--namespace" not in operator["args"], "the operator's default: every namespace"
 
 
 def test_no_rule_uses_a_wildcard_and_bindings_name_rendered_accounts(
@@ -387,7 +445,7 @@ def test_no_rule_uses_a_wildcard_and_bindings_name_rendered_accounts(
             for rule in manifest.get("rules", []):
                 for key in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule[key], manifest["metadata"]["name"]
-            if manifest["kind"] == "RoleBinding":
+            if manifest["kind"] in ("RoleBinding", "ClusterRoleBinding"):
                 roles = {
                     o["metadata"]["name"]
                     for o in objects
@@ -659,6 +717,15 @@ def test_notes_tell_how_to_call_the_gateway(helm: str) -> None:
     assert "/v1/chat/completions" in notes
     assert "sim-realtime: lane interactive" in notes
     assert "without Redis keep separate state" in notes
+    assert 'api_key="unused"' in notes
+    production = run_helm(
+        helm, "install", RELEASE, str(CHART), "--dry-run=client", *values_args("production")
+    )
+    assert production.returncode == 0, production.stderr
+    notes = production.stdout.split("NOTES:", 1)[1]
+    assert "API-key auth is on (Secret laneway-tenants)" in notes
+    assert "watching InferencePools in every namespace" in notes
+    assert "without Redis" not in notes
 
 
 def test_values_schema_is_draft_7_so_helm_3_and_4_both_read_it() -> None:
