@@ -11,6 +11,7 @@ to change.
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import re
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,12 +29,15 @@ import jsonschema
 import kubernetes_validate
 import openai
 import pytest
+import redis as redis_client
 import yaml
 
 from laneway import __version__
 from laneway.api import check_pool_set, parse_pool
 from laneway.cli import build_parser
 from laneway.gateway.config import GatewaySettings, parse_documents
+from laneway.gateway.redis_server import free_port
+from laneway.gateway.redis_state import redis_settings
 from laneway.procs import Children, laneway_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -497,6 +502,52 @@ def test_bundled_redis_password_comes_from_a_generated_secret(
     redis_env = env_of(redis)
     assert redis_env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == reference
     assert "$(REDIS_PASSWORD)" in container(redis)["args"]
+
+
+def test_bundled_redis_command_and_gateway_env_work_with_the_real_server(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """Run the bundled Redis container's args (with the kubelet's $(VAR) expansion of the
+    Secret's password) as a real redis-server, and connect the way the gateway's env says."""
+    objects = rendered["redis"]
+    password = base64.b64decode(only(objects, "Secret", "-redis")["data"]["password"]).decode()
+    redis = container(deployment(objects, "redis"))
+    args = [a.replace("$(REDIS_PASSWORD)", password) for a in redis["args"]]
+    port = free_port()
+    args[args.index("--port") + 1] = str(port)
+    executable = shutil.which("redis-server")
+    if executable is None:
+        pytest.fail("redis-server is missing: scripts/install-tools.sh installs it")
+    server = subprocess.Popen([executable, *args, "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL)
+    try:
+        # The kubelet fills LANEWAY_REDIS_PASSWORD from the same Secret.
+        gateway_env = container(deployment(objects, "gateway"))["env"]
+        env = {e["name"]: e.get("value", password) for e in gateway_env}
+        settings = redis_settings(None, env)
+        assert settings is not None
+        assert settings.password == password
+        url = urllib.parse.urlsplit(settings.url)
+        with_password = redis_client.Redis(host="127.0.0.1", port=port, password=settings.password)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert with_password.ping()
+                break
+            except redis_client.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with pytest.raises(redis_client.AuthenticationError):
+            redis_client.Redis(host="127.0.0.1", port=port).ping()
+        assert with_password.config_get("save") == {"save": ""}
+        assert with_password.config_get("appendonly") == {"appendonly": "no"}
+        service = only(objects, "Service", "-redis")
+        assert url.hostname == service["metadata"]["name"]
+        assert url.port == service["spec"]["ports"][0]["port"]
+        with_password.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def test_external_redis_uses_the_existing_secret(rendered: dict[str, list[Manifest]]) -> None:
