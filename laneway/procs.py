@@ -53,8 +53,12 @@ class ChildError(RuntimeError):
 
 
 def laneway_argv(subcommand: str, *args: str) -> list[str]:
-    """`laneway SUBCOMMAND ARGS...` through this interpreter, so no console script is needed."""
-    return [sys.executable, "-m", "laneway.cli", subcommand, *args]
+    """`laneway SUBCOMMAND ARGS...` through this interpreter, so no console script is needed.
+
+    -P keeps the working directory off sys.path: run from the repository root, its operator/
+    folder would otherwise shadow the standard library's operator module.
+    """
+    return [sys.executable, "-P", "-m", "laneway.cli", subcommand, *args]
 
 
 class ChildProcess:

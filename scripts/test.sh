@@ -5,8 +5,10 @@ cd "$(dirname "$0")/.."
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+# Console scripts, not `python -m`: with the repo root first on sys.path, the operator/
+# folder would shadow the standard library's operator module.
+.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/typecheck.sh
-.venv/bin/python -m pytest "$@"
+.venv/bin/pytest "$@"
