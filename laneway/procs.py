@@ -23,6 +23,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -176,7 +177,14 @@ class ChildProcess:
     def _describe(self, reason: str) -> str:
         tail = self.stderr_tail().strip() or "".join(self._stdout_tail).strip() or "(no output)"
         indented = "\n".join(f"    {line}" for line in tail.splitlines())
-        return f"{self.name} ({' '.join(self.argv[2:])}) {reason}; its last output:\n{indented}"
+        return f"{self.name} ({self._command()}) {reason}; its last output:\n{indented}"
+
+    def _command(self) -> str:
+        """The command line as a person would type it: `laneway ...` for laneway children."""
+        argv = list(self.argv)
+        if "laneway.cli" in argv:
+            argv = ["laneway", *argv[argv.index("laneway.cli") + 1 :]]
+        return shlex.join(argv)
 
     def _read_stdout(self, stream: IO[bytes]) -> None:
         with stream:

@@ -72,7 +72,8 @@ def test_a_child_that_dies_before_ready_is_reported_with_its_stderr() -> None:
             READY,
         )
     message = str(raised.value)
-    assert "broken" in message
+    assert message.startswith("broken (")  # its name, then its command line
+    assert "import sys" in message
     assert "status 3" in message
     assert "bad flag --frobnicate" in message
 
@@ -295,3 +296,11 @@ def test_cpu_seconds_counts_what_the_child_burned() -> None:
         first = child.cpu_seconds()
         assert first > 0
         assert child.cpu_seconds() >= first
+
+
+def test_a_laneway_child_that_fails_names_its_command_as_typed() -> None:
+    with Children() as children, pytest.raises(ChildError) as raised:
+        children.start_laneway("sim", ["--port", "70000"], name="engine")
+    message = str(raised.value)
+    assert message.startswith("engine (laneway sim --port 70000) exited with status 2")
+    assert "--port must be between 0 and 65535" in message
