@@ -178,6 +178,11 @@ for _, replica in ipairs(redis.call('SMEMBERS', KEYS[2])) do
     reaped = reaped + 1
   end
 end
+-- Endpoints come and go: drop totals that are back to zero rather than keep them forever.
+local totals = redis.call('HGETALL', KEYS[1])
+for i = 1, #totals, 2 do
+  if tonumber(totals[i + 1]) == 0 then redis.call('HDEL', KEYS[1], totals[i]) end
+end
 return reaped
 """
 

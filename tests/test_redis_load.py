@@ -70,6 +70,7 @@ async def test_a_clean_leave_takes_the_share_out_at_once(redis_server: LocalRedi
         assert (await staying.loads([E2]))[E2] == EndpointLoad(1, 50)
         await leaving.leave()
         assert (await staying.loads([E2]))[E2] == EndpointLoad(0, 0)
+        assert await redis.hgetall("laneway:load") == {}  # no zero totals left behind
         assert await redis.smembers("laneway:load:replicas") == set()
     finally:
         await redis.aclose()
