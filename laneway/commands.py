@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+import signal
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def register(
@@ -85,9 +89,31 @@ def register(
     gateway.set_defaults(handler=run_bench_gateway)
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(main), where SIGTERM (a container stopping, say) acts as Ctrl-C does.
+
+    Like asyncio's own Ctrl-C handling, it cancels the main task, so every `finally` and
+    context manager (the children's shutdown above all) runs; then KeyboardInterrupt.
+    """
     import asyncio
-    import signal
+
+    async def cancelled_by_sigterm() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await main
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(cancelled_by_sigterm())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+def run_demo(args: argparse.Namespace) -> int:
     import sys
 
     from laneway.demo import DemoOptions, check_options
@@ -106,10 +132,8 @@ def run_demo(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
     )
     check_options(options)
-    # `kill` (a container stopping, say) ends the demo as cleanly as Ctrl-C does.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return asyncio.run(demo(options))
+        return run_async(demo(options))
     except ChildError as error:
         print(f"laneway demo: {error}", file=sys.stderr)
         return 1
@@ -119,7 +143,6 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench_gateway(args: argparse.Namespace) -> int:
-    import asyncio
     import json
     import shlex
     import sys
@@ -142,7 +165,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         raise UsageError(f"--json: the folder of {args.json} does not exist")
     command = "laneway " + shlex.join(sys.argv[1:])
     try:
-        report = asyncio.run(run_bench(options, command))
+        report = run_async(run_bench(options, command))
     except ChildError as error:
         print(f"laneway bench gateway: {error}", file=sys.stderr)
         return 1

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from marked_processes import marked_environment, marked_run, processes_marked
 
 from laneway.benchgw import (
     BenchOptions,
@@ -164,3 +167,34 @@ def test_render_lists_every_level_in_order() -> None:
     assert "a machine" in lines[0]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
     assert json.loads(json.dumps(report.to_json()))["levels"][2]["added_p50_s"] == 0
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    with marked_run() as mark:
+        yield mark
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_kill_mid_run_stops_the_engine_and_the_gateway(
+    marker: str, signum: signal.Signals
+) -> None:
+    bench = subprocess.Popen(
+        laneway_argv("bench", "gateway", "--concurrency", "20", "--requests", "1000000"),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=marked_environment(marker),
+    )
+    try:
+        assert bench.stderr is not None
+        next(line for line in bench.stderr if "through the gateway" in line)
+        assert len(processes_marked(marker)) == 3  # the bench, its engine and its gateway
+        bench.send_signal(signum)
+        _, stderr = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+        bench.wait()
+    assert bench.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert "Traceback" not in stderr
+    assert processes_marked(marker) == []

@@ -7,13 +7,13 @@ import os
 import signal
 import socket
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import openai
 import pytest
+from marked_processes import marked_environment, marked_run, processes_marked
 
 from laneway.api import Lane
 from laneway.cli import main
@@ -120,26 +120,8 @@ def test_the_table_has_a_row_per_lane_and_counts_per_pool() -> None:
 
 @pytest.fixture
 def marker() -> Iterator[str]:
-    """An environment marker that every process of one demo run inherits."""
-    mark = uuid.uuid4().hex
-    yield mark
-    for pid in processes_marked(mark):
-        os.kill(pid, signal.SIGKILL)
-
-
-def processes_marked(mark: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"LANEWAY_DEMO_TEST={mark}".encode() in environ.split(b"\0") and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+    with marked_run() as mark:
+        yield mark
 
 
 def demo_process(mark: str, *args: str) -> subprocess.Popen[str]:
@@ -148,7 +130,7 @@ def demo_process(mark: str, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "LANEWAY_DEMO_TEST": mark},
+        env=marked_environment(mark),
     )
 
 
