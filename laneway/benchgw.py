@@ -82,6 +82,8 @@ def check_options(options: BenchOptions) -> None:
         raise UsageError(f"--prompt-tokens must be within 1-{INTERACTIVE_MAX_PROMPT}")
     if options.output_tokens < 1:
         raise UsageError("--output-tokens must be at least 1")
+    if options.own_core and len(os.sched_getaffinity(0)) < 2:
+        raise UsageError("--own-core needs at least 2 CPUs to run on")
     if options.classify_tokens <= INTERACTIVE_MAX_PROMPT or options.classify_repeats < 1:
         raise UsageError(
             f"--classify-tokens must exceed {INTERACTIVE_MAX_PROMPT} (a batch-lane prompt)"
@@ -201,8 +203,8 @@ class BenchReport:
         return document
 
 
-def _ms(seconds: float | None, digits: int = 2) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.{digits}f}"
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f}"
 
 
 def render(report: BenchReport) -> list[str]:
@@ -526,8 +528,6 @@ def place(options: BenchOptions, engine: ChildProcess, gateway: ChildProcess) ->
     cpus = sorted(os.sched_getaffinity(0))
     if not options.own_core:
         return f"all processes share CPUs {_cpu_list(cpus)}"
-    if len(cpus) < 2:
-        raise UsageError("--own-core needs at least 2 CPUs")
     gateway_cpus, other_cpus = cpus[-1:], cpus[:-1]
     pin(gateway.pid, gateway_cpus)
     for pid in (engine.pid, os.getpid()):
