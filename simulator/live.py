@@ -15,10 +15,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION, KIND
 from laneway.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
-from laneway.procs import ChildProcess, Children
+from laneway.procs import ChildError, ChildProcess, Children
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import RunResult
@@ -40,6 +40,7 @@ DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the du
 WARM_UP_PER_REPLICA = 2
 
 Say = Callable[[str], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,11 @@ async def warm_up(gateway_url: str, config: ClusterConfig) -> None:
         )
 
 
+async def _busy_of(engines: Sequence[ChildProcess]) -> list[float]:
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines)))
+
+
 def result_from_records(
     config: ClusterConfig,
     scenario: SeedScenario,
@@ -240,6 +246,18 @@ async def _report_progress(generator: LoadGenerator, duration_s: float, say: Say
         )
 
 
+async def _guarded(children: Children, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`; if a child died meanwhile, say so rather than how a call failed."""
+    try:
+        return await children.watch(awaitable)
+    except aiohttp.ClientError as error:
+        await asyncio.sleep(0.5)  # give a dying child's exit status time to arrive
+        crashed = children.crashed()
+        if crashed:
+            raise ChildError(crashed[0].describe_exit()) from None
+        raise ChildError(f"the gateway or an engine stopped answering: {error}") from None
+
+
 async def run_live_config(
     config: ClusterConfig,
     scenario: SeedScenario,
@@ -275,9 +293,8 @@ async def run_live_config(
                 "gateway", ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
             )
 
-        await warm_up(gateway.url, config)
-        async with aiohttp.ClientSession() as session:
-            busy_before = await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines))
+        await _guarded(children, warm_up(gateway.url, config))
+        busy_before = await _guarded(children, _busy_of(engines))
         workload = workload_from_scenario(scenario, PUBLIC_MODEL, drain_s=DRAIN_S)
         generator = LoadGenerator(workload, gateway.url, time_scale)
         cpu_before = (
@@ -288,7 +305,7 @@ async def run_live_config(
         wall_before = time.perf_counter()
         progress = asyncio.create_task(_report_progress(generator, scenario.duration_s, say))
         try:
-            records = await children.watch(generator.run())
+            records = await _guarded(children, generator.run())
         finally:
             progress.cancel()
             await asyncio.gather(progress, return_exceptions=True)
@@ -299,8 +316,7 @@ async def run_live_config(
             wall_s=time.perf_counter() - wall_before,
         )
         end_s = generator.elapsed_s()
-        async with aiohttp.ClientSession() as session:
-            busy = await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines))
+        busy = await _guarded(children, _busy_of(engines))
         say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
     result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
     return LiveRun(result, tuple(records), generator.issued, cpu)
