@@ -11,7 +11,6 @@ ends, however it ends (laneway.procs).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -137,12 +136,6 @@ def gateway_documents(
         }
     )
     return documents
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def engine_busy_s(session: aiohttp.ClientSession, url: str) -> float:
@@ -299,8 +292,8 @@ async def run_live_config(
         generator = LoadGenerator(workload, gateway.url, time_scale)
         cpu_before = (
             time.process_time(),
-            cpu_seconds(gateway.pid),
-            sum(cpu_seconds(e.pid) for e in engines),
+            gateway.cpu_seconds(),
+            sum(e.cpu_seconds() for e in engines),
         )
         wall_before = time.perf_counter()
         progress = asyncio.create_task(_report_progress(generator, scenario.duration_s, say))
@@ -311,8 +304,8 @@ async def run_live_config(
             await asyncio.gather(progress, return_exceptions=True)
         cpu = CpuUse(
             generator_s=time.process_time() - cpu_before[0],
-            gateway_s=cpu_seconds(gateway.pid) - cpu_before[1],
-            engines_s=sum(cpu_seconds(e.pid) for e in engines) - cpu_before[2],
+            gateway_s=gateway.cpu_seconds() - cpu_before[1],
+            engines_s=sum(e.cpu_seconds() for e in engines) - cpu_before[2],
             wall_s=time.perf_counter() - wall_before,
         )
         end_s = generator.elapsed_s()
