@@ -44,7 +44,7 @@ _SIMULATOR_DEFAULT_RESOURCES: Mapping[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"memory": "512Mi"},
 }
-_NON_ROOT_UID = 1000
+_NON_ROOT_UID = 10001  # the laneway image's user; any non-root uid suits the engine images
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from laneway import __version__
+from laneway.api import parse_pool
+from laneway.operator.render import render_pool
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -117,6 +119,19 @@ def test_final_stage_runs_laneway_as_a_numeric_non_root_user(
     values = (ROOT / "charts" / "laneway" / "values.yaml").read_text()
     assert f"runAsUser: {uid}\n" in values
     assert f"runAsGroup: {gid}\n" in values
+    # So do the simulator engine pods the operator renders from the same image.
+    pool = parse_pool(
+        {
+            "apiVersion": "laneway.io/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {"name": "sim"},
+            "spec": {"lane": "interactive", "model": "m", "engine": {"kind": "simulator"}},
+        }
+    )
+    deployment = render_pool(pool).child("Deployment")
+    assert deployment is not None
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid))
 
 
 def test_base_images_are_pinned_and_the_same_in_both_stages(
