@@ -88,15 +88,12 @@ def register(
 
 def run_bench_redis(args: argparse.Namespace) -> int:
     import asyncio
-    import json
     import sys
-    from pathlib import Path
 
     from laneway.benchgw import parse_concurrency
-    from laneway.errors import UsageError
     from laneway.gateway.redis_bench import BenchOptions, check_options, render, run_bench
     from laneway.gateway.redis_state import redis_settings
-    from laneway.procs import ChildError
+    from laneway.outputs import check_output_folder, write_json
 
     options = BenchOptions(
         concurrency=parse_concurrency(args.concurrency),
@@ -108,15 +105,10 @@ def run_bench_redis(args: argparse.Namespace) -> int:
     check_options(options)
     if args.redis_url is not None:
         redis_settings(args.redis_url)  # a UsageError for a malformed URL
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json: the folder of {args.json} does not exist")
+    check_output_folder(args.json, "--json")
     command = " ".join(["laneway", *sys.argv[1:]])
-    try:
-        report = asyncio.run(run_bench(options, command))
-    except ChildError as error:
-        print(f"laneway bench redis: {error}", file=sys.stderr)
-        return 1
+    report = asyncio.run(run_bench(options, command))
     print("\n".join(render(report)))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        write_json(args.json, report.to_json())
     return 0

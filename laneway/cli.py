@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from laneway import __version__
-from laneway.errors import UsageError
+from laneway.errors import ChildError, UsageError
 
 COMPONENT_CLIS = (
     "laneway.simulator.cli",
@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"laneway {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except ChildError as error:
+        print(f"laneway {args.command}: error: a child process failed: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"laneway {args.command}: interrupted", file=sys.stderr)
         return 130

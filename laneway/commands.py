@@ -118,7 +118,6 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from laneway.demo import DemoOptions, check_options
     from laneway.demo import run_demo as demo
-    from laneway.procs import ChildError
 
     options = DemoOptions(
         host=args.host,
@@ -134,23 +133,17 @@ def run_demo(args: argparse.Namespace) -> int:
     check_options(options)
     try:
         return run_async(demo(options))
-    except ChildError as error:
-        print(f"laneway demo: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("laneway demo: stopped; the gateway and every engine have shut down", file=sys.stderr)
         return 0 if options.serve else 130
 
 
 def run_bench_gateway(args: argparse.Namespace) -> int:
-    import json
     import shlex
     import sys
-    from pathlib import Path
 
     from laneway.benchgw import BenchOptions, check_options, parse_concurrency, render, run_bench
-    from laneway.errors import UsageError
-    from laneway.procs import ChildError
+    from laneway.outputs import check_output_folder, write_json
 
     options = BenchOptions(
         concurrency=parse_concurrency(args.concurrency),
@@ -161,15 +154,10 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         own_core=args.own_core,
     )
     check_options(options)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json: the folder of {args.json} does not exist")
+    check_output_folder(args.json, "--json")
     command = "laneway " + shlex.join(sys.argv[1:])
-    try:
-        report = run_async(run_bench(options, command))
-    except ChildError as error:
-        print(f"laneway bench gateway: {error}", file=sys.stderr)
-        return 1
+    report = run_async(run_bench(options, command))
     print("\n".join(render(report)))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        write_json(args.json, report.to_json())
     return 0

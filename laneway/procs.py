@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TypeVar
 
+from laneway.errors import ChildError
+
 READY_PREFIXES = {
     "sim": "laneway sim: serving ",
     "gateway": "laneway gateway: listening on ",
@@ -47,10 +49,6 @@ T = TypeVar("T")
 
 # Every child not yet stopped, for the atexit hook.
 _LIVE: set[ChildProcess] = set()
-
-
-class ChildError(RuntimeError):
-    """A child died, never got ready, or was stopped before it was; says which and why."""
 
 
 def laneway_argv(subcommand: str, *args: str) -> list[str]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from laneway.errors import UsageError
+from laneway.outputs import check_output_folder, write_json
 from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import PROFILES, Profile
 from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
@@ -186,11 +186,6 @@ def scenario_from(args: argparse.Namespace) -> SeedScenario:
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _writable(path: Path | None, flag: str) -> None:
-    if path is not None and not path.parent.is_dir():
-        raise UsageError(f"{flag} {path}: directory {path.parent} does not exist")
-
-
 class _Progress:
     """One line per configuration on stderr, redrawn in place on a terminal."""
 
@@ -237,8 +232,8 @@ def run_seed(args: argparse.Namespace) -> int:
             f"--configs: unknown {', '.join(unknown) or '(none given)'}; "
             f"choose from {', '.join(CONFIG_NAMES)}"
         )
-    _writable(args.json, "--json")
-    _writable(args.plot, "--plot")
+    check_output_folder(args.json, "--json")
+    check_output_folder(args.plot, "--plot")
 
     profile = PROFILES[args.profile]
     configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
@@ -268,7 +263,7 @@ def run_seed(args: argparse.Namespace) -> int:
         from laneway.simulator.report import seed_json
 
         document = seed_json(scenario, profile.name, summaries, wall_s)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, document)
         print(f"\nwrote {args.json}", file=sys.stderr)
     if args.plot is not None:
         from laneway.simulator.plot import plot_seed

@@ -24,8 +24,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION, KIND
+from laneway.errors import ChildError
 from laneway.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
-from laneway.procs import ChildError, ChildProcess, Children
+from laneway.procs import ChildProcess, Children
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import RunResult

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 import time
@@ -13,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from laneway.loadgen import INTERACTIVE
-from laneway.procs import ChildError
+from laneway.outputs import write_json
 from laneway.simulator.live import LiveRun, run_live_config, stderr_say
 from laneway.simulator.profiles import Profile
 from laneway.simulator.report import (
@@ -84,11 +83,7 @@ def run_live_mode(
     heading: str,
 ) -> int:
     started = time.perf_counter()
-    try:
-        runs = asyncio.run(_run_all(configs, scenario, profile, time_scale))
-    except ChildError as error:
-        print(f"laneway bench: error: a child process failed: {error}", file=sys.stderr)
-        return 1
+    runs = asyncio.run(_run_all(configs, scenario, profile, time_scale))
     wall_s = time.perf_counter() - started
     virtual = [summarize(result, scenario) for result in virtual_results]
     live = [summarize(run.result, scenario) for run in runs]
@@ -116,7 +111,7 @@ def run_live_mode(
         document["difference_pct"] = {
             v.name: _differences(v, lv) for v, lv in zip(virtual, live, strict=True)
         }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, document)
         print(f"\nwrote {args.json}", file=sys.stderr)
     if args.plot is not None:
         from laneway.simulator.plot import plot_seed

@@ -15,7 +15,8 @@ import aiohttp
 import pytest
 
 from laneway.cli import build_parser
-from laneway.procs import ChildError, Children, laneway_argv
+from laneway.errors import ChildError
+from laneway.procs import Children, laneway_argv
 
 READY = "fake engine: serving on "
 
