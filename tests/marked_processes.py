@@ -1,4 +1,5 @@
-"""Find every process of one run, however deep, by an environment marker they all inherit."""
+"""Find the processes of a run (Linux /proc): by an environment marker they all inherit,
+however deep, or as the children of one process."""
 
 from __future__ import annotations
 
@@ -31,14 +32,41 @@ def processes_marked(mark: str) -> list[int]:
     """Live processes (zombies excluded) whose environment carries `mark`."""
     wanted = f"{MARKER_VARIABLE}={mark}".encode()
     pids = []
+    for entry, _ in _live_processes():
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is `pid`."""
+    return [int(entry.name) for entry, fields in _live_processes() if int(fields[1]) == pid]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return _stat_fields(Path(f"/proc/{pid}"))[0] != "Z"
+    except OSError:
+        return False
+
+
+def _live_processes() -> Iterator[tuple[Path, list[str]]]:
+    """Each process but zombies: its /proc folder and its stat fields."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = _stat_fields(entry)
         except OSError:
             continue
-        if wanted in environ.split(b"\0") and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+        if fields[0] != "Z":
+            yield entry, fields
+
+
+def _stat_fields(process: Path) -> list[str]:
+    """/proc/PID/stat after the command name (which may hold spaces): state, ppid, ..."""
+    return (process / "stat").read_text().rsplit(")", 1)[1].split()

@@ -15,34 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from marked_processes import alive, children_of
 
 from laneway.simulator.seed import CONFIG_NAMES
 
 BENCH = [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", "--quick"]
-
-
-def children_of(pid: int) -> list[int]:
-    """Live processes whose parent is `pid` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def wait_for_children(bench: subprocess.Popen[str], count: int) -> list[int]:
