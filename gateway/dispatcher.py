@@ -87,12 +87,21 @@ class Dispatcher:
         self._held: dict[str, QueuedItem] = {}  # entry id -> item: buffered or running
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Start nothing more; items running now finish unless they would need another try.
+
+        `run` returns once none is running, and hands over whatever this replica still held.
+        """
+        self._stopping = True
+        self._wake.set()
 
     async def run(self) -> None:
         """Dispatch until cancelled; Redis going away pauses it, its return resumes it."""
         keeper = asyncio.create_task(self._keep_and_reclaim(), name="batch-keepalive")
         try:
-            while True:
+            while not (self._stopping and not self._running):
                 try:
                     await self._step()
                 except REDIS_DOWN as error:
@@ -111,6 +120,10 @@ class Dispatcher:
                 await self._store.keep(held, self.consumer, int(self._settings.lease_s * 1000))
 
     async def _step(self) -> None:
+        if self._stopping:
+            self._wake.clear()
+            await self._wake.wait()  # for the running items to finish
+            return
         if self._target() is None:
             await asyncio.sleep(self._settings.poll_s)
             return
@@ -182,7 +195,10 @@ class Dispatcher:
         except REDIS_DOWN as error:
             # Left pending: a reclaim runs it again once Redis is back.
             log.warning("batch item %s/%d not settled: %s", item.batch_id, item.index, error)
-        finally:
+            self._held.pop(item.entry_id, None)
+        except _HandOver:
+            pass  # still held: `run` hands it over as it returns
+        else:
             self._held.pop(item.entry_id, None)
 
     async def _result_for(self, item: QueuedItem) -> Result | None:
@@ -203,6 +219,8 @@ class Dispatcher:
             answer = await self._try(item)
             if isinstance(answer, Result):
                 return answer
+            if self._stopping:
+                raise _HandOver  # no more tries here: another replica takes the item
             if isinstance(answer, str):
                 failures.append(answer)
                 if len(failures) == self._settings.max_attempts:
@@ -250,6 +268,10 @@ class Dispatcher:
             usage = body.get("usage") or {}
             self._ready.charge(item.tenant, int(usage.get("completion_tokens", 0)))
         return Result(Outcome.COMPLETED, line)
+
+
+class _HandOver(Exception):
+    """This replica is stopping: leave the item to another one."""
 
 
 def _give_up(item: QueuedItem, outcome: Outcome, code: str, message: str) -> Result:

@@ -7,6 +7,7 @@ import asyncio
 from aiohttp import web
 
 from laneway.gateway.batches import BatchStore
+from laneway.gateway.dispatcher import Dispatcher
 from laneway.gateway.files import FileStore
 from laneway.gateway.state_metrics import StateMetrics
 from laneway.gateway.tenants import RateLimiter, Tenant, TenantKeys
@@ -28,7 +29,8 @@ class Loopback:
 
 
 LOOPBACK = web.AppKey("loopback", Loopback)  # where the dispatcher reaches the batch lane
-DISPATCHING = web.AppKey("dispatching", list[asyncio.Task[None]])  # stopped on shutdown
+# The dispatcher and its task, stopped when shutdown begins.
+DISPATCHING = web.AppKey("dispatching", list[tuple[Dispatcher, asyncio.Task[None]]])
 
 TENANT = web.RequestKey("tenant", Tenant)
 # Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.

@@ -34,7 +34,7 @@ from laneway.gateway.dispatcher import (
 )
 from laneway.gateway.errors import ApiError
 from laneway.gateway.files import FileStore
-from laneway.gateway.keys import METRICS, SESSION, TRACKER
+from laneway.gateway.keys import METRICS, SESSION, SETTINGS, TRACKER
 from laneway.gateway.redis_cli import MAX_FILE_BYTES
 from laneway.gateway.redis_state import (
     DEFAULT_LEASE_S,
@@ -107,17 +107,23 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[BATCH_STORE] = BatchStore(redis, files, prefix)
     app[DISPATCHING] = []
     app.cleanup_ctx.append(_background(redis, tracker, options))
-    # Stop claiming and running batch items as soon as shutdown begins: this replica's
-    # own listener is about to close, and its items go to the other replicas at once.
+    # Stop claiming batch items as soon as shutdown begins: this replica's listener has
+    # closed, so an item that needs another try goes to the other replicas instead.
     app.on_shutdown.append(_stop_dispatching)
 
 
 async def _stop_dispatching(app: web.Application) -> None:
-    for task in app[DISPATCHING]:
-        task.cancel()
-    for task in app[DISPATCHING]:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    """Let the items running now finish while the server drains; hand the rest over."""
+    drain_s = app[SETTINGS].drain_timeout_millis / 1000
+    for dispatcher, task in app[DISPATCHING]:
+        dispatcher.stop()
+        try:
+            async with asyncio.timeout(drain_s):
+                await asyncio.shield(task)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _reload_tenants(
@@ -166,7 +172,7 @@ def _background(
             metrics=app[STATE_METRICS],
         )
         dispatching = asyncio.create_task(dispatcher.run(), name="batch-dispatcher")
-        app[DISPATCHING].append(dispatching)
+        app[DISPATCHING].append((dispatcher, dispatching))
         tasks = [asyncio.create_task(tracker.run(), name="load-heartbeat"), dispatching]
         yield
         for task in tasks:

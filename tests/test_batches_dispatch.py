@@ -146,7 +146,7 @@ async def start(
     tasks: list[asyncio.Task[None]],
     concurrency: int,
     now: float = 1.0,  # batches are created at 0.0: one second in
-) -> None:
+) -> Dispatcher:
     session = aiohttp.ClientSession()
     settings = DispatchSettings(
         concurrency=concurrency, lease_s=3, poll_s=0.05, retry_backoff_s=0.01
@@ -168,6 +168,7 @@ async def start(
             await session.close()
 
     tasks.append(asyncio.create_task(run()))
+    return dispatcher
 
 
 async def test_a_small_tenant_is_served_between_a_large_tenants_items(
@@ -265,3 +266,27 @@ async def test_items_left_when_the_window_closes_expire_into_the_error_file(
     errors = await harness.output(batch, "error_file_id", "late")
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}  # type: ignore[index]
     assert harness.lane.calls == []  # nothing ran after the window closed
+
+
+async def test_stopping_lets_running_items_finish_and_leaves_the_rest(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    harness.lane.delay_s = 0.3
+    batch_id = await harness.submit("s", [f"item {i}" for i in range(6)])
+    dispatcher = await start(harness, run_dispatcher, concurrency=2)
+    async with asyncio.timeout(30):
+        await harness.lane.second_call.wait()
+    dispatcher.stop()
+    await run_dispatcher.pop()  # returns by itself once the running items are done
+    batch = await harness.store.get(batch_id, "s")
+    counts = batch["request_counts"]
+    assert isinstance(counts, dict)
+    assert counts["completed"] == len(harness.lane.calls) == 2  # the two running finished
+    redis = Redis.from_url(harness.url_of_redis)
+    queue = "laneway:batch:queue:s"
+    pending = await redis.xpending_range(queue, "dispatchers", min="-", max="+", count=10)
+    left = await redis.xlen(queue)
+    await redis.aclose()
+    # Nothing is left claimed by the stopped replica; the other four wait for the next one.
+    assert pending == []
+    assert left == 4
