@@ -17,8 +17,10 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 Manifest = dict[str, Any]
@@ -59,6 +61,18 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def write_kubeconfig(self, path: Path, token: str) -> None:
+        """A kubeconfig whose one context is this server, authenticating with `token`."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": self.url}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        }
+        path.write_text(yaml.safe_dump(config))
 
     async def start(self) -> None:
         app = web.Application()

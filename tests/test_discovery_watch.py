@@ -11,15 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fake_apiserver import FakeApiServer
+from rbac_rules import granted_rules, rbac_call
 
 from laneway.api import InferencePool
 from laneway.gateway.discovery import Backoff, KubernetesPoolSource
 from laneway.gateway.sources import PoolSource
 from laneway.operator.kube import KubeApi
 
-ROOT = Path(__file__).resolve().parent.parent
 POOLS = "/apis/laneway.io/v1alpha1/namespaces/serving/inferencepools"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
 WAIT = 5.0
@@ -211,18 +210,7 @@ async def test_kubeconfig_credentials_reach_the_server(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": server.url}}],
-                "users": [{"name": "u", "user": {"token": "from-kubeconfig"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    server.write_kubeconfig(kubeconfig, "from-kubeconfig")
     api = KubeApi.from_environment(str(kubeconfig))
     try:
         listed = await api.list("InferencePool", "serving")
@@ -232,25 +220,10 @@ async def test_kubeconfig_credentials_reach_the_server(
     assert server.requests[-1].headers["Authorization"] == "Bearer from-kubeconfig"
 
 
-def _granted(component: str) -> set[tuple[str, str, str]]:
-    path = ROOT / "manifests" / "rbac" / f"{component}.yaml"
-    role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ClusterRole")
-    return {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-
-
 async def test_every_request_is_granted_by_the_gateway_rbac(harness: Harness) -> None:
     await harness.next()
     await harness.until_watching()
-    granted = _granted("gateway")
+    granted = granted_rules("gateway")
     for request in harness.server.requests:
-        group = request.path.split("/")[2]
-        resource = request.path.rsplit("/", 1)[1]
-        verb = "watch" if request.query.get("watch") == "true" else "list"
         assert request.method == "GET"
-        assert (group, resource, verb) in granted, request
+        assert rbac_call(request) in granted, request

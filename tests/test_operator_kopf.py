@@ -12,10 +12,10 @@ from typing import Any
 
 import kopf
 import pytest
-import yaml
 from crd_tools import load_crd
-from fake_apiserver import FakeApiServer, Request
+from fake_apiserver import FakeApiServer
 from kubernetes.config import kube_config
+from rbac_rules import granted_rules, rbac_call
 
 from laneway.operator.handlers import OperatorState, registry
 from laneway.operator.kube import KubeApi
@@ -68,18 +68,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     )
     await server.start()
     kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": server.url}}],
-                "users": [{"name": "u", "user": {"token": "operator-token"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    server.write_kubeconfig(kubeconfig, "operator-token")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     # The kubernetes package reads $KUBECONFIG once, at import; a process started with the
     # variable set (as in a pod or a shell) sees it there.
@@ -150,42 +139,11 @@ async def test_kopf_runs_the_operator_end_to_end(cluster: FakeApiServer) -> None
     assert "finalizers" not in pool["metadata"]  # deleting a pool never waits for us
     tokens = {r.headers.get("Authorization") for r in cluster.requests}
     assert tokens == {"Bearer operator-token"}
-    granted = granted_rules()
+    granted = granted_rules("operator")
     for request in cluster.requests:
         if request.path in ("/api", "/apis", "/version") or request.path.count("/") <= 3:
             continue  # discovery: open to every authenticated client
         assert rbac_call(request) in granted, request
-
-
-def granted_rules() -> set[tuple[str, str, str]]:
-    path = Path(__file__).resolve().parent.parent / "manifests" / "rbac" / "operator.yaml"
-    role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ClusterRole")
-    return {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-
-
-def rbac_call(request: Request) -> tuple[str, str, str]:
-    """(API group, resource[/subresource], verb) that RBAC checks for a request."""
-    parts = request.path.strip("/").split("/")
-    group = "" if parts[0] == "api" else parts[1]
-    rest = parts[2:] if parts[0] == "api" else parts[3:]
-    if rest[:1] == ["namespaces"]:
-        rest = rest[2:]
-    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
-    if request.method == "GET":
-        verb = (
-            "watch" if request.query.get("watch") == "true" else "get" if len(rest) > 1 else "list"
-        )
-    else:
-        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[
-            request.method
-        ]
-    return group, resource, verb
 
 
 async def test_a_change_made_while_the_api_was_away_is_applied_when_it_returns(

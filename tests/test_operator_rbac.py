@@ -5,20 +5,17 @@ operator and kopf use."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import kopf
 import pytest
-import yaml
 from kopf._core.engines import posting
 from operator_fakes import FakeCluster, pool_document
+from rbac_rules import granted_rules
 
 from laneway.api import KIND
 from laneway.operator.handlers import OperatorState, child_changed
 from laneway.operator.reconcile import reconcile
 from laneway.operator.render import RenderOptions
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # What kopf itself does besides the operator's calls (tests/test_operator_kopf.py watches
 # it do so): watch what it serves (including the children the drift handler follows), keep
@@ -49,18 +46,6 @@ def no_event_posting() -> Iterator[None]:
     token = posting.settings_var.set(settings)
     yield
     posting.settings_var.reset(token)
-
-
-def granted() -> set[tuple[str, str, str]]:
-    path = ROOT / "manifests" / "rbac" / "operator.yaml"
-    role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ClusterRole")
-    return {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
 
 
 async def life_cycle(cluster: FakeCluster) -> None:
@@ -96,7 +81,8 @@ async def test_every_operator_call_is_granted() -> None:
     await life_cycle(cluster)
     used = {(c.api_group, c.resource, c.verb) for c in cluster.calls}
     assert {verb for _, _, verb in used} >= {"get", "list", "create", "patch", "delete"}
-    assert used <= granted(), used - granted()
+    granted = granted_rules("operator")
+    assert used <= granted, used - granted
 
 
 async def test_the_role_grants_nothing_unused() -> None:
@@ -109,4 +95,5 @@ async def test_the_role_grants_nothing_unused() -> None:
         ("events.k8s.io", "events", "patch"),
         ("", "events", "patch"),
     }
-    assert granted() - used <= allowed_spares, granted() - used - allowed_spares
+    granted = granted_rules("operator")
+    assert granted - used <= allowed_spares, granted - used - allowed_spares
