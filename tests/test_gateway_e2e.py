@@ -71,6 +71,19 @@ def start_gateway(children: Children, path: Path, documents: list[dict[str, Any]
     return children.start_laneway("gateway", args)
 
 
+def start_solo(
+    children: Children, tmp_path: Path, time_scale: str
+) -> tuple[ChildProcess, ChildProcess]:
+    """One engine, the only pool behind a gateway: (engine, gateway)."""
+    engine = start_sim(children, "llama-small", "--time-scale", time_scale)
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [pool_doc("solo", "interactive", "llama-small", [engine.url]), gateway_doc()],
+    )
+    return engine, gateway
+
+
 def client(gateway: ChildProcess) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
 
@@ -413,12 +426,7 @@ async def test_an_engine_killed_before_the_request_is_retried_elsewhere_then_rea
 async def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event(
     children: Children, tmp_path: Path
 ) -> None:
-    engine = start_sim(children, "llama-small", "--time-scale", "1")
-    gateway = start_gateway(
-        children,
-        tmp_path / "gateway.yaml",
-        [pool_doc("solo", "interactive", "llama-small", [engine.url]), gateway_doc()],
-    )
+    engine, gateway = start_solo(children, tmp_path, time_scale="1")
     async with client(gateway) as api:
         stream = await api.chat.completions.create(
             model="llama",
@@ -504,12 +512,7 @@ async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the
 
 
 async def test_shutdown_drains_open_streams(children: Children, tmp_path: Path) -> None:
-    engine = start_sim(children, "llama-small", "--time-scale", "4")
-    gateway = start_gateway(
-        children,
-        tmp_path / "gateway.yaml",
-        [pool_doc("solo", "interactive", "llama-small", [engine.url]), gateway_doc()],
-    )
+    _, gateway = start_solo(children, tmp_path, time_scale="4")
     async with client(gateway) as api:
         stream = await api.chat.completions.create(
             model="llama",
