@@ -37,10 +37,10 @@ from laneway.loadgen import (
     Distribution,
     PromptFactory,
     StreamResult,
-    percentile,
     stream_request,
 )
 from laneway.procs import ChildProcess, Children
+from laneway.stats import percentile
 from laneway.tables import format_table
 from laneway.tokens import default_tokenizer
 

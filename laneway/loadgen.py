@@ -10,7 +10,7 @@ Time scale: a workload is described in model time (the time of the simulated har
 and multiplies what it measures by k, so its records stay in model time and compare directly
 with a virtual-time run, whatever the scale the engines run at.
 
-The planning (`draw_turn`, `PromptFactory`) and the statistics (`percentile`, `summarize`)
+The planning (`draw_turn`, `PromptFactory`) and the statistics (`summarize`)
 are pure; `LoadGenerator` and `stream_request` are the I/O shell around them.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import math
 import random
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from laneway.stats import percentile
 from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
 
 if TYPE_CHECKING:
@@ -494,19 +494,6 @@ class LoadGenerator:
 
 
 # -- statistics (pure) --------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be within 0-100, got {q}")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass(frozen=True)

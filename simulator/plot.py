@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from laneway.simulator.report import percentile
 from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import TBT_SLO_S, TTFT_SLO_S, SeedScenario
+from laneway.stats import percentile
 
 BIN_S = 0.5
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
@@ -19,16 +19,16 @@ Series = tuple[str, Sequence[RunResult]]  # a label, and one result per configur
 
 
 def _binned(
-    at: Sequence[float], values: Sequence[float], fraction: float
+    at: Sequence[float], values: Sequence[float], q: float
 ) -> tuple[list[float], list[float]]:
-    """Per BIN_S window: the window's centre and the given percentile of its values, in ms."""
+    """Per BIN_S window: the window's centre and the q-th percentile of its values, in ms."""
     bins: dict[int, list[float]] = {}
     for when, value in zip(at, values, strict=True):
         bins.setdefault(int(when // BIN_S), []).append(value)
     centres, points = [], []
     for index in sorted(bins):
         centres.append((index + 0.5) * BIN_S)
-        points.append(percentile(sorted(bins[index]), fraction) * 1e3)
+        points.append(percentile(bins[index], q) * 1e3)
     return centres, points
 
 
@@ -45,8 +45,8 @@ def plot_seed(series: Sequence[Series], scenario: SeedScenario, path: Path, titl
     for (label, results), color in zip(series, COLORS, strict=False):
         for row, result in enumerate(results):
             tbt_axis, ttft_axis = axes[row]
-            centres, p99 = _binned(result.tbt_at_s, result.tbt_s, 0.99)
-            _, worst = _binned(result.tbt_at_s, result.tbt_s, 1.0)
+            centres, p99 = _binned(result.tbt_at_s, result.tbt_s, 99)
+            _, worst = _binned(result.tbt_at_s, result.tbt_s, 100)
             tbt_axis.plot(centres, p99, color=color, linewidth=1.2, label=f"{label} P99")
             tbt_axis.plot(centres, worst, color=color, linewidth=0.6, linestyle=":",
                           label=f"{label} max")  # fmt: skip

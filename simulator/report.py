@@ -9,6 +9,7 @@ from typing import Any
 
 from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import SeedScenario
+from laneway.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -24,22 +25,12 @@ class Percentiles:
 NO_SAMPLES = Percentiles(math.nan, math.nan, math.nan)
 
 
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default method)."""
-    if not sorted_values:
-        return math.nan
-    position = fraction * (len(sorted_values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
 def percentiles_ms(seconds: Sequence[float]) -> Percentiles:
     if not seconds:
         return NO_SAMPLES
     ordered = sorted(seconds)
     return Percentiles(
-        percentile(ordered, 0.5) * 1e3, percentile(ordered, 0.99) * 1e3, ordered[-1] * 1e3
+        percentile(ordered, 50) * 1e3, percentile(ordered, 99) * 1e3, ordered[-1] * 1e3
     )
 
 

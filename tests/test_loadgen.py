@@ -21,13 +21,13 @@ from laneway.loadgen import (
     RequestRecord,
     Workload,
     draw_turn,
-    percentile,
     session_rng,
     summarize,
     workload_from_scenario,
 )
 from laneway.procs import Children
 from laneway.simulator.seed import SeedScenario
+from laneway.stats import percentile
 from laneway.tokens import ChatMessage, count_chat, default_tokenizer
 
 # -- pure parts ---------------------------------------------------------------------------
