@@ -10,6 +10,7 @@ from typing import Any
 from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import SeedScenario
 from laneway.stats import percentile
+from laneway.tables import format_table
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def difference_pct(live: float, virtual: float) -> float:
 def comparison_table(virtual: ConfigSummary, live: ConfigSummary) -> str:
     """One configuration: each metric virtual, live, and live's difference in percent."""
     virtual_values, live_values = compared_values(virtual), compared_values(live)
-    rows = [("metric", "virtual", "live", "live vs virtual")]
+    rows = []
     for label, key in COMPARED:
         digits = 0 if key.endswith(("completed", "tok_s")) else 1
         diff = difference_pct(live_values[key], virtual_values[key])
@@ -171,18 +172,9 @@ def comparison_table(virtual: ConfigSummary, live: ConfigSummary) -> str:
                 "-" if math.isnan(diff) else f"{diff:+.0f}%",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = [f"{virtual.name}: {virtual.description}"]
-    for index, row in enumerate(rows):
-        lines.append(
-            "  ".join(
-                cell.ljust(width) if column == 0 else cell.rjust(width)
-                for column, (cell, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    header = ("metric", "virtual", "live", "live vs virtual")
+    table = format_table(header, rows, rule=True)
+    return "\n".join([f"{virtual.name}: {virtual.description}", *table])
 
 
 def _fmt(value: float, digits: int = 1) -> str:
@@ -226,21 +218,8 @@ def seed_table(summaries: Sequence[ConfigSummary]) -> str:
                 [_ratio(s.batch_makespan_s, base.batch_makespan_s) for s in summaries],
             ),
         ]
-    headers = ["metric", *(s.name for s in summaries)]
-    widths = [max(len(headers[0]), *(len(label) for label, _ in rows))]
-    for column, summary in enumerate(summaries):
-        widths.append(max(len(summary.name), *(len(values[column]) for _, values in rows)))
-    lines = [
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w)
-            for i, (h, w) in enumerate(zip(headers, widths, strict=True))
-        )
-    ]
-    lines.append("  ".join("-" * w for w in widths))
-    for label, values in rows:
-        cells = [label.ljust(widths[0])]
-        cells += [v.rjust(w) for v, w in zip(values, widths[1:], strict=True)]
-        lines.append("  ".join(cells))
+    header = ["metric", *(s.name for s in summaries)]
+    lines = format_table(header, [[label, *values] for label, values in rows], rule=True)
     lines.append("")
     lines += [f"{s.name}: {s.description}" for s in summaries]
     return "\n".join(lines)

@@ -106,6 +106,11 @@ def test_tables_refuse_rows_of_the_wrong_width() -> None:
         format_table(("a", "b"), [("x",)])
 
 
+def test_a_table_rule_sits_under_the_header_as_wide_as_each_column() -> None:
+    lines = format_table(("a", "bb"), [("xyz", "1")], rule=True)
+    assert lines == ["a    bb", "---  --", "xyz   1"]
+
+
 def test_the_long_prompt_reaches_the_batch_pool_by_bounds_and_by_exact_count() -> None:
     options = BenchOptions(classify_tokens=20_000, classify_repeats=2)
     classified = time_classification(options, time.perf_counter)
