@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from marked_processes import marked_environment, marked_run, processes_marked
+from marked_processes import marked_environment, processes_marked
 
 from laneway.benchgw import (
     BenchOptions,
@@ -172,12 +171,6 @@ def test_render_lists_every_level_in_order() -> None:
     assert "a machine" in lines[0]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
     assert json.loads(json.dumps(report.to_json()))["levels"][2]["added_p50_s"] == 0
-
-
-@pytest.fixture
-def marker() -> Iterator[str]:
-    with marked_run() as mark:
-        yield mark
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

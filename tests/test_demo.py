@@ -7,13 +7,12 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import openai
 import pytest
-from marked_processes import marked_environment, marked_run, processes_marked
+from marked_processes import marked_environment, processes_marked
 
 from laneway.api import Lane
 from laneway.cli import main
@@ -116,12 +115,6 @@ def test_the_table_has_a_row_per_lane_and_counts_per_pool() -> None:
 
 
 # -- whole runs -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def marker() -> Iterator[str]:
-    with marked_run() as mark:
-        yield mark
 
 
 def demo_process(mark: str, *args: str) -> subprocess.Popen[str]:
