@@ -7,28 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
+from simulated_pools import simulated_pool
 
-from laneway.api import InferencePool, parse_pool
+from laneway.api import InferencePool
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.sources import PoolUpdate
 
 
 def pool(name: str, models: list[str], endpoints: list[str]) -> InferencePool:
-    return parse_pool(
-        {
-            "apiVersion": "laneway.io/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": name},
-            "spec": {
-                "lane": "interactive",
-                "model": name,
-                "engine": {"kind": "simulator"},
-                "routing": {"models": models},
-            },
-            "status": {"endpoints": endpoints},
-        }
-    )
+    return simulated_pool(name, endpoints, routing={"models": models})
 
 
 class QueueSource:

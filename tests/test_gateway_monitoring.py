@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from simulated_pools import simulated_pool
 
-from laneway.api import InferencePool, parse_pool
+from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings, HealthSettings, ScrapeSettings
 from laneway.gateway.engine_metrics import (
     EngineMetrics,
@@ -92,20 +93,7 @@ class FakeClock:
 
 
 def pool(name: str, endpoints: list[str], **limits: Any) -> InferencePool:
-    return parse_pool(
-        {
-            "apiVersion": "laneway.io/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": name},
-            "spec": {
-                "lane": "interactive",
-                "model": name,
-                "engine": {"kind": "simulator"},
-                "limits": {"maxConcurrentRequests": 4, **limits},
-            },
-            "status": {"endpoints": endpoints},
-        }
-    )
+    return simulated_pool(name, endpoints, limits={"maxConcurrentRequests": 4, **limits})
 
 
 SETTINGS = GatewaySettings(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from simulated_pools import simulated_pool
 
-from laneway.api import InferencePool, parse_pool
+from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.registry import PoolRegistry
 from laneway.gateway.slo import (
@@ -59,14 +60,7 @@ def test_within_slo_includes_the_target_like_a_histogram_bucket() -> None:
 
 def test_the_registry_learns_per_endpoint_and_forgets_removed_ones() -> None:
     def pool(*endpoints: str) -> list[InferencePool]:
-        document = {
-            "apiVersion": "laneway.io/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": "chat"},
-            "spec": {"lane": "interactive", "model": "m", "engine": {"kind": "simulator"}},
-            "status": {"endpoints": list(endpoints)},
-        }
-        return [parse_pool(document)]
+        return [simulated_pool("chat", endpoints, model="m")]
 
     registry = PoolRegistry(GatewaySettings(), lambda: 0.0)
     registry.update(pool("http://a", "http://b"))
