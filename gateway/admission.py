@@ -19,7 +19,7 @@ from laneway.gateway.fairshare import FairShareQueue
 class AdmissionRefused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason  # "queue_full" or "pool_removed"
+        self.reason = reason  # "queue_full", "pool_removed" or "shutting_down"
 
 
 class PoolGate:
@@ -29,7 +29,7 @@ class PoolGate:
         self._active = 0
         self._interactive: deque[asyncio.Future[None]] = deque()
         self._batch: FairShareQueue[asyncio.Future[None]] = FairShareQueue()
-        self._closed = False
+        self._closed: str | None = None  # why the gate refuses everyone, once it does
 
     @property
     def active(self) -> int:
@@ -54,8 +54,8 @@ class PoolGate:
 
         Callers bound the wait with `asyncio.timeout`; a cancelled wait leaves no trace.
         """
-        if self._closed:
-            raise AdmissionRefused("pool_removed")
+        if self._closed is not None:
+            raise AdmissionRefused(self._closed)
         if self._active < self._limit and not self.waiting:
             self._active += 1
             return
@@ -82,13 +82,13 @@ class PoolGate:
         self._active -= 1
         self._grant()
 
-    def close(self) -> None:
-        """The pool is gone: refuse everyone waiting; running requests finish (drain)."""
-        self._closed = True
+    def close(self, reason: str = "pool_removed") -> None:
+        """Refuse everyone waiting and every newcomer; running requests finish (drain)."""
+        self._closed = reason
         while self.waiting:
             slot = self._interactive.popleft() if self._interactive else self._batch.pop()
             if not slot.done():
-                slot.set_exception(AdmissionRefused("pool_removed"))
+                slot.set_exception(AdmissionRefused(reason))
 
     def _grant(self) -> None:
         while self.waiting and self._active < self._limit:

@@ -119,6 +119,7 @@ def _source_ended(app: web.Application, task: asyncio.Task[None]) -> None:
 
 async def _begin_drain(app: web.Application) -> None:
     app[SHUTTING_DOWN].set()
+    app[REGISTRY].drain()
 
 
 @web.middleware

@@ -258,6 +258,14 @@ def _refused(
         why = f"no slot freed within {app[SETTINGS].queue.timeout_millis} ms"
     elif refused.reason == "pool_removed":
         return _no_endpoint(app, pool, "the pool was removed while the request waited")
+    elif refused.reason == "shutting_down":
+        return ApiError(
+            503,
+            f"This gateway replica is shutting down before pool {pool.name} had a free slot; "
+            "retry, and another replica will take the request",
+            "gateway_draining",
+            retry_after=_retry_after(app),
+        )
     else:
         why = f"the line is full ({waiting} waiting)"
     return ApiError(

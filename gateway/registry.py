@@ -49,6 +49,12 @@ class PoolRegistry:
         self.synced = True
         self._refresh_limits()
 
+    def drain(self) -> None:
+        """This replica is shutting down: requests still waiting for a slot are refused now,
+        so their clients retry on another replica instead of waiting out the drain."""
+        for gate in self._gates.values():
+            gate.close("shutting_down")
+
     def pools(self) -> list[InferencePool]:
         return list(self._pools.values())
 

@@ -56,7 +56,7 @@ def test_items_of_a_stopped_gateway_complete_exactly_once(tmp_path: Path, stop: 
             else:
                 # A clean stop: it claims nothing more, lets its running items finish while
                 # it drains, and hands over what it held (marked idle for a lease).
-                doomed.stop(grace=30)
+                assert doomed.stop(grace=30) == 0
             progress = client.batches.retrieve(batch.id).request_counts
             assert progress is not None
             assert progress.completed < ITEMS  # killed mid-batch

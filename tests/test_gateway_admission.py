@@ -90,3 +90,19 @@ async def test_raising_the_limit_admits_waiters_and_closing_refuses_them() -> No
         await gate.acquire(Lane.INTERACTIVE)
     gate.release()  # the admitted request drains normally
     assert gate.active == 0
+
+
+async def test_closing_for_shutdown_says_so_to_waiters_and_newcomers() -> None:
+    gate = PoolGate(limit=1, max_waiting=5)
+    await gate.acquire(Lane.INTERACTIVE)
+    waiter = asyncio.create_task(gate.acquire(Lane.BATCH, tenant="a", tokens=100))
+    await settle()
+    gate.close("shutting_down")
+    with pytest.raises(AdmissionRefused) as refused:
+        await waiter
+    assert refused.value.reason == "shutting_down"
+    with pytest.raises(AdmissionRefused) as late:
+        await gate.acquire(Lane.INTERACTIVE)
+    assert late.value.reason == "shutting_down"
+    gate.release()
+    assert (gate.active, gate.waiting) == (0, 0)

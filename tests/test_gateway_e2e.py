@@ -533,3 +533,48 @@ async def test_shutdown_drains_open_streams(children: Children, tmp_path: Path) 
     assert stopping is not None
     assert await stopping == 0
     assert (pieces, finish) == (150, "length")
+
+
+async def test_shutdown_refuses_requests_still_waiting_for_a_slot(
+    children: Children, tmp_path: Path
+) -> None:
+    engine = start_sim(children, "llama-small", "--time-scale", "4")
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [
+            pool_doc(
+                "narrow",
+                "interactive",
+                "llama-small",
+                [engine.url],
+                limits={"maxConcurrentRequests": 1},
+            ),
+            # Only the drain can end this wait: the queue timeout is far beyond the test.
+            gateway_doc(queue={"timeoutMillis": 600_000, "retryAfterSeconds": 2}),
+        ],
+    )
+    chat: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "go"}]}
+    async with client(gateway) as api, client(gateway) as holder_api:
+        holder = await holder_api.chat.completions.create(**chat, max_tokens=120, stream=True)
+        await anext(aiter(holder))
+        waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
+
+        async def queued() -> bool:
+            depth = total(await scrape(gateway.url), "laneway_gateway_queue_depth", pool="narrow")
+            return depth == 1
+
+        await eventually(queued, "the second request to wait in the gateway's line")
+        stopping = asyncio.create_task(asyncio.to_thread(gateway.stop, 30))
+        with pytest.raises(openai.InternalServerError) as error:
+            await waiting
+        assert error.value.status_code == 503
+        assert error.value.code == "gateway_draining"
+        assert error.value.response.headers["retry-after"] == "2"
+        # The request that held the slot streams to its end while the replica drains.
+        finish = None
+        async for chunk in holder:
+            if chunk.choices:
+                finish = chunk.choices[0].finish_reason or finish
+        assert finish == "length"
+    assert await stopping == 0
