@@ -94,12 +94,6 @@ class EngineCore:
     def kv_usage(self) -> float:
         return self.kv_used_blocks / self.kv_capacity_blocks if self.kv_capacity_blocks else 0.0
 
-    @property
-    def outstanding_prefill_tokens(self) -> int:
-        return sum(seq.prefill_remaining for seq in self.waiting) + sum(
-            seq.prefill_remaining for seq in self.running
-        )
-
     # -- one iteration ---------------------------------------------------------------------
 
     def step(self) -> StepOutcome | None:

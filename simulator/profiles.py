@@ -136,12 +136,3 @@ PROFILES: dict[str, Profile] = {
     "h100-llama3-8b": Profile("h100-llama3-8b", LLAMA3_8B, H100_SXM, HOPPER_MEASURED),
     "zero": Profile("zero", LLAMA3_8B, H200_SXM, HOPPER_MEASURED, zero_service_time=True),
 }
-
-
-def profile_named(name: str) -> Profile:
-    """The profile called `name`; KeyError names the known ones."""
-    try:
-        return PROFILES[name]
-    except KeyError:
-        known = ", ".join(sorted(PROFILES))
-        raise KeyError(f"unknown profile {name!r}; known profiles: {known}") from None
