@@ -15,7 +15,6 @@ The statistics and the table are pure; `run_bench` is the shell.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import os
 import random
@@ -29,7 +28,14 @@ from typing import Any
 import aiohttp
 import yaml
 
-from laneway.benchgw import ENGINE_ARGS, MODEL, closed_loop, gateway_config, machine_description
+from laneway.benchgw import (
+    ENGINE_ARGS,
+    MODEL,
+    closed_loop,
+    gateway_config,
+    in_closed_loop,
+    machine_description,
+)
 from laneway.errors import UsageError
 from laneway.gateway.redis_server import LocalRedis
 from laneway.gateway.redis_state import RedisLoadTracker, connect, redis_settings
@@ -161,16 +167,9 @@ async def time_state_ops(
     limiter: RateLimiter, tracker: LoadTracker, concurrency: int, count: int, seed: int
 ) -> Distribution:
     rng = random.Random(seed)
-    durations: list[float] = []
-    remaining = count
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            durations.append(await one_request_of_state(limiter, tracker, rng))
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
+    durations = await in_closed_loop(
+        lambda: one_request_of_state(limiter, tracker, rng), concurrency, count
+    )
     result = Distribution.of(durations)
     assert result is not None
     return result

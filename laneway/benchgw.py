@@ -23,10 +23,10 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
@@ -43,6 +43,8 @@ from laneway.procs import ChildProcess, Children
 from laneway.stats import percentile
 from laneway.tables import format_table
 from laneway.tokens import default_tokenizer
+
+T = TypeVar("T")
 
 MODEL = "bench"
 DEFAULT_CONCURRENCY = (1, 50, 200, 500)
@@ -397,16 +399,21 @@ async def closed_loop(
     requests: int,
 ) -> list[StreamResult]:
     """`concurrency` workers send `requests` in all, each the next as soon as one ends."""
-    results: list[StreamResult] = []
-    remaining = requests
+    return await in_closed_loop(lambda: stream_request(session, url, body), concurrency, requests)
+
+
+async def in_closed_loop(job: Callable[[], Awaitable[T]], concurrency: int, count: int) -> list[T]:
+    """`concurrency` workers run `job` `count` times in all, each again as soon as it ends."""
+    results: list[T] = []
+    remaining = count
 
     async def worker() -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            results.append(await stream_request(session, url, body))
+            results.append(await job())
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
     return results
 
 
