@@ -31,6 +31,7 @@ import openai
 import pytest
 import redis as redis_client
 import yaml
+from merging import merged
 
 from laneway import __version__
 from laneway.api import check_pool_set, parse_pool
@@ -807,17 +808,6 @@ def nested(dotted: str, value: Any) -> Manifest:
     for key in reversed(dotted.split(".")):
         result = {key: result}
     return dict(result)
-
-
-def merged(*parts: Manifest) -> Manifest:
-    out: Manifest = {}
-    for part in parts:
-        for key, value in part.items():
-            if isinstance(value, dict) and isinstance(out.get(key), dict):
-                out[key] = merged(out[key], value)
-            else:
-                out[key] = value
-    return out
 
 
 EXAMPLE_POOLS = yaml.safe_load((CHART / "values.yaml").read_text())["examplePools"]["pools"]

@@ -4,11 +4,11 @@ since none runs on these machines) and parse_pool must accept and reject the sam
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 from crd_tools import admit, apply_defaults, cel_failures, pool_schema, walk
+from merging import merged
 
 from laneway import api
 
@@ -21,22 +21,12 @@ BASE: dict[str, Any] = {
 }
 
 
-def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def document(patch: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
         "metadata": {"name": "pool", "namespace": "default"},
-        "spec": merge(BASE, patch),
+        "spec": merged(BASE, patch),
     }
 
 
