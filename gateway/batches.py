@@ -39,7 +39,9 @@ from laneway.gateway.files import (
     FileStore,
     as_bytes,
     as_text,
+    list_json,
     not_found,
+    page_start,
 )
 from laneway.gateway.request_body import Endpoint
 
@@ -407,25 +409,14 @@ class BatchStore:
     async def list_page(self, tenant: str, after: str | None, limit: int) -> dict[str, object]:
         """Newest first, OpenAI's cursor pagination: `after` is the last id already seen."""
         index_key = f"{self._prefix}:batches:{tenant}"
-        start = 0
-        if after is not None:
-            rank = await self._redis.zrevrank(index_key, after)
-            if not isinstance(rank, int):
-                raise not_found("batch", after)
-            start = rank + 1
+        start = await page_start(self._redis, index_key, after, "batch")
         ids = [as_text(i) for i in await self._redis.zrevrange(index_key, start, start + limit)]
         page = []
         for batch_id in ids[:limit]:
             record = await self._record(batch_id)
             if record is not None:
                 page.append(batch_json(record))
-        return {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(ids) > limit,
-        }
+        return list_json(page, len(ids) > limit)
 
     async def cancel(self, batch_id: str, tenant: str, now: float) -> dict[str, object]:
         await self.get(batch_id, tenant)  # 404 unless it is this tenant's

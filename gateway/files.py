@@ -54,6 +54,27 @@ def not_found(kind: str, ident: str) -> ApiError:
     return ApiError(404, f"No such {kind}: {ident!r}", f"{kind}_not_found")
 
 
+async def page_start(redis: Redis, index: str, after: str | None, kind: str) -> int:
+    """Where a newest-first page of `index` begins: just past `after`, the last id seen."""
+    if after is None:
+        return 0
+    rank = await redis.zrevrank(index, after)
+    if not isinstance(rank, int):
+        raise not_found(kind, after)
+    return rank + 1
+
+
+def list_json(page: list[dict[str, object]], has_more: bool) -> dict[str, object]:
+    """OpenAI's list envelope around one page of objects."""
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": has_more,
+    }
+
+
 class FileStore:
     def __init__(self, redis: Redis, prefix: str) -> None:
         self._redis = redis
@@ -80,12 +101,7 @@ class FileStore:
     ) -> dict[str, object]:
         """Newest first, OpenAI's cursor pagination: `after` is the last id already seen."""
         index = self._index(owner)
-        cursor = 0
-        if after is not None:
-            rank = await self._redis.zrevrank(index, after)
-            if not isinstance(rank, int):
-                raise not_found("file", after)
-            cursor = rank + 1
+        cursor = await page_start(self._redis, index, after, "file")
         page: list[dict[str, object]] = []
         has_more = False
         while not has_more:
@@ -102,13 +118,7 @@ class FileStore:
                 page.append(file.to_json())
             if len(ids) < LIST_CHUNK:
                 break
-        return {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": has_more,
-        }
+        return list_json(page, has_more)
 
     async def delete(self, file_id: str, owner: str) -> dict[str, object]:
         await self.get(file_id, owner)
