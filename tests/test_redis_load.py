@@ -38,61 +38,49 @@ async def test_replicas_see_each_others_load(redis_server: LocalRedis) -> None:
         await second.aclose()
 
 
-async def test_a_dead_replicas_load_expires_with_its_lease(redis_server: LocalRedis) -> None:
-    redis = Redis.from_url(redis_server.url)
-    try:
-        survivor = RedisLoadTracker(redis, replica="survivor", lease_s=0.3)
-        doomed = RedisLoadTracker(redis, replica="doomed", lease_s=0.3)
-        await survivor.heartbeat()
-        await doomed.heartbeat()
-        await doomed.start(E1, 4000)
-        await doomed.start(E1, 4000)
-        await survivor.start(E1, 100)
-        await doomed.flush()
-        assert (await survivor.loads([E1]))[E1] == EndpointLoad(3, 8100)
-        # `doomed` stops heartbeating, as a killed process would; its lease runs out.
-        await asyncio.sleep(0.4)
-        assert await survivor.heartbeat() == 1
-        assert (await survivor.loads([E1]))[E1] == EndpointLoad(1, 100)
-        assert await survivor.heartbeat() == 0
-    finally:
-        await redis.aclose()
+async def test_a_dead_replicas_load_expires_with_its_lease(redis_client: Redis) -> None:
+    survivor = RedisLoadTracker(redis_client, replica="survivor", lease_s=0.3)
+    doomed = RedisLoadTracker(redis_client, replica="doomed", lease_s=0.3)
+    await survivor.heartbeat()
+    await doomed.heartbeat()
+    await doomed.start(E1, 4000)
+    await doomed.start(E1, 4000)
+    await survivor.start(E1, 100)
+    await doomed.flush()
+    assert (await survivor.loads([E1]))[E1] == EndpointLoad(3, 8100)
+    # `doomed` stops heartbeating, as a killed process would; its lease runs out.
+    await asyncio.sleep(0.4)
+    assert await survivor.heartbeat() == 1
+    assert (await survivor.loads([E1]))[E1] == EndpointLoad(1, 100)
+    assert await survivor.heartbeat() == 0
 
 
-async def test_a_clean_leave_takes_the_share_out_at_once(redis_server: LocalRedis) -> None:
-    redis = Redis.from_url(redis_server.url)
-    try:
-        leaving = RedisLoadTracker(redis, replica="leaving")
-        staying = RedisLoadTracker(redis, replica="staying")
-        await leaving.heartbeat()
-        await leaving.start(E2, 50)
-        await leaving.flush()
-        assert (await staying.loads([E2]))[E2] == EndpointLoad(1, 50)
-        await leaving.leave()
-        assert (await staying.loads([E2]))[E2] == EndpointLoad(0, 0)
-        assert await redis.hgetall("laneway:load") == {}  # no zero totals left behind
-        assert await redis.smembers("laneway:load:replicas") == set()
-    finally:
-        await redis.aclose()
+async def test_a_clean_leave_takes_the_share_out_at_once(redis_client: Redis) -> None:
+    leaving = RedisLoadTracker(redis_client, replica="leaving")
+    staying = RedisLoadTracker(redis_client, replica="staying")
+    await leaving.heartbeat()
+    await leaving.start(E2, 50)
+    await leaving.flush()
+    assert (await staying.loads([E2]))[E2] == EndpointLoad(1, 50)
+    await leaving.leave()
+    assert (await staying.loads([E2]))[E2] == EndpointLoad(0, 0)
+    assert await redis_client.hgetall("laneway:load") == {}  # no zero totals left behind
+    assert await redis_client.smembers("laneway:load:replicas") == set()
 
 
-async def test_a_burst_of_changes_is_written_in_few_round_trips(redis_server: LocalRedis) -> None:
-    redis = Redis.from_url(redis_server.url)
-    try:
-        tracker = RedisLoadTracker(redis, replica="burst")
-        before = int((await redis.info("stats"))["total_commands_processed"])
-        leases = [await tracker.start(E1, 10) for _ in range(200)]
-        for lease in leases[:150]:
-            await tracker.finish(lease, prefill_done=False)
-        # Picks on this replica see its own changes before they reach Redis.
-        assert (await tracker.loads([E1]))[E1] == EndpointLoad(50, 500)
-        await tracker.flush()
-        after = int((await redis.info("stats"))["total_commands_processed"])
-        assert after - before < 50  # 350 changes and a read; not one call each
-        reader = RedisLoadTracker(redis, replica="reader")
-        assert (await reader.loads([E1]))[E1] == EndpointLoad(50, 500)
-    finally:
-        await redis.aclose()
+async def test_a_burst_of_changes_is_written_in_few_round_trips(redis_client: Redis) -> None:
+    tracker = RedisLoadTracker(redis_client, replica="burst")
+    before = int((await redis_client.info("stats"))["total_commands_processed"])
+    leases = [await tracker.start(E1, 10) for _ in range(200)]
+    for lease in leases[:150]:
+        await tracker.finish(lease, prefill_done=False)
+    # Picks on this replica see its own changes before they reach Redis.
+    assert (await tracker.loads([E1]))[E1] == EndpointLoad(50, 500)
+    await tracker.flush()
+    after = int((await redis_client.info("stats"))["total_commands_processed"])
+    assert after - before < 50  # 350 changes and a read; not one call each
+    reader = RedisLoadTracker(redis_client, replica="reader")
+    assert (await reader.loads([E1]))[E1] == EndpointLoad(50, 500)
 
 
 async def test_local_load_while_redis_is_away_and_resync_after(redis_server: LocalRedis) -> None:

@@ -152,32 +152,26 @@ async def test_in_memory_limiter_refills_with_its_clock() -> None:
     assert (await limiter.admit(Tenant("unlimited"), 10**9)).allowed
 
 
-async def test_the_lua_script_decides_exactly_as_the_python_core(
-    redis_server: LocalRedis,
-) -> None:
+async def test_the_lua_script_decides_exactly_as_the_python_core(redis_client: Redis) -> None:
     """Same requests at the same injected times: the shared and local limiters agree."""
     rng = random.Random(7)
     tenant = Tenant("twin", requests_per_minute=30, tokens_per_minute=3000)
     now = [1000.0]
     local = InMemoryRateLimiter(clock=lambda: now[0])
-    redis = Redis.from_url(redis_server.url)
-    shared = RedisRateLimiter(redis, prefix="twin-test")
-    try:
-        outcomes = []
-        for _ in range(300):
-            now[0] += rng.choice([0.0, 0.01, 0.3, 1.0, 4.0])
-            tokens = rng.choice([1, 50, 200, 900, 3001])
-            want = await local.admit(tenant, tokens)
-            got = await shared.admit(tenant, tokens, now=now[0])
-            assert got.allowed == want.allowed
-            assert got.exceeded == want.exceeded
-            assert got.never == want.never
-            # Lua hands back whole milliseconds, rounded up.
-            assert want.retry_after_s <= got.retry_after_s <= want.retry_after_s + 0.001
-            outcomes.append(got.allowed)
-        assert 50 < sum(outcomes) < 250  # the sequence exercised both answers
-    finally:
-        await redis.aclose()
+    shared = RedisRateLimiter(redis_client, prefix="twin-test")
+    outcomes = []
+    for _ in range(300):
+        now[0] += rng.choice([0.0, 0.01, 0.3, 1.0, 4.0])
+        tokens = rng.choice([1, 50, 200, 900, 3001])
+        want = await local.admit(tenant, tokens)
+        got = await shared.admit(tenant, tokens, now=now[0])
+        assert got.allowed == want.allowed
+        assert got.exceeded == want.exceeded
+        assert got.never == want.never
+        # Lua hands back whole milliseconds, rounded up.
+        assert want.retry_after_s <= got.retry_after_s <= want.retry_after_s + 0.001
+        outcomes.append(got.allowed)
+    assert 50 < sum(outcomes) < 250  # the sequence exercised both answers
 
 
 async def test_two_limiters_on_one_redis_share_the_bucket(redis_server: LocalRedis) -> None:
