@@ -71,15 +71,23 @@ def start_gateway(children: Children, path: Path, documents: list[dict[str, Any]
     return children.start_laneway("gateway", args)
 
 
-def start_solo(
-    children: Children, tmp_path: Path, time_scale: str
+def start_single_pool(
+    children: Children,
+    tmp_path: Path,
+    time_scale: str,
+    name: str = "solo",
+    limits: dict[str, Any] | None = None,
+    **gateway_spec: Any,
 ) -> tuple[ChildProcess, ChildProcess]:
     """One engine, the only pool behind a gateway: (engine, gateway)."""
     engine = start_sim(children, "llama-small", "--time-scale", time_scale)
     gateway = start_gateway(
         children,
         tmp_path / "gateway.yaml",
-        [pool_doc("solo", "interactive", "llama-small", [engine.url]), gateway_doc()],
+        [
+            pool_doc(name, "interactive", "llama-small", [engine.url], limits=limits),
+            gateway_doc(**gateway_spec),
+        ],
     )
     return engine, gateway
 
@@ -426,7 +434,7 @@ async def test_an_engine_killed_before_the_request_is_retried_elsewhere_then_rea
 async def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event(
     children: Children, tmp_path: Path
 ) -> None:
-    engine, gateway = start_solo(children, tmp_path, time_scale="1")
+    engine, gateway = start_single_pool(children, tmp_path, time_scale="1")
     async with client(gateway) as api:
         stream = await api.chat.completions.create(
             model="llama",
@@ -460,20 +468,13 @@ async def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event(
 async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the_slot(
     children: Children, tmp_path: Path
 ) -> None:
-    engine = start_sim(children, "llama-small", "--time-scale", "1")
-    gateway = start_gateway(
+    engine, gateway = start_single_pool(
         children,
-        tmp_path / "gateway.yaml",
-        [
-            pool_doc(
-                "narrow",
-                "interactive",
-                "llama-small",
-                [engine.url],
-                limits={"maxConcurrentRequests": 1},
-            ),
-            gateway_doc(queue={"timeoutMillis": 1500, "retryAfterSeconds": 3}),
-        ],
+        tmp_path,
+        time_scale="1",
+        name="narrow",
+        limits={"maxConcurrentRequests": 1},
+        queue={"timeoutMillis": 1500, "retryAfterSeconds": 3},
     )
     chat: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "go"}]}
 
@@ -512,7 +513,7 @@ async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the
 
 
 async def test_shutdown_drains_open_streams(children: Children, tmp_path: Path) -> None:
-    _, gateway = start_solo(children, tmp_path, time_scale="4")
+    _, gateway = start_single_pool(children, tmp_path, time_scale="4")
     async with client(gateway) as api:
         stream = await api.chat.completions.create(
             model="llama",
@@ -538,21 +539,14 @@ async def test_shutdown_drains_open_streams(children: Children, tmp_path: Path) 
 async def test_shutdown_refuses_requests_still_waiting_for_a_slot(
     children: Children, tmp_path: Path
 ) -> None:
-    engine = start_sim(children, "llama-small", "--time-scale", "4")
-    gateway = start_gateway(
+    _, gateway = start_single_pool(
         children,
-        tmp_path / "gateway.yaml",
-        [
-            pool_doc(
-                "narrow",
-                "interactive",
-                "llama-small",
-                [engine.url],
-                limits={"maxConcurrentRequests": 1},
-            ),
-            # Only the drain can end this wait: the queue timeout is far beyond the test.
-            gateway_doc(queue={"timeoutMillis": 600_000, "retryAfterSeconds": 2}),
-        ],
+        tmp_path,
+        time_scale="4",
+        name="narrow",
+        limits={"maxConcurrentRequests": 1},
+        # Only the drain can end this wait: the queue timeout is far beyond the test.
+        queue={"timeoutMillis": 600_000, "retryAfterSeconds": 2},
     )
     chat: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "go"}]}
     async with client(gateway) as api, client(gateway) as holder_api:
