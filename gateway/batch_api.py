@@ -8,7 +8,7 @@ import time
 from aiohttp import web
 
 from laneway.gateway.batches import BatchStore, parse_create
-from laneway.gateway.errors import ApiError
+from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.files import FileStore, file_object, new_file_id, read_upload
 from laneway.gateway.redis_state import needs_redis
 from laneway.gateway.shared_keys import BATCH_STORE, FILE_SIZE_LIMIT, FILE_STORE, TENANT
@@ -107,9 +107,7 @@ async def list_batches(request: web.Request) -> web.Response:
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit", str(DEFAULT_PAGE))
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
-        raise ApiError(
-            400, f"'limit' must be a whole number from 1 to {MAX_PAGE}", "invalid_request", "limit"
-        )
+        raise bad_request(f"'limit' must be a whole number from 1 to {MAX_PAGE}", "limit")
     return int(raw)
 
 

@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
-from laneway.gateway.errors import ApiError
+from laneway.gateway.errors import ApiError, bad_request, not_found
 from laneway.gateway.files import (
     OUTPUT_PURPOSE,
     FileObject,
@@ -40,7 +40,6 @@ from laneway.gateway.files import (
     as_bytes,
     as_text,
     list_json,
-    not_found,
     page_start,
 )
 from laneway.gateway.request_body import Endpoint
@@ -205,25 +204,20 @@ class CreateRequest:
 def parse_create(payload: object) -> CreateRequest:
     """The body of POST /v1/batches; ApiError 400 naming the field when wrong."""
     if not isinstance(payload, dict):
-        raise ApiError(400, "The request body must be a JSON object", "invalid_request")
+        raise bad_request("The request body must be a JSON object")
     file_id = payload.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
-        raise ApiError(400, "'input_file_id' must be a file id", "invalid_request", "input_file_id")
+        raise bad_request("'input_file_id' must be a file id", "input_file_id")
     endpoint = payload.get("endpoint")
     allowed = [e.value for e in Endpoint]
     if endpoint not in allowed:
-        raise ApiError(
-            400,
-            f"'endpoint' must be one of {', '.join(allowed)}, got {endpoint!r}",
-            "invalid_request",
-            "endpoint",
+        raise bad_request(
+            f"'endpoint' must be one of {', '.join(allowed)}, got {endpoint!r}", "endpoint"
         )
     window = payload.get("completion_window")
     if window != COMPLETION_WINDOW:
-        raise ApiError(
-            400,
+        raise bad_request(
             f"'completion_window' must be {COMPLETION_WINDOW!r}, got {window!r}",
-            "invalid_request",
             "completion_window",
         )
     metadata = payload.get("metadata")
@@ -232,11 +226,8 @@ def parse_create(payload: object) -> CreateRequest:
         or len(metadata) > MAX_METADATA_PAIRS
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
-        raise ApiError(
-            400,
-            f"'metadata' must map at most {MAX_METADATA_PAIRS} strings to strings",
-            "invalid_request",
-            "metadata",
+        raise bad_request(
+            f"'metadata' must map at most {MAX_METADATA_PAIRS} strings to strings", "metadata"
         )
     assert isinstance(endpoint, str)
     return CreateRequest(file_id, endpoint, metadata)
@@ -319,10 +310,8 @@ class BatchStore:
     async def create(self, request: CreateRequest, tenant: str, now: float) -> dict[str, object]:
         source = await self._files.get(request.input_file_id, tenant)
         if source.purpose != "batch":
-            raise ApiError(
-                400,
+            raise bad_request(
                 f"File {source.id!r} has purpose {source.purpose!r}; a batch needs 'batch'",
-                "invalid_request",
                 "input_file_id",
             )
         content = await self._files.content(source.id, tenant)
@@ -330,7 +319,7 @@ class BatchStore:
         items, errors = await asyncio.to_thread(parse_input, content, request.endpoint)
         total = len(items) + len(errors)
         if total == 0:
-            raise ApiError(400, "The input file holds no requests", "invalid_request")
+            raise bad_request("The input file holds no requests")
         batch_id = f"batch_{uuid.uuid4().hex}"
         created = int(now)
         meta = {

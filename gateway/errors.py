@@ -63,3 +63,11 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
             "code": code,
         }
     }
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request", param)
+
+
+def not_found(kind: str, ident: str) -> ApiError:
+    return ApiError(404, f"No such {kind}: {ident!r}", f"{kind}_not_found")

@@ -15,7 +15,7 @@ from aiohttp import BodyPartReader, web
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from laneway.gateway.errors import ApiError
+from laneway.gateway.errors import ApiError, bad_request, not_found
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
@@ -48,10 +48,6 @@ class FileObject:
 
 def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
-
-
-def not_found(kind: str, ident: str) -> ApiError:
-    return ApiError(404, f"No such {kind}: {ident!r}", f"{kind}_not_found")
 
 
 async def page_start(redis: Redis, index: str, after: str | None, kind: str) -> int:
@@ -163,7 +159,7 @@ def as_bytes(value: object) -> bytes | None:
 async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, bytes]:
     """(purpose, filename, content) from a multipart upload; ApiError 400/413 when wrong."""
     if not request.content_type.startswith("multipart/"):
-        raise ApiError(400, "Upload a file as multipart/form-data", "invalid_request")
+        raise bad_request("Upload a file as multipart/form-data")
     if request.content_length is not None and request.content_length > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
     reader = await request.multipart()
@@ -172,7 +168,7 @@ async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, b
     content: bytes | None = None
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
-            raise ApiError(400, "Nested multipart bodies are not supported", "invalid_request")
+            raise bad_request("Nested multipart bodies are not supported")
         if part.name == "purpose":
             purpose = (await part.text()).strip()
         elif part.name == "file":
@@ -181,23 +177,19 @@ async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, b
         else:
             await part.release()
     if content is None:
-        raise ApiError(400, "The upload has no 'file' part", "invalid_request", "file")
+        raise bad_request("The upload has no 'file' part", "file")
     if purpose != INPUT_PURPOSE:
-        raise ApiError(
-            400,
+        raise bad_request(
             f"'purpose' must be {INPUT_PURPOSE!r} (only batch input files are stored here), "
             f"got {purpose!r}",
-            "invalid_request",
             "purpose",
         )
     if not content.strip():
-        raise ApiError(400, "The file is empty", "invalid_request", "file")
+        raise bad_request("The file is empty", "file")
     try:
         content.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ApiError(
-            400, f"The file is not UTF-8 text: {error}", "invalid_request", "file"
-        ) from None
+        raise bad_request(f"The file is not UTF-8 text: {error}", "file") from None
     assert filename is not None
     return purpose, filename, content
 

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from laneway.api import Lane
-from laneway.gateway.errors import ApiError
+from laneway.gateway.errors import bad_request
 from laneway.tokens import ChatMessage, TokenBounds, Tokenizer, chat_bounds, count_chat
 
 LANE_HEADER = "x-laneway-lane"
@@ -48,10 +48,6 @@ class ParsedRequest:
         if self.endpoint is Endpoint.CHAT:
             return count_chat(tokenizer, self.messages)
         return max([tokenizer.count(p) for p in self.prompts] + list(self.token_prompt_lengths))
-
-
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, "invalid_request", param)
 
 
 def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
