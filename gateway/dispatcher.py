@@ -130,7 +130,10 @@ class Dispatcher:
         if len(self._running) < self._settings.concurrency:
             await self._fill()
         started = False
-        while self._ready and len(self._running) < self._settings.concurrency:
+        # stop() may have come while _fill awaited Redis: start nothing after it.
+        while (
+            not self._stopping and self._ready and len(self._running) < self._settings.concurrency
+        ):
             item = self._ready.pop()
             task = asyncio.create_task(self._process(item), name=f"batch-item-{item.entry_id}")
             self._running.add(task)

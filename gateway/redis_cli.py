@@ -87,10 +87,10 @@ def register(
 
 
 def run_bench_redis(args: argparse.Namespace) -> int:
-    import asyncio
     import sys
 
     from laneway.benchgw import parse_concurrency
+    from laneway.commands import run_async
     from laneway.gateway.redis_bench import BenchOptions, check_options, render, run_bench
     from laneway.gateway.redis_state import redis_settings
     from laneway.outputs import check_output_folder, write_json
@@ -107,7 +107,7 @@ def run_bench_redis(args: argparse.Namespace) -> int:
         redis_settings(args.redis_url)  # a UsageError for a malformed URL
     check_output_folder(args.json, "--json")
     command = " ".join(["laneway", *sys.argv[1:]])
-    report = asyncio.run(run_bench(options, command))
+    report = run_async(run_bench(options, command))
     print("\n".join(render(report)))
     if args.json:
         write_json(args.json, report.to_json())

@@ -277,7 +277,8 @@ async def test_stopping_lets_running_items_finish_and_leaves_the_rest(
     async with asyncio.timeout(30):
         await harness.lane.second_call.wait()
     dispatcher.stop()
-    await run_dispatcher.pop()  # returns by itself once the running items are done
+    async with asyncio.timeout(30):
+        await run_dispatcher.pop()  # returns by itself once the running items are done
     batch = await harness.store.get(batch_id, "s")
     counts = batch["request_counts"]
     assert isinstance(counts, dict)
