@@ -465,6 +465,16 @@ async def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event(
     assert total(samples, "laneway_gateway_upstream_errors_total", kind="mid_stream") == 1
 
 
+async def one_waits_in_line(gateway: ChildProcess, what: str) -> None:
+    """Until exactly one request waits in the gateway's line for the 'narrow' pool."""
+
+    async def queued() -> bool:
+        depth = total(await scrape(gateway.url), "laneway_gateway_queue_depth", pool="narrow")
+        return depth == 1
+
+    await eventually(queued, what)
+
+
 async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the_slot(
     children: Children, tmp_path: Path
 ) -> None:
@@ -477,20 +487,12 @@ async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the
         queue={"timeoutMillis": 1500, "retryAfterSeconds": 3},
     )
     chat: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "go"}]}
-
-    async def queue_depth() -> float:
-        return total(await scrape(gateway.url), "laneway_gateway_queue_depth", pool="narrow")
-
     async with client(gateway) as api, client(gateway) as holder_api:
         # A long stream holds the pool's one slot.
         holder = await holder_api.chat.completions.create(**chat, max_tokens=4000, stream=True)
         await anext(aiter(holder))
         waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
-
-        async def queued() -> bool:
-            return await queue_depth() == 1
-
-        await eventually(queued, "the second request to wait in the gateway's line")
+        await one_waits_in_line(gateway, "the second request to wait in the gateway's line")
         with pytest.raises(openai.RateLimitError) as error:
             await waiting
         assert error.value.code == "pool_saturated"
@@ -498,7 +500,7 @@ async def test_a_saturated_pool_queues_then_times_out_and_a_disconnect_frees_the
 
         # Queue again; the holder hangs up, which frees the slot for the one waiting.
         waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
-        await eventually(queued, "the third request to wait")
+        await one_waits_in_line(gateway, "the third request to wait")
         await holder.close()
         answer = await waiting
         assert answer.choices[0].message.content
@@ -553,12 +555,7 @@ async def test_shutdown_refuses_requests_still_waiting_for_a_slot(
         holder = await holder_api.chat.completions.create(**chat, max_tokens=120, stream=True)
         await anext(aiter(holder))
         waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
-
-        async def queued() -> bool:
-            depth = total(await scrape(gateway.url), "laneway_gateway_queue_depth", pool="narrow")
-            return depth == 1
-
-        await eventually(queued, "the second request to wait in the gateway's line")
+        await one_waits_in_line(gateway, "the second request to wait in the gateway's line")
         stopping = asyncio.create_task(asyncio.to_thread(gateway.stop, 30))
         with pytest.raises(openai.InternalServerError) as error:
             await waiting
