@@ -379,11 +379,15 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    if reply.parsed.endpoint == "chat":
-        await _sse(response, reply.role_chunk())
     emitted = 0
     while True:
         event = await events.get()
+        if emitted == 0 and reply.parsed.endpoint == "chat":
+            # The role chunk goes out with the first output, not on arrival: vLLM sends it in
+            # the first pass of its loop over engine outputs (`chat_completion_stream_generator`
+            # in vllm/entrypoints/openai/serving_chat.py) and SGLang the same way
+            # (`_generate_chat_stream` in python/sglang/srt/entrypoints/openai/serving_chat.py).
+            await _sse(response, reply.role_chunk())
         emitted += 1
         await _sse(response, reply.token_chunk(event))
         if event.last:
