@@ -22,7 +22,7 @@ from typing import Any, Literal
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from laneway.errors import UsageError
+from laneway.errors import cannot_listen
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
 from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
 from laneway.simulator.profiles import Profile
@@ -506,7 +506,7 @@ async def serve(settings: SimSettings, host: str, port: int) -> None:
         try:
             await site.start()
         except OSError as error:
-            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+            raise cannot_listen(host, port, error) from None
         bound_port = runner.addresses[0][1]
         print(f"laneway sim: serving {settings.model} on http://{host}:{bound_port}", flush=True)
         stop = asyncio.Event()
