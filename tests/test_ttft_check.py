@@ -38,7 +38,7 @@ def test_histogram_quantile(cumulative: tuple[float, ...], q: float, expected: f
 
 def test_values_counted_into_buckets_include_the_bound() -> None:
     counted = bucketed([0.05, 0.1, 0.15, 5.0], BOUNDS)
-    assert counted.cumulative == (2, 3, 3, 4)
+    assert counted.cumulative == (2.0, 3.0, 3.0, 4.0)
     assert counted.sum == pytest.approx(5.3)
 
 
