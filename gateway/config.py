@@ -51,7 +51,7 @@ class PickingSettings:
             "inFlightRequests": 2,
             "prefillTokens": 2,
             "ttftSlo": 2,
-            "prefixAffinity": 3,
+            "prefixAffinity": 6,
         }
     )
     # The prefix index behind the prefixAffinity scorer (laneway/routing/prefix_index.py).
