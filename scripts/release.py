@@ -113,7 +113,8 @@ def versions_in_tree(root: Path) -> dict[str, str]:
             name = f"{document['kind']} {document['metadata']['name']}"
             found[f"{INSTALL} {name} label {VERSION_LABEL}"] = str(labels[VERSION_LABEL])
     released = [
-        s for s in changelog_sections((root / CHANGELOG).read_text(encoding="utf-8"))
+        s
+        for s in changelog_sections((root / CHANGELOG).read_text(encoding="utf-8"))
         if s[0] != UNRELEASED
     ]
     found[f"{CHANGELOG} newest release"] = released[0][0] if released else "(none)"
@@ -182,7 +183,9 @@ def bump(root: Path, version: str, date: str) -> None:
     if any(s[0] == version for s in sections):
         raise ReleaseError(f"{CHANGELOG} already has [{version}]")
     replace_one(root / "pyproject.toml", r'^version = "[^"]*"$', f'version = "{version}"')
-    replace_one(root / "laneway" / "__init__.py", INIT_VERSION.pattern, f'__version__ = "{version}"')
+    replace_one(
+        root / "laneway" / "__init__.py", INIT_VERSION.pattern, f'__version__ = "{version}"'
+    )
     replace_one(root / CHART / "Chart.yaml", r"^version: .*$", f"version: {version}")
     replace_one(root / CHART / "Chart.yaml", r"^appVersion: .*$", f'appVersion: "{version}"')
     replace_one(root / CRD, rf"^(    {VERSION_LABEL}): .*$", rf'\1: "{version}"')
@@ -221,9 +224,7 @@ def find_helm(root: Path) -> str:
 
 
 def run_helm(helm: str, *args: str) -> str:
-    result = subprocess.run(
-        [helm, *args], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise ReleaseError(f"helm {' '.join(args)}: {result.stderr.strip() or result.stdout}")
     return result.stdout
@@ -232,7 +233,9 @@ def run_helm(helm: str, *args: str) -> str:
 def package_chart(root: Path, destination: Path, image_repository: str) -> Path:
     """The chart as released: its default image is the one this release pushed."""
     version = check_version(root, None)
-    if not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9._-]+)*", image_repository):
+    if not re.fullmatch(
+        r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9._-]+)*", image_repository
+    ):
         raise ReleaseError(f"--image-repository {image_repository!r}: not a lowercase image name")
     helm = find_helm(root)
     with tempfile.TemporaryDirectory() as work:
@@ -289,7 +292,9 @@ def upgrade_problems(old: Rendered, new: Rendered) -> list[str]:
             problems.append(f"CRD {manifest['metadata']['name']} is templated; keep it in crds/")
     for name, crd in old.crds.items():
         if name not in new.crds:
-            problems.append(f"CRD {name} left crds/: Helm would not delete it, but nothing ships it")
+            problems.append(
+                f"CRD {name} left crds/: Helm would not delete it, but nothing ships it"
+            )
             continue
         versions = {v["name"]: v for v in new.crds[name]["spec"]["versions"]}
         for version in crd["spec"]["versions"]:
@@ -345,9 +350,7 @@ def previous_release(root: Path) -> str | None:
     def number(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split("-")[0].split("."))
 
-    earlier = [
-        t for t in tags if SEMVER.fullmatch(t[1:]) and number(t[1:]) < number(version)
-    ]
+    earlier = [t for t in tags if SEMVER.fullmatch(t[1:]) and number(t[1:]) < number(version)]
     return max(earlier, key=lambda t: number(t[1:])) if earlier else None
 
 
@@ -402,13 +405,17 @@ def main(argv: Sequence[str]) -> int:
                 else:
                     ref = args.from_ref or previous_release(root)
                     if ref is None:
-                        print("release: no earlier release tag; nothing to compare", file=sys.stderr)
+                        print(
+                            "release: no earlier release tag; nothing to compare", file=sys.stderr
+                        )
                         return 0
                     old, source = chart_at_ref(root, ref, Path(work)), ref
                 problems = upgrade_check(root, old, args.values)
             if problems:
                 raise ReleaseError(f"helm upgrade from {source}:\n  " + "\n  ".join(problems))
-            print(f"release: helm upgrade from {source} keeps every pool and the CRD", file=sys.stderr)
+            print(
+                f"release: helm upgrade from {source} keeps every pool and the CRD", file=sys.stderr
+            )
     except ReleaseError as error:
         print(f"release: {error}", file=sys.stderr)
         return 1

@@ -70,7 +70,7 @@ def build_stage(work: Path) -> Path:
     for instruction in build[1:]:  # after FROM
         arguments = instruction.arguments
         if instruction.keyword == "ENV":
-            env.update(pair.split("=", 1) for pair in shlex.split(arguments))
+            env.update(pair.partition("=")[::2] for pair in shlex.split(arguments))
         elif instruction.keyword == "WORKDIR":
             cwd = work / arguments.lstrip("/")
             cwd.mkdir(parents=True, exist_ok=True)
