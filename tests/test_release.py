@@ -31,9 +31,11 @@ TESTED_SCRIPTS = {"scripts/release.py", "scripts/image-smoke.sh"}
 
 
 def tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(ROOT / ".tools" / "bin"))
+    """A tool from PATH, .tools/bin (scripts/install-tools.sh) or the venv (the dev extra)."""
+    places = (None, str(ROOT / ".tools" / "bin"), str(Path(sys.executable).parent))
+    found = next(filter(None, (shutil.which(name, path=place) for place in places)), None)
     if found is None:
-        pytest.fail(f"{name} is missing: scripts/install-tools.sh installs it into .tools/bin")
+        pytest.fail(f"{name} is missing: scripts/install-tools.sh or the dev extra installs it")
     return found
 
 
@@ -317,3 +319,37 @@ def test_previous_release_is_the_newest_earlier_tag(repo: Path) -> None:
     assert result.returncode == 1
     assert "helm upgrade from v0.0.1" in result.stderr
     assert "InferencePool sim-realtime is no longer rendered" in result.stderr
+
+
+@pytest.mark.parametrize("script", ["scripts/image-smoke.sh", "scripts/install-tools.sh"])
+def test_release_shell_scripts_pass_shellcheck(script: str) -> None:
+    result = subprocess.run(
+        [tool("shellcheck"), "--severity=style", str(ROOT / script)],
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("repository", "says_load"), [("laneway", True), ("ghcr.io/acme/laneway", False)]
+)
+def test_notes_say_how_to_get_an_image_that_names_no_registry(
+    repository: str, says_load: bool
+) -> None:
+    result = subprocess.run(
+        [
+            *(tool("helm"), "install", "lw", str(ROOT / CHART), "--dry-run=client"),
+            *("--namespace", "serving", "--set", f"image.repository={repository}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert f"Image: {repository}:{__version__}" in notes
+    assert (f"kind load docker-image {repository}:{__version__}" in notes) is says_load
