@@ -19,6 +19,7 @@ COPY laneway ./laneway
 COPY gateway ./gateway
 COPY operator ./operator
 COPY simulator ./simulator
+COPY bench ./bench
 # pip compiles every module it installs, so the read-only image never needs to write a .pyc.
 # pip and setuptools are not needed at run time: removed, they take ~25 MB less.
 RUN /opt/laneway/bin/pip install --no-deps . \

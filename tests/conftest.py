@@ -8,7 +8,7 @@ import pytest
 from marked_processes import marked_run
 from redis.asyncio import Redis
 
-from laneway.gateway.redis_server import LocalRedis
+from laneway.bench.redis_server import LocalRedis
 
 
 @pytest.fixture
