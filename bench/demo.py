@@ -298,8 +298,9 @@ async def start_everything(
     )
     for pool in DEMO_POOLS:
         say(
-            f"pool {pool.name} ({pool.lane.value}, {pool.scheduler} prefill, "
-            f"context {pool.max_context:,}): {', '.join(endpoints[pool.name])}"
+            f"pool {pool.name} ({pool.lane.value}): prompts {pool.min_prompt_tokens:,}-"
+            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context:,}, "
+            f"{pool.scheduler} prefill: {', '.join(endpoints[pool.name])}"
         )
     say(f"gateway: {gateway.url}")
     return gateway
