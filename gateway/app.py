@@ -36,7 +36,6 @@ from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.routing.picker import scorers_from_weights
 from laneway.tokens import Tokenizer, load_tokenizer
 
 log = logging.getLogger("laneway.gateway")
@@ -59,7 +58,7 @@ def create_app(
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
-    app[PROFILE] = scorers_from_weights(settings.picking.policy, settings.picking.weights)
+    app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
