@@ -22,6 +22,19 @@ from laneway.simulator.scheduler import SchedulerConfig
 
 CONFIG_NAMES = ("unified-full", "unified-chunked", "split", "laneway")
 PUBLIC_MODEL = "llama3-8b"  # the model name clients ask for; every pool answers it
+# The seed experiment's picking profile (what live mode has always configured): prompt
+# tokens awaiting their first token first, requests in flight second. On this workload it
+# beats the gateway's default profile, whose scraped queue-depth and KV scores lag the
+# bursts (docs/BENCHMARKS.md has both).
+SEED_PICKING = PickingSettings(
+    weights={
+        "queueDepth": 0,
+        "kvCacheUsage": 0,
+        "inFlightRequests": 1,
+        "prefillTokens": 4,
+        "ttftSlo": 0,
+    }
+)
 # How often the gateway reads each engine's /metrics in the seed experiment (live mode's
 # GatewayConfig), and so how old the engine gauges the virtual runner ranks by may be.
 SCRAPE_INTERVAL_S = 0.25
@@ -125,9 +138,9 @@ class ClusterConfig:
     name: str
     summary: str
     pools: tuple[SimPool, ...]
-    # How endpoints are ranked within a pool: the gateway's default profile, which the live
-    # mode also configures, so both modes describe the policy the gateway runs.
-    picking: PickingSettings = field(default_factory=PickingSettings)
+    # How endpoints are ranked within a pool; live mode configures the gateway with the
+    # same profile, so both modes describe the policy the gateway runs.
+    picking: PickingSettings = field(default_factory=lambda: SEED_PICKING)
 
     @property
     def gpus(self) -> int:
