@@ -18,6 +18,7 @@ from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     CLOCK,
     METRICS,
+    PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
@@ -36,6 +37,7 @@ from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
+from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
 log = logging.getLogger("laneway.gateway")
@@ -60,6 +62,7 @@ def create_app(
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
+    app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()

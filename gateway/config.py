@@ -26,6 +26,7 @@ from laneway.api import (
 )
 from laneway.errors import UsageError
 from laneway.routing.picker import PICKING_POLICIES, SCORER_NAMES, PickingSettings
+from laneway.routing.prefix_index import PrefixSettings
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
@@ -200,7 +201,7 @@ def _reject_unknown(
 
 def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     path = "spec.picking"
-    _reject_unknown(reader, data, path, ("policy", "weights"))
+    _reject_unknown(reader, data, path, ("policy", "weights", "prefix"))
     policy = reader.choice(data, "policy", path, PICKING_POLICIES) if "policy" in data else None
     weights_data = reader.mapping(data, "weights", path)
     _reject_unknown(reader, weights_data, f"{path}.weights", SCORER_NAMES)
@@ -211,7 +212,21 @@ def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     }
     if (policy or "scored") == "scored" and not any(weights.values()):
         reader.fail(f"{path}.weights", "at least one scorer needs a weight above 0")
-    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights)
+    prefix = _prefix(reader, reader.mapping(data, "prefix", path))
+    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights, prefix=prefix)
+
+
+def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
+    path = "spec.picking.prefix"
+    _reject_unknown(reader, data, path, ("blockChars", "maxBlocks", "capacityBlocks"))
+    default = PrefixSettings()
+    return PrefixSettings(
+        block_chars=reader.integer(data, "blockChars", path, default.block_chars, minimum=16),
+        max_blocks=reader.integer(data, "maxBlocks", path, default.max_blocks, minimum=1),
+        capacity_blocks=reader.integer(
+            data, "capacityBlocks", path, default.capacity_blocks, minimum=1
+        ),
+    )
 
 
 def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:

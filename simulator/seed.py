@@ -33,6 +33,7 @@ SEED_PICKING = PickingSettings(
         "inFlightRequests": 1,
         "prefillTokens": 4,
         "ttftSlo": 0,
+        "prefixAffinity": 0,  # the seed's prompts share no prefixes
     }
 )
 # How often the gateway reads each engine's /metrics in the seed experiment (live mode's

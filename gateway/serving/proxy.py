@@ -25,6 +25,7 @@ from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
     CLOCK,
     METRICS,
+    PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
@@ -54,6 +55,7 @@ from laneway.routing.lanes import (
     classify,
 )
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
+from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
 from laneway.tokens import TokenBounds
@@ -153,8 +155,9 @@ async def _serve(
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
-            plan = await _plan(app, route, started)
-            return await _forward(_Exchange(request, parsed, plan, count, started, outcome))
+            hashes = _prefix_hashes(app, parsed)
+            plan = await _plan(app, route, started, hashes)
+            return await _forward(_Exchange(request, parsed, plan, hashes, count, started, outcome))
         finally:
             gate.release()
     finally:
@@ -281,16 +284,27 @@ def _refused(
     )
 
 
-async def _plan(app: web.Application, route: Route, started: float) -> RoutingPlan:
+async def _plan(
+    app: web.Application, route: Route, started: float, prefix_hashes: tuple[int, ...]
+) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot."""
     registry = app[REGISTRY]
     # The pool as configured now: its endpoints may have changed while the request waited.
     route = replace(route, pool=registry.current(route.pool) or route.pool)
     available = registry.available(route.pool)
     loads = await app[TRACKER].loads(available)
+    matched = app[PREFIX_INDEX].matched_blocks(prefix_hashes) if prefix_hashes else {}
     views = [
         EndpointView(
-            url, loads[url].in_flight, loads[url].prefill_tokens, registry.fresh_metrics(url)
+            url,
+            loads[url].in_flight,
+            loads[url].prefill_tokens,
+            registry.fresh_metrics(url),
+            cached_prompt_tokens=estimated_cached_tokens(
+                matched.get(url, 0), len(prefix_hashes), route.prefill_tokens
+            )
+            if prefix_hashes
+            else None,
         )
         for url in available
     ]
@@ -300,6 +314,14 @@ async def _plan(app: web.Application, route: Route, started: float) -> RoutingPl
     return make_plan(route, views, rates, profile, app[RNG], elapsed_ms)
 
 
+def _prefix_hashes(app: web.Application, parsed: ParsedRequest) -> tuple[int, ...]:
+    """The prompt's prefix block hashes; none when no scorer uses them (hashing is the cost)."""
+    if not any(s.name == "prefixAffinity" for s in app[PROFILE]):
+        return ()
+    prefix = app[SETTINGS].picking.prefix
+    return text_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+
+
 @dataclass(frozen=True)
 class _Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
@@ -307,6 +329,7 @@ class _Exchange:
     request: web.Request
     parsed: ParsedRequest
     plan: RoutingPlan
+    prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
     started: float
     outcome: RequestOutcome
@@ -325,6 +348,8 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
         outcome.predicted_ttft_ms = candidate.predicted_ttft_ms
+        if exchange.prefix_hashes:
+            app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
             return await _attempt(exchange, candidate, payload)
         except UpstreamFailed as failure:

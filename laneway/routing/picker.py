@@ -10,6 +10,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from laneway.routing.prefix_index import PrefixSettings
 from laneway.routing.scorers import SCORERS, EndpointView, Scorer
 
 PICKING_POLICIES = ("scored", "random")
@@ -29,8 +30,11 @@ class PickingSettings:
             "inFlightRequests": 2,
             "prefillTokens": 2,
             "ttftSlo": 2,
+            "prefixAffinity": 6,
         }
     )
+    # The prefix index behind the prefixAffinity scorer (laneway/routing/prefix_index.py).
+    prefix: PrefixSettings = field(default_factory=PrefixSettings)
 
     def profile(self) -> tuple[WeightedScorer, ...]:
         return scorers_from_weights(self.policy, self.weights)

@@ -66,7 +66,11 @@ def make_plan(
     `rates` holds each endpoint's learned prefill rate (the prior where absent);
     `elapsed_ms` is how long the request has been in the gateway already (its wait in line).
     """
-    backlogs = {e.url: e.prefill_tokens + route.prefill_tokens for e in endpoints}
+    # What the prefix cache likely holds of this prompt needs no prefill there.
+    backlogs = {
+        e.url: e.prefill_tokens + route.prefill_tokens - (e.cached_prompt_tokens or 0)
+        for e in endpoints
+    }
     predicted = {
         e.url: elapsed_ms + rates.get(e.url, PrefillRate()).predict_ttft_ms(backlogs[e.url])
         for e in endpoints
