@@ -46,7 +46,7 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_bench_prefix(args: argparse.Namespace) -> int:
-    from laneway.gateway.config import PickingSettings
+    from laneway.routing.picker import PickingSettings
     from laneway.simulator.prefix_experiment import (
         PICKERS,
         PrefixScenario,

@@ -125,21 +125,25 @@ def test_live_flags_are_checked(flags: list[str], message: str) -> None:
 
 def test_every_configuration_is_a_valid_gateway_config() -> None:
     """The documents live mode writes parse as the gateway parses its --config file."""
-    from laneway.bench.seed_live import PUBLIC_MODEL, gateway_documents, served_model
+    from laneway.bench.seed_live import gateway_documents
     from laneway.gateway.config import parse_documents
     from laneway.simulator.profiles import PROFILES
-    from laneway.simulator.seed import SeedScenario, seed_configs
+    from laneway.simulator.seed import PUBLIC_MODEL, SeedScenario, seed_configs
 
     for config in seed_configs(SeedScenario(), PROFILES["h200-llama3-8b"]):
         endpoints = {
-            pool.route.name: [f"http://127.0.0.1:{9000 + i}" for i in range(pool.replicas)]
+            pool.name: [f"http://127.0.0.1:{9000 + i}" for i in range(pool.replicas)]
             for pool in config.pools
         }
         parsed = parse_documents(gateway_documents(config, endpoints), config.name)
-        assert [p.spec.served_model_name for p in parsed.pools] == [
-            served_model(pool) for pool in config.pools
+        # The live gateway routes over the very pools and picking profile the virtual
+        # runner routes over.
+        assert parsed.settings.picking == config.picking
+        assert list(parsed.pools) == [
+            pool.inference_pool(endpoints[pool.name]) for pool in config.pools
         ]
         for pool, spec in zip(config.pools, parsed.pools, strict=True):
             assert PUBLIC_MODEL in spec.spec.routing.models
-            assert spec.spec.limits.max_context_tokens == pool.route.max_context_tokens
-            assert list(spec.endpoints) == endpoints[pool.route.name]
+            assert spec.spec.served_model_name == pool.served_model
+            assert spec.spec.limits.max_context_tokens == pool.max_context_tokens
+            assert list(spec.endpoints) == endpoints[pool.name]
