@@ -23,6 +23,7 @@ from aiohttp import web
 from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
+    ARRIVED,
     CLOCK,
     METRICS,
     PREFIX_INDEX,
@@ -113,7 +114,7 @@ class UpstreamFailed(Exception):
 
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     clock = request.app[CLOCK]
-    started = clock()
+    started = request[ARRIVED]  # when its first bytes were read, as the client's clock runs
     outcome = RequestOutcome(path=endpoint.value)
     try:
         response = await _serve(request, endpoint, started, outcome)
@@ -464,26 +465,17 @@ async def _relay_stream(
             return client
         if not chunk:
             break
-        now = clock()
-        if first_token.feed(chunk):
-            ttft = now - started
-            metrics.ttft.labels(*labels).observe(ttft)
-            met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
-            metrics.ttft_slo.labels(*labels, met).inc()
-            outcome.ttft_ms = ttft * 1000
+        first = first_token.feed(chunk)
+        if first:
+            # The engine's side of the first token: what its prefill rate is learned from.
             progress.first_token = True
             await tracker.prefill_done(lease)
             app[REGISTRY].record_first_token(
-                lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
+                lease.endpoint, sent.backlog_tokens, (clock() - sent.at) * 1000
             )
-            last_event = now
-        elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
-            gap = now - last_event
-            tbt.observe(gap)
-            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
-            last_event = now
+        tokens = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
         if rename:
-            chunk = rename.feed(chunk)
+            chunk = rename.feed(chunk)  # whole lines: the first token's is among them
             if not chunk:
                 continue
         try:
@@ -493,6 +485,20 @@ async def _relay_stream(
             _client_gone(outcome)
             upstream.close()
             return client
+        # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
+        now = clock()
+        if first:
+            ttft = now - started
+            metrics.ttft.labels(*labels).observe(ttft)
+            met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
+            metrics.ttft_slo.labels(*labels, met).inc()
+            outcome.ttft_ms = ttft * 1000
+            last_event = now
+        elif tokens and last_event is not None:
+            gap = now - last_event
+            tbt.observe(gap)
+            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+            last_event = now
         written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
         outcome.complete = outcome.complete or STREAM_END in written
     try:
