@@ -473,11 +473,11 @@ async def _relay_stream(
             app[REGISTRY].record_first_token(
                 lease.endpoint, sent.backlog_tokens, (clock() - sent.at) * 1000
             )
-        tokens = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
         if rename:
             chunk = rename.feed(chunk)  # whole lines: the first token's is among them
             if not chunk:
                 continue
+        events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
         try:
             await client.write(chunk)
         except ConnectionError:
@@ -494,7 +494,7 @@ async def _relay_stream(
             metrics.ttft_slo.labels(*labels, met).inc()
             outcome.ttft_ms = ttft * 1000
             last_event = now
-        elif tokens and last_event is not None:
+        elif events and last_event is not None:
             gap = now - last_event
             tbt.observe(gap)
             (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
