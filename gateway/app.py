@@ -86,7 +86,15 @@ def _completion(endpoint: Endpoint) -> Handler:
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     # Many concurrent streams to few engines: no per-host cap on the pool of connections.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    limits = app[SETTINGS].upstream
+    # The engines' timeouts as the session's default, built once: the request path passes
+    # none, and every other caller (scrape, probe, batch dispatch) passes its own.
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=limits.connect_timeout_millis / 1000,
+        sock_read=limits.read_timeout_millis / 1000,
+    )
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session
         yield
 

@@ -12,12 +12,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
+from laneway.gateway.access_log import JsonLine
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
     CLOCK,
@@ -62,6 +63,7 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+JSON_CONTENT = {"Content-Type": "application/json"}
 
 
 @dataclass
@@ -153,7 +155,7 @@ async def _serve(
         try:
             prefill = _prefill_estimate(bounds, count)
             return await _forward(
-                _Exchange(request, parsed, route, count, prefill, started, outcome)
+                _Exchange(request, parsed, body, route, count, prefill, started, outcome)
             )
         finally:
             gate.release()
@@ -289,6 +291,7 @@ class _Exchange:
 
     request: web.Request
     parsed: ParsedRequest
+    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     route: Route
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
     prefill: int  # the prompt tokens this request adds to an endpoint's load
@@ -328,14 +331,19 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     ]
     profile = app[PROFILE]
     ranked = rank(views, profile, app[RNG])
-    payload = {**exchange.parsed.payload, "model": pool.spec.served_model_name}
+    served = pool.spec.served_model_name
+    body = (
+        exchange.body
+        if served == exchange.parsed.model
+        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    )
     failures = []
     for candidate in ranked[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
         outcome.predicted_ttft_ms = predicted[candidate.url]
         try:
-            return await _attempt(exchange, candidate.url, payload, backlogs[candidate.url])
+            return await _attempt(exchange, candidate.url, served, body, backlogs[candidate.url])
         except UpstreamFailed as failure:
             _note_failure(app, candidate.url, str(failure))
             metrics.upstream_errors.labels(pool.name, candidate.url, failure.kind).inc()
@@ -345,30 +353,25 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
 
 
 async def _attempt(
-    exchange: _Exchange, url: str, payload: dict[str, Any], backlog_tokens: int
+    exchange: _Exchange, url: str, served: str, body: bytes, backlog_tokens: int
 ) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome = exchange.app, exchange.outcome
-    limits = app[SETTINGS].upstream
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=limits.connect_timeout_millis / 1000,
-        sock_read=limits.read_timeout_millis / 1000,
-    )
     tracker = app[TRACKER]
     lease = await tracker.start(url, exchange.prefill)
     progress = _Progress()
     sent = _Sent(backlog_tokens, app[CLOCK]())
     try:
+        # The session's default timeout is the upstream one (see app.py): built once.
         async with app[SESSION].post(
-            f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
+            f"{url}{exchange.parsed.endpoint.value}", data=body, headers=JSON_CONTENT
         ) as upstream:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
-                if rename := rewriter(payload["model"], exchange.parsed.model):
+                if rename := rewriter(served, exchange.parsed.model):
                     body = rename.whole(body)
                 app[REGISTRY].record_success(url)
                 outcome.prompt_tokens = await exchange.count
@@ -380,7 +383,7 @@ async def _attempt(
                     headers=outcome.routing_headers(),
                 )
             app[REGISTRY].record_success(url)
-            rename = rewriter(payload["model"], exchange.parsed.model)
+            rename = rewriter(served, exchange.parsed.model)
             return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
@@ -516,6 +519,8 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
         metrics.e2e.labels(outcome.pool, outcome.lane).observe(outcome.total_ms / 1000)
     if outcome.lane and outcome.prompt_tokens is not None:
         metrics.prompt_tokens.labels(outcome.lane).observe(outcome.prompt_tokens)
+    if not log.isEnabledFor(logging.INFO):
+        return
     record = {
         "ts": round(time.time(), 3),
         **{k: v for k, v in vars(outcome).items() if v is not None and v != ""},
@@ -523,4 +528,4 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
         if key in record:
             record[key] = round(record[key], 2)
-    log.info(json.dumps(record))
+    log.info("%s", JsonLine(record))
