@@ -13,9 +13,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.gateway.access_log import AccessLog
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     METRICS,
     PROFILE,
@@ -64,6 +66,8 @@ def create_app(
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
+    app[ACCESS_LOG] = AccessLog()
+    app.on_cleanup.append(_flush_access_log)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
@@ -81,6 +85,10 @@ def _completion(endpoint: Endpoint) -> Handler:
         return await handle_completion(request, endpoint)
 
     return handler
+
+
+async def _flush_access_log(app: web.Application) -> None:
+    app[ACCESS_LOG].flush()
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -76,7 +77,6 @@ def register(
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    from laneway.gateway.access_log import log_on_a_thread
     from laneway.gateway.app import create_app
     from laneway.gateway.config import GatewaySettings, load_config
     from laneway.gateway.pools.sources import PoolSource, StaticPoolSource
@@ -108,13 +108,11 @@ def run_gateway(args: argparse.Namespace) -> int:
         if not loaded.pools:
             raise UsageError(f"{args.config}: holds no InferencePool document to route to")
         source = StaticPoolSource(loaded.pools)
-    with log_on_a_thread(sys.stderr):
-        app = create_app(settings, source)
-        install(app, shared)
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            return runner.run(
-                serve(app, args.host, args.port, settings.drain_timeout_millis / 1000)
-            )
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    app = create_app(settings, source)
+    install(app, shared)
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

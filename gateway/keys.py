@@ -9,6 +9,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from laneway.gateway.access_log import AccessLog
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import Dispatcher
 from laneway.gateway.batch.files import FileStore
@@ -33,6 +34,7 @@ CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins
 STOP = web.AppKey("stop", Stop)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
 
 # The state layer: tenants, limits, files, batches.
 TENANTS = web.AppKey("tenants", TenantKeys)  # absent: auth is off

@@ -18,9 +18,9 @@ import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
-from laneway.gateway.access_log import JsonLine
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     METRICS,
     PROFILE,
@@ -519,8 +519,6 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
         metrics.e2e.labels(outcome.pool, outcome.lane).observe(outcome.total_ms / 1000)
     if outcome.lane and outcome.prompt_tokens is not None:
         metrics.prompt_tokens.labels(outcome.lane).observe(outcome.prompt_tokens)
-    if not log.isEnabledFor(logging.INFO):
-        return
     record = {
         "ts": round(time.time(), 3),
         **{k: v for k, v in vars(outcome).items() if v is not None and v != ""},
@@ -528,4 +526,4 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
         if key in record:
             record[key] = round(record[key], 2)
-    log.info("%s", JsonLine(record))
+    app[ACCESS_LOG].write(record)
