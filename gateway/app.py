@@ -20,6 +20,7 @@ from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
     METRICS,
+    POOL_TOKENIZERS,
     PREFIX_INDEX,
     PROFILE,
     REGISTRY,
@@ -36,6 +37,7 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
@@ -63,6 +65,7 @@ def create_app(
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
+    app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
     app[PROFILE] = scorers_from_weights(settings.picking.policy, settings.picking.weights)
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)

@@ -541,9 +541,7 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     return pool_spec
 
 
-def _parse_tokenizer(
-    reader: _Reader, spec: Mapping[str, Any], path: str
-) -> TokenizerSpec | None:
+def _parse_tokenizer(reader: _Reader, spec: Mapping[str, Any], path: str) -> TokenizerSpec | None:
     data = reader.mapping(spec, "tokenizer", path, ("kind", "encoding", "path"))
     if not data:
         return None

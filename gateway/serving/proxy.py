@@ -24,13 +24,13 @@ from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
     METRICS,
+    POOL_TOKENIZERS,
     PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
     SESSION,
     SETTINGS,
-    TOKENIZER,
     TRACKER,
 )
 from laneway.gateway.serving.admission import AdmissionRefused
@@ -57,7 +57,7 @@ from laneway.routing.picker import rank
 from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
-from laneway.tokens import TokenBounds
+from laneway.tokens import TokenBounds, Tokenizer
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -189,28 +189,45 @@ async def _route(
     pinned: Lane | None,
     outcome: RequestOutcome,
 ) -> tuple[Route, TokenBounds, asyncio.Future[int]]:
-    """Classify from bounds where they decide; the exact count follows off the loop."""
-    tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
+    """Classify from bounds where they decide; the exact count follows off the loop.
+
+    Each pool's prompt count is taken with its own tokenizer (one count per distinct
+    tokenizer); with one tokenizer everywhere, as by default, that is a single count.
+    """
+    metrics, clock = app[METRICS], app[CLOCK]
+    pools = app[REGISTRY].pools()
+    tokenizers = app[POOL_TOKENIZERS]
+    by_pool = {
+        pool.key: tokenizers.of(pool) for pool in pools if parsed.model in pool.spec.public_models
+    }
+    distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
-        exact = parsed.count(tokenizer)
-        bounds = TokenBounds(exact, exact)
+        bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
-        bounds = parsed.bounds(tokenizer)
+        bounds = {id(t): parsed.bounds(t) for t in distinct}
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
-    def decide(prompt_tokens: TokenBounds) -> Decision:
-        return classify(
-            RouteRequest(parsed.model, prompt_tokens, parsed.max_tokens, pinned),
-            app[REGISTRY].pools(),
+    def decide() -> Decision:
+        per_pool = {key: bounds[id(t)] for key, t in by_pool.items()}
+        spanning = TokenBounds(
+            min(b.low for b in bounds.values()), max(b.high for b in bounds.values())
         )
+        request = RouteRequest(
+            parsed.model,
+            spanning,
+            parsed.max_tokens,
+            pinned,
+            per_pool if len(distinct) > 1 else None,
+        )
+        return classify(request, pools)
 
-    decision = decide(bounds)
+    decision = decide()
     if isinstance(decision, NeedsExactCount):
-        exact = await _count_off_loop(app, parsed)
-        bounds = TokenBounds(exact, exact)
-        decision = decide(bounds)
+        counts = await asyncio.gather(*(_count_off_loop(app, parsed, t) for t in distinct))
+        bounds = {id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)}
+        decision = decide()
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
@@ -220,21 +237,27 @@ async def _route(
         raise ApiError(400, decision.message, code, param)
     assert isinstance(decision, Route)
 
+    tokenizer = by_pool[decision.pool.key]
+    routed = bounds[id(tokenizer)]
     count: asyncio.Future[int]
-    if bounds.exact:
+    if routed.exact:
         count = asyncio.get_running_loop().create_future()
-        count.set_result(bounds.low)
+        count.set_result(routed.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
-        count = asyncio.ensure_future(_count_off_loop(app, parsed))
-    return decision, bounds, count
+        count = asyncio.ensure_future(_count_off_loop(app, parsed, tokenizer))
+    return decision, routed, count
 
 
-async def _count_off_loop(app: web.Application, parsed: ParsedRequest) -> int:
+def _exact(count: int) -> TokenBounds:
+    return TokenBounds(count, count)
+
+
+async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
     clock = app[CLOCK]
     begun = clock()
     loop = asyncio.get_running_loop()
-    count = await loop.run_in_executor(None, parsed.count, app[TOKENIZER])
+    count = await loop.run_in_executor(None, parsed.count, tokenizer)
     app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
     return count
 
