@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from openai.types.chat import ChatCompletionUserMessageParam
 from test_gateway_e2e import client, gateway_doc, pool_doc, start_gateway, start_sim
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -91,11 +92,10 @@ async def test_gateway_and_engine_counts_agree_on_every_prompt(
         differs_from_default = 0
         async with client(gateway) as api, aiohttp.ClientSession() as session:
             for text in prompts():
-                messages = [{"role": "user", "content": text}]
+                message: ChatCompletionUserMessageParam = {"role": "user", "content": text}
+                messages = [message]
                 raw = await api.chat.completions.with_raw_response.create(
-                    model="llama",
-                    messages=messages,
-                    max_tokens=2,  # type: ignore[arg-type]
+                    model="llama", messages=messages, max_tokens=2
                 )
                 reply = raw.parse()
                 assert reply.usage is not None
