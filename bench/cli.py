@@ -270,8 +270,6 @@ def run_bench_redis(args: argparse.Namespace) -> int:
     from laneway.gateway.state.redis_store import redis_settings
     from laneway.outputs import check_output_folder, write_json
 
-    if args.against:
-        return run_bench_against(args)
     options = BenchOptions(
         concurrency=parse_concurrency(args.concurrency),
         requests=args.requests,
