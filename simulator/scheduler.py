@@ -9,6 +9,13 @@ only decides; it returns a frozen `StepPlan`, and the engine applies it in one p
   only, and running decodes wait for it; otherwise the step decodes every running request.
 - `chunked`: vLLM V1 / Sarathi-Serve: every running decode gets its token first, then the
   rest of the token budget goes to prefill chunks of min(still needed, chunk size, budget).
+  The chunk size is vLLM's `--long-prefill-token-threshold` (`Scheduler.schedule` caps every
+  request's new tokens at it, running and waiting alike) and SGLang's `--chunked-prefill-size`.
+
+Both take `waiting` in queue order, which the engine keeps: arrival order under the `fcfs`
+policy, (priority, arrival) under `priority` (vLLM's `--scheduling-policy priority`, whose
+waiting queue is a heap on that key; lower values first). Priority orders admission only:
+running requests are served every step whatever their priority, as in vLLM.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size
 
 SchedulerKind = Literal["full", "chunked"]
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("full", "chunked")
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 @dataclass
@@ -32,6 +41,7 @@ class RequestState:
     max_output_tokens: int
     computed_prompt_tokens: int = 0
     generated_tokens: int = 0
+    priority: int = 0  # the request's `priority`; lower is admitted first under `priority`
 
     @property
     def prefill_remaining(self) -> int:
@@ -64,6 +74,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256  # running requests at most
     max_partial_prefills: int = 1  # prompts left part-prefilled after a step, at most
     max_context: int = 8192  # prompt + output tokens per request, at most
+    scheduling_policy: SchedulingPolicy = "fcfs"  # the waiting queue's order
 
 
 def config_problems(config: SchedulerConfig) -> list[str]:
@@ -71,6 +82,8 @@ def config_problems(config: SchedulerConfig) -> list[str]:
     problems: list[str] = []
     if config.kind not in SCHEDULER_KINDS:
         problems.append(f"scheduler must be one of {', '.join(SCHEDULER_KINDS)}")
+    if config.scheduling_policy not in SCHEDULING_POLICIES:
+        problems.append(f"scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}")
     for name in ("token_budget", "chunk_size", "max_num_seqs", "max_partial_prefills"):
         if getattr(config, name) < 1:
             problems.append(f"{name.replace('_', '-')} must be at least 1")
@@ -111,7 +124,7 @@ class Scheduler(Protocol):
     def schedule(
         self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
     ) -> StepPlan:
-        """Plan the next step; `waiting` and `running` are in arrival and admission order."""
+        """Plan the next step; `waiting` is in queue order, `running` in admission order."""
         ...
 
 
