@@ -2,8 +2,9 @@
 
 `render_pool` is what the operator applies and what `laneway render` prints: an engine
 Deployment (unless the pool adopts pods with `selector`), a Service named after the pool
-with a port named `http`, a PodDisruptionBudget, and a HorizontalPodAutoscaler when the pool
-autoscales. No I/O, no clock: the same pool always renders the same manifests.
+with a port named `http`, and a PodDisruptionBudget. An autoscaling pool is scaled by the
+operator through the pool's scale subresource (`laneway.autoscale`), so the Deployment always
+runs `spec.replicas`. No I/O, no clock: the same pool always renders the same manifests.
 """
 
 from __future__ import annotations
@@ -35,14 +36,10 @@ DEFAULT_IMAGES: Mapping[EngineKind, str] = {
 }
 
 # The queue-depth metric each engine serves; the HPA reads it through a metrics adapter.
-WAITING_METRIC: Mapping[EngineKind, str] = {
-    EngineKind.VLLM: "vllm:num_requests_waiting",
-    EngineKind.SGLANG: "sglang:num_queue_reqs",
-    EngineKind.SIMULATOR: "vllm:num_requests_waiting",
-}
 
 # Kinds the operator may create for a pool, in apply order; whatever a pool no longer
-# renders is deleted.
+# renders is deleted (HorizontalPodAutoscaler: what earlier versions rendered for
+# spec.autoscaling, pruned on upgrade).
 CHILD_KINDS = ("Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler")
 
 _GPU_ENGINES = (EngineKind.VLLM, EngineKind.SGLANG)
@@ -185,8 +182,6 @@ def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> Re
     if pool.spec.selector is None:
         children.append(_deployment(pool, engine, options))
     children.append(_disruption_budget(pool))
-    if pool.spec.autoscaling is not None and pool.spec.selector is None:
-        children.append(_autoscaler(pool))
     return RenderedPool(engine, tuple(children))
 
 
@@ -242,33 +237,6 @@ def _disruption_budget(pool: InferencePool) -> Manifest:
             "selector": {"matchLabels": pod_selector(pool)},
             # A crash-looping engine must not block node drains.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
-        },
-    }
-
-
-def _autoscaler(pool: InferencePool) -> Manifest:
-    autoscaling = pool.spec.autoscaling
-    assert autoscaling is not None
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": _metadata(pool),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": pool.name},
-            "minReplicas": autoscaling.min_replicas,
-            "maxReplicas": autoscaling.max_replicas,
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": WAITING_METRIC[pool.spec.engine.kind]},
-                        "target": {
-                            "type": "AverageValue",
-                            "averageValue": str(autoscaling.target_queue_depth),
-                        },
-                    },
-                }
-            ],
         },
     }
 
@@ -367,10 +335,8 @@ def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptio
         "progressDeadlineSeconds": 1800 if gpu else 300,
         "revisionHistoryLimit": 3,
         "template": {"metadata": {"labels": pool_labels(pool)}, "spec": pod_spec},
+        "replicas": spec.replicas,
     }
-    if spec.autoscaling is None:
-        # With autoscaling the HPA owns replicas; applying a count would fight it.
-        deployment_spec["replicas"] = spec.replicas
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -114,7 +114,7 @@ class RealTimeEngine:
         self, request_id: str, prompt_tokens: int, max_tokens: int, priority: int = 0
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
-        self.core.submit(request_id, prompt_tokens, max_tokens, priority)
+        self.core.submit(request_id, prompt_tokens, max_tokens, priority=priority)
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
         self._wake.set()

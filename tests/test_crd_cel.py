@@ -119,6 +119,16 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ),
     ("autoscaling min only", {"autoscaling": {"maxReplicas": 1}}, None),
     (
+        "an interactive pool autoscaled to zero",
+        {"lane": "interactive", "autoscaling": {"minReplicas": 0, "maxReplicas": 4}},
+        "self.autoscaling.minReplicas >= 1",
+    ),
+    (
+        "a batch pool autoscaled to zero",
+        {"lane": "batch", "autoscaling": {"minReplicas": 0, "maxReplicas": 4}},
+        None,
+    ),
+    (
         "simulator settings on a GPU engine",
         {"engine": {"kind": "vllm", "simulator": {"profile": "h200-llama3-8b"}}},
         "self.kind == 'simulator'",

@@ -18,7 +18,6 @@ from laneway.api import POOL_LABEL
 from laneway.bench.procs import Children
 from laneway.cli import build_parser
 from laneway.operator.render import (
-    CHILD_KINDS,
     DEFAULT_IMAGES,
     RenderOptions,
     engine_command,
@@ -264,21 +263,23 @@ def test_selector_mode_adopts_pods_instead_of_a_deployment() -> None:
     assert budget["spec"]["selector"] == {"matchLabels": {"app": "vllm"}}
 
 
-def test_autoscaling_renders_an_hpa_and_leaves_replicas_to_it() -> None:
+def test_autoscaling_renders_no_hpa_and_the_deployment_runs_spec_replicas() -> None:
+    """The operator scales the pool itself (through spec.replicas, the scale subresource's
+    path), so the Deployment follows spec.replicas and no metrics adapter is needed."""
     spec = {
         "engine": {"kind": "sglang"},
-        "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "targetQueueDepth": 3},
+        "replicas": 3,
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 6},
     }
     rendered = render_pool(pool(spec))
-    assert [c["kind"] for c in rendered.children] == list(CHILD_KINDS)
-    deployment, hpa = rendered.child("Deployment"), rendered.child("HorizontalPodAutoscaler")
+    assert [c["kind"] for c in rendered.children] == [
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    ]
+    deployment = rendered.child("Deployment")
     assert deployment is not None
-    assert hpa is not None
-    assert "replicas" not in deployment["spec"]
-    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
-    metric = hpa["spec"]["metrics"][0]["pods"]
-    assert metric["metric"]["name"] == "sglang:num_queue_reqs"
-    assert metric["target"] == {"type": "AverageValue", "averageValue": "3"}
+    assert deployment["spec"]["replicas"] == 3
 
 
 def test_rendering_is_deterministic() -> None:
