@@ -30,7 +30,7 @@ from laneway.errors import ChildError
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import RunResult
-from laneway.simulator.seed import ClusterConfig, SeedScenario, SimPool
+from laneway.simulator.seed import TBT_SLO_S, TTFT_SLO_S, ClusterConfig, SeedScenario, SimPool
 
 PUBLIC_MODEL = "llama3-8b"
 # Picking as close to the virtual runner's as the gateway's scorers allow: pending prompt
@@ -197,6 +197,7 @@ def result_from_records(
     tbt: list[float] = []
     tbt_at: list[float] = []
     completed = 0
+    within_slo = 0
     batch_finished: list[float] = []
     batch_tokens = 0
     for record in records:
@@ -210,6 +211,12 @@ def result_from_records(
                     tbt.append(gap)
                     tbt_at.append(moment)
             completed += record.ok
+            within_slo += (
+                record.ok
+                and record.ttft_s is not None
+                and record.ttft_s <= TTFT_SLO_S
+                and all(gap <= TBT_SLO_S for gap in record.gaps_s)
+            )
         elif record.ok and record.e2e_s is not None:
             batch_finished.append(record.started_s + record.e2e_s)
             batch_tokens += record.prompt_tokens + record.output_tokens
@@ -227,6 +234,7 @@ def result_from_records(
         batch_submitted=scenario.long_requests,
         gpu_busy_s=gpu_busy_s,
         end_s=end_s,
+        interactive_within_slo=within_slo,
     )
 
 

@@ -19,7 +19,7 @@ from typing import Literal
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.profiles import Profile
 from laneway.simulator.routing import EndpointLoad, choose_pool, pick_endpoint
-from laneway.simulator.seed import ClusterConfig, SeedScenario
+from laneway.simulator.seed import TBT_SLO_S, TTFT_SLO_S, ClusterConfig, SeedScenario
 
 EventKind = Literal["turn", "long", "step_done"]
 RequestKind = Literal["interactive", "batch"]
@@ -42,6 +42,8 @@ class RunResult:
     batch_submitted: int
     gpu_busy_s: float  # summed over replicas
     end_s: float  # when the last event happened
+    # Completed interactive turns whose TTFT and every gap met the seed's SLO.
+    interactive_within_slo: int = 0
 
 
 @dataclass
@@ -53,6 +55,7 @@ class _Request:
     output_tokens: int
     replica: int = -1
     last_token_s: float | None = None
+    within_slo: bool = True  # no TTFT or gap over the SLO so far
 
 
 @dataclass
@@ -78,6 +81,7 @@ class _Tally:
     tbt_at: list[float] = field(default_factory=list)
     interactive_completed: int = 0
     interactive_rejected: int = 0
+    interactive_within_slo: int = 0
     batch_finished_at: list[float] = field(default_factory=list)
     batch_tokens: int = 0
 
@@ -150,6 +154,7 @@ class VirtualCluster:
             batch_submitted=scenario.long_requests,
             gpu_busy_s=sum(replica.busy_s for replica in self._replicas),
             end_s=now,
+            interactive_within_slo=tally.interactive_within_slo,
         )
 
     # -- events ------------------------------------------------------------------------
@@ -216,16 +221,19 @@ class VirtualCluster:
                 if request.kind == "interactive":
                     tally.ttft.append(now - request.arrival_s)
                     tally.ttft_at.append(request.arrival_s)
+                    request.within_slo = now - request.arrival_s <= TTFT_SLO_S
             elif request.kind == "interactive":
                 assert request.last_token_s is not None
                 tally.tbt.append(now - request.last_token_s)
                 tally.tbt_at.append(now)
+                request.within_slo &= now - request.last_token_s <= TBT_SLO_S
             request.last_token_s = now
         for request_id in outcome.finished:
             request = self._requests.pop(request_id)
             replica.in_flight -= 1
             if request.kind == "interactive":
                 tally.interactive_completed += 1
+                tally.interactive_within_slo += request.within_slo
                 self._next_turn(now, request.session)
             else:
                 tally.batch_finished_at.append(now)
