@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide
+from laneway.routing.picker import rank
+from laneway.routing.scorers import EndpointView
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.profiles import Profile
-from laneway.simulator.routing import EndpointLoad, pick_endpoint
 from laneway.simulator.scheduler import SchedulerConfig
+from laneway.simulator.seed import SEED_PICKING
 
 COLD_START_S = 60.0
 SCRAPE_INTERVAL_S = 15.0  # how often the operator reads demand and decides
@@ -138,6 +140,9 @@ class ElasticCluster:
         self._slo = slo
         self._cold_start_s = cold_start_s
         self._on_progress = on_progress
+        # The gateway's scorers with the seed experiment's profile, and a seeded tie-break.
+        self._picking = SEED_PICKING.profile()
+        self._tie_break = random.Random("elastic/picker")
         self._pools = [_PoolState(spec) for spec in pools]
         self._replicas: list[_Replica] = []
         self._requests: dict[str, _Request] = {}
@@ -211,11 +216,13 @@ class ElasticCluster:
 
     def _send(self, now: float, request_id: str, serving: Sequence[int]) -> None:
         request = self._requests[request_id]
-        loads = [
-            EndpointLoad(self._replicas[i].in_flight, self._replicas[i].pending_prefill_tokens)
+        views = [
+            EndpointView(
+                str(i), self._replicas[i].in_flight, self._replicas[i].pending_prefill_tokens, None
+            )
             for i in serving
         ]
-        replica_index = serving[pick_endpoint(loads)]
+        replica_index = int(rank(views, self._picking, self._tie_break)[0].url)
         replica = self._replicas[replica_index]
         replica.core.submit(request_id, request.prompt_tokens, request.output_tokens)
         replica.in_flight += 1

@@ -8,51 +8,52 @@ from pathlib import Path
 
 import pytest
 
+from laneway.api import InferencePool
 from laneway.cli import main
+from laneway.routing.lanes import NoFit, Route, RouteRequest, classify
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.routing import EndpointLoad, PoolRoute, choose_pool, pick_endpoint
 from laneway.simulator.runner import run_virtual
 from laneway.simulator.seed import (
     CONFIG_NAMES,
+    PUBLIC_MODEL,
     TBT_SLO_S,
+    ClusterConfig,
     SeedScenario,
     seed_configs,
     tbt_token_budget,
 )
+from laneway.tokens import TokenBounds
 
 H200 = PROFILES["h200-llama3-8b"]
 # Small enough to run in a second, big enough that the long burst meets interactive traffic.
 SMALL = SeedScenario(gpus=4, sessions=24, long_requests=3, long_tokens=16384, duration_s=8.0)
 
-REALTIME = PoolRoute("realtime", "interactive", 0, 2048, 4096)
-BATCH = PoolRoute("batch", "batch", 0, None, 131072)
+
+def pools_of(config: ClusterConfig) -> list[InferencePool]:
+    return [pool.inference_pool([f"http://{pool.name}-0.virtual"]) for pool in config.pools]
+
+
+def route(pools: list[InferencePool], prompt: int, output: int) -> str | None:
+    ask = RouteRequest(PUBLIC_MODEL, TokenBounds(prompt, prompt), output)
+    decision = classify(ask, pools)
+    assert isinstance(decision, Route | NoFit)
+    return decision.pool.name if isinstance(decision, Route) else None
 
 
 @pytest.mark.parametrize(
     ("prompt", "output", "expected"),
     [
-        (800, 200, 0),  # short: the interactive lane
-        (2048, 2048, 0),  # at both caps exactly
-        (2049, 10, 1),  # over the lane's prompt range
-        (2000, 2500, 1),  # prompt fits, prompt + output does not fit the 4k context
-        (65536, 512, 1),  # long documents go to batch
+        (800, 200, "realtime"),  # short: the interactive lane
+        (2048, 2048, "realtime"),  # at both caps exactly
+        (2049, 10, "batch"),  # over the lane's prompt range
+        (2000, 2500, "batch"),  # prompt fits, prompt + output does not fit the 4k context
+        (65536, 512, "batch"),  # long documents go to batch
         (131000, 1000, None),  # no pool can hold it
     ],
 )
-def test_choose_pool(prompt: int, output: int, expected: int | None) -> None:
-    assert choose_pool([REALTIME, BATCH], prompt, output) == expected
-
-
-@pytest.mark.parametrize(
-    ("loads", "expected"),
-    [
-        ([EndpointLoad(3, 900), EndpointLoad(1, 65536)], 0),  # fewer prompt tokens waiting wins
-        ([EndpointLoad(5, 0), EndpointLoad(2, 0)], 1),  # then fewer requests in flight
-        ([EndpointLoad(2, 0), EndpointLoad(2, 0)], 0),  # then the lowest index
-    ],
-)
-def test_pick_endpoint(loads: list[EndpointLoad], expected: int) -> None:
-    assert pick_endpoint(loads) == expected
+def test_the_split_pools_route_by_length(prompt: int, output: int, expected: str | None) -> None:
+    split = next(c for c in seed_configs(SeedScenario(), H200) if c.name == "split")
+    assert route(pools_of(split), prompt, output) == expected
 
 
 def test_the_tbt_budget_is_the_largest_that_meets_the_slo() -> None:
@@ -71,10 +72,8 @@ def test_configs_use_the_same_gpus_and_keep_long_prompts_out_of_interactive_lane
     assert [c.name for c in configs] == list(CONFIG_NAMES)
     for config in configs:
         assert config.gpus == 8
-        routes = [pool.route for pool in config.pools]
-        lane = config.pools[choose_pool(routes, 65536, 512) or 0].route.lane
-        if len(config.pools) > 1:
-            assert lane == "batch"
+        chosen = route(pools_of(config), 65536, 512)
+        assert chosen == ("batch" if len(config.pools) > 1 else "unified")
 
 
 def test_same_seed_same_result_other_seed_other_result() -> None:
