@@ -138,6 +138,18 @@ class TokenizerSpec:
     path: str | None = None  # huggingface: a tokenizer.json, e.g. mounted from a ConfigMap
 
 
+class SchedulingPolicy(StrEnum):
+    """The engine's waiting-queue order (vLLM --scheduling-policy; SGLang priority scheduling)."""
+
+    FCFS = "fcfs"  # arrival order
+    PRIORITY = "priority"  # a request's `priority` first (lower is more urgent), then arrival
+
+
+@dataclass(frozen=True)
+class SchedulingSpec:
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     lane: Lane
@@ -156,6 +168,7 @@ class PoolSpec:
     limits: LimitsSpec = field(default_factory=LimitsSpec)
     slo: SLOSpec = field(default_factory=SLOSpec)
     tokenizer: TokenizerSpec | None = None  # None: the gateway's default tokenizer
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
 
     @property
     def public_models(self) -> tuple[str, ...]:
@@ -395,6 +408,7 @@ _SPEC_FIELDS = (
     "limits",
     "slo",
     "tokenizer",
+    "scheduling",
 )
 
 
@@ -502,6 +516,14 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     )
 
     tokenizer = _parse_tokenizer(reader, spec, path)
+    scheduling_data = reader.mapping(spec, "scheduling", path, ("policy",))
+    policies = [policy.value for policy in SchedulingPolicy]
+    policy = (
+        reader.choice(scheduling_data, "policy", f"{path}.scheduling", policies)
+        if scheduling_data.get("policy") is not None
+        else None
+    )
+    scheduling = SchedulingSpec(SchedulingPolicy(policy or SchedulingPolicy.FCFS))
 
     selector_data = reader.mapping(spec, "selector", path, ("matchLabels",))
     selector = (
@@ -536,6 +558,7 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         limits=limits,
         slo=slo,
         tokenizer=tokenizer,
+        scheduling=scheduling,
     )
     reader.errors.extend(check_spec(pool_spec))
     return pool_spec
@@ -685,12 +708,14 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                     "tokenBudget or set prefill.chunkedPrefill: true",
                 )
             )
-        if prefill.max_partial_prefills > 1 and not prefill.chunked_prefill:
+        if prefill.max_partial_prefills != 1:
+            # V1 stops at start-up on --max-num-partial-prefills other than 1 ("Concurrent
+            # Partial Prefill is not supported"); v0.27 removed the flag altogether.
             errors.append(
                 FieldError(
                     "spec.prefill.maxPartialPrefills",
-                    f"vLLM needs prefill.chunkedPrefill: true for maxPartialPrefills "
-                    f"({prefill.max_partial_prefills}) > 1: set it to 1 or enable chunked prefill",
+                    f"vLLM's V1 engine does not support concurrent partial prefills: set "
+                    f"maxPartialPrefills to 1, got {prefill.max_partial_prefills}",
                 )
             )
     if spec.engine.kind is EngineKind.SGLANG and prefill.max_partial_prefills != 1:
