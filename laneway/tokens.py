@@ -157,8 +157,23 @@ def count_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> int:
 
 
 def chat_bounds(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> TokenBounds:
-    total = TokenBounds(TOKENS_REPLY_PRIMING, TOKENS_REPLY_PRIMING)
-    for message in messages:
-        overhead = _message_overhead(tokenizer, message)
-        total = total + TokenBounds(overhead, overhead) + tokenizer.bounds(message.content)
-    return total
+    framing = TOKENS_REPLY_PRIMING + TOKENS_PER_MESSAGE * len(messages)
+    texts = [text for m in messages for text in (m.role, m.content)]
+    return TokenBounds(framing, framing) + texts_bounds(tokenizer, texts)
+
+
+def texts_bounds(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenBounds:
+    """The sum of the texts' bounds, in one pass whatever their number.
+
+    Joined by a newline: the separator is whitespace, so no two words merge and the lower
+    bound is the sum of theirs; the upper bound counts its bytes, taken off again.
+    """
+    if not texts:
+        return TokenBounds(0, 0)
+    joined = tokenizer.bounds("\n".join(texts))
+    separators = len(texts) - 1
+    return TokenBounds(joined.low, joined.high - separators)
+
+
+def count_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> int:
+    return sum(tokenizer.count(text) for text in texts)
