@@ -141,7 +141,7 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     """Serve until SIGTERM, SIGINT or a fatal failure, then drain open streams; exit code."""
     from aiohttp import web
 
-    from laneway.gateway.keys import STOP
+    from laneway.gateway.keys import SETTINGS, STOP
     from laneway.gateway.state.shared import announce_listening
 
     runner = web.AppRunner(
@@ -150,6 +150,9 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
         handler_cancellation=True,  # a client that disconnects cancels its upstream call
         shutdown_timeout=drain_seconds,
         access_log=None,  # the gateway logs one structured line per request itself
+        # aiohttp closes a connection that sends no whole request head this long after it
+        # connects or after its last answer: idle keep-alive and slow headers alike.
+        keepalive_timeout=app[SETTINGS].clients.idle_timeout_millis / 1000,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

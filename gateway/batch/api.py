@@ -84,9 +84,9 @@ async def create_batch(request: web.Request) -> web.Response:
     store = _batches(request)
     try:
         payload = json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:
         raise ApiError(
-            400, f"The request body is not valid JSON: {error}", "invalid_json"
+            400, f"The request body is not valid JSON: {error}"[:300], "invalid_json"
         ) from None
     batch = await store.create(parse_create(payload), _owner(request), time.time())
     return web.json_response(batch)

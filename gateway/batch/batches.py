@@ -40,6 +40,7 @@ from laneway.gateway.batch.files import (
     as_text,
     list_json,
     page_start,
+    valid_id,
 )
 from laneway.gateway.errors import ApiError, bad_request, not_found
 from laneway.gateway.serving.request_body import Endpoint
@@ -111,14 +112,22 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
     where = f"line {index + 1}"
     try:
         line = json.loads(raw)
-    except json.JSONDecodeError as error:
-        return LineError(index, None, "invalid_json", f"{where}: not valid JSON: {error}")
+        # The line's body is encoded again to be sent: what cannot be is refused here.
+        json.dumps(line)
+    except (ValueError, RecursionError) as error:
+        message = f"{where}: not valid JSON: {error}"[:300]
+        return LineError(index, None, "invalid_json", message)
     if not isinstance(line, dict):
         return LineError(index, None, "invalid_request", f"{where}: must be a JSON object")
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return LineError(
             index, None, "missing_custom_id", f"{where}: 'custom_id' must be a non-empty string"
+        )
+    if not _is_utf8(custom_id):
+        # A lone surrogate (JSON allows "\ud800") cannot be stored or written back out.
+        return LineError(
+            index, None, "invalid_custom_id", f"{where}: 'custom_id' is not valid Unicode"
         )
 
     def fail(code: str, message: str) -> LineError:
@@ -137,6 +146,14 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
     if body.get("stream"):
         return fail("invalid_body", "'stream' is not supported in a batch")
     return Item(index, custom_id, body)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def request_id(batch_id: str, index: int) -> str:
@@ -381,7 +398,7 @@ class BatchStore:
 
     async def get(self, batch_id: str, tenant: str) -> dict[str, object]:
         """The batch object in OpenAI's shape; ApiError 404 when unknown or another tenant's."""
-        record = await self._record(batch_id)
+        record = await self._record(valid_id("batch", batch_id))
         if record is None or record["meta"]["owner"] != tenant:
             raise not_found("batch", batch_id)
         return batch_json(record)

@@ -7,10 +7,12 @@ sees only its own files; another tenant's id answers 404 like an unknown one.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
+import aiohttp
 from aiohttp import BodyPartReader, web
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -21,6 +23,9 @@ INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
 READ_CHUNK = 256 * 1024
 LIST_CHUNK = 100  # file ids read per round trip when listing
+# The only ids this gateway hands out; anything else is refused before it becomes a Redis
+# key, so no string a client sends can reach another kind of key or fail to encode.
+ID_PATTERNS = {"file": re.compile(r"file-[0-9a-f]{32}"), "batch": re.compile(r"batch_[0-9a-f]{32}")}
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,13 @@ class FileObject:
         }
 
 
+def valid_id(kind: str, value: str) -> str:
+    """`value` when it is an id of `kind` ("file" or "batch"); else the 404 of an unknown id."""
+    if ID_PATTERNS[kind].fullmatch(value) is None:
+        raise not_found(kind, value[:80].encode("utf-8", "backslashreplace").decode())
+    return value
+
+
 def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
 
@@ -54,6 +66,7 @@ async def page_start(redis: Redis, index: str, after: str | None, kind: str) -> 
     """Where a newest-first page of `index` begins: just past `after`, the last id seen."""
     if after is None:
         return 0
+    valid_id(kind, after)
     rank = await redis.zrevrank(index, after)
     if not isinstance(rank, int):
         raise not_found(kind, after)
@@ -126,7 +139,7 @@ class FileStore:
 
     async def get(self, file_id: str, owner: str) -> FileObject:
         """The file's metadata; ApiError 404 when unknown or another tenant's."""
-        meta = as_bytes(await self._redis.hget(self.key(file_id), "meta"))
+        meta = as_bytes(await self._redis.hget(self.key(valid_id("file", file_id)), "meta"))
         file = None if meta is None else FileObject(**json.loads(meta))
         if file is None or file.owner != owner:
             raise not_found("file", file_id)
@@ -162,6 +175,34 @@ async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, b
         raise bad_request("Upload a file as multipart/form-data")
     if request.content_length is not None and request.content_length > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
+    try:
+        purpose, filename, content = await _read_parts(request, max_bytes)
+    except (ValueError, AssertionError, RuntimeError, aiohttp.ClientPayloadError) as error:
+        # aiohttp's multipart reader raises these on a missing boundary, a part that never
+        # ends, or text that does not decode (UnicodeDecodeError is a ValueError).
+        raise bad_request(f"The multipart upload is malformed: {error}"[:300]) from None
+    if content is None:
+        raise bad_request("The upload has no 'file' part", "file")
+    if purpose != INPUT_PURPOSE:
+        given = "none was given" if purpose is None else f"got {purpose[:80]!r}"
+        raise bad_request(
+            f"'purpose' must be {INPUT_PURPOSE!r} (only batch input files are stored here); "
+            + given,
+            "purpose",
+        )
+    if not content.strip():
+        raise bad_request("The file is empty", "file")
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise bad_request(f"The file is not UTF-8 text: {error}", "file") from None
+    assert filename is not None
+    return purpose, filename, content
+
+
+async def _read_parts(
+    request: web.Request, max_bytes: int
+) -> tuple[str | None, str | None, bytes | None]:
     reader = await request.multipart()
     purpose: str | None = None
     filename: str | None = None
@@ -176,21 +217,6 @@ async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, b
             content = await _read_limited(part, max_bytes)
         else:
             await part.release()
-    if content is None:
-        raise bad_request("The upload has no 'file' part", "file")
-    if purpose != INPUT_PURPOSE:
-        raise bad_request(
-            f"'purpose' must be {INPUT_PURPOSE!r} (only batch input files are stored here), "
-            f"got {purpose!r}",
-            "purpose",
-        )
-    if not content.strip():
-        raise bad_request("The file is empty", "file")
-    try:
-        content.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise bad_request(f"The file is not UTF-8 text: {error}", "file") from None
-    assert filename is not None
     return purpose, filename, content
 
 

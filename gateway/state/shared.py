@@ -188,6 +188,11 @@ def _background(
     return run
 
 
+def _same_secret(given: str, secret: str) -> bool:
+    # compare_digest refuses non-ASCII str, and any header a client sends must get a 401.
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
+
+
 @web.middleware
 async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who is asking: the key's tenant, 401 without a valid key when auth is on."""
@@ -195,7 +200,7 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     app = request.app
     internal = request.headers.get(INTERNAL_HEADER)
-    if internal is not None and hmac.compare_digest(internal, app[INTERNAL_SECRET]):
+    if internal is not None and _same_secret(internal, app[INTERNAL_SECRET]):
         request[INTERNAL] = True
         request[TENANT] = _named(app, request.headers.get(TENANT_HEADER, ""))
     elif TENANTS in app:
