@@ -1,4 +1,4 @@
-"""The harness's commands: `laneway demo` and `laneway bench gateway|redis|seed`."""
+"""The harness's commands: `laneway demo` and `laneway bench gateway|redis|seed|prefix`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from laneway.bench.prefix_cli import register_bench_prefix
 from laneway.bench.seed_cli import register_bench_seed
 
 T = TypeVar("T")
@@ -91,6 +92,7 @@ def register(
     gateway.set_defaults(handler=run_bench_gateway)
     register_bench_redis(bench)
     register_bench_seed(bench)
+    register_bench_prefix(bench)
 
 
 def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:

@@ -18,6 +18,7 @@ from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import (
     CLOCK,
     METRICS,
+    PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
@@ -37,6 +38,7 @@ from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.routing.picker import scorers_from_weights
+from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
 log = logging.getLogger("laneway.gateway")
@@ -61,6 +63,7 @@ def create_app(
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
     app[PROFILE] = scorers_from_weights(settings.picking.policy, settings.picking.weights)
     app[RNG] = rng or random.Random()
+    app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()

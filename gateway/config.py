@@ -25,10 +25,14 @@ from laneway.api import (
     parse_pool,
 )
 from laneway.errors import UsageError
+from laneway.routing.prefix_index import PrefixSettings
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
 PICKING_POLICIES = ("scored", "random")
-SCORER_NAMES = ("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens", "ttftSlo")
+SCORER_NAMES = (
+    *("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens", "ttftSlo"),
+    "prefixAffinity",
+)
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
 SPEC_FIELDS = (
     *("picking", "scrape", "health", "queue", "tokenizer", "upstream", "clients"),
@@ -47,8 +51,11 @@ class PickingSettings:
             "inFlightRequests": 2,
             "prefillTokens": 2,
             "ttftSlo": 2,
+            "prefixAffinity": 6,
         }
     )
+    # The prefix index behind the prefixAffinity scorer (laneway/routing/prefix_index.py).
+    prefix: PrefixSettings = field(default_factory=PrefixSettings)
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,7 @@ def _reject_unknown(
 
 def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     path = "spec.picking"
-    _reject_unknown(reader, data, path, ("policy", "weights"))
+    _reject_unknown(reader, data, path, ("policy", "weights", "prefix"))
     policy = reader.choice(data, "policy", path, PICKING_POLICIES) if "policy" in data else None
     weights_data = reader.mapping(data, "weights", path)
     _reject_unknown(reader, weights_data, f"{path}.weights", SCORER_NAMES)
@@ -243,7 +250,21 @@ def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     }
     if (policy or "scored") == "scored" and not any(weights.values()):
         reader.fail(f"{path}.weights", "at least one scorer needs a weight above 0")
-    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights)
+    prefix = _prefix(reader, reader.mapping(data, "prefix", path))
+    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights, prefix=prefix)
+
+
+def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
+    path = "spec.picking.prefix"
+    _reject_unknown(reader, data, path, ("blockChars", "maxBlocks", "capacityBlocks"))
+    default = PrefixSettings()
+    return PrefixSettings(
+        block_chars=reader.integer(data, "blockChars", path, default.block_chars, minimum=16),
+        max_blocks=reader.integer(data, "maxBlocks", path, default.max_blocks, minimum=1),
+        capacity_blocks=reader.integer(
+            data, "capacityBlocks", path, default.capacity_blocks, minimum=1
+        ),
+    )
 
 
 def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:

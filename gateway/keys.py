@@ -20,6 +20,7 @@ from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
 from laneway.routing.picker import WeightedScorer
+from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer
 
 SETTINGS = web.AppKey("settings", GatewaySettings)
@@ -29,6 +30,7 @@ TRACKER = web.AppKey("tracker", LoadTracker)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
 RNG = web.AppKey("rng", random.Random)
+PREFIX_INDEX = web.AppKey("prefix_index", PrefixIndex)  # what was routed where, by prefix
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins

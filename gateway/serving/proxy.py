@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from laneway.gateway.errors import ApiError, error_body, unreadable_body
 from laneway.gateway.keys import (
     CLOCK,
     METRICS,
+    PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
@@ -52,6 +54,7 @@ from laneway.routing.lanes import (
     classify,
 )
 from laneway.routing.picker import rank
+from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
 from laneway.tokens import TokenBounds
@@ -328,9 +331,14 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     pool = registry.current(exchange.route.pool) or exchange.route.pool
     available = registry.available(pool)
     loads = await app[TRACKER].loads(available)
+    prefix_hashes, cached = _prefix_estimate(exchange, available)
     # The prompt tokens each endpoint would have to work through before this request's
-    # first token, and so its predicted TTFT there, counted from the request's arrival.
-    backlogs = {url: loads[url].prefill_tokens + exchange.prefill for url in available}
+    # first token (less what its prefix cache likely holds), and so its predicted TTFT
+    # there, counted from the request's arrival.
+    backlogs = {
+        url: loads[url].prefill_tokens + exchange.prefill - (cached.get(url) or 0)
+        for url in available
+    }
     elapsed_ms = (app[CLOCK]() - exchange.started) * 1000
     predicted = {
         url: elapsed_ms + registry.prefill_rate(url).predict_ttft_ms(backlogs[url])
@@ -345,6 +353,7 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
             registry.fresh_metrics(url),
             predicted[url],
             slo_ms,
+            cached.get(url),
         )
         for url in available
     ]
@@ -356,6 +365,8 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
         outcome.predicted_ttft_ms = predicted[candidate.url]
+        if prefix_hashes:
+            app[PREFIX_INDEX].record(candidate.url, prefix_hashes)
         try:
             return await _attempt(exchange, candidate.url, payload, backlogs[candidate.url])
         except UpstreamFailed as failure:
@@ -364,6 +375,23 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
             failures.append(f"{candidate.url}: {failure}")
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
     raise _no_endpoint(app, pool, why)
+
+
+def _prefix_estimate(
+    exchange: _Exchange, available: Sequence[str]
+) -> tuple[tuple[int, ...], dict[str, int | None]]:
+    """The prompt's prefix block hashes and, per endpoint, its estimated cached tokens;
+    nothing when no scorer uses them (the hashing is the cost)."""
+    app = exchange.app
+    if not any(s.name == "prefixAffinity" for s in app[PROFILE]):
+        return (), {}
+    prefix = app[SETTINGS].picking.prefix
+    hashes = text_block_hashes(exchange.parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+    matched = app[PREFIX_INDEX].matched_blocks(hashes)
+    return hashes, {
+        url: estimated_cached_tokens(matched.get(url, 0), len(hashes), exchange.prefill)
+        for url in available
+    }
 
 
 async def _attempt(

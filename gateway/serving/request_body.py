@@ -72,6 +72,13 @@ class ParsedRequest:
         ]
         return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds)) + extra
 
+    def prefix_text(self) -> str:
+        """The prompt as one string whose prefixes are the prompt's prefixes (for affinity):
+        a chat's history resent with a new message extends the previous turn's text."""
+        if self.endpoint is Endpoint.CHAT:
+            return "".join(f"{m.role}\n{m.content}\n" for m in self.messages)
+        return self.prompts[0] if len(self.prompts) == 1 else ""
+
     def count(self, tokenizer: Tokenizer) -> int:
         """The longest sequence's prompt tokens."""
         extra = count_texts(tokenizer, self.extra_texts)
