@@ -15,8 +15,11 @@ from laneway.errors import UsageError
 from laneway.gateway.state.settings import (
     BATCH_CONCURRENCY,
     BATCH_LEASE_S,
+    FILE_TTL_S,
     MAX_FILE_BYTES,
     REDIS_URL_ENV,
+    TENANT_FILE_BYTES,
+    TENANT_FILES,
     TENANTS_ENV,
 )
 
@@ -207,4 +210,27 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         default=MAX_FILE_BYTES,
         metavar="BYTES",
         help=f"largest batch input file accepted (default {MAX_FILE_BYTES})",
+    )
+    parser.add_argument(
+        "--tenant-files",
+        type=int,
+        default=TENANT_FILES,
+        metavar="N",
+        help="files a tenant may keep at once, unless its tenants entry sets maxFiles "
+        f"(default {TENANT_FILES})",
+    )
+    parser.add_argument(
+        "--tenant-file-bytes",
+        type=int,
+        default=TENANT_FILE_BYTES,
+        metavar="BYTES",
+        help="bytes of files a tenant may keep at once, unless its tenants entry sets "
+        f"maxFileBytes (default {TENANT_FILE_BYTES})",
+    )
+    parser.add_argument(
+        "--file-ttl",
+        type=int,
+        default=FILE_TTL_S,
+        metavar="SECONDS",
+        help=f"files expire this long after they are made (default {FILE_TTL_S}, 30 days)",
     )

@@ -20,7 +20,7 @@ from laneway.gateway.batch.dispatcher import (
     Dispatcher,
     DispatchSettings,
 )
-from laneway.gateway.batch.files import FileStore, file_object, new_file_id
+from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.request_body import LANE_HEADER
 
@@ -83,8 +83,8 @@ class Harness:
             for i, text in enumerate(texts)
         ]
         content = "\n".join(lines).encode()
-        file = file_object(new_file_id(), len(content), "in.jsonl", "batch", tenant)
-        await self.files.put(file, content)
+        file = self.files.new_file(len(content), "in.jsonl", "batch", tenant)
+        await self.files.put(file, content, FileQuota(files=100, bytes=10**9))
         request = CreateRequest(file.id, "/v1/chat/completions", None)
         batch = await self.store.create(request, tenant, now=0.0)
         return str(batch["id"])
@@ -117,7 +117,7 @@ async def harness(redis_server: LocalRedis) -> AsyncIterator[Harness]:
     await site.start()
     port = runner.addresses[0][1]
     redis = Redis.from_url(redis_server.url)
-    files = FileStore(redis, "laneway")
+    files = FileStore(redis, "laneway", ttl_s=3600)
     yield Harness(
         BatchStore(redis, files, "laneway"),
         files,

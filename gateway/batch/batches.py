@@ -518,6 +518,7 @@ class BatchStore:
                     filename=f"{batch_id}_{kind}.jsonl",
                     purpose=OUTPUT_PURPOSE,
                     owner=meta["owner"],
+                    expires_at=int(now) + self._files.ttl_s,
                 )
                 self._files.put_in(tx, file, content)
                 fields["output_file_id" if kind == "output" else "error_file_id"] = file.id

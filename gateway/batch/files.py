@@ -2,6 +2,11 @@
 
 A file is one hash, `{prefix}:file:{id}`: its metadata fields and its bytes. Each tenant
 sees only its own files; another tenant's id answers 404 like an unknown one.
+
+Every file expires (Redis drops its hash) a fixed time after it was made. A tenant's index
+(`{prefix}:files:{owner}`, ids scored by creation time) and sizes (`{prefix}:filebytes:
+{owner}`) are pruned of expired ids by the same script that checks the tenant's quota of
+files and bytes before an upload is stored, so the check holds across replicas.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ ID_PATTERNS = {"file": re.compile(r"file-[0-9a-f]{32}"), "batch": re.compile(r"b
 
 
 @dataclass(frozen=True)
+class FileQuota:
+    """What one tenant may store at once."""
+
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class FileObject:
     id: str
     bytes: int
@@ -36,6 +49,7 @@ class FileObject:
     filename: str
     purpose: str
     owner: str  # the tenant; not part of OpenAI's shape
+    expires_at: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -43,7 +57,7 @@ class FileObject:
             "object": "file",
             "bytes": self.bytes,
             "created_at": self.created_at,
-            "expires_at": None,
+            "expires_at": self.expires_at,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
@@ -84,26 +98,86 @@ def list_json(page: list[dict[str, object]], has_more: bool) -> dict[str, object
     }
 
 
+# KEYS: the tenant's index, its sizes. ARGV: the newest creation time (whole seconds)
+# that has expired, the quota's files and bytes, then the new file's id, size and creation
+# time. Redis expires a file up to a second after that: the quota counts it gone first.
+RESERVE_LUA = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(expired) do
+  redis.call('HDEL', KEYS[2], id)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local count = redis.call('ZCARD', KEYS[1])
+if count + 1 > tonumber(ARGV[2]) then
+  return {'files', count}
+end
+local used = 0
+for _, size in ipairs(redis.call('HVALS', KEYS[2])) do
+  used = used + tonumber(size)
+end
+if used + tonumber(ARGV[5]) > tonumber(ARGV[3]) then
+  return {'bytes', used}
+end
+redis.call('ZADD', KEYS[1], ARGV[6], ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+return {'ok', 0}
+"""
+
+
 class FileStore:
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis, prefix: str, ttl_s: int) -> None:
         self._redis = redis
         self._prefix = prefix
+        self.ttl_s = ttl_s
+        self._reserve = redis.register_script(RESERVE_LUA)
 
     def key(self, file_id: str) -> str:
         return f"{self._prefix}:file:{file_id}"
 
-    async def put(self, file: FileObject, content: bytes) -> None:
+    async def put(self, file: FileObject, content: bytes, quota: FileQuota) -> None:
+        """Store an upload; ApiError 429 when it would take its owner past `quota`."""
+        keys = [self._index(file.owner), self._sizes(file.owner)]
+        args = [file.created_at - self.ttl_s, quota.files, quota.bytes]
+        verdict, used = await self._reserve(
+            keys=keys, args=[*args, file.id, file.bytes, file.created_at]
+        )
+        if as_text(verdict) != "ok":
+            over = (
+                f"{used} files of {quota.files}"
+                if as_text(verdict) == "files"
+                else f"{used} + {file.bytes} bytes, over {quota.bytes}"
+            )
+            raise ApiError(
+                429,
+                f"Tenant {file.owner}'s file storage is full ({over}): delete files first",
+                "file_quota_exceeded",
+            )
         async with self._redis.pipeline(transaction=True) as pipe:
             self.put_in(pipe, file, content)
             await pipe.execute()
 
     def put_in(self, pipe: Pipeline, file: FileObject, content: bytes) -> None:
-        """Queue the write on a transaction (a batch's output files go with its status)."""
-        pipe.hset(self.key(file.id), mapping={"meta": json.dumps(asdict(file)), "content": content})
+        """Queue the write on a transaction (a batch's output files go with its status).
+
+        Output files skip the quota (a batch must be able to finish) but count in it.
+        """
+        key = self.key(file.id)
+        pipe.hset(key, mapping={"meta": json.dumps(asdict(file)), "content": content})
+        pipe.expire(key, self.ttl_s)
         pipe.zadd(self._index(file.owner), {file.id: file.created_at})
+        pipe.hset(self._sizes(file.owner), file.id, file.bytes)
 
     def _index(self, owner: str) -> str:
         return f"{self._prefix}:files:{owner}"
+
+    def _sizes(self, owner: str) -> str:
+        return f"{self._prefix}:filebytes:{owner}"
+
+    def new_file(self, size: int, filename: str, purpose: str, owner: str) -> FileObject:
+        created = int(time.time())
+        return FileObject(
+            new_file_id(), size, created, filename, purpose, owner, created + self.ttl_s
+        )
 
     async def list_page(
         self, owner: str, after: str | None, limit: int, purpose: str | None
@@ -134,6 +208,7 @@ class FileStore:
         async with self._redis.pipeline(transaction=True) as tx:
             tx.delete(self.key(file_id))
             tx.zrem(self._index(owner), file_id)
+            tx.hdel(self._sizes(owner), file_id)
             await tx.execute()
         return {"id": file_id, "object": "file", "deleted": True}
 
@@ -233,7 +308,3 @@ async def _read_limited(part: BodyPartReader, max_bytes: int) -> bytes:
         if len(data) > max_bytes:
             raise too_large(max_bytes)
     return bytes(data)
-
-
-def file_object(file_id: str, size: int, filename: str, purpose: str, owner: str) -> FileObject:
-    return FileObject(file_id, size, int(time.time()), filename, purpose, owner)

@@ -33,11 +33,12 @@ from laneway.gateway.batch.dispatcher import (
     Dispatcher,
     DispatchSettings,
 )
-from laneway.gateway.batch.files import FileStore
+from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     BATCH_STORE,
     DISPATCHING,
+    FILE_QUOTA,
     FILE_SIZE_LIMIT,
     FILE_STORE,
     INTERNAL,
@@ -61,7 +62,12 @@ from laneway.gateway.state.redis_store import (
     connect,
     redis_settings,
 )
-from laneway.gateway.state.settings import MAX_FILE_BYTES
+from laneway.gateway.state.settings import (
+    FILE_TTL_S,
+    MAX_FILE_BYTES,
+    TENANT_FILE_BYTES,
+    TENANT_FILES,
+)
 from laneway.gateway.state.tenants import (
     ANONYMOUS_TENANT,
     InMemoryRateLimiter,
@@ -73,6 +79,7 @@ from laneway.gateway.state.tenants import (
 
 TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+DEFAULT_FILE_QUOTA = FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,10 @@ class SharedStateOptions:
     tenants_reload_s: float = TENANTS_RELOAD_S
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     max_file_bytes: int = MAX_FILE_BYTES
+    file_quota: FileQuota = field(
+        default_factory=lambda: FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
+    )
+    file_ttl_s: int = FILE_TTL_S
     load_lease_s: float = DEFAULT_LEASE_S
 
 
@@ -89,6 +100,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
     app[LOOPBACK] = Loopback()
     app[FILE_SIZE_LIMIT] = options.max_file_bytes
+    app[FILE_QUOTA] = options.file_quota
     app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
     if options.tenants is not None:
         app[TENANTS] = options.tenants
@@ -101,7 +113,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     redis = connect(options.redis)
     prefix = options.redis.prefix
     tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
-    files = FileStore(redis, prefix)
+    files = FileStore(redis, prefix, options.file_ttl_s)
     app[TRACKER] = tracker
     metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
@@ -268,13 +280,21 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         raise UsageError(f"--batch-concurrency must be at least 1, got {args.batch_concurrency}")
     if args.batch_lease < 1:
         raise UsageError(f"--batch-lease must be at least 1 second, got {args.batch_lease:g}")
-    if args.max_file_bytes < 1:
-        raise UsageError(f"--max-file-bytes must be at least 1, got {args.max_file_bytes}")
+    for flag, value in (
+        ("--max-file-bytes", args.max_file_bytes),
+        ("--tenant-files", args.tenant_files),
+        ("--tenant-file-bytes", args.tenant_file_bytes),
+        ("--file-ttl", args.file_ttl),
+    ):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     return SharedStateOptions(
         redis=redis_settings(args.redis_url),
         tenants=TenantKeys(args.tenants) if args.tenants else None,
         dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
         max_file_bytes=args.max_file_bytes,
+        file_quota=FileQuota(args.tenant_files, args.tenant_file_bytes),
+        file_ttl_s=args.file_ttl,
         # A replica's load outlives it by one lease; batch items wait as long.
         load_lease_s=min(DEFAULT_LEASE_S, args.batch_lease),
     )

@@ -9,6 +9,8 @@ holds one file per key of the Secret):
         requestsPerMinute: 600      # optional; absent: unlimited
         tokensPerMinute: 200000     # optional; prompt tokens + max_tokens, charged up front
         weight: 2                   # optional; the tenant's share in the batch lane
+        maxFiles: 100               # optional; files kept at once (default: the gateway's)
+        maxFileBytes: 1073741824    # optional; their bytes together (default: the gateway's)
 
 Limits are token buckets that refill continuously: a bucket holds at most one minute's
 allowance and refills at allowance/60 per second. One request takes one unit from the
@@ -47,6 +49,8 @@ class Tenant:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
+    max_files: int | None = None  # None: the gateway's default quota
+    max_file_bytes: int | None = None
 
 
 ANONYMOUS_TENANT = Tenant(ANONYMOUS)
@@ -153,7 +157,10 @@ def _read_tenants_file(file: Path) -> list[tuple[str, Tenant]]:
     return pairs
 
 
-KNOWN_FIELDS = ("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight")
+KNOWN_FIELDS = (
+    *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight"),
+    *("maxFiles", "maxFileBytes"),
+)
 
 
 def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
@@ -182,6 +189,8 @@ def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
         requests_per_minute=_optional_limit(entry, "requestsPerMinute", where),
         tokens_per_minute=_optional_limit(entry, "tokensPerMinute", where),
         weight=float(weight),
+        max_files=_optional_limit(entry, "maxFiles", where),
+        max_file_bytes=_optional_limit(entry, "maxFileBytes", where),
     )
     return tenant, list(keys)
 
