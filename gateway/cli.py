@@ -18,6 +18,7 @@ from laneway.gateway.state.settings import (
     FILE_TTL_S,
     MAX_FILE_BYTES,
     REDIS_URL_ENV,
+    TENANT_BATCH_TOKENS,
     TENANT_FILE_BYTES,
     TENANT_FILES,
     TENANTS_ENV,
@@ -226,6 +227,14 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="bytes of files a tenant may keep at once, unless its tenants entry sets "
         f"maxFileBytes (default {TENANT_FILE_BYTES})",
+    )
+    parser.add_argument(
+        "--tenant-batch-tokens",
+        type=int,
+        default=TENANT_BATCH_TOKENS,
+        metavar="N",
+        help="estimated tokens of a tenant's batch items not yet run, unless its tenants "
+        f"entry sets maxBatchTokens (default {TENANT_BATCH_TOKENS})",
     )
     parser.add_argument(
         "--file-ttl",

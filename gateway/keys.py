@@ -44,6 +44,7 @@ FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/B
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
 FILE_QUOTA = web.AppKey("file_quota", FileQuota)  # for tenants whose entry sets none
+BATCH_TOKEN_LIMIT = web.AppKey("batch_token_limit", int)  # the same
 STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
 
 

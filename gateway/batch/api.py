@@ -10,7 +10,14 @@ from aiohttp import web
 from laneway.gateway.batch.batches import BatchStore, parse_create
 from laneway.gateway.batch.files import FileQuota, FileStore, read_upload
 from laneway.gateway.errors import ApiError, bad_request
-from laneway.gateway.keys import BATCH_STORE, FILE_QUOTA, FILE_SIZE_LIMIT, FILE_STORE, TENANT
+from laneway.gateway.keys import (
+    BATCH_STORE,
+    BATCH_TOKEN_LIMIT,
+    FILE_QUOTA,
+    FILE_SIZE_LIMIT,
+    FILE_STORE,
+    TENANT,
+)
 from laneway.gateway.state.redis_store import needs_redis
 
 DEFAULT_PAGE = 20
@@ -91,7 +98,9 @@ async def create_batch(request: web.Request) -> web.Response:
         raise ApiError(
             400, f"The request body is not valid JSON: {error}"[:300], "invalid_json"
         ) from None
-    batch = await store.create(parse_create(payload), _owner(request), time.time())
+    tenant = request[TENANT]
+    limit = tenant.max_batch_tokens or request.app[BATCH_TOKEN_LIMIT]
+    batch = await store.create(parse_create(payload), tenant.name, time.time(), limit)
     return web.json_response(batch)
 
 

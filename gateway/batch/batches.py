@@ -252,9 +252,10 @@ def parse_create(payload: object) -> CreateRequest:
 
 # ---- Redis ----
 
-# KEYS: result key, batch key. ARGV: encoded result, outcome counter field.
-# Writes the result only if none exists and the batch is still open, and counts it in the
-# same step. Returns {written (0/1), settled, total}.
+# KEYS: result key, batch key, the owner's enqueued tokens. ARGV: encoded result, outcome
+# counter field, the item's token estimate. Writes the result only if none exists and the
+# batch is still open, counts it and gives its tokens back to the owner's queue quota in
+# the same step. Returns {written (0/1), settled, total}.
 SETTLE_LUA = """
 local status = redis.call('HGET', KEYS[2], 'status')
 if not status then return {0, 0, 0} end
@@ -266,8 +267,19 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   return {0, 0, 0}
 end
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+redis.call('DECRBY', KEYS[3], ARGV[3])
 local settled = redis.call('HINCRBY', KEYS[2], 'settled', 1)
 return {1, settled, tonumber(redis.call('HGET', KEYS[2], 'total'))}
+"""
+
+
+# KEYS: the tenant's enqueued tokens. ARGV: a new batch's tokens, the tenant's limit.
+# Reserves them when they fit; returns -1, or the tokens already enqueued when they do not.
+RESERVE_TOKENS_LUA = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return used end
+redis.call('INCRBY', KEYS[1], ARGV[1])
+return -1
 """
 
 
@@ -295,8 +307,12 @@ class QueuedItem:
 
     @property
     def cost(self) -> int:
-        """A token estimate for fair share: about four bytes of JSON per token."""
-        return max(1, len(self.body) // 4)
+        return item_cost(self.body)
+
+
+def item_cost(body: bytes) -> int:
+    """An item's token estimate, for fair share and the queue quota: ~4 bytes of JSON each."""
+    return max(1, len(body) // 4)
 
 
 class BatchStore:
@@ -306,6 +322,11 @@ class BatchStore:
         self._prefix = prefix
         self._settle = redis.register_script(SETTLE_LUA)
         self._cancel = redis.register_script(CANCEL_LUA)
+        self._reserve_tokens = redis.register_script(RESERVE_TOKENS_LUA)
+
+    def enqueued_key(self, tenant: str) -> str:
+        """The token estimates of a tenant's batch items not yet settled."""
+        return f"{self._prefix}:batch:enqueued:{tenant}"
 
     def batch_key(self, batch_id: str) -> str:
         return f"{self._prefix}:batch:{batch_id}"
@@ -324,7 +345,11 @@ class BatchStore:
     def active_key(self) -> str:
         return f"{self._prefix}:batches:active"
 
-    async def create(self, request: CreateRequest, tenant: str, now: float) -> dict[str, object]:
+    async def create(
+        self, request: CreateRequest, tenant: str, now: float, token_limit: int
+    ) -> dict[str, object]:
+        """Queue a batch; 429 when its items would take the tenant's enqueued tokens past
+        `token_limit` (OpenAI's batch queue limit)."""
         source = await self._files.get(request.input_file_id, tenant)
         if source.purpose != "batch":
             raise bad_request(
@@ -348,6 +373,40 @@ class BatchStore:
             "expires_at": created + WINDOW_SECONDS,
             "owner": tenant,
         }
+        bodies = [json.dumps(item.body).encode() for item in items]
+        tokens = sum(item_cost(body) for body in bodies)
+        enqueued = await self._reserve_tokens(
+            keys=[self.enqueued_key(tenant)], args=[tokens, token_limit]
+        )
+        if int(enqueued) >= 0:
+            raise ApiError(
+                429,
+                f"Tenant {tenant}'s batch queue holds about {enqueued} tokens; this batch "
+                f"adds about {tokens}, over its limit of {token_limit}: wait for batches "
+                "to finish",
+                "batch_queue_full",
+            )
+        try:
+            await self._write_batch(request, tenant, now, meta, items, bodies, errors)
+        except BaseException:
+            await self._redis.decrby(self.enqueued_key(tenant), tokens)
+            raise
+        if not items:
+            await self.finalize(batch_id, now)
+        return await self.get(batch_id, tenant)
+
+    async def _write_batch(
+        self,
+        request: CreateRequest,
+        tenant: str,
+        now: float,
+        meta: Mapping[str, Any],
+        items: Sequence[Item],
+        bodies: Sequence[bytes],
+        errors: Sequence[LineError],
+    ) -> None:
+        batch_id, created = str(meta["id"]), int(meta["created_at"])
+        total = len(items) + len(errors)
         queue = self.queue_key(tenant)
         await self._ensure_group(queue)
         async with self._redis.pipeline(transaction=True) as tx:
@@ -370,7 +429,7 @@ class BatchStore:
             for error in errors:
                 result = Result(ItemOutcome.FAILED, error_line(batch_id, error))
                 tx.set(self.result_key(batch_id, error.index), result.encode())
-            for item in items:
+            for item, body in zip(items, bodies, strict=True):
                 tx.xadd(
                     queue,
                     {
@@ -378,16 +437,13 @@ class BatchStore:
                         "index": item.index,
                         "custom_id": item.custom_id,
                         "endpoint": request.endpoint,
-                        "body": json.dumps(item.body),
+                        "body": body,
                     },
                 )
             tx.sadd(self.queues_key, tenant)
             tx.sadd(self.active_key, batch_id)
             tx.zadd(f"{self._prefix}:batches:{tenant}", {batch_id: now})
             await tx.execute()
-        if not items:
-            await self.finalize(batch_id, now)
-        return await self.get(batch_id, tenant)
 
     async def _ensure_group(self, queue: str) -> None:
         try:
@@ -454,8 +510,12 @@ class BatchStore:
     async def settle(self, item: QueuedItem, result: Result, now: float) -> bool:
         """Write an item's result once; False when it already had one (or the batch closed)."""
         written, settled, total = await self._settle(
-            keys=[self.result_key(item.batch_id, item.index), self.batch_key(item.batch_id)],
-            args=[result.encode(), result.outcome.value],
+            keys=[
+                self.result_key(item.batch_id, item.index),
+                self.batch_key(item.batch_id),
+                self.enqueued_key(item.tenant),
+            ],
+            args=[result.encode(), result.outcome.value, item.cost],
         )
         if written and settled >= total:
             await self.finalize(item.batch_id, now)

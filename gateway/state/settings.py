@@ -9,4 +9,7 @@ MAX_FILE_BYTES = 100 * 1024 * 1024
 # otherwise: files live in Redis memory, so a cap per tenant keeps one from filling it.
 TENANT_FILES = 100
 TENANT_FILE_BYTES = 1024 * 1024 * 1024
+# Token estimates (about 4 bytes of JSON each) of a tenant's batch items not yet run: two
+# input files of the largest size.
+TENANT_BATCH_TOKENS = 2 * MAX_FILE_BYTES // 4
 FILE_TTL_S = 30 * 24 * 3600  # OpenAI keeps batch files 30 days by default

@@ -37,6 +37,7 @@ from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     BATCH_STORE,
+    BATCH_TOKEN_LIMIT,
     DISPATCHING,
     FILE_QUOTA,
     FILE_SIZE_LIMIT,
@@ -65,6 +66,7 @@ from laneway.gateway.state.redis_store import (
 from laneway.gateway.state.settings import (
     FILE_TTL_S,
     MAX_FILE_BYTES,
+    TENANT_BATCH_TOKENS,
     TENANT_FILE_BYTES,
     TENANT_FILES,
 )
@@ -93,6 +95,7 @@ class SharedStateOptions:
         default_factory=lambda: FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
     )
     file_ttl_s: int = FILE_TTL_S
+    batch_tokens: int = TENANT_BATCH_TOKENS
     load_lease_s: float = DEFAULT_LEASE_S
 
 
@@ -101,6 +104,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[LOOPBACK] = Loopback()
     app[FILE_SIZE_LIMIT] = options.max_file_bytes
     app[FILE_QUOTA] = options.file_quota
+    app[BATCH_TOKEN_LIMIT] = options.batch_tokens
     app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
     if options.tenants is not None:
         app[TENANTS] = options.tenants
@@ -285,6 +289,7 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         ("--tenant-files", args.tenant_files),
         ("--tenant-file-bytes", args.tenant_file_bytes),
         ("--file-ttl", args.file_ttl),
+        ("--tenant-batch-tokens", args.tenant_batch_tokens),
     ):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
@@ -295,6 +300,7 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         max_file_bytes=args.max_file_bytes,
         file_quota=FileQuota(args.tenant_files, args.tenant_file_bytes),
         file_ttl_s=args.file_ttl,
+        batch_tokens=args.tenant_batch_tokens,
         # A replica's load outlives it by one lease; batch items wait as long.
         load_lease_s=min(DEFAULT_LEASE_S, args.batch_lease),
     )

@@ -11,6 +11,7 @@ holds one file per key of the Secret):
         weight: 2                   # optional; the tenant's share in the batch lane
         maxFiles: 100               # optional; files kept at once (default: the gateway's)
         maxFileBytes: 1073741824    # optional; their bytes together (default: the gateway's)
+        maxBatchTokens: 50000000    # optional; tokens of batch items not yet run (same)
 
 Limits are token buckets that refill continuously: a bucket holds at most one minute's
 allowance and refills at allowance/60 per second. One request takes one unit from the
@@ -51,6 +52,7 @@ class Tenant:
     weight: float = 1.0
     max_files: int | None = None  # None: the gateway's default quota
     max_file_bytes: int | None = None
+    max_batch_tokens: int | None = None
 
 
 ANONYMOUS_TENANT = Tenant(ANONYMOUS)
@@ -159,7 +161,7 @@ def _read_tenants_file(file: Path) -> list[tuple[str, Tenant]]:
 
 KNOWN_FIELDS = (
     *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight"),
-    *("maxFiles", "maxFileBytes"),
+    *("maxFiles", "maxFileBytes", "maxBatchTokens"),
 )
 
 
@@ -191,6 +193,7 @@ def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
         weight=float(weight),
         max_files=_optional_limit(entry, "maxFiles", where),
         max_file_bytes=_optional_limit(entry, "maxFileBytes", where),
+        max_batch_tokens=_optional_limit(entry, "maxBatchTokens", where),
     )
     return tenant, list(keys)
 
