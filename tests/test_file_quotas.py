@@ -64,7 +64,7 @@ def call(
         headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
     request = urllib.request.Request(url, body, headers, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         with error:

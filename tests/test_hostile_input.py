@@ -70,7 +70,7 @@ def send(
     headers: Mapping[str, bytes | str] | None = None,
 ) -> tuple[int, bytes]:
     parsed = urllib.parse.urlsplit(gateway.url)
-    connection = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=60)
+    connection = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=120)
     try:
         connection.putrequest(method, path, skip_accept_encoding=True)
         for name, value in (headers or {}).items():
