@@ -8,6 +8,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from laneway.bench.autoscale import register_bench_autoscale
 from laneway.bench.prefix_cli import register_bench_prefix
 from laneway.bench.seed_cli import register_bench_seed
 
@@ -93,6 +94,7 @@ def register(
     register_bench_redis(bench)
     register_bench_hostile(bench)
     register_bench_seed(bench)
+    register_bench_autoscale(bench)
     register_bench_prefix(bench)
 
 

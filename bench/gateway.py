@@ -315,11 +315,15 @@ def gateway_config(endpoint: str) -> list[dict[str, Any]]:
 # -- classification (in this process) ---------------------------------------------------------
 
 
-def time_classification(options: BenchOptions, clock: Callable[[], float]) -> ClassifyResult:
-    """Time the gateway's routing path for one long prompt, bounds-decided and exact."""
+async def time_classification(options: BenchOptions, clock: Callable[[], float]) -> ClassifyResult:
+    """Time the gateway's routing path for one long prompt, bounds-decided and exact.
+
+    The path is the gateway's own `settle_route` (bounds first, the exact count where they
+    do not decide); the count runs inline here, where the gateway runs it off its loop.
+    """
+    from laneway.gateway.serving.proxy import settle_route
     from laneway.gateway.serving.request_body import Endpoint, parse_request
-    from laneway.routing.lanes import NeedsExactCount, Route, RouteRequest, classify
-    from laneway.tokens import TokenBounds
+    from laneway.routing.lanes import Route, RouteRequest
 
     tokenizer = default_tokenizer()
     text = PromptFactory(tokenizer).text(random.Random(options.seed), options.classify_tokens)
@@ -332,32 +336,31 @@ def time_classification(options: BenchOptions, clock: Callable[[], float]) -> Cl
         parse_pool(d) for d in pool_documents("http://127.0.0.1:1", options.classify_tokens + 2048)
     ]
 
-    def route(pools: Sequence[InferencePool]) -> tuple[str, dict[str, float]]:
+    async def route(pools: Sequence[InferencePool]) -> tuple[str, dict[str, float]]:
         stages = dict.fromkeys(STAGES, 0.0)
         begun = clock()
         parsed = parse_request(body, Endpoint.COMPLETIONS)
         parsed_at = clock()
         bounds = parsed.bounds(tokenizer)
         bounded_at = clock()
-        decision = classify(RouteRequest(parsed.model, bounds, parsed.max_tokens), pools)
-        stages["classify"] = clock() - bounded_at
-        if isinstance(decision, NeedsExactCount):
+
+        async def count_exactly() -> int:
             counting = clock()
             exact = parsed.count(tokenizer)
-            counted_at = clock()
-            decision = classify(
-                RouteRequest(parsed.model, TokenBounds(exact, exact), parsed.max_tokens), pools
-            )
-            stages["count"] = counted_at - counting
-            stages["classify"] += clock() - counted_at
+            stages["count"] = clock() - counting
+            return exact
+
+        ask = RouteRequest(parsed.model, bounds, parsed.max_tokens)
+        decision = await settle_route(ask, pools, count_exactly)
+        stages["classify"] = clock() - bounded_at - stages["count"]
         stages["parse"] = parsed_at - begun
         stages["bounds"] = bounded_at - parsed_at
         if not isinstance(decision, Route):
             raise RuntimeError(f"the benchmark prompt was not routed: {decision}")
         return decision.pool.name, stages
 
-    bounds_runs = [route(roomy) for _ in range(options.classify_repeats)]
-    exact_runs = [route(tight) for _ in range(options.classify_repeats)]
+    bounds_runs = [await route(roomy) for _ in range(options.classify_repeats)]
+    exact_runs = [await route(tight) for _ in range(options.classify_repeats)]
     return ClassifyResult(
         prompt_tokens=options.classify_tokens,
         prompt_bytes=len(body),
@@ -503,7 +506,7 @@ async def measure_levels(
 async def run_bench(options: BenchOptions, command: str) -> BenchReport:
     load_average = os.getloadavg()[0]
     progress(f"timing the routing of a {options.classify_tokens:,}-token prompt")
-    classification = time_classification(options, time.perf_counter)
+    classification = await time_classification(options, time.perf_counter)
     with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
         async with Children() as children:
             progress("starting a zero-service-time engine and the gateway")

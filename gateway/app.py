@@ -37,7 +37,6 @@ from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.routing.picker import scorers_from_weights
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
@@ -61,7 +60,7 @@ def create_app(
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
-    app[PROFILE] = scorers_from_weights(settings.picking.policy, settings.picking.weights)
+    app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[CLOCK] = clock

@@ -25,37 +25,15 @@ from laneway.api import (
     parse_pool,
 )
 from laneway.errors import UsageError
+from laneway.routing.picker import PICKING_POLICIES, SCORER_NAMES, PickingSettings
 from laneway.routing.prefix_index import PrefixSettings
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
-PICKING_POLICIES = ("scored", "random")
-SCORER_NAMES = (
-    *("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens", "ttftSlo"),
-    "prefixAffinity",
-)
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
 SPEC_FIELDS = (
     *("picking", "scrape", "health", "queue", "tokenizer", "upstream", "clients"),
     *("maxBodyBytes", "drainTimeoutMillis"),
 )
-
-
-@dataclass(frozen=True)
-class PickingSettings:
-    policy: str = "scored"  # "scored": weighted scorers; "random": uniform (a baseline)
-    # scorer name -> weight; a scorer with weight 0 is off
-    weights: Mapping[str, int] = field(
-        default_factory=lambda: {
-            "queueDepth": 2,
-            "kvCacheUsage": 1,
-            "inFlightRequests": 2,
-            "prefillTokens": 2,
-            "ttftSlo": 2,
-            "prefixAffinity": 6,
-        }
-    )
-    # The prefix index behind the prefixAffinity scorer (laneway/routing/prefix_index.py).
-    prefix: PrefixSettings = field(default_factory=PrefixSettings)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from laneway.errors import UsageError
+from laneway.errors import cannot_listen
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
 from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
 from laneway.simulator.profiles import Profile
@@ -111,10 +111,10 @@ class RealTimeEngine:
         )
 
     def submit(
-        self, request_id: str, prompt_tokens: int, max_tokens: int
+        self, request_id: str, prompt_tokens: int, max_tokens: int, priority: int = 0
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
-        self.core.submit(request_id, prompt_tokens, max_tokens)
+        self.core.submit(request_id, prompt_tokens, max_tokens, priority=priority)
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
         self._wake.set()
@@ -185,6 +185,16 @@ class GenerationRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0  # vLLM's extra request field; lower is more urgent
+
+
+def _priority(body: dict[str, Any]) -> int:
+    value = body.get("priority", 0)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OpenAIError(400, f"'priority' must be an integer, got {value!r}", "priority")
+    return value
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:
@@ -301,7 +311,9 @@ async def parse_generation(
             or _positive_int(body, "max_tokens")
             or max(1, min(CHAT_DEFAULT_MAX_TOKENS, settings.scheduler.max_context - prompt_tokens))
         )
-    return GenerationRequest(endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage)
+    return GenerationRequest(
+        endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage, _priority(body)
+    )
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -379,11 +391,15 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    if reply.parsed.endpoint == "chat":
-        await _sse(response, reply.role_chunk())
     emitted = 0
     while True:
         event = await events.get()
+        if emitted == 0 and reply.parsed.endpoint == "chat":
+            # The role chunk goes out with the first output, not on arrival: vLLM sends it in
+            # the first pass of its loop over engine outputs (`chat_completion_stream_generator`
+            # in vllm/entrypoints/openai/serving_chat.py) and SGLang the same way
+            # (`_generate_chat_stream` in python/sglang/srt/entrypoints/openai/serving_chat.py).
+            await _sse(response, reply.role_chunk())
         emitted += 1
         await _sse(response, reply.token_chunk(event))
         if event.last:
@@ -402,7 +418,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
     reply = _Reply(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), settings.model, parsed)
     try:
-        events = engine.submit(reply.request_id, parsed.prompt_tokens, parsed.max_tokens)
+        events = engine.submit(
+            reply.request_id, parsed.prompt_tokens, parsed.max_tokens, parsed.priority
+        )
     except RequestRejected as error:
         raise OpenAIError(400, str(error)) from None
     try:
@@ -502,7 +520,7 @@ async def serve(settings: SimSettings, host: str, port: int) -> None:
         try:
             await site.start()
         except OSError as error:
-            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+            raise cannot_listen(host, port, error) from None
         bound_port = runner.addresses[0][1]
         print(f"laneway sim: serving {settings.model} on http://{host}:{bound_port}", flush=True)
         stop = asyncio.Event()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laneway.gateway.config import PickingSettings
+from laneway.routing.picker import PickingSettings
 from laneway.routing.prefix_index import PrefixSettings
 from laneway.simulator.prefix_experiment import PrefixScenario, run_prefix
 from laneway.simulator.profiles import PROFILES

@@ -1,8 +1,10 @@
-"""One completion request through the gateway: read, classify, admit, pick, relay.
+"""One completion request through the gateway: read, classify, admit, plan, relay.
 
-The decisions are made by the pure cores (`request_body`, `lanes`, `picker`, `admission`);
-this module does the I/O around them and keeps one `RequestOutcome` per request for the metrics
-and the one structured log line.
+The decisions are the routing library's, made once each as data: `lanes.classify` gives the
+request's `Route` (pool, queue class, prefill estimate, reason) before it joins the pool's
+line, and `plan.make_plan` its `RoutingPlan` (the endpoints best first, each with its
+predicted TTFT) once it holds a slot. This module executes them and keeps one
+`RequestOutcome` per request for the metrics and the one structured log line.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -34,6 +36,7 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
+from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
     LANE_HEADER,
@@ -43,7 +46,7 @@ from laneway.gateway.serving.request_body import (
     parse_request,
 )
 from laneway.gateway.state.memory import Lease
-from laneway.gateway.state.shared import admit_tenant, tenant_name
+from laneway.gateway.state.shared import admit_tenant, routing_tenant, tenant_name
 from laneway.routing.lanes import (
     Decision,
     NeedsExactCount,
@@ -53,7 +56,7 @@ from laneway.routing.lanes import (
     UnknownModel,
     classify,
 )
-from laneway.routing.picker import rank
+from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
 from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
@@ -66,6 +69,8 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+STREAM_END = b"data: [DONE]"
+SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 
 
 @dataclass
@@ -77,6 +82,7 @@ class RequestOutcome:
     model: str = ""
     pool: str = ""
     lane: str = ""
+    reason: str = ""  # why this pool
     endpoint: str = ""
     prompt_tokens: int | None = None
     stream: bool = False
@@ -86,6 +92,8 @@ class RequestOutcome:
     ttft_ms: float | None = None
     total_ms: float | None = None
     error: str | None = None
+    # The client has the whole response: a client that leaves after this is no 499.
+    complete: bool = False
 
     def routing_headers(self) -> dict[str, str]:
         if not self.pool:
@@ -114,7 +122,7 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
         outcome.status, outcome.error = error.status, error.code
         return error.response(outcome.routing_headers())
     except asyncio.CancelledError:
-        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+        _client_gone(outcome)
         raise
     except Exception:
         outcome.status, outcome.error = 500, "internal_error"  # the middleware logs it
@@ -141,11 +149,11 @@ async def _serve(
     outcome.model, outcome.stream = parsed.model, parsed.stream
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
-    route, bounds, count = await _route(app, parsed, len(body), pinned, outcome)
+    route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
     pool = route.pool
     context = pool.spec.limits.max_context_tokens
-    await admit_tenant(request, parsed.charge(_prefill_estimate(bounds, count), context))
-    outcome.pool, outcome.lane = pool.name, route.lane.value
+    await admit_tenant(request, parsed.charge(route.prefill_tokens, context))
+    outcome.pool, outcome.lane, outcome.reason = pool.name, route.lane.value, route.reason
     try:
         registry = app[REGISTRY]
         if registry.current(pool) is None:
@@ -157,9 +165,7 @@ async def _serve(
         try:
             async with asyncio.timeout(settings.queue.timeout_millis / 1000):
                 await gate.acquire(
-                    route.priority,
-                    tenant_name(request),
-                    parsed.sequences * _prefill_estimate(bounds, count),
+                    route.priority, tenant_name(request), parsed.sequences * route.prefill_tokens
                 )
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
@@ -167,10 +173,9 @@ async def _serve(
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
-            prefill = parsed.sequences * _prefill_estimate(bounds, count)
-            return await _forward(
-                _Exchange(request, parsed, route, count, prefill, started, outcome)
-            )
+            hashes = _prefix_hashes(app, parsed)
+            plan = await _plan(app, route, started, hashes)
+            return await _forward(_Exchange(request, parsed, plan, hashes, count, started, outcome))
         finally:
             gate.release()
     finally:
@@ -207,8 +212,9 @@ async def _route(
     parsed: ParsedRequest,
     body_bytes: int,
     pinned: Lane | None,
+    tenant: str | None,
     outcome: RequestOutcome,
-) -> tuple[Route, TokenBounds, asyncio.Future[int]]:
+) -> tuple[Route, asyncio.Future[int]]:
     """Classify from bounds where they decide; the exact count follows off the loop."""
     tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
     begun = clock()
@@ -220,17 +226,8 @@ async def _route(
         bounds = await asyncio.to_thread(parsed.bounds, tokenizer)
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
-    def decide(prompt_tokens: TokenBounds) -> Decision:
-        return classify(
-            RouteRequest(parsed.model, prompt_tokens, parsed.max_tokens, pinned),
-            app[REGISTRY].pools(),
-        )
-
-    decision = decide(bounds)
-    if isinstance(decision, NeedsExactCount):
-        exact = await _count_off_loop(app, parsed)
-        bounds = TokenBounds(exact, exact)
-        decision = decide(bounds)
+    ask = RouteRequest(parsed.model, bounds, parsed.max_tokens, pinned, tenant)
+    decision = await settle_route(ask, app[REGISTRY].pools(), lambda: _count_off_loop(app, parsed))
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
@@ -241,13 +238,26 @@ async def _route(
     assert isinstance(decision, Route)
 
     count: asyncio.Future[int]
-    if bounds.exact:
+    if decision.prompt_tokens.exact:
         count = asyncio.get_running_loop().create_future()
-        count.set_result(bounds.low)
+        count.set_result(decision.prompt_tokens.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
         count = asyncio.ensure_future(_count_off_loop(app, parsed))
-    return decision, bounds, count
+    return decision, count
+
+
+async def settle_route(
+    ask: RouteRequest,
+    pools: Sequence[InferencePool],
+    count_exactly: Callable[[], Awaitable[int]],
+) -> Decision:
+    """Classify `ask` by its token bounds; where they do not decide, count and classify again."""
+    decision = classify(ask, pools)
+    if isinstance(decision, NeedsExactCount):
+        exact = await count_exactly()
+        decision = classify(replace(ask, prompt_tokens=TokenBounds(exact, exact)), pools)
+    return decision
 
 
 async def _count_off_loop(app: web.Application, parsed: ParsedRequest) -> int:
@@ -301,22 +311,53 @@ def _refused(
     )
 
 
-def _prefill_estimate(bounds: TokenBounds, count: asyncio.Future[int]) -> int:
-    if count.done() and not count.cancelled():
-        return count.result()
-    # Prose runs about four bytes per token; the bounds keep the guess honest elsewhere.
-    return min(max(bounds.low, bounds.high // 4), bounds.high)
+async def _plan(
+    app: web.Application, route: Route, started: float, prefix_hashes: tuple[int, ...]
+) -> RoutingPlan:
+    """The request's endpoints best first, by their load now that it holds a slot."""
+    registry = app[REGISTRY]
+    # The pool as configured now: its endpoints may have changed while the request waited.
+    route = replace(route, pool=registry.current(route.pool) or route.pool)
+    available = registry.available(route.pool)
+    loads = await app[TRACKER].loads(available)
+    matched = app[PREFIX_INDEX].matched_blocks(prefix_hashes) if prefix_hashes else {}
+    views = [
+        EndpointView(
+            url,
+            loads[url].in_flight,
+            loads[url].prefill_tokens,
+            registry.fresh_metrics(url),
+            cached_prompt_tokens=estimated_cached_tokens(
+                matched.get(url, 0), len(prefix_hashes), route.prefill_tokens
+            )
+            if prefix_hashes
+            else None,
+        )
+        for url in available
+    ]
+    rates = {url: registry.prefill_rate(url) for url in available}
+    elapsed_ms = (app[CLOCK]() - started) * 1000
+    profile = app[PROFILE]
+    return make_plan(route, views, rates, profile, app[RNG], elapsed_ms)
 
 
-@dataclass
+def _prefix_hashes(app: web.Application, parsed: ParsedRequest) -> tuple[int, ...]:
+    """The prompt's prefix block hashes; none when no scorer uses them (hashing is the cost)."""
+    if not any(s.name == "prefixAffinity" for s in app[PROFILE]):
+        return ()
+    prefix = app[SETTINGS].picking.prefix
+    return text_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+
+
+@dataclass(frozen=True)
 class _Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
 
     request: web.Request
     parsed: ParsedRequest
-    route: Route
+    plan: RoutingPlan
+    prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
-    prefill: int  # the prompt tokens this request adds to an endpoint's load
     started: float
     outcome: RequestOutcome
 
@@ -326,79 +367,31 @@ class _Exchange:
 
 
 async def _forward(exchange: _Exchange) -> web.StreamResponse:
-    app, outcome = exchange.app, exchange.outcome
-    registry, metrics = app[REGISTRY], app[METRICS]
-    pool = registry.current(exchange.route.pool) or exchange.route.pool
-    available = registry.available(pool)
-    loads = await app[TRACKER].loads(available)
-    prefix_hashes, cached = _prefix_estimate(exchange, available)
-    # The prompt tokens each endpoint would have to work through before this request's
-    # first token (less what its prefix cache likely holds), and so its predicted TTFT
-    # there, counted from the request's arrival.
-    backlogs = {
-        url: loads[url].prefill_tokens + exchange.prefill - (cached.get(url) or 0)
-        for url in available
-    }
-    elapsed_ms = (app[CLOCK]() - exchange.started) * 1000
-    predicted = {
-        url: elapsed_ms + registry.prefill_rate(url).predict_ttft_ms(backlogs[url])
-        for url in available
-    }
-    slo_ms = pool.spec.slo.ttft_millis
-    views = [
-        EndpointView(
-            url,
-            loads[url].in_flight,
-            loads[url].prefill_tokens,
-            registry.fresh_metrics(url),
-            predicted[url],
-            slo_ms,
-            cached.get(url),
-        )
-        for url in available
-    ]
-    profile = app[PROFILE]
-    ranked = rank(views, profile, app[RNG])
-    payload = {**exchange.parsed.payload, "model": pool.spec.served_model_name}
+    app, outcome, plan = exchange.app, exchange.outcome, exchange.plan
+    metrics = app[METRICS]
+    payload = {**exchange.parsed.payload, "model": plan.pool.spec.served_model_name}
     failures = []
-    for candidate in ranked[:UPSTREAM_ATTEMPTS]:
+    for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
-        outcome.predicted_ttft_ms = predicted[candidate.url]
-        if prefix_hashes:
-            app[PREFIX_INDEX].record(candidate.url, prefix_hashes)
+        outcome.predicted_ttft_ms = candidate.predicted_ttft_ms
+        if exchange.prefix_hashes:
+            app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
-            return await _attempt(exchange, candidate.url, payload, backlogs[candidate.url])
+            return await _attempt(exchange, candidate, payload)
         except UpstreamFailed as failure:
             await _note_failure(app, candidate.url, str(failure), failure.kind == "timeout")
-            metrics.upstream_errors.labels(pool.name, candidate.url, failure.kind).inc()
+            metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
             failures.append(f"{candidate.url}: {failure}")
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
-    raise _no_endpoint(app, pool, why)
-
-
-def _prefix_estimate(
-    exchange: _Exchange, available: Sequence[str]
-) -> tuple[tuple[int, ...], dict[str, int | None]]:
-    """The prompt's prefix block hashes and, per endpoint, its estimated cached tokens;
-    nothing when no scorer uses them (the hashing is the cost)."""
-    app = exchange.app
-    if not any(s.name == "prefixAffinity" for s in app[PROFILE]):
-        return (), {}
-    prefix = app[SETTINGS].picking.prefix
-    hashes = text_block_hashes(exchange.parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
-    matched = app[PREFIX_INDEX].matched_blocks(hashes)
-    return hashes, {
-        url: estimated_cached_tokens(matched.get(url, 0), len(hashes), exchange.prefill)
-        for url in available
-    }
+    raise _no_endpoint(app, plan.pool, why)
 
 
 async def _attempt(
-    exchange: _Exchange, url: str, payload: dict[str, Any], backlog_tokens: int
+    exchange: _Exchange, endpoint: PlannedEndpoint, payload: dict[str, Any]
 ) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
-    app, outcome = exchange.app, exchange.outcome
+    app, outcome, url = exchange.app, exchange.outcome, endpoint.url
     limits = app[SETTINGS].upstream
     timeout = aiohttp.ClientTimeout(
         total=None,
@@ -406,9 +399,9 @@ async def _attempt(
         sock_read=limits.read_timeout_millis / 1000,
     )
     tracker = app[TRACKER]
-    lease = await tracker.start(url, exchange.prefill)
+    lease = await tracker.start(url, exchange.plan.prefill_tokens)
     progress = _Progress()
-    sent = _Sent(backlog_tokens, app[CLOCK]())
+    sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
         async with app[SESSION].post(
             f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
@@ -463,7 +456,7 @@ async def _relay_stream(
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
     app, outcome, started = exchange.app, exchange.outcome, exchange.started
     clock, metrics, tracker = app[CLOCK], app[METRICS], app[TRACKER]
-    labels = (exchange.route.pool.name, exchange.route.lane.value)
+    labels = (exchange.plan.pool.name, exchange.plan.lane.value)
     outcome.prompt_tokens = await exchange.count
     client = web.StreamResponse(
         status=200,
@@ -476,10 +469,12 @@ async def _relay_stream(
     await client.prepare(exchange.request)
     outcome.status = 200
     tbt = metrics.tbt.labels(*labels)
-    slo = exchange.route.pool.spec.slo
+    slo = exchange.plan.pool.spec.slo
     tbt_met, tbt_missed = (metrics.tbt_slo.labels(*labels, met) for met in ("true", "false"))
+    first_token = FirstTokenWatch()
     last_event: float | None = None
-    written = b"\n\n"  # the end of what the client has, enough to tell an event boundary
+    # The end of what the client has: enough to tell an event boundary and the end marker.
+    written = b"\n\n"
     while True:
         try:
             chunk = await upstream.content.readany()
@@ -493,23 +488,22 @@ async def _relay_stream(
         if not chunk:
             break
         now = clock()
-        events = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-        if events > 0:
-            if last_event is None:
-                ttft = now - started
-                metrics.ttft.labels(*labels).observe(ttft)
-                met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
-                metrics.ttft_slo.labels(*labels, met).inc()
-                outcome.ttft_ms = ttft * 1000
-                progress.first_token = True
-                await tracker.prefill_done(lease)
-                app[REGISTRY].record_first_token(
-                    lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
-                )
-            else:
-                gap = now - last_event
-                tbt.observe(gap)
-                (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+        if first_token.feed(chunk):
+            ttft = now - started
+            metrics.ttft.labels(*labels).observe(ttft)
+            met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
+            metrics.ttft_slo.labels(*labels, met).inc()
+            outcome.ttft_ms = ttft * 1000
+            progress.first_token = True
+            await tracker.prefill_done(lease)
+            app[REGISTRY].record_first_token(
+                lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
+            )
+            last_event = now
+        elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
+            gap = now - last_event
+            tbt.observe(gap)
+            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
             last_event = now
         if rename:
             chunk = rename.feed(chunk)
@@ -519,9 +513,11 @@ async def _relay_stream(
             # The client went away: closing the upstream response tells the engine.
             upstream.close()
             return client
-        written = (written + chunk[-2:])[-2:]
+        written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+        outcome.complete = outcome.complete or STREAM_END in written
     rest = rename.flush() if rename else b""
     if not rest or await _write_or_drop(exchange, client, rest):
+        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await _write_or_drop(exchange, client, b"")
     return client
 
@@ -537,8 +533,7 @@ async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk:
         async with asyncio.timeout(deadline):
             await (client.write(chunk) if chunk else client.write_eof())
     except ConnectionError:
-        exchange.outcome.status = CLIENT_CLOSED
-        exchange.outcome.error = "client_disconnected"
+        _client_gone(exchange.outcome)
         return False
     except TimeoutError:
         exchange.outcome.status, exchange.outcome.error = CLIENT_CLOSED, "client_not_reading"
@@ -546,6 +541,12 @@ async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk:
             transport.abort()  # close() would wait for the buffer to drain, which it never does
         return False
     return True
+
+
+def _client_gone(outcome: RequestOutcome) -> None:
+    """The client closed its connection: a 499 unless it already had the whole response."""
+    if not outcome.complete:
+        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
 
 
 async def _end_with_error(
