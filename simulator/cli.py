@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from laneway.api import MetricsFlavor
 from laneway.errors import UsageError
-from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
 
@@ -29,8 +29,8 @@ def register(
     add_engine_flags(sim)
     sim.add_argument(
         "--metrics-flavor",
-        choices=METRICS_FLAVORS,
-        default="vllm",
+        choices=[flavor.value for flavor in MetricsFlavor],
+        default=MetricsFlavor.VLLM.value,
         help="metric names on /metrics (default vllm)",
     )
     sim.add_argument(
@@ -90,7 +90,7 @@ def run_sim(args: argparse.Namespace) -> int:
         model=args.model,
         profile=profile,
         scheduler=scheduler_config_from(args),
-        metrics_flavor=args.metrics_flavor,
+        metrics_flavor=MetricsFlavor(args.metrics_flavor),
         time_scale=args.time_scale,
     )
     asyncio.run(serve(settings, args.host, args.port))

@@ -22,9 +22,10 @@ from typing import Any, Literal
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.api import MetricsFlavor
 from laneway.errors import UsageError
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
-from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
+from laneway.simulator.metrics import EngineGauges, SimulatorMetrics
 from laneway.simulator.profiles import Profile
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
@@ -44,7 +45,7 @@ class SimSettings:
     model: str
     profile: Profile
     scheduler: SchedulerConfig
-    metrics_flavor: MetricsFlavor = "vllm"
+    metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
     time_scale: float = 1.0
 
 
@@ -64,7 +65,8 @@ class OpenAIError(Exception):
         self.param = param
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+# The error "type" vLLM's server sends (the exception's name), not OpenAI's types.
+VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
                413: "RequestEntityTooLarge", 500: "InternalServerError"}  # fmt: skip
 
 
@@ -72,7 +74,7 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
     body = {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "BadRequestError"),
+            "type": VLLM_ERROR_TYPES.get(status, "BadRequestError"),
             "param": param,
             "code": status,
         }
