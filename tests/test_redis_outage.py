@@ -9,7 +9,6 @@ from pathlib import Path
 import openai
 import pytest
 from redis_fleet import (
-    PUBLIC_MODEL,
     chat_line,
     metric,
     start_engines,
@@ -20,6 +19,7 @@ from redis_fleet import (
 
 from laneway.bench.procs import Children
 from laneway.bench.redis_server import LocalRedis
+from laneway.simulator.seed import PUBLIC_MODEL
 
 
 class ChatTraffic:
