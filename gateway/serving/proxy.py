@@ -3,8 +3,9 @@
 The decisions are the routing library's, made once each as data: `lanes.classify` gives the
 request's `Route` (pool, queue class, prefill estimate, reason) before it joins the pool's
 line, and `plan.make_plan` its `RoutingPlan` (the endpoints best first, each with its
-predicted TTFT) once it holds a slot. This module executes them and keeps one
-`RequestOutcome` per request for the metrics and the one structured log line.
+predicted TTFT) once it holds a slot. This module executes them, notes what it sees as it
+goes (`_Outcome`: a client that leaves mid-way still gets its line), and at the end builds
+the request's one `RequestRecord` for the metrics and the structured log line.
 """
 
 from __future__ import annotations
@@ -73,11 +74,38 @@ SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and e
 
 
 @dataclass
-class RequestOutcome:
-    """What happened to one request, filled in as it goes; becomes its log line."""
+class _Outcome:
+    """What the shell has seen of one request so far: the decisions as they were made (by
+    reference, never copied) and what executing them showed."""
+
+    parsed: ParsedRequest | None = None
+    route: Route | None = None
+    tried: PlannedEndpoint | None = None  # the endpoint tried last
+    attempts: int = 0
+    prompt_tokens: int | None = None  # the exact count, once known
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    status: int = 0
+    error: str | None = None
+    # The client has the whole response: a client that leaves after this is no 499.
+    complete: bool = False
+
+    def routing_headers(self) -> dict[str, str]:
+        if self.route is None:
+            return {}
+        headers = {"x-laneway-pool": self.route.pool.name, "x-laneway-lane": self.route.lane.value}
+        if self.prompt_tokens is not None:
+            headers["x-laneway-prompt-tokens"] = str(self.prompt_tokens)
+        return headers
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as its log line and metrics tell it, built once when it ends."""
 
     path: str
-    status: int = 0
+    status: int
+    total_ms: float
     model: str = ""
     pool: str = ""
     lane: str = ""
@@ -89,18 +117,28 @@ class RequestOutcome:
     queue_ms: float | None = None
     predicted_ttft_ms: float | None = None  # on the endpoint tried last, when it was picked
     ttft_ms: float | None = None
-    total_ms: float | None = None
     error: str | None = None
-    # The client has the whole response: a client that leaves after this is no 499.
-    complete: bool = False
 
-    def routing_headers(self) -> dict[str, str]:
-        if not self.pool:
-            return {}
-        headers = {"x-laneway-pool": self.pool, "x-laneway-lane": self.lane}
-        if self.prompt_tokens is not None:
-            headers["x-laneway-prompt-tokens"] = str(self.prompt_tokens)
-        return headers
+    @classmethod
+    def of(cls, endpoint: Endpoint, outcome: _Outcome, total_ms: float) -> RequestRecord:
+        parsed, route, tried = outcome.parsed, outcome.route, outcome.tried
+        return cls(
+            path=endpoint.value,
+            status=outcome.status,
+            total_ms=total_ms,
+            model=parsed.model if parsed else "",
+            pool=route.pool.name if route else "",
+            lane=route.lane.value if route else "",
+            reason=route.reason if route else "",
+            endpoint=tried.url if tried else "",
+            prompt_tokens=outcome.prompt_tokens,
+            stream=parsed.stream if parsed else False,
+            attempts=outcome.attempts,
+            queue_ms=outcome.queue_ms,
+            predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
+            ttft_ms=outcome.ttft_ms,
+            error=outcome.error,
+        )
 
 
 class UpstreamFailed(Exception):
@@ -114,7 +152,7 @@ class UpstreamFailed(Exception):
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     clock = request.app[CLOCK]
     started = clock()
-    outcome = RequestOutcome(path=endpoint.value)
+    outcome = _Outcome()
     try:
         response = await _serve(request, endpoint, started, outcome)
     except ApiError as error:
@@ -124,25 +162,25 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
         _client_gone(outcome)
         raise
     finally:
-        outcome.total_ms = (clock() - started) * 1000
-        _record(request.app, outcome)
+        total_ms = (clock() - started) * 1000
+        _record(request.app, RequestRecord.of(endpoint, outcome, total_ms))
     return response
 
 
 async def _serve(
-    request: web.Request, endpoint: Endpoint, started: float, outcome: RequestOutcome
+    request: web.Request, endpoint: Endpoint, started: float, outcome: _Outcome
 ) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
     body = await read_body(request, settings.max_body_bytes)
     parsed = parse_request(body, endpoint)
-    outcome.model, outcome.stream = parsed.model, parsed.stream
+    outcome.parsed = parsed
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
     route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
     await admit_tenant(request, route.prefill_tokens + (parsed.max_tokens or 0))
     pool = route.pool
-    outcome.pool, outcome.lane, outcome.reason = pool.name, route.lane.value, route.reason
+    outcome.route = route
     try:
         registry = app[REGISTRY]
         if registry.current(pool) is None:
@@ -191,7 +229,7 @@ async def _route(
     body_bytes: int,
     pinned: Lane | None,
     tenant: str | None,
-    outcome: RequestOutcome,
+    outcome: _Outcome,
 ) -> tuple[Route, asyncio.Future[int]]:
     """Classify from bounds where they decide; the exact count follows off the loop."""
     tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
@@ -337,7 +375,7 @@ class _Exchange:
     prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
     started: float
-    outcome: RequestOutcome
+    outcome: _Outcome
 
     @property
     def app(self) -> web.Application:
@@ -350,9 +388,8 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     payload = {**exchange.parsed.payload, "model": plan.pool.spec.served_model_name}
     failures = []
     for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
-        outcome.endpoint = candidate.url
+        outcome.tried = candidate
         outcome.attempts += 1
-        outcome.predicted_ttft_ms = candidate.predicted_ttft_ms
         if exchange.prefix_hashes:
             app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
@@ -505,7 +542,7 @@ async def _relay_stream(
     return client
 
 
-def _client_gone(outcome: RequestOutcome) -> None:
+def _client_gone(outcome: _Outcome) -> None:
     """The client closed its connection: a 499 unless it already had the whole response."""
     if not outcome.complete:
         outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
@@ -539,18 +576,18 @@ def _note_failure(app: web.Application, url: str, why: str) -> None:
         log.warning(json.dumps({"event": "endpoint_ejected", "endpoint": url, "after": why}))
 
 
-def _record(app: web.Application, outcome: RequestOutcome) -> None:
+def _record(app: web.Application, record: RequestRecord) -> None:
     metrics = app[METRICS]
-    metrics.requests.labels(outcome.pool, outcome.lane, str(outcome.status)).inc()
-    if outcome.pool and outcome.status == 200 and outcome.total_ms is not None:
-        metrics.e2e.labels(outcome.pool, outcome.lane).observe(outcome.total_ms / 1000)
-    if outcome.lane and outcome.prompt_tokens is not None:
-        metrics.prompt_tokens.labels(outcome.lane).observe(outcome.prompt_tokens)
-    record = {
+    metrics.requests.labels(record.pool, record.lane, str(record.status)).inc()
+    if record.pool and record.status == 200:
+        metrics.e2e.labels(record.pool, record.lane).observe(record.total_ms / 1000)
+    if record.lane and record.prompt_tokens is not None:
+        metrics.prompt_tokens.labels(record.lane).observe(record.prompt_tokens)
+    line = {
         "ts": round(time.time(), 3),
-        **{k: v for k, v in vars(outcome).items() if v is not None and v != ""},
+        **{k: v for k, v in vars(record).items() if v is not None and v != ""},
     }
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
-        if key in record:
-            record[key] = round(record[key], 2)
-    log.info(json.dumps(record))
+        if key in line:
+            line[key] = round(line[key], 2)
+    log.info(json.dumps(line))
