@@ -5,7 +5,7 @@ request's `Route` (pool, queue class, prefill estimate, reason) before it joins 
 line, and `plan.make_plan` its `RoutingPlan` (the endpoints best first, each with its
 predicted TTFT) once it holds a slot. This module executes them, notes what it sees as it
 goes (`_Outcome`: a client that leaves mid-way still gets its line), and at the end builds
-the request's one `RequestRecord` for the metrics and the structured log line.
+the request's one `RequestLog` for the metrics and the structured log line.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class _Outcome:
 
 
 @dataclass(frozen=True)
-class RequestRecord:
+class RequestLog:
     """One request as its log line and metrics tell it, built once when it ends."""
 
     path: str
@@ -120,7 +120,7 @@ class RequestRecord:
     error: str | None = None
 
     @classmethod
-    def of(cls, endpoint: Endpoint, outcome: _Outcome, total_ms: float) -> RequestRecord:
+    def of(cls, endpoint: Endpoint, outcome: _Outcome, total_ms: float) -> RequestLog:
         parsed, route, tried = outcome.parsed, outcome.route, outcome.tried
         return cls(
             path=endpoint.value,
@@ -163,7 +163,7 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
         raise
     finally:
         total_ms = (clock() - started) * 1000
-        _record(request.app, RequestRecord.of(endpoint, outcome, total_ms))
+        _record(request.app, RequestLog.of(endpoint, outcome, total_ms))
     return response
 
 
@@ -576,7 +576,7 @@ def _note_failure(app: web.Application, url: str, why: str) -> None:
         log.warning(json.dumps({"event": "endpoint_ejected", "endpoint": url, "after": why}))
 
 
-def _record(app: web.Application, record: RequestRecord) -> None:
+def _record(app: web.Application, record: RequestLog) -> None:
     metrics = app[METRICS]
     metrics.requests.labels(record.pool, record.lane, str(record.status)).inc()
     if record.pool and record.status == 200:
