@@ -469,8 +469,8 @@ async def _relay_stream(
     rename: ModelNameRewriter | None,
 ) -> web.StreamResponse:
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
-    app, outcome, started = exchange.app, exchange.outcome, exchange.started
-    clock, metrics, tracker = app[CLOCK], app[METRICS], app[TRACKER]
+    app, outcome = exchange.app, exchange.outcome
+    clock, metrics = app[CLOCK], app[METRICS]
     labels = (exchange.plan.pool.name, exchange.plan.lane.value)
     outcome.prompt_tokens = await exchange.count
     client = web.StreamResponse(
@@ -503,16 +503,7 @@ async def _relay_stream(
             break
         now = clock()
         if first_token.feed(chunk):
-            ttft = now - started
-            metrics.ttft.labels(*labels).observe(ttft)
-            met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
-            metrics.ttft_slo.labels(*labels, met).inc()
-            outcome.ttft_ms = ttft * 1000
-            progress.first_token = True
-            await tracker.prefill_done(lease)
-            app[REGISTRY].record_first_token(
-                lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
-            )
+            await _note_first_token(exchange, lease, progress, sent, now)
             last_event = now
         elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
             gap = now - last_event
@@ -540,6 +531,23 @@ async def _relay_stream(
     except ConnectionError:
         _client_gone(outcome)
     return client
+
+
+async def _note_first_token(
+    exchange: _Exchange, lease: Lease, progress: _Progress, sent: _Sent, now: float
+) -> None:
+    """The stream's first content token: its TTFT against the SLO, the endpoint's prefill
+    backlog released, and the endpoint's prefill rate learned from it."""
+    app, plan = exchange.app, exchange.plan
+    labels = (plan.pool.name, plan.lane.value)
+    ttft = now - exchange.started
+    app[METRICS].ttft.labels(*labels).observe(ttft)
+    met = "true" if within_slo(ttft, plan.pool.spec.slo.ttft_millis) else "false"
+    app[METRICS].ttft_slo.labels(*labels, met).inc()
+    exchange.outcome.ttft_ms = ttft * 1000
+    progress.first_token = True
+    await app[TRACKER].prefill_done(lease)
+    app[REGISTRY].record_first_token(lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000)
 
 
 def _client_gone(outcome: _Outcome) -> None:
