@@ -72,7 +72,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
     rows = []
     for picker in PICKERS:
         print(f"  {picker} ...", file=sys.stderr)
-        result = run_prefix(scenario, profile, picker, picking.weights, picking.prefix)
+        result = run_prefix(scenario, profile, picker, picking)
         p50, p99 = (percentile(result.ttft_s, q) * 1000 for q in (50, 99))
         pickers[picker] = {
             "hit_rate": result.hit_rate,

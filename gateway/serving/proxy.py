@@ -67,6 +67,8 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+# Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
+SESSION_HEADER = "x-laneway-session"
 
 
 @dataclass
@@ -156,7 +158,8 @@ async def _serve(
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
             hashes = _prefix_hashes(app, parsed)
-            plan = await _plan(app, route, started, hashes)
+            session = request.headers.get(SESSION_HEADER, "").strip() or None
+            plan = await _plan(app, route, started, hashes, session)
             return await _forward(_Exchange(request, parsed, plan, hashes, count, started, outcome))
         finally:
             gate.release()
@@ -285,7 +288,11 @@ def _refused(
 
 
 async def _plan(
-    app: web.Application, route: Route, started: float, prefix_hashes: tuple[int, ...]
+    app: web.Application,
+    route: Route,
+    started: float,
+    prefix_hashes: tuple[int, ...],
+    session_key: str | None,
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot."""
     registry = app[REGISTRY]
@@ -305,6 +312,7 @@ async def _plan(
             )
             if prefix_hashes
             else None,
+            session_key=session_key,
         )
         for url in available
     ]
