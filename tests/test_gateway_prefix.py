@@ -83,9 +83,7 @@ async def test_a_session_stays_on_its_engine_until_that_engine_is_hot(
         assert hits >= 4 * system_blocks * 16
 
         # A long document behind the same system prompt: affinity sends it home too, and
-        # there it is prefill the gateway knows is still ahead of any new first token. (A
-        # completion stream's first event is its first token; `laneway sim` sends a chat
-        # stream's role chunk before prefill for now, and the gateway takes that for it.)
+        # there it is prefill the gateway knows is still ahead of any new first token.
         hot = await api.completions.create(
             model="llama", prompt=SYSTEM + FILLER, max_tokens=1, stream=True
         )
