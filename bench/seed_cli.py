@@ -81,6 +81,13 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         default=",".join(CONFIG_NAMES),
         help="comma-separated subset of configurations to run",
     )
+    seed.add_argument(
+        "--picking",
+        choices=("seed", "gateway"),
+        default="seed",
+        help="endpoint picking: seed (default: the seed's prompt-token profile) or gateway "
+        "(the gateway's default weights, prefixAffinity included)",
+    )
     seed.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     seed.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TBT/TTFT over time")
     seed.set_defaults(handler=run_seed)
@@ -150,6 +157,10 @@ def run_seed(args: argparse.Namespace) -> int:
 
     profile = PROFILES[args.profile]
     configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
+    if args.picking == "gateway":
+        from laneway.routing.picker import PickingSettings
+
+        configs = [dataclasses.replace(c, picking=PickingSettings()) for c in configs]
     started = time.perf_counter()
     results: list[RunResult] = []
     for config in configs:
