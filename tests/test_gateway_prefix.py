@@ -8,11 +8,19 @@ routed there), the next turn goes elsewhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
-from test_gateway_e2e import client, gateway_doc, pool_doc, scrape, start_gateway, total
+from test_gateway_e2e import (
+    client,
+    eventually,
+    gateway_doc,
+    pool_doc,
+    scrape,
+    start_gateway,
+    total,
+)
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer
@@ -96,3 +104,59 @@ async def test_a_session_stays_on_its_engine_until_that_engine_is_hot(
             assert await served(home) == 5, "the long document finished before the turn"
         finally:
             await hot.close()
+
+
+async def test_an_engine_that_restarts_empty_is_forgotten_by_the_prefix_index(
+    children: Children, tmp_path: Path
+) -> None:
+    engine = children.start_laneway(
+        "sim",
+        ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small", "--time-scale", "1"],
+        name="sim before restart",
+    )
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [
+            pool_doc("chat", "interactive", "llama-small", [engine.url]),
+            gateway_doc(
+                scrape={"intervalMillis": 100, "staleAfterMillis": 5000},
+                health={"failuresToEject": 1, "checkIntervalMillis": 100},
+            ),
+        ],
+    )
+
+    async def gauge(name: str) -> float:
+        return total(await scrape(gateway.url), name, endpoint=engine.url)
+
+    async with client(gateway) as api:
+        stream = await api.completions.create(
+            model="llama", prompt=SYSTEM, max_tokens=4000, stream=True
+        )
+        assert await gauge("laneway_gateway_prefix_index_blocks") > 0
+        # A scrape that saw the request in the engine also saw its prefix-cache queries.
+        await eventually(
+            lambda: _above_zero(gauge("laneway_gateway_engine_kv_usage")), "a busy scrape"
+        )
+        engine.kill_now()
+        await stream.close()
+    port = engine.url.rsplit(":", 1)[1]
+    children.start_laneway(
+        "sim",
+        ["--host", "127.0.0.1", "--port", port, "--model", "llama-small"],
+        name="sim after restart",
+    )
+    # Readmitted, scraped: its counter went back to 0, so the index forgot the endpoint.
+    await eventually(
+        lambda: _is_zero(gauge("laneway_gateway_prefix_index_blocks")),
+        "the index to forget the restarted engine",
+        within=60,
+    )
+
+
+async def _above_zero(value: Awaitable[float]) -> bool:
+    return await value > 0
+
+
+async def _is_zero(value: Awaitable[float]) -> bool:
+    return await value == 0
