@@ -147,11 +147,13 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
             "interactive": {"ttft_ms": {"p50": p50, "p99": p99}},
             "batch": {"makespan_s": result.batch_makespan_s},
             "load_imbalance": result.load_imbalance,
+            "load_imbalance_by_pool": dict(result.pool_imbalance),
             "requests": result.requests,
         }
         rows.append(
             [picker, f"{result.hit_rate:.3f}", f"{result.prefill_tokens:,}", f"{p50:.0f}",
-             f"{p99:.0f}", f"{result.batch_makespan_s:.1f}", f"{result.load_imbalance:.3f}",
+             f"{p99:.0f}", f"{result.batch_makespan_s:.1f}",
+             " / ".join(f"{value:.3f}" for _, value in result.pool_imbalance),
              str(result.requests)]
         )  # fmt: skip
     wall_s = time.perf_counter() - started
@@ -164,7 +166,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
         f"{scenario.duration_s:g} s, seed {scenario.seed}; {wall_s:.1f} s wall"
     )
     header = ["picker", "hit rate", "prefill tok", "TTFT p50 ms", "TTFT p99 ms",
-              "batch makespan s", "imbalance", "requests"]  # fmt: skip
+              "batch makespan s", "imbalance chat / documents", "requests"]  # fmt: skip
     print("\n".join(format_table(header, rows, rule=True)))
     if sticky:
         print(f"laneway's hit rate is {pickers['laneway']['hit_rate'] / sticky:.1%} of sticky's")

@@ -44,6 +44,7 @@ from laneway.simulator.prefix_experiment import (
     PickerResult,
     PrefixScenario,
     picker_settings,
+    pool_imbalance,
 )
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import PUBLIC_MODEL, SCRAPE_INTERVAL_S
@@ -314,16 +315,9 @@ async def run_live_picker(
     ]
     queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
     hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
-    imbalance = 1.0
-    for pool in scenario.pools():
-        busy = [
-            d[f"{BUSY_SECONDS}_total"]
-            for (p, _), d in zip(replicas, delta, strict=True)
-            if p.name == pool.name
-        ]
-        mean = sum(busy) / len(busy)
-        if mean > 0:
-            imbalance = max(imbalance, max(busy) / mean)
+    busy: dict[str, list[float]] = {pool.name: [] for pool in scenario.pools()}
+    for (pool, _), d in zip(replicas, delta, strict=True):
+        busy[pool.name].append(d[f"{BUSY_SECONDS}_total"])
     first = tally.first_document_s
     return PickerResult(
         picker=picker,
@@ -331,6 +325,6 @@ async def run_live_picker(
         prefill_tokens=round(queries - hits),
         ttft_s=tuple(tally.ttft_s),
         batch_makespan_s=tally.last_document_s - first if first is not None else 0.0,
-        load_imbalance=imbalance,
+        pool_imbalance=pool_imbalance(busy),
         requests=tally.ok,
     )

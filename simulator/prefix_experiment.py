@@ -23,6 +23,7 @@ import dataclasses
 import heapq
 import itertools
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -110,8 +111,22 @@ class PickerResult:
     prefill_tokens: int  # prompt tokens the engines computed
     ttft_s: tuple[float, ...]  # interactive requests
     batch_makespan_s: float  # first document question to last answer
-    load_imbalance: float  # worst lane's busiest replica busy time over the lane's mean
+    # Per pool: its busiest replica's busy time over the pool's mean (1.0 when idle).
+    pool_imbalance: tuple[tuple[str, float], ...]
     requests: int
+
+    @property
+    def load_imbalance(self) -> float:
+        """The worst pool's imbalance."""
+        return max((value for _, value in self.pool_imbalance), default=1.0)
+
+
+def pool_imbalance(busy_s: Mapping[str, Sequence[float]]) -> tuple[tuple[str, float], ...]:
+    """Each pool's busiest replica's busy seconds over the pool's mean."""
+    return tuple(
+        (pool, max(busy) / (sum(busy) / len(busy)) if sum(busy) > 0 else 1.0)
+        for pool, busy in busy_s.items()
+    )
 
 
 @dataclass
@@ -357,12 +372,9 @@ class PrefixCluster:
         replicas = self._replicas.values()
         queries = sum(r.core.prefix_cache.query_tokens for r in replicas)
         hits = sum(r.core.prefix_cache.hit_tokens for r in replicas)
-        imbalance = 1.0
-        for lane in self._lanes.values():
-            busy = [self._replicas[url].busy_s for url in lane]
-            mean = sum(busy) / len(busy)
-            if mean > 0:
-                imbalance = max(imbalance, max(busy) / mean)
+        busy = {
+            pool: [self._replicas[url].busy_s for url in urls] for pool, urls in self._lanes.items()
+        }
         first = self._tally.first_document_s
         return PickerResult(
             picker=self.picker,
@@ -370,7 +382,7 @@ class PrefixCluster:
             prefill_tokens=sum(r.computed_prompt_tokens for r in replicas),
             ttft_s=tuple(self._tally.ttft),
             batch_makespan_s=self._tally.last_document_s - first if first is not None else 0.0,
-            load_imbalance=imbalance,
+            pool_imbalance=pool_imbalance(busy),
             requests=self._tally.requests,
         )
 
