@@ -8,7 +8,12 @@ from typing import Any
 from laneway.errors import UsageError
 from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
-from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
+from laneway.simulator.scheduler import (
+    SCHEDULER_KINDS,
+    SCHEDULING_POLICIES,
+    SchedulerConfig,
+    config_problems,
+)
 
 
 def register(
@@ -38,6 +43,12 @@ def register(
         type=float,
         default=1.0,
         help="run this many times faster than real time (default 1.0)",
+    )
+    sim.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="count prompts with this Hugging Face tokenizer.json, as a real engine counts "
+        "with its model's (default: tiktoken cl100k_base)",
     )
     sim.set_defaults(handler=run_sim)
 
@@ -74,6 +85,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="most partly prefilled prompts in one step",
     )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="waiting-queue order: fcfs (default) or priority (a request's 'priority', lower "
+        "first, as vLLM's --scheduling-policy priority)",
+    )
 
 
 def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
@@ -84,6 +102,7 @@ def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
         max_num_seqs=args.max_num_seqs,
         max_partial_prefills=args.max_partial_prefills,
         max_context=args.max_context,
+        scheduling_policy=args.scheduling_policy,
     )
     problems = config_problems(config)
     if problems:
@@ -95,6 +114,7 @@ def run_sim(args: argparse.Namespace) -> int:
     import asyncio
 
     from laneway.simulator.server import SimSettings, serve
+    from laneway.tokens import HuggingFaceTokenizer
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
@@ -110,5 +130,6 @@ def run_sim(args: argparse.Namespace) -> int:
         metrics_flavor=args.metrics_flavor,
         time_scale=args.time_scale,
     )
-    asyncio.run(serve(settings, args.host, args.port))
+    tokenizer = HuggingFaceTokenizer(args.tokenizer) if args.tokenizer else None
+    asyncio.run(serve(settings, args.host, args.port, tokenizer))
     return 0

@@ -88,9 +88,19 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "vLLM partial prefills without chunking",
         {"prefill": {"chunkedPrefill": False, "tokenBudget": 4096, "maxPartialPrefills": 2}},
-        "maxPartialPrefills == 1",
+        "self.engine.kind != 'vllm' || self.prefill.maxPartialPrefills == 1",
     ),
-    ("vLLM partial prefills with chunking", {"prefill": {"maxPartialPrefills": 4}}, None),
+    (
+        "vLLM V1 refuses concurrent partial prefills, chunked or not",
+        {"prefill": {"maxPartialPrefills": 4}},
+        "self.engine.kind != 'vllm' || self.prefill.maxPartialPrefills == 1",
+    ),
+    (
+        "the simulator models partial-prefill limits",
+        {"engine": {"kind": "simulator"}, "prefill": {"maxPartialPrefills": 4}},
+        None,
+    ),
+    ("priority scheduling on vLLM", {"scheduling": {"policy": "priority"}}, None),
     (
         "SGLang partial prefills",
         {"engine": {"kind": "sglang"}, "prefill": {"maxPartialPrefills": 2}},
@@ -128,6 +138,23 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
         {"engine": {"kind": "simulator", "simulator": {"timeScale": 10}}},
         None,
     ),
+    (
+        "a huggingface tokenizer without its file",
+        {"tokenizer": {"kind": "huggingface"}},
+        "self.kind != 'huggingface' || has(self.path)",
+    ),
+    (
+        "a tiktoken tokenizer given a file",
+        {"tokenizer": {"kind": "tiktoken", "path": "/etc/tok/tokenizer.json"}},
+        "self.kind != 'tiktoken' || !has(self.path)",
+    ),
+    (
+        "a huggingface tokenizer given an encoding",
+        {"tokenizer": {"kind": "huggingface", "path": "/t.json", "encoding": "cl100k_base"}},
+        "self.kind != 'huggingface' || !has(self.encoding)",
+    ),
+    ("a mounted tokenizer.json", {"tokenizer": {"kind": "huggingface", "path": "/t.json"}}, None),
+    ("a tiktoken encoding", {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}}, None),
 ]
 
 

@@ -15,23 +15,24 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     METRICS,
+    POOL_TOKENIZERS,
     PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
     SESSION,
     SETTINGS,
-    TOKENIZER,
     TRACKER,
 )
 from laneway.gateway.serving.admission import AdmissionRefused
@@ -59,7 +60,7 @@ from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
 from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
-from laneway.tokens import TokenBounds
+from laneway.tokens import TokenBounds, Tokenizer
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -68,6 +69,7 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+JSON_CONTENT = {"Content-Type": "application/json"}
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 # Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
@@ -165,7 +167,8 @@ async def _serve(
             hashes = _prefix_hashes(app, parsed)
             session = request.headers.get(SESSION_HEADER, "").strip() or None
             plan = await _plan(app, route, started, hashes, session)
-            return await _forward(_Exchange(request, parsed, plan, hashes, count, started, outcome))
+            exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
+            return await _forward(exchange)
         finally:
             gate.release()
     finally:
@@ -196,19 +199,44 @@ async def _route(
     tenant: str | None,
     outcome: RequestOutcome,
 ) -> tuple[Route, asyncio.Future[int]]:
-    """Classify from bounds where they decide; the exact count follows off the loop."""
-    tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
+    """Classify from bounds where they decide; the exact count follows off the loop.
+
+    Each pool's prompt is counted with its own tokenizer (once per distinct tokenizer);
+    with one tokenizer everywhere, as by default, that is a single count.
+    """
+    metrics, clock = app[METRICS], app[CLOCK]
+    pools = app[REGISTRY].pools()
+    tokenizers = app[POOL_TOKENIZERS]
+    serving = [pool for pool in pools if parsed.model in pool.spec.public_models]
+    by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
+    distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
-        exact = parsed.count(tokenizer)
-        bounds = TokenBounds(exact, exact)
+        bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
-        bounds = parsed.bounds(tokenizer)
+        bounds = {id(t): parsed.bounds(t) for t in distinct}
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
-    ask = RouteRequest(parsed.model, bounds, parsed.max_tokens, pinned, tenant)
-    decision = await settle_route(ask, app[REGISTRY].pools(), lambda: _count_off_loop(app, parsed))
+    def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
+        spanning = TokenBounds(
+            min(b.low for b in counted.values()), max(b.high for b in counted.values())
+        )
+        per_pool = {key: counted[id(t)] for key, t in by_pool.items()}
+        return RouteRequest(
+            parsed.model,
+            spanning,
+            parsed.max_tokens,
+            pinned,
+            tenant,
+            pool_prompt_tokens=per_pool if len(distinct) > 1 else None,
+        )
+
+    async def exactly() -> RouteRequest:
+        counts = await asyncio.gather(*(_count_off_loop(app, parsed, t) for t in distinct))
+        return ask({id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)})
+
+    decision = await settle_route(ask(bounds), pools, exactly)
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
@@ -224,28 +252,35 @@ async def _route(
         count.set_result(decision.prompt_tokens.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
-        count = asyncio.ensure_future(_count_off_loop(app, parsed))
+        tokenizer = by_pool[decision.pool.key]
+        count = asyncio.ensure_future(_count_off_loop(app, parsed, tokenizer))
     return decision, count
 
 
 async def settle_route(
     ask: RouteRequest,
     pools: Sequence[InferencePool],
-    count_exactly: Callable[[], Awaitable[int]],
+    exactly: Callable[[], Awaitable[RouteRequest]],
 ) -> Decision:
-    """Classify `ask` by its token bounds; where they do not decide, count and classify again."""
+    """Classify `ask` by its token bounds; where they do not decide, count and classify again.
+
+    `exactly` counts the prompt and returns `ask` with exact counts in place of the bounds.
+    """
     decision = classify(ask, pools)
     if isinstance(decision, NeedsExactCount):
-        exact = await count_exactly()
-        decision = classify(replace(ask, prompt_tokens=TokenBounds(exact, exact)), pools)
+        decision = classify(await exactly(), pools)
     return decision
 
 
-async def _count_off_loop(app: web.Application, parsed: ParsedRequest) -> int:
+def _exact(count: int) -> TokenBounds:
+    return TokenBounds(count, count)
+
+
+async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
     clock = app[CLOCK]
     begun = clock()
     loop = asyncio.get_running_loop()
-    count = await loop.run_in_executor(None, parsed.count, app[TOKENIZER])
+    count = await loop.run_in_executor(None, parsed.count, tokenizer)
     app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
     return count
 
@@ -341,6 +376,7 @@ class _Exchange:
 
     request: web.Request
     parsed: ParsedRequest
+    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
     prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
@@ -355,7 +391,12 @@ class _Exchange:
 async def _forward(exchange: _Exchange) -> web.StreamResponse:
     app, outcome, plan = exchange.app, exchange.outcome, exchange.plan
     metrics = app[METRICS]
-    payload = {**exchange.parsed.payload, "model": plan.pool.spec.served_model_name}
+    served = plan.pool.spec.served_model_name
+    body = (
+        exchange.body
+        if served == exchange.parsed.model
+        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    )
     failures = []
     for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
@@ -364,7 +405,7 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         if exchange.prefix_hashes:
             app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
-            return await _attempt(exchange, candidate, payload)
+            return await _attempt(exchange, candidate, served, body)
         except UpstreamFailed as failure:
             _note_failure(app, candidate.url, str(failure))
             metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
@@ -374,30 +415,25 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
 
 
 async def _attempt(
-    exchange: _Exchange, endpoint: PlannedEndpoint, payload: dict[str, Any]
+    exchange: _Exchange, endpoint: PlannedEndpoint, served: str, body: bytes
 ) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome, url = exchange.app, exchange.outcome, endpoint.url
-    limits = app[SETTINGS].upstream
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=limits.connect_timeout_millis / 1000,
-        sock_read=limits.read_timeout_millis / 1000,
-    )
     tracker = app[TRACKER]
     lease = await tracker.start(url, exchange.plan.prefill_tokens)
     progress = _Progress()
     sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
+        # The session's default timeout is the upstream one (see app.py): built once.
         async with app[SESSION].post(
-            f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
+            f"{url}{exchange.parsed.endpoint.value}", data=body, headers=JSON_CONTENT
         ) as upstream:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
-                if rename := rewriter(payload["model"], exchange.parsed.model):
+                if rename := rewriter(served, exchange.parsed.model):
                     body = rename.whole(body)
                 app[REGISTRY].record_success(url)
                 outcome.prompt_tokens = await exchange.count
@@ -409,7 +445,7 @@ async def _attempt(
                     headers=outcome.routing_headers(),
                 )
             app[REGISTRY].record_success(url)
-            rename = rewriter(payload["model"], exchange.parsed.model)
+            rename = rewriter(served, exchange.parsed.model)
             return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
@@ -561,4 +597,4 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
         if key in record:
             record[key] = round(record[key], 2)
-    log.info(json.dumps(record))
+    app[ACCESS_LOG].write(record)

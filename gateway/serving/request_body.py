@@ -5,11 +5,12 @@ Pure: bytes in, a `ParsedRequest` out, or an ApiError(400) that names the field.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from laneway.api import Lane
 from laneway.gateway.errors import bad_request
@@ -59,8 +60,8 @@ class ParsedRequest:
 
 def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as error:  # invalid UTF-8 lands here too
         raise bad_request(f"The request body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object")
