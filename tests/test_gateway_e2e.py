@@ -253,7 +253,9 @@ async def test_context_too_long_names_the_count_and_the_cap(api: openai.AsyncOpe
         await api.completions.create(model="llama", prompt=document, max_tokens=4)
     assert error.value.status_code == 400
     assert error.value.code == "context_length_exceeded"
-    assert f"{default_tokenizer().count(document)} prompt tokens" in error.value.message
+    # Its lower bound alone is past every context: refused without counting it exactly.
+    at_least = error.value.message.split("at least ", 1)[1].split()[0]
+    assert 131072 < int(at_least) <= default_tokenizer().count(document)
     assert "131072" in error.value.message
 
 
