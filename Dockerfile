@@ -18,6 +18,7 @@ COPY laneway ./laneway
 COPY gateway ./gateway
 COPY operator ./operator
 COPY simulator ./simulator
+COPY bench ./bench
 RUN /opt/laneway/bin/pip install --no-deps . \
     && /opt/laneway/bin/python -m compileall -q /opt/laneway/lib
 

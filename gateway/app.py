@@ -6,10 +6,11 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.gateway.config import GatewaySettings
@@ -29,18 +30,16 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
-from laneway.gateway.monitor import probe_forever, scrape_forever
-from laneway.gateway.picker import scorers_from_weights
-from laneway.gateway.proxy import handle_completion
-from laneway.gateway.registry import PoolRegistry
-from laneway.gateway.request_body import Endpoint
-from laneway.gateway.sources import PoolSource
-from laneway.gateway.state import InMemoryLoadTracker, LoadTracker
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.pools.scrape import probe_forever, scrape_forever
+from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving.proxy import handle_completion
+from laneway.gateway.serving.request_body import Endpoint
+from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
+from laneway.routing.picker import scorers_from_weights
 from laneway.tokens import Tokenizer, load_tokenizer
 
 log = logging.getLogger("laneway.gateway")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def create_app(

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from laneway.errors import UsageError
-from laneway.gateway.redis_cli import add_gateway_flags
+from laneway.gateway.state.settings import (
+    BATCH_CONCURRENCY,
+    BATCH_LEASE_S,
+    MAX_FILE_BYTES,
+    REDIS_URL_ENV,
+    TENANTS_ENV,
+)
 
-REDIS_URL_ENV = "LANEWAY_REDIS_URL"
 # Where Kubernetes mounts a pod's own namespace with its service account token.
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -66,15 +71,15 @@ def register(
         help=f"shared state for several replicas (default ${REDIS_URL_ENV}; password from "
         "$LANEWAY_REDIS_PASSWORD)",
     )
-    add_gateway_flags(gateway)
+    add_state_flags(gateway)
     gateway.set_defaults(handler=run_gateway)
 
 
 def run_gateway(args: argparse.Namespace) -> int:
     from laneway.gateway.app import create_app
     from laneway.gateway.config import GatewaySettings, load_config
-    from laneway.gateway.shared_state import install, options_from_args
-    from laneway.gateway.sources import PoolSource, StaticPoolSource
+    from laneway.gateway.pools.sources import PoolSource, StaticPoolSource
+    from laneway.gateway.state.shared import install, options_from_args
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
@@ -91,7 +96,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     settings = loaded.settings if loaded else GatewaySettings()
     source: PoolSource
     if args.kubernetes:
-        from laneway.gateway.discovery import KubernetesPoolSource
+        from laneway.gateway.pools.discovery import KubernetesPoolSource
 
         namespace = watched_namespace(args)
         where = f"namespace {namespace}" if namespace else "every namespace"
@@ -137,7 +142,7 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     from aiohttp import web
 
     from laneway.gateway.keys import STOP
-    from laneway.gateway.shared_state import announce_listening
+    from laneway.gateway.state.shared import announce_listening
 
     runner = web.AppRunner(
         app,
@@ -166,3 +171,37 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     print(f"laneway gateway: draining for up to {drain_seconds:g} s", file=sys.stderr, flush=True)
     await runner.cleanup()
     return 0 if stop.failure is None else 1
+
+
+def add_state_flags(parser: argparse.ArgumentParser) -> None:
+    """The state layer's flags on `laneway gateway` (beside --redis-url, declared there)."""
+    parser.add_argument(
+        "--tenants",
+        metavar="PATH",
+        default=os.environ.get(TENANTS_ENV),
+        help="API keys and limits per tenant: a YAML file, or a directory such as a mounted "
+        f"Secret; turns auth on (default ${TENANTS_ENV}; unset: no auth)",
+    )
+    parser.add_argument(
+        "--batch-concurrency",
+        type=int,
+        default=BATCH_CONCURRENCY,
+        metavar="N",
+        help="batch items this replica runs in the batch lane at once "
+        f"(default {BATCH_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--batch-lease",
+        type=float,
+        default=BATCH_LEASE_S,
+        metavar="SECONDS",
+        help="silence after which another replica takes over a replica's batch items "
+        f"(default {BATCH_LEASE_S:g})",
+    )
+    parser.add_argument(
+        "--max-file-bytes",
+        type=int,
+        default=MAX_FILE_BYTES,
+        metavar="BYTES",
+        help=f"largest batch input file accepted (default {MAX_FILE_BYTES})",
+    )

@@ -1,4 +1,4 @@
-"""Every typed key of the gateway's aiohttp application, in one place."""
+"""Every typed key of the gateway's aiohttp application and its requests, in one place."""
 
 from __future__ import annotations
 
@@ -9,12 +9,17 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from laneway.gateway.batch.batches import BatchStore
+from laneway.gateway.batch.dispatcher import Dispatcher
+from laneway.gateway.batch.files import FileStore
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
-from laneway.gateway.picker import WeightedScorer
-from laneway.gateway.registry import PoolRegistry
-from laneway.gateway.state import LoadTracker
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.state.memory import LoadTracker
+from laneway.gateway.state.metrics import StateMetrics
+from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
+from laneway.routing.picker import WeightedScorer
 from laneway.tokens import Tokenizer
 
 SETTINGS = web.AppKey("settings", GatewaySettings)
@@ -28,3 +33,28 @@ CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins
 STOP = web.AppKey("stop", Stop)
+
+# The state layer: tenants, limits, files, batches.
+TENANTS = web.AppKey("tenants", TenantKeys)  # absent: auth is off
+LIMITER = web.AppKey("limiter", RateLimiter)
+INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof on loopback
+FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
+BATCH_STORE = web.AppKey("batch_store", BatchStore)
+FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
+STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
+
+
+class Loopback:
+    """This gateway's own base URL, known once it listens."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+
+
+LOOPBACK = web.AppKey("loopback", Loopback)  # where the dispatcher reaches the batch lane
+# The dispatcher and its task, stopped when shutdown begins.
+DISPATCHING = web.AppKey("dispatching", list[tuple[Dispatcher, asyncio.Task[None]]])
+
+TENANT = web.RequestKey("tenant", Tenant)
+# Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.
+INTERNAL = web.RequestKey("internal", bool)

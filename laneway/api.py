@@ -18,6 +18,8 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferencePool"
 PLURAL = "inferencepools"
+# On every child and engine pod of a pool: the operator selects by it, discovery reads it.
+POOL_LABEL = f"{GROUP}/pool"
 
 # Upper bounds shared with the CRD schema, so the apiserver and parse_pool agree.
 MAX_TOKENS = 4_194_304  # context, chunk and step-budget sizes

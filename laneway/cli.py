@@ -18,11 +18,10 @@ COMPONENT_CLIS = (
     "laneway.simulator.cli",
     "laneway.gateway.cli",
     "laneway.operator.cli",
-    "laneway.commands",
-    "laneway.gateway.redis_cli",
+    "laneway.bench.cli",
 )
 
-Handler = Callable[[argparse.Namespace], int]
+CommandHandler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler: Handler = args.handler
+    handler: CommandHandler = args.handler
     try:
         return handler(args)
     except UsageError as error:

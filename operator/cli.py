@@ -140,8 +140,8 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     from kubernetes.config import ConfigException
 
+    from laneway.kube.client import KubeApi
     from laneway.operator.handlers import OperatorState, registry
-    from laneway.operator.kube import KubeApi
     from laneway.operator.render import RenderOptions
 
     if not 0 < args.health_port < 65536:

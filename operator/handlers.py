@@ -18,10 +18,10 @@ from typing import Any, cast
 
 import kopf
 
-from laneway.api import GROUP, KIND, PLURAL, VERSION
-from laneway.operator.kube import ApiError, KubeApi
-from laneway.operator.reconcile import Cluster, Outcome, reconcile
-from laneway.operator.render import MANAGED_BY, POOL_LABEL, RenderOptions
+from laneway.api import GROUP, KIND, PLURAL, POOL_LABEL, VERSION
+from laneway.kube.client import KubeApi, KubeError
+from laneway.operator.reconcile import Cluster, ReconcileOutcome, reconcile
+from laneway.operator.render import MANAGED_BY, RenderOptions
 
 RETRY_SECONDS = 10.0
 
@@ -70,7 +70,7 @@ async def reconcile_pool_named(state: OperatorState, namespace: str, name: str) 
             outcome = await reconcile(pool, state.cluster, state.options, utc_now())
             if outcome.status != dict(pool.get("status") or {}):
                 await state.cluster.patch_status(KIND, namespace, name, outcome.status)
-        except ApiError as error:
+        except KubeError as error:
             if error.transient:
                 raise kopf.TemporaryError(
                     f"Kubernetes API: {error}", delay=RETRY_SECONDS
@@ -79,7 +79,7 @@ async def reconcile_pool_named(state: OperatorState, namespace: str, name: str) 
         post_events(pool, outcome)
 
 
-def post_events(body: kopf.Body, outcome: Outcome) -> None:
+def post_events(body: kopf.Body, outcome: ReconcileOutcome) -> None:
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 

@@ -16,8 +16,8 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from laneway.api import KIND, InferencePool, SpecError, check_pool_set, parse_pool
-from laneway.operator.endpoints import SERVICE_NAME_LABEL, ready_endpoint_urls
-from laneway.operator.kube import ApiError, ListResult, Manifest
+from laneway.kube.client import KubeError, ListResult, Manifest
+from laneway.kube.endpoints import SERVICE_NAME_LABEL, ready_endpoint_urls
 from laneway.operator.render import CHILD_KINDS, RenderOptions, render_pool, selector_string
 from laneway.operator.status import (
     Condition,
@@ -30,7 +30,7 @@ from laneway.operator.status import (
 
 
 class Cluster(Protocol):
-    """The API calls a pass makes; `laneway.operator.kube.KubeApi` is the real one."""
+    """The API calls a pass makes; `laneway.kube.client.KubeApi` is the real one."""
 
     async def get(self, kind: str, namespace: str, name: str) -> Manifest | None: ...
 
@@ -55,7 +55,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ReconcileOutcome:
     status: dict[str, Any]
     events: tuple[Event, ...]
 
@@ -115,7 +115,7 @@ def owned_by(live: Mapping[str, Any], uid: str) -> bool:
 
 async def reconcile(
     body: Mapping[str, Any], cluster: Cluster, options: RenderOptions, now: str
-) -> Outcome:
+) -> ReconcileOutcome:
     """Bring one pool's children in line with its spec and say how it stands.
 
     Transient API errors propagate (the caller retries); the API server rejecting a
@@ -146,7 +146,7 @@ async def reconcile(
         if live is None or differences:
             try:
                 live = await cluster.apply(desired)
-            except ApiError as error:
+            except KubeError as error:
                 if error.transient:
                     raise
                 message = f"the API server rejected {kind}/{pool.name}: {error}"
@@ -184,7 +184,7 @@ async def reconcile(
             Condition("Degraded", True, "RoutingConflict", conflict),
         ]
     events += _transition_events(conditions, previous)
-    return Outcome(status_document(observed, conditions, previous, now), tuple(events))
+    return ReconcileOutcome(status_document(observed, conditions, previous, now), tuple(events))
 
 
 async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:
@@ -211,9 +211,9 @@ async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:
 
 def _problem(
     generation: int, previous: Mapping[str, Any], now: str, reason: str, message: str
-) -> Outcome:
+) -> ReconcileOutcome:
     conditions = problem_conditions(reason, message)
-    return Outcome(
+    return ReconcileOutcome(
         problem_status(generation, conditions, previous, now),
         tuple(_transition_events(conditions, previous)),
     )

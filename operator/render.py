@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway import __version__
-from laneway.api import API_VERSION, KIND, EngineKind, InferencePool, SimulatorSpec
-from laneway.operator.endpoints import PORT_NAME
-from laneway.operator.kube import Manifest
+from laneway.api import API_VERSION, KIND, POOL_LABEL, EngineKind, InferencePool, SimulatorSpec
+from laneway.kube.client import Manifest
+from laneway.kube.endpoints import PORT_NAME
 
-POOL_LABEL = "laneway.io/pool"  # on every child and engine pod (contracts.md)
 MANAGED_BY = "laneway-operator"
 HEALTH_PATH = "/health"  # vLLM, SGLang and the simulator all answer here
 

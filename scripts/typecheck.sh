@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# mypy cannot follow setuptools' package-dir mapping (gateway/ is laneway.gateway), so it
-# checks a tree of links laid out as the installed package is.
+# mypy and import-linter cannot follow setuptools' package-dir mapping (gateway/ is
+# laneway.gateway, bench/ laneway.bench), so both check a tree of links laid out as the
+# installed package is: mypy the types, import-linter the walls between packages
+# (the contracts in pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tree=.typecheck
@@ -9,7 +11,8 @@ mkdir -p "$tree/laneway"
 for path in laneway/*; do
     ln -s "../../$path" "$tree/laneway/"
 done
-for component in gateway operator simulator; do
+for component in gateway operator simulator bench; do
     ln -s "../../$component" "$tree/laneway/$component"
 done
-exec .venv/bin/mypy "$@"
+.venv/bin/mypy "$@"
+(cd "$tree" && PYTHONPATH=. ../.venv/bin/lint-imports --no-cache ../pyproject.toml)

@@ -113,7 +113,7 @@ class _GaugeCollector(Collector):
         yield busy
 
 
-class EngineMetrics:
+class SimulatorMetrics:
     """One engine's metrics in its own registry."""
 
     def __init__(

@@ -136,3 +136,5 @@ PROFILES: dict[str, Profile] = {
     "h100-llama3-8b": Profile("h100-llama3-8b", LLAMA3_8B, H100_SXM, HOPPER_MEASURED),
     "zero": Profile("zero", LLAMA3_8B, H200_SXM, HOPPER_MEASURED, zero_service_time=True),
 }
+
+DEFAULT_PROFILE = "h200-llama3-8b"

@@ -1,8 +1,8 @@
 """The seed experiment as data: the workload and the four cluster configurations.
 
 Virtual mode (`laneway bench seed --mode virtual`) runs these in the discrete-event runner;
-a live mode can start one `laneway sim` per replica with `PoolSpec.engine` as its flags and
-configure the gateway from `PoolSpec.route`, replaying the same workload.
+a live mode can start one `laneway sim` per replica with `SimPool.engine` as its flags and
+configure the gateway from `SimPool.route`, replaying the same workload.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def scenario_problems(scenario: SeedScenario) -> list[str]:
 
 
 @dataclass(frozen=True)
-class PoolSpec:
+class SimPool:
     route: PoolRoute
     replicas: int
     engine: SchedulerConfig
@@ -74,7 +74,7 @@ class PoolSpec:
 class ClusterConfig:
     name: str
     summary: str
-    pools: tuple[PoolSpec, ...]
+    pools: tuple[SimPool, ...]
 
     @property
     def gpus(self) -> int:
@@ -156,20 +156,20 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         ClusterConfig(
             "unified-full",
             f"{gpus} mixed replicas, whole-prompt prefill",
-            (PoolSpec(unified_route, gpus, full_long),),
+            (SimPool(unified_route, gpus, full_long),),
         ),
         ClusterConfig(
             "unified-chunked",
             f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
-            (PoolSpec(unified_route, gpus, chunked_long),),
+            (SimPool(unified_route, gpus, chunked_long),),
         ),
         ClusterConfig(
             "split",
             f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
             f"{gpus - split_realtime} batch (chunked prefill)",
             (
-                PoolSpec(realtime_route, split_realtime, full_realtime),
-                PoolSpec(batch_route, gpus - split_realtime, chunked_long),
+                SimPool(realtime_route, split_realtime, full_realtime),
+                SimPool(batch_route, gpus - split_realtime, chunked_long),
             ),
         ),
         ClusterConfig(
@@ -177,8 +177,8 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
             f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token TBT-SLO "
             f"budget) + {gpus - laneway_interactive} batch (chunked prefill)",
             (
-                PoolSpec(realtime_route, laneway_interactive, slo_interactive),
-                PoolSpec(batch_route, gpus - laneway_interactive, chunked_long),
+                SimPool(realtime_route, laneway_interactive, slo_interactive),
+                SimPool(batch_route, gpus - laneway_interactive, chunked_long),
             ),
         ),
     )

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.errors import UsageError
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
-from laneway.simulator.metrics import EngineGauges, EngineMetrics, MetricsFlavor
+from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
 from laneway.simulator.profiles import Profile
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
@@ -97,7 +97,7 @@ class RealTimeEngine:
         self.core = core
         self.time_scale = time_scale
         self.busy_s = 0.0  # simulated seconds spent in steps
-        self.metrics = EngineMetrics(metrics_flavor, model, self._gauges)
+        self.metrics = SimulatorMetrics(metrics_flavor, model, self._gauges)
         self._tracked: dict[str, _Tracked] = {}
         self._wake = asyncio.Event()
         self._origin = asyncio.get_running_loop().time()

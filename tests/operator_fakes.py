@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway.api import API_VERSION, KIND
-from laneway.operator.kube import RESOURCE_TYPES, ApiError, ListResult, Manifest
+from laneway.kube.client import RESOURCE_TYPES, KubeError, ListResult, Manifest
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -66,7 +66,7 @@ def _matches(obj: Manifest, selector: str | None) -> bool:
 class FakeCluster:
     objects: dict[Key, Manifest] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
-    failures: list[ApiError] = field(default_factory=list)  # raised by the next calls
+    failures: list[KubeError] = field(default_factory=list)  # raised by the next calls
     applied: dict[Key, Manifest] = field(default_factory=dict)  # the operator's fields
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 

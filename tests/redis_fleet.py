@@ -14,8 +14,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION
-from laneway.demo import DEMO_POOLS, config_documents, sim_args
-from laneway.procs import ChildProcess, Children
+from laneway.bench.demo import DEMO_POOLS, config_documents, sim_args
+from laneway.bench.procs import ChildProcess, Children
 
 PUBLIC_MODEL = "llama3-8b"
 # Picks from the gateways' own in-flight accounting alone, so that what one replica sees of

@@ -12,17 +12,17 @@ import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 
-from laneway.gateway.batches import BatchStore, CreateRequest
-from laneway.gateway.dispatcher import (
+from laneway.bench.redis_server import LocalRedis
+from laneway.gateway.batch.batches import BatchStore, CreateRequest
+from laneway.gateway.batch.dispatcher import (
     INTERNAL_HEADER,
     TENANT_HEADER,
     Dispatcher,
     DispatchSettings,
 )
+from laneway.gateway.batch.files import FileStore, file_object, new_file_id
 from laneway.gateway.errors import ApiError
-from laneway.gateway.files import FileStore, file_object, new_file_id
-from laneway.gateway.redis_server import LocalRedis
-from laneway.gateway.request_body import LANE_HEADER
+from laneway.gateway.serving.request_body import LANE_HEADER
 
 SECRET = "test-secret"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from laneway.gateway.batches import (
+from laneway.gateway.batch.batches import (
     Item,
     LineError,
     parse_create,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from marked_processes import marked_environment, processes_marked
 
-from laneway.benchgw import (
+from laneway.bench.gateway import (
     BenchOptions,
     BenchReport,
     CpuUse,
@@ -23,10 +23,10 @@ from laneway.benchgw import (
     render,
     time_classification,
 )
+from laneway.bench.loadgen import StreamResult
+from laneway.bench.procs import laneway_argv
 from laneway.cli import main
 from laneway.errors import UsageError
-from laneway.loadgen import StreamResult
-from laneway.procs import laneway_argv
 from laneway.tables import format_table
 
 NO_CPU = CpuUse(0.0, 0.0, 0.0)

@@ -35,11 +35,11 @@ from merging import merged
 
 from laneway import __version__
 from laneway.api import check_pool_set, parse_pool
+from laneway.bench.procs import Children, laneway_argv
+from laneway.bench.redis_server import free_port
 from laneway.cli import build_parser
 from laneway.gateway.config import GatewaySettings, parse_documents
-from laneway.gateway.redis_server import free_port
-from laneway.gateway.redis_state import redis_settings
-from laneway.procs import Children, laneway_argv
+from laneway.gateway.state.redis_store import redis_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"

@@ -15,8 +15,7 @@ import pytest
 from marked_processes import marked_environment, processes_marked
 
 from laneway.api import Lane
-from laneway.cli import main
-from laneway.demo import (
+from laneway.bench.demo import (
     DEMO_POOLS,
     PUBLIC_MODEL,
     DemoOptions,
@@ -26,10 +25,11 @@ from laneway.demo import (
     demo_workload,
     render_table,
 )
+from laneway.bench.loadgen import LaneSummary
+from laneway.bench.procs import laneway_argv
+from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.gateway.config import parse_documents
-from laneway.loadgen import LaneSummary
-from laneway.procs import laneway_argv
 
 SHORT_RUN = ["--port", "0", "--time-scale", "10"]
 

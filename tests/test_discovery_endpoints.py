@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from laneway.operator.endpoints import ready_endpoint_urls, slices_of_service
+from laneway.kube.endpoints import ready_endpoint_urls, slices_of_service
 
 
 def endpoint_slice(

@@ -15,9 +15,9 @@ from fake_apiserver import FakeApiServer
 from rbac_rules import granted_rules, rbac_call
 
 from laneway.api import InferencePool
-from laneway.gateway.discovery import Backoff, KubernetesPoolSource
-from laneway.gateway.sources import PoolSource
-from laneway.operator.kube import KubeApi
+from laneway.gateway.pools.discovery import Backoff, KubernetesPoolSource
+from laneway.gateway.pools.sources import PoolSource
+from laneway.kube.client import KubeApi
 
 POOLS = "/apis/laneway.io/v1alpha1/namespaces/serving/inferencepools"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"

@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from laneway.gateway.fairshare import FairShareQueue
+from laneway.routing.fairshare import FairShareQueue
 
 
 def drain(queue: FairShareQueue[str]) -> list[str]:

@@ -12,7 +12,7 @@ from simulated_pools import simulated_pool
 from laneway.api import InferencePool
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.sources import PoolUpdate
+from laneway.gateway.pools.sources import PoolUpdate
 
 
 def pool(name: str, models: list[str], endpoints: list[str]) -> InferencePool:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.gateway.slo import PRIOR_MS_PER_TOKEN
-from laneway.procs import ChildProcess, Children
+from laneway.bench.procs import ChildProcess, Children
+from laneway.routing.slo import PRIOR_MS_PER_TOKEN
 from laneway.tokens import default_tokenizer
 
 FAST = "20"  # engine time scale for tests that only need answers, not long streams

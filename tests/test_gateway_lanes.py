@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from laneway.api import InferencePool, Lane, parse_pool
-from laneway.gateway.lanes import (
+from laneway.routing.lanes import (
     NeedsExactCount,
     NoFit,
     Route,

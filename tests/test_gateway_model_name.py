@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from laneway.gateway.model_name import ModelNameRewriter, rewriter
+from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 
 SERVED, PUBLIC = "llama-small", "llama"
 

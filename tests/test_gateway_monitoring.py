@@ -9,13 +9,13 @@ from simulated_pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings, HealthSettings, ScrapeSettings
-from laneway.gateway.engine_metrics import (
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.routing.engine_metrics import (
     EngineMetrics,
     EngineMetricsError,
     parse_engine_metrics,
 )
-from laneway.gateway.health import Health, after_failure, after_probe, after_success
-from laneway.gateway.registry import PoolRegistry
+from laneway.routing.health import Health, after_failure, after_probe, after_success
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -8,14 +8,14 @@ from collections import Counter
 import pytest
 
 from laneway.gateway.config import PickingSettings
-from laneway.gateway.engine_metrics import EngineMetrics
-from laneway.gateway.picker import WeightedScorer, rank, scorers_from_weights
-from laneway.gateway.scorers import EndpointView, Scorer
-from laneway.gateway.scorers.in_flight import InFlightScorer
-from laneway.gateway.scorers.kv_usage import KVUsageScorer
-from laneway.gateway.scorers.prefill_tokens import PrefillTokensScorer
-from laneway.gateway.scorers.queue_depth import QueueDepthScorer
-from laneway.gateway.scorers.ttft_slo import TtftSloScorer
+from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.picker import WeightedScorer, rank, scorers_from_weights
+from laneway.routing.scorers import EndpointView, Scorer
+from laneway.routing.scorers.in_flight import InFlightScorer
+from laneway.routing.scorers.kv_usage import KVUsageScorer
+from laneway.routing.scorers.prefill_tokens import PrefillTokensScorer
+from laneway.routing.scorers.queue_depth import QueueDepthScorer
+from laneway.routing.scorers.ttft_slo import TtftSloScorer
 
 
 def view(

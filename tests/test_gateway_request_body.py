@@ -8,7 +8,7 @@ import pytest
 
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError
-from laneway.gateway.request_body import Endpoint, parse_lane, parse_request
+from laneway.gateway.serving.request_body import Endpoint, parse_lane, parse_request
 from laneway.tokens import ChatMessage, default_tokenizer
 
 

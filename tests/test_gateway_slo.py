@@ -7,8 +7,8 @@ from simulated_pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.registry import PoolRegistry
-from laneway.gateway.slo import (
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.routing.slo import (
     LEARNING_RATE,
     MIN_SAMPLE_TOKENS,
     PRIOR_MS_PER_TOKEN,

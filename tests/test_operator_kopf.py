@@ -17,8 +17,8 @@ from fake_apiserver import FakeApiServer
 from kubernetes.config import kube_config
 from rbac_rules import granted_rules, rbac_call
 
+from laneway.kube.client import KubeApi
 from laneway.operator.handlers import OperatorState, registry
-from laneway.operator.kube import KubeApi
 from laneway.operator.render import RenderOptions
 
 WAIT = 20.0

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from fake_apiserver import FakeApiServer
 
-from laneway.operator.kube import FIELD_MANAGER, RESOURCE_TYPES, ApiError, ApiUnreachable, KubeApi
+from laneway.kube.client import FIELD_MANAGER, RESOURCE_TYPES, ApiUnreachable, KubeApi, KubeError
 
 DEPLOYMENT = "/apis/apps/v1/namespaces/serving/deployments/realtime"
 
@@ -72,7 +72,7 @@ async def test_errors_carry_the_servers_message_and_whether_to_retry(
 ) -> None:
     api, server = api_and_server
     server.responses[("GET", DEPLOYMENT)] = (status, {"kind": "Status", "message": "said why"})
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(KubeError) as caught:
         await api.get("Deployment", "serving", "realtime")
     assert (caught.value.status, caught.value.transient) == (status, transient)
     assert str(caught.value) == f"HTTP {status}: said why"

@@ -16,6 +16,7 @@ from kopf._core.engines import posting
 from operator_fakes import FakeCluster, pool_document
 
 from laneway.api import KIND
+from laneway.kube.client import ApiUnreachable, KubeError
 from laneway.operator.handlers import (
     RETRY_SECONDS,
     OperatorState,
@@ -23,8 +24,7 @@ from laneway.operator.handlers import (
     reconcile_pool,
     registry,
 )
-from laneway.operator.kube import ApiError, ApiUnreachable
-from laneway.operator.reconcile import Outcome, drift, reconcile
+from laneway.operator.reconcile import ReconcileOutcome, drift, reconcile
 from laneway.operator.render import RenderOptions
 
 NOW = "2026-11-29T10:00:00Z"
@@ -61,14 +61,14 @@ def drained(queue: asyncio.Queue[Any]) -> list[tuple[str, str, str]]:
     return found
 
 
-async def run_pass(cluster: FakeCluster, name: str = "realtime") -> Outcome:
+async def run_pass(cluster: FakeCluster, name: str = "realtime") -> ReconcileOutcome:
     """One pass as the kopf update handler runs it, with the status written back."""
     outcome = await reconcile(cluster.pool("serving", name), cluster, RenderOptions(), now=NOW)
     cluster.objects[(KIND, "serving", name)]["status"] = copy.deepcopy(outcome.status)
     return outcome
 
 
-def condition(outcome: Outcome, kind: str) -> dict[str, Any]:
+def condition(outcome: ReconcileOutcome, kind: str) -> dict[str, Any]:
     conditions: list[dict[str, Any]] = outcome.status["conditions"]
     return next(c for c in conditions if c["type"] == kind)
 
@@ -302,7 +302,7 @@ async def test_a_rejected_child_is_reported_not_retried() -> None:
 
     async def reject(manifest: dict[str, Any]) -> dict[str, Any]:
         if manifest["kind"] == "Deployment":
-            raise ApiError(422, 'Deployment.apps "realtime" is invalid: resources: bad quantity')
+            raise KubeError(422, 'Deployment.apps "realtime" is invalid: resources: bad quantity')
         return await original_apply(manifest)
 
     cluster.apply = reject  # type: ignore[method-assign]
@@ -332,11 +332,11 @@ async def test_kopf_handler_writes_status_and_posts_events(
 
 @pytest.mark.parametrize(
     "error",
-    [ApiUnreachable("connection refused"), ApiError(503, "etcd leader changed")],
+    [ApiUnreachable("connection refused"), KubeError(503, "etcd leader changed")],
     ids=["unreachable", "503"],
 )
 async def test_api_errors_become_kopf_retries_and_the_next_pass_recovers(
-    events: asyncio.Queue[Any], error: ApiError
+    events: asyncio.Queue[Any], error: KubeError
 ) -> None:
     cluster = FakeCluster()
     cluster.create(pool_document("realtime", SPEC))

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from laneway.bench.procs import Children, laneway_argv
 from laneway.cli import build_parser
 from laneway.errors import ChildError
-from laneway.procs import Children, laneway_argv
 
 READY = "fake engine: serving on "
 
@@ -144,7 +144,7 @@ def test_output_after_ready_is_drained_so_a_chatty_child_keeps_running() -> None
 
 PARENT_SCRIPT = """
 import asyncio, sys
-from laneway.procs import Children
+from laneway.bench.procs import Children
 
 READY = {ready!r}
 CHILD = {child!r}

@@ -29,8 +29,8 @@ from redis_fleet import (
     write_config,
 )
 
-from laneway.gateway.redis_server import LocalRedis
-from laneway.procs import ChildProcess, Children
+from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.redis_server import LocalRedis
 
 TENANTS = """
 tenants:

@@ -6,9 +6,9 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from laneway.gateway.redis_server import LocalRedis
-from laneway.gateway.redis_state import RedisLoadTracker, connect, redis_settings
-from laneway.gateway.state import EndpointLoad
+from laneway.bench.redis_server import LocalRedis
+from laneway.gateway.state.memory import EndpointLoad
+from laneway.gateway.state.redis_store import RedisLoadTracker, connect, redis_settings
 
 E1, E2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
 

@@ -18,8 +18,8 @@ from redis_fleet import (
     write_config,
 )
 
-from laneway.gateway.redis_server import LocalRedis
-from laneway.procs import Children
+from laneway.bench.procs import Children
+from laneway.bench.redis_server import LocalRedis
 
 
 class ChatTraffic:

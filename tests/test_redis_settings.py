@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import AuthenticationError
 
+from laneway.bench.redis_server import LocalRedis
 from laneway.errors import UsageError
-from laneway.gateway.redis_server import LocalRedis
-from laneway.gateway.redis_state import RedisSettings, connect, redis_settings
+from laneway.gateway.state.redis_store import RedisSettings, connect, redis_settings
 
 
 def test_flag_wins_over_env_and_password_comes_from_env() -> None:

@@ -14,16 +14,16 @@ import pytest
 from crd_tools import example_documents
 
 from laneway import api
+from laneway.api import POOL_LABEL
+from laneway.bench.procs import Children
 from laneway.cli import build_parser
 from laneway.operator.render import (
     CHILD_KINDS,
     DEFAULT_IMAGES,
-    POOL_LABEL,
     RenderOptions,
     engine_command,
     render_pool,
 )
-from laneway.procs import Children
 
 
 def pool(spec: dict[str, Any], name: str = "pool", uid: str = "") -> api.InferencePool:

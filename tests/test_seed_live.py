@@ -121,8 +121,8 @@ def test_live_flags_are_checked(flags: list[str], message: str) -> None:
 
 def test_every_configuration_is_a_valid_gateway_config() -> None:
     """The documents live mode writes parse as the gateway parses its --config file."""
+    from laneway.bench.seed_live import PUBLIC_MODEL, gateway_documents, served_model
     from laneway.gateway.config import parse_documents
-    from laneway.simulator.live import PUBLIC_MODEL, gateway_documents, served_model
     from laneway.simulator.profiles import PROFILES
     from laneway.simulator.seed import SeedScenario, seed_configs
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.procs import ChildProcess, Children
+from laneway.bench.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer
 
 MODEL = "sim-test-model"

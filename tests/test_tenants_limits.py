@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from laneway.bench.redis_server import LocalRedis
 from laneway.errors import UsageError
-from laneway.gateway.redis_server import LocalRedis
-from laneway.gateway.tenants import (
+from laneway.gateway.state.tenants import (
     Bucket,
     InMemoryRateLimiter,
     LimitDecision,

@@ -1,0 +1,380 @@
+"""`laneway demo`: simulated pools and the gateway on this machine, a mixed workload, a live table.
+
+Everything comes from embedded defaults: two interactive engines (context capped at 8k,
+short prompts only) and two batch engines (128k context, chunked prefill), one public model
+name for both lanes, and the gateway in front. Chat sessions and a few long documents go
+through the gateway while a table of per-lane TTFT/TBT percentiles and per-pool request
+counts refreshes; `--serve` then keeps it all running for curl or an OpenAI client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from laneway.api import API_VERSION, KIND, Lane
+from laneway.bench.loadgen import (
+    EXPECTED_LANE,
+    LaneSummary,
+    LoadGenerator,
+    LongRequest,
+    Workload,
+    summarize,
+)
+from laneway.bench.procs import ChildProcess, Children
+from laneway.errors import UsageError
+from laneway.tables import format_table
+
+PUBLIC_MODEL = "llama3-8b"
+PROFILE = "h200-llama3-8b"
+
+
+@dataclass(frozen=True)
+class DemoPool:
+    name: str
+    lane: Lane
+    served_model: str
+    replicas: int
+    scheduler: str  # the simulator's --scheduler
+    max_context: int
+    min_prompt_tokens: int
+    max_prompt_tokens: int
+    token_budget: int = 2048
+    chunk_size: int = 1024
+
+
+DEMO_POOLS = (
+    # Long prompts never reach this lane, so whole-prompt prefill is short here.
+    DemoPool(
+        name="chat",
+        lane=Lane.INTERACTIVE,
+        served_model="llama3-8b-chat",
+        replicas=2,
+        scheduler="full",
+        max_context=8192,
+        min_prompt_tokens=0,
+        max_prompt_tokens=4096,
+    ),
+    DemoPool(
+        name="documents",
+        lane=Lane.BATCH,
+        served_model="llama3-8b-long",
+        replicas=2,
+        scheduler="chunked",
+        max_context=131072,
+        min_prompt_tokens=4097,
+        max_prompt_tokens=131072 - 1024,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    duration_s: float = 40.0  # model time during which chat sessions start turns
+    sessions: int = 16
+    long_documents: int = 4
+    time_scale: float = 1.0
+    seed: int = 0
+    serve: bool = False
+    refresh_s: float = 1.0  # wall time between two live-table updates
+    redis_url: str | None = None  # the gateway's shared state; None: in memory
+
+
+def check_options(options: DemoOptions) -> None:
+    """UsageError naming the flag when the options cannot work."""
+    if not 0 <= options.port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {options.port}")
+    if options.duration_s <= 0:
+        raise UsageError(f"--duration must be above 0 seconds, got {options.duration_s:g}")
+    if options.sessions < 0 or options.long_documents < 0:
+        raise UsageError("--sessions and --long-documents must be 0 or more")
+    if options.sessions == 0 and options.long_documents == 0:
+        raise UsageError("nothing to send: give --sessions or --long-documents above 0")
+    if options.time_scale <= 0:
+        raise UsageError(f"--time-scale must be above 0, got {options.time_scale:g}")
+
+
+def demo_workload(options: DemoOptions) -> Workload:
+    """Chat sessions for the whole duration; long documents spread over its first half."""
+    count = options.long_documents
+    sizes = (32_768, 49_152, 65_536, 98_304)
+    long_requests = tuple(
+        LongRequest(
+            at_s=options.duration_s * (index + 1) / (2 * count + 2),
+            prompt_tokens=sizes[index % len(sizes)],
+            output_tokens=256,
+        )
+        for index in range(count)
+    )
+    return Workload(
+        model=PUBLIC_MODEL,
+        sessions=options.sessions,
+        prompt_tokens=(200, 1500),
+        output_tokens=(50, 250),
+        think_s=(1.0, 3.0),
+        ramp_s=min(2.0, options.duration_s / 4),
+        duration_s=options.duration_s,
+        long_requests=long_requests,
+        drain_s=120.0,
+        seed=options.seed,
+    )
+
+
+def sim_args(pool: DemoPool, time_scale: float) -> list[str]:
+    return [
+        "--host", "127.0.0.1", "--port", "0",
+        "--model", pool.served_model,
+        "--profile", PROFILE,
+        "--scheduler", pool.scheduler,
+        "--token-budget", str(pool.token_budget),
+        "--chunk-size", str(pool.chunk_size),
+        "--max-context", str(pool.max_context),
+        "--time-scale", f"{time_scale:g}",
+    ]  # fmt: skip
+
+
+def config_documents(endpoints: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+    """The gateway's config: one InferencePool per demo pool, with its engines' URLs."""
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": pool.name, "namespace": "demo"},
+            "spec": {
+                "lane": pool.lane.value,
+                "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+                "servedModelName": pool.served_model,
+                "engine": {"kind": "simulator"},
+                "replicas": pool.replicas,
+                "routing": {
+                    "models": [PUBLIC_MODEL],
+                    "minPromptTokens": pool.min_prompt_tokens,
+                    "maxPromptTokens": pool.max_prompt_tokens,
+                },
+                "prefill": {
+                    "chunkedPrefill": pool.scheduler == "chunked",
+                    "chunkSize": pool.chunk_size,
+                    "tokenBudget": pool.token_budget,
+                },
+                "limits": {"maxContextTokens": pool.max_context},
+            },
+            "status": {"endpoints": list(endpoints[pool.name])},
+        }
+        for pool in DEMO_POOLS
+    ]
+
+
+# -- the table (pure) ---------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def render_table(
+    summaries: Sequence[LaneSummary], in_flight: Mapping[str, int], heading: str
+) -> list[str]:
+    """Per-lane latency percentiles and where the requests went, one row per lane."""
+    header = ("lane", "done", "failed", "running", "TTFT p50", "TTFT p99", "TBT p50", "TBT p99")
+    rows = [
+        (
+            summary.lane,
+            str(summary.requests),
+            str(summary.failed),
+            str(in_flight.get(summary.lane, 0)),
+            _ms(summary.ttft.p50 if summary.ttft else None),
+            _ms(summary.ttft.p99 if summary.ttft else None),
+            _ms(summary.tbt.p50 if summary.tbt else None),
+            _ms(summary.tbt.p99 if summary.tbt else None),
+        )
+        for summary in summaries
+    ]
+    # A lane whose first requests are still running has no summary yet, but shows up.
+    done_lanes = {summary.lane for summary in summaries}
+    rows += [
+        (lane, "0", "0", str(running), "-", "-", "-", "-")
+        for lane, running in in_flight.items()
+        if running and lane not in done_lanes
+    ]
+    lines = [heading, *format_table(header, rows)]
+    pools = [f"{pool} {count}" for s in summaries for pool, count in s.pools]
+    lines.append("requests per pool: " + (", ".join(pools) if pools else "-"))
+    return lines
+
+
+def in_flight_by_lane(generator: LoadGenerator) -> dict[str, int]:
+    return {
+        "interactive": generator.in_flight["interactive"],
+        "batch": generator.in_flight["long"],
+    }
+
+
+# -- the shell ------------------------------------------------------------------------------
+
+
+class LiveView:
+    """Redraws the table in place on a terminal; elsewhere prints it now and then."""
+
+    def __init__(self, stream: TextIO, refresh_s: float, plain_every: int = 5) -> None:
+        self._stream = stream
+        self._refresh_s = refresh_s
+        self._tty = stream.isatty()
+        self._plain_every = plain_every
+        self._drawn = 0
+
+    async def run(self, generator: LoadGenerator, duration_s: float) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            ticks += 1
+            if self._tty or ticks % self._plain_every == 0:
+                self.draw(generator, duration_s)
+
+    def draw(self, generator: LoadGenerator, duration_s: float) -> None:
+        elapsed = generator.elapsed_s()
+        phase = "sending" if elapsed < duration_s else "finishing"
+        heading = f"[{elapsed:5.1f} s / {duration_s:g} s, {phase}]"
+        lines = render_table(summarize(generator.records), in_flight_by_lane(generator), heading)
+        if self._tty and self._drawn:
+            # Up to the first line drawn last time, then clear to the end of the screen.
+            self._stream.write(f"\x1b[{self._drawn}F\x1b[J")
+        self._stream.write("\n".join(lines) + "\n")
+        self._stream.flush()
+        self._drawn = len(lines)
+
+
+def check_port_free(host: str, port: int) -> None:
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise UsageError(
+                f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port"
+            ) from None
+
+
+def say(message: str) -> None:
+    print(f"laneway demo: {message}", file=sys.stderr, flush=True)
+
+
+async def start_everything(
+    children: Children, options: DemoOptions, config_dir: Path
+) -> ChildProcess:
+    """Start every engine (in parallel), then the gateway configured with their URLs."""
+    replicas = [(pool, index) for pool in DEMO_POOLS for index in range(pool.replicas)]
+    say(f"starting {len(replicas)} simulated engines ({PROFILE}) and the gateway ...")
+    started = await asyncio.gather(
+        *(
+            children.start_laneway_async(
+                "sim", sim_args(pool, options.time_scale), name=f"engine {pool.name}-{index}"
+            )
+            for pool, index in replicas
+        )
+    )
+    endpoints: dict[str, list[str]] = {pool.name: [] for pool in DEMO_POOLS}
+    for (pool, _), child in zip(replicas, started, strict=True):
+        endpoints[pool.name].append(child.url)
+    config = config_dir / "gateway.yaml"
+    config.write_text(yaml.safe_dump_all(config_documents(endpoints), sort_keys=False))
+    gateway = await children.start_laneway_async(
+        "gateway",
+        [
+            *("--config", str(config), "--host", options.host, "--port", str(options.port)),
+            *("--redis-url", options.redis_url or ""),
+        ],
+    )
+    for pool in DEMO_POOLS:
+        say(
+            f"pool {pool.name} ({pool.lane.value}, {pool.scheduler} prefill, "
+            f"context {pool.max_context:,}): {', '.join(endpoints[pool.name])}"
+        )
+    say(f"gateway: {gateway.url}")
+    return gateway
+
+
+async def drive(options: DemoOptions, gateway_url: str, children: Children) -> LoadGenerator:
+    workload = demo_workload(options)
+    say(
+        f"sending {workload.sessions} chat sessions for {workload.duration_s:g} s and "
+        f"{workload.long_request_count} long document(s)"
+        + (
+            f" of {', '.join(f'{r.prompt_tokens:,}' for r in workload.long_requests)} tokens"
+            if workload.long_requests
+            else ""
+        )
+        + (f", {options.time_scale:g}x faster than real time" if options.time_scale != 1 else "")
+    )
+    generator = LoadGenerator(workload, gateway_url, time_scale=options.time_scale)
+    view = LiveView(sys.stderr, options.refresh_s)
+    drawing = asyncio.create_task(view.run(generator, workload.duration_s))
+    try:
+        await children.watch(generator.run())
+    finally:
+        drawing.cancel()
+        await asyncio.gather(drawing, return_exceptions=True)
+    return generator
+
+
+def final_report(generator: LoadGenerator) -> list[str]:
+    records = generator.records
+    summaries = summarize(records)
+    heading = f"laneway demo: {len(records)} of {generator.issued} requests accounted for"
+    lines = render_table(summaries, {}, heading)
+    for summary in summaries:
+        if summary.e2e is not None:
+            lines.append(
+                f"{summary.lane}: end to end p50 {_ms(summary.e2e.p50)}, "
+                f"p99 {_ms(summary.e2e.p99)}; {summary.output_tokens:,} tokens streamed"
+            )
+        lines.extend(f"{summary.lane}: {count} x {message}" for message, count in summary.errors)
+    misrouted = sum(1 for r in records if r.lane is not None and r.lane != EXPECTED_LANE[r.kind])
+    lines.append(f"requests outside their lane: {misrouted}")
+    return lines
+
+
+def serve_instructions(gateway_url: str) -> list[str]:
+    chat = (
+        '{"model": "' + PUBLIC_MODEL + '", "messages": [{"role": "user", "content": "Hello!"}], '
+        '"max_tokens": 32, "stream": true}'
+    )
+    return [
+        f"serving on {gateway_url} until Ctrl-C; try:",
+        f"  curl -N {gateway_url}/v1/chat/completions -H 'content-type: application/json' "
+        f"-d '{chat}'",
+        f"  curl -s {gateway_url}/v1/models",
+        f"  curl -s {gateway_url}/metrics | grep laneway_",
+        '  python -c "from openai import OpenAI; '
+        f"c = OpenAI(base_url='{gateway_url}/v1', api_key='unused'); "
+        f"r = c.chat.completions.create(model='{PUBLIC_MODEL}', "
+        "messages=[{'role': 'user', 'content': 'Hello!'}], max_tokens=16); "
+        'print(r.choices[0].message.content)"',
+    ]
+
+
+async def run_demo(options: DemoOptions) -> int:
+    check_port_free(options.host, options.port)
+    with tempfile.TemporaryDirectory(prefix="laneway-demo-") as config_dir:
+        async with Children() as children:
+            gateway = await start_everything(children, options, Path(config_dir))
+            generator = await drive(options, gateway.url, children)
+            print("\n".join(final_report(generator)), flush=True)
+            if options.serve:
+                say("\n".join(serve_instructions(gateway.url)))
+                await children.watch(asyncio.Event().wait())
+            say("stopping the gateway and the engines")
+    return 0

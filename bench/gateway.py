@@ -1,0 +1,567 @@
+"""`laneway bench gateway`: what the gateway itself costs, measured against going direct.
+
+One run starts a zero-service-time `laneway sim` and a gateway in front of it, then at each
+concurrency sends the same closed-loop streaming requests straight to the engine (the
+baseline) and through the gateway; the difference of the latency percentiles is what the
+gateway adds. The gateway's CPU time during its phase gives requests per second per core,
+and every process's CPU time shows which of them was the bottleneck.
+Separately, in this process, it times the gateway's routing of a 128k-token prompt: once
+where the token bounds decide the lane, once where the exact count must.
+
+The statistics and the table are pure; `run_bench` is the shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import yaml
+
+from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
+from laneway.bench.loadgen import (
+    Distribution,
+    PromptFactory,
+    StreamResult,
+    stream_request,
+)
+from laneway.bench.procs import ChildProcess, Children
+from laneway.errors import UsageError
+from laneway.stats import percentile
+from laneway.tables import format_table
+from laneway.tokens import default_tokenizer
+
+T = TypeVar("T")
+
+MODEL = "bench"
+DEFAULT_CONCURRENCY = (1, 50, 200, 500)
+INTERACTIVE_MAX_PROMPT = 4096
+ROUNDS = 2  # per level and path
+WARMUP_REQUESTS = 200  # per path, before the first level
+# Zero service time and room for every concurrent stream: the engine never queues.
+ENGINE_ARGS = (
+    "--host", "127.0.0.1", "--port", "0", "--model", MODEL, "--profile", "zero",
+    "--max-num-seqs", "4096", "--token-budget", "8192", "--max-context", "8192",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    requests: int | None = None  # per level and path; None: max(400, 8 x concurrency)
+    prompt_tokens: int = 200
+    output_tokens: int = 16
+    classify_tokens: int = 131_072
+    classify_repeats: int = 15
+    seed: int = 0
+    # Pin the gateway to a CPU of its own, the client and the engine to the others, so
+    # that what it adds is not CPU it takes from them.
+    own_core: bool = False
+
+    def requests_at(self, concurrency: int) -> int:
+        return self.requests if self.requests is not None else max(400, 8 * concurrency)
+
+
+def check_options(options: BenchOptions) -> None:
+    if not options.concurrency or any(c < 1 for c in options.concurrency):
+        raise UsageError("--concurrency needs one or more positive integers, e.g. 1,50,200")
+    if options.requests is not None and options.requests < 1:
+        raise UsageError(f"--requests must be at least 1, got {options.requests}")
+    if options.prompt_tokens < 1 or options.prompt_tokens > INTERACTIVE_MAX_PROMPT:
+        raise UsageError(f"--prompt-tokens must be within 1-{INTERACTIVE_MAX_PROMPT}")
+    if options.output_tokens < 1:
+        raise UsageError("--output-tokens must be at least 1")
+    if options.own_core and len(os.sched_getaffinity(0)) < 2:
+        raise UsageError("--own-core needs at least 2 CPUs to run on")
+    if options.classify_tokens <= INTERACTIVE_MAX_PROMPT or options.classify_repeats < 1:
+        raise UsageError(
+            f"--classify-tokens must exceed {INTERACTIVE_MAX_PROMPT} (a batch-lane prompt)"
+        )
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
+    return levels
+
+
+# -- results (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds each process spent during one phase."""
+
+    client: float  # this process: the load generator
+    engine: float
+    gateway: float  # 0 on the direct path, which does not pass through it
+
+
+@dataclass(frozen=True)
+class PathResult:
+    """One path (direct or through the gateway) at one concurrency."""
+
+    requests: int
+    errors: int
+    e2e: Distribution | None  # successful requests
+    ttft: Distribution | None
+    wall_s: float
+    cpu: CpuUse
+
+    @property
+    def requests_per_s(self) -> float:
+        return (self.requests - self.errors) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def cores_busy(self, cpu_s: float) -> float:
+        """How many cores `cpu_s` of CPU time kept busy on average during this phase."""
+        return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def path_result(results: Sequence[StreamResult], wall_s: float, cpu: CpuUse) -> PathResult:
+    ok = [r for r in results if r.status == 200 and r.error is None]
+    return PathResult(
+        requests=len(results),
+        errors=len(results) - len(ok),
+        e2e=Distribution.of([r.e2e_s for r in ok]),
+        ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        wall_s=wall_s,
+        cpu=cpu,
+    )
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    direct: PathResult
+    gateway: PathResult
+
+    @property
+    def added_p50_s(self) -> float | None:
+        if self.direct.e2e is None or self.gateway.e2e is None:
+            return None
+        return self.gateway.e2e.p50 - self.direct.e2e.p50
+
+    @property
+    def added_p99_s(self) -> float | None:
+        if self.direct.e2e is None or self.gateway.e2e is None:
+            return None
+        return self.gateway.e2e.p99 - self.direct.e2e.p99
+
+    @property
+    def requests_per_core_s(self) -> float | None:
+        """Requests the gateway serves per second of its CPU time (one core fully busy)."""
+        ok = self.gateway.requests - self.gateway.errors
+        return ok / self.gateway.cpu.gateway if self.gateway.cpu.gateway > 0 else None
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    prompt_tokens: int
+    prompt_bytes: int
+    repeats: int
+    bounds_decided_s: Distribution  # parse the body, bound the count, classify
+    exact_count_s: Distribution  # the same where the bounds straddle a limit: count exactly
+    bounds_pool: str  # the pool each path chose (both must be the batch pool)
+    exact_pool: str
+    # Median seconds of each stage, per path: parse, bounds, count, classify.
+    bounds_stages_s: tuple[tuple[str, float], ...]
+    exact_stages_s: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    machine: str
+    date: str
+    command: str
+    placement: str  # which CPUs the processes ran on
+    # The machine's 1-minute load average as the run began: other work skews latencies.
+    load_average: float
+    levels: tuple[LevelResult, ...]
+    classification: ClassifyResult
+
+    def to_json(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        for level, data in zip(self.levels, document["levels"], strict=True):
+            data["added_p50_s"] = level.added_p50_s
+            data["added_p99_s"] = level.added_p99_s
+            data["requests_per_core_s"] = level.requests_per_core_s
+            data["gateway"]["requests_per_s"] = level.gateway.requests_per_s
+            data["direct"]["requests_per_s"] = level.direct.requests_per_s
+        return document
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f}"
+
+
+def render(report: BenchReport) -> list[str]:
+    header = (
+        "concurrency", "direct p50", "direct p99", "gateway p50", "gateway p99",
+        "added p50", "added p99", "p99 ratio", "direct req/s", "gateway req/s",
+        "req/s per gw core", "cores client/engine/gw", "errors",
+    )  # fmt: skip
+    rows = []
+    for level in report.levels:
+        direct, gateway = level.direct, level.gateway
+        ratio = (
+            f"{gateway.e2e.p99 / direct.e2e.p99:.2f}x"
+            if gateway.e2e and direct.e2e and direct.e2e.p99 > 0
+            else "-"
+        )
+        per_core = level.requests_per_core_s
+        cores = "/".join(
+            f"{gateway.cores_busy(cpu):.2f}"
+            for cpu in (gateway.cpu.client, gateway.cpu.engine, gateway.cpu.gateway)
+        )
+        rows.append(
+            (
+                str(level.concurrency),
+                _ms(direct.e2e.p50 if direct.e2e else None),
+                _ms(direct.e2e.p99 if direct.e2e else None),
+                _ms(gateway.e2e.p50 if gateway.e2e else None),
+                _ms(gateway.e2e.p99 if gateway.e2e else None),
+                _ms(level.added_p50_s),
+                _ms(level.added_p99_s),
+                ratio,
+                f"{direct.requests_per_s:.0f}",
+                f"{gateway.requests_per_s:.0f}",
+                "-" if per_core is None else f"{per_core:.0f}",
+                cores,
+                f"{direct.errors}/{gateway.errors}",
+            )
+        )
+    classify = report.classification
+    lines = [
+        f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
+        f"load average {report.load_average:.2f} at the start; {report.placement})",
+        *format_table(header, rows),
+        "",
+        f"routing a {classify.prompt_tokens:,}-token prompt ({classify.prompt_bytes:,} bytes "
+        f"of JSON body) in ms, {classify.repeats} times; stages are medians:",
+        *format_table(
+            ("path", "median", "p99", *STAGES, "pool"),
+            [
+                (
+                    "bounds decide",
+                    _ms(classify.bounds_decided_s.p50),
+                    _ms(classify.bounds_decided_s.p99),
+                    *(_ms(seconds) for _, seconds in classify.bounds_stages_s),
+                    classify.bounds_pool,
+                ),
+                (
+                    "exact count",
+                    _ms(classify.exact_count_s.p50),
+                    _ms(classify.exact_count_s.p99),
+                    *(_ms(seconds) for _, seconds in classify.exact_stages_s),
+                    classify.exact_pool,
+                ),
+            ],
+        ),
+    ]
+    return lines
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def pool_documents(
+    endpoint: str, batch_context: int, max_concurrent: int = 1024
+) -> list[dict[str, Any]]:
+    """An interactive pool capped at 4k prompts and a batch pool with `batch_context` tokens."""
+
+    def pool(name: str, lane: str, minimum: int, maximum: int, context: int) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": "bench"},
+            "spec": {
+                "lane": lane,
+                "model": MODEL,
+                "engine": {"kind": "simulator"},
+                "routing": {"minPromptTokens": minimum, "maxPromptTokens": maximum},
+                "prefill": {"tokenBudget": 8192, "chunkSize": 1024},
+                "limits": {"maxContextTokens": context, "maxConcurrentRequests": max_concurrent},
+            },
+            "status": {"endpoints": [endpoint]},
+        }
+
+    return [
+        pool("interactive", "interactive", 0, INTERACTIVE_MAX_PROMPT, 8192),
+        pool("batch", "batch", INTERACTIVE_MAX_PROMPT + 1, batch_context - 1024, batch_context),
+    ]
+
+
+def gateway_config(endpoint: str) -> list[dict[str, Any]]:
+    queue = {"maxWaiting": 100_000, "timeoutMillis": 120_000}
+    settings = {"apiVersion": API_VERSION, "kind": "GatewayConfig", "spec": {"queue": queue}}
+    return [settings, *pool_documents(endpoint, 8192 * 16)]
+
+
+# -- classification (in this process) ---------------------------------------------------------
+
+
+def time_classification(options: BenchOptions, clock: Callable[[], float]) -> ClassifyResult:
+    """Time the gateway's routing path for one long prompt, bounds-decided and exact."""
+    from laneway.gateway.serving.request_body import Endpoint, parse_request
+    from laneway.routing.lanes import NeedsExactCount, Route, RouteRequest, classify
+    from laneway.tokens import TokenBounds
+
+    tokenizer = default_tokenizer()
+    text = PromptFactory(tokenizer).text(random.Random(options.seed), options.classify_tokens)
+    body = json.dumps({"model": MODEL, "prompt": text, "max_tokens": 64}).encode()
+    # The byte bound of this prompt is several times its token count: a batch pool whose
+    # context covers the byte bound is decided by bounds, one capped just above the token
+    # count needs the exact count.
+    roomy = [parse_pool(d) for d in pool_documents("http://127.0.0.1:1", 2 * len(body))]
+    tight = [
+        parse_pool(d) for d in pool_documents("http://127.0.0.1:1", options.classify_tokens + 2048)
+    ]
+
+    def route(pools: Sequence[InferencePool]) -> tuple[str, dict[str, float]]:
+        stages = dict.fromkeys(STAGES, 0.0)
+        begun = clock()
+        parsed = parse_request(body, Endpoint.COMPLETIONS)
+        parsed_at = clock()
+        bounds = parsed.bounds(tokenizer)
+        bounded_at = clock()
+        decision = classify(RouteRequest(parsed.model, bounds, parsed.max_tokens), pools)
+        stages["classify"] = clock() - bounded_at
+        if isinstance(decision, NeedsExactCount):
+            counting = clock()
+            exact = parsed.count(tokenizer)
+            counted_at = clock()
+            decision = classify(
+                RouteRequest(parsed.model, TokenBounds(exact, exact), parsed.max_tokens), pools
+            )
+            stages["count"] = counted_at - counting
+            stages["classify"] += clock() - counted_at
+        stages["parse"] = parsed_at - begun
+        stages["bounds"] = bounded_at - parsed_at
+        if not isinstance(decision, Route):
+            raise RuntimeError(f"the benchmark prompt was not routed: {decision}")
+        return decision.pool.name, stages
+
+    bounds_runs = [route(roomy) for _ in range(options.classify_repeats)]
+    exact_runs = [route(tight) for _ in range(options.classify_repeats)]
+    return ClassifyResult(
+        prompt_tokens=options.classify_tokens,
+        prompt_bytes=len(body),
+        repeats=options.classify_repeats,
+        bounds_decided_s=_total(bounds_runs),
+        exact_count_s=_total(exact_runs),
+        bounds_pool=bounds_runs[0][0],
+        exact_pool=exact_runs[0][0],
+        bounds_stages_s=_stage_medians(bounds_runs),
+        exact_stages_s=_stage_medians(exact_runs),
+    )
+
+
+STAGES = ("parse", "bounds", "count", "classify")
+
+
+def _total(runs: Sequence[tuple[str, dict[str, float]]]) -> Distribution:
+    totals = Distribution.of([sum(stages.values()) for _, stages in runs])
+    assert totals is not None  # at least one repeat
+    return totals
+
+
+def _stage_medians(runs: Sequence[tuple[str, dict[str, float]]]) -> tuple[tuple[str, float], ...]:
+    return tuple((stage, percentile([s[stage] for _, s in runs], 50)) for stage in STAGES)
+
+
+# -- the shell ------------------------------------------------------------------------------
+
+
+def progress(message: str) -> None:
+    print(f"laneway bench gateway: {message}", file=sys.stderr, flush=True)
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    concurrency: int,
+    requests: int,
+) -> list[StreamResult]:
+    """`concurrency` workers send `requests` in all, each the next as soon as one ends."""
+    return await in_closed_loop(lambda: stream_request(session, url, body), concurrency, requests)
+
+
+async def in_closed_loop(job: Callable[[], Awaitable[T]], concurrency: int, count: int) -> list[T]:
+    """`concurrency` workers run `job` `count` times in all, each again as soon as it ends."""
+    results: list[T] = []
+    remaining = count
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            results.append(await job())
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
+    return results
+
+
+@dataclass
+class _Phase:
+    """What the rounds of one path at one level add up to."""
+
+    results: list[StreamResult] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    client_s: float = 0.0
+    engine_s: float = 0.0
+    gateway_s: float = 0.0
+
+    def result(self) -> PathResult:
+        cpu = CpuUse(self.client_s, self.engine_s, self.gateway_s)
+        return path_result(self.results, self.wall_s, cpu)
+
+
+async def measured_round(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    concurrency: int,
+    requests: int,
+    children: Mapping[str, ChildProcess],
+    phase: _Phase,
+) -> None:
+    """One closed-loop round, adding its wall time and each process's CPU time to `phase`."""
+    before = {name: child.cpu_seconds() for name, child in children.items()}
+    client_before, begun = time.process_time(), time.perf_counter()
+    phase.results += await closed_loop(session, url, body, concurrency, requests)
+    phase.wall_s += time.perf_counter() - begun
+    phase.client_s += time.process_time() - client_before
+    used = {name: child.cpu_seconds() - before[name] for name, child in children.items()}
+    phase.engine_s += used["engine"]
+    phase.gateway_s += used.get("gateway", 0.0)
+
+
+async def measure_levels(
+    options: BenchOptions, engine: ChildProcess, gateway: ChildProcess
+) -> list[LevelResult]:
+    tokenizer = default_tokenizer()
+    content = PromptFactory(tokenizer).chat_content(
+        random.Random(options.seed), options.prompt_tokens
+    )
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": options.output_tokens,
+        "stream": True,
+    }
+    path = "/v1/chat/completions"
+    paths = (
+        (engine.url + path, {"engine": engine}),
+        (gateway.url + path, {"engine": engine, "gateway": gateway}),
+    )
+    levels = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        # Enough to open connections and warm caches; never more than a level sends.
+        warmup = min(WARMUP_REQUESTS, max(map(options.requests_at, options.concurrency)))
+        progress(f"warming up both paths ({warmup} requests each)")
+        for url, _ in paths:
+            await closed_loop(session, url, body, 20, warmup)
+        for concurrency in options.concurrency:
+            count = options.requests_at(concurrency)
+            progress(
+                f"{concurrency} concurrent: {count} requests direct and {count} through the "
+                f"gateway, in {ROUNDS} alternating rounds"
+            )
+            phases = (_Phase(), _Phase())
+            # Alternating rounds (direct first, then gateway first, ...) spread whatever else
+            # the machine is doing evenly over both paths.
+            for round_index in range(ROUNDS):
+                share = count // ROUNDS + (1 if round_index < count % ROUNDS else 0)
+                order = (0, 1) if round_index % 2 == 0 else (1, 0)
+                for which in order:
+                    url, measured = paths[which]
+                    if share:
+                        await measured_round(
+                            session, url, body, concurrency, share, measured, phases[which]
+                        )
+            levels.append(LevelResult(concurrency, phases[0].result(), phases[1].result()))
+    return levels
+
+
+async def run_bench(options: BenchOptions, command: str) -> BenchReport:
+    load_average = os.getloadavg()[0]
+    progress(f"timing the routing of a {options.classify_tokens:,}-token prompt")
+    classification = time_classification(options, time.perf_counter)
+    with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
+        async with Children() as children:
+            progress("starting a zero-service-time engine and the gateway")
+            engine = await children.start_laneway_async(
+                "sim",
+                ENGINE_ARGS,
+                name="engine",
+            )
+            config = Path(workdir) / "gateway.yaml"
+            config.write_text(yaml.safe_dump_all(gateway_config(engine.url), sort_keys=False))
+            gateway = await children.start_laneway_async(
+                "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
+            )
+            placement = place(options, engine, gateway)
+            levels = await children.watch(measure_levels(options, engine, gateway))
+    return BenchReport(
+        machine=machine_description(),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        command=command,
+        placement=placement,
+        load_average=load_average,
+        levels=tuple(levels),
+        classification=classification,
+    )
+
+
+def place(options: BenchOptions, engine: ChildProcess, gateway: ChildProcess) -> str:
+    """Pin the processes as the options ask; say where they run."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not options.own_core:
+        return f"all processes share CPUs {_cpu_list(cpus)}"
+    gateway_cpus, other_cpus = cpus[-1:], cpus[:-1]
+    pin(gateway.pid, gateway_cpus)
+    for pid in (engine.pid, os.getpid()):
+        pin(pid, other_cpus)
+    return (
+        f"gateway alone on CPU {_cpu_list(gateway_cpus)}, "
+        f"client and engine on {_cpu_list(other_cpus)}"
+    )
+
+
+def pin(pid: int, cpus: Sequence[int]) -> None:
+    """Every thread of `pid` on `cpus` (affinity is per thread; new ones inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    return ",".join(map(str, cpus))
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"

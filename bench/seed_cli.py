@@ -1,0 +1,182 @@
+"""`laneway bench seed`: the seed experiment, in virtual time or live."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from laneway.errors import UsageError
+from laneway.outputs import check_output_folder, write_json
+from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
+from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
+
+QUICK = SeedScenario(
+    gpus=4, sessions=16, long_requests=2, long_tokens=16384, duration_s=8.0, burst_at_s=2.0
+)
+QUICK_TIME_SCALE = 2.0
+# The full live run at half real-time speed fits a 2-core machine (docs/BENCHMARKS.md).
+LIVE_TIME_SCALE = 0.5
+
+
+def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
+    full = SeedScenario()
+    seed = bench.add_parser(
+        "seed",
+        help="the seed experiment: interactive sessions plus a long-prompt burst, 4 configurations",
+        description="Run the seed experiment (200 interactive sessions and a burst of 20 "
+        "64k-token requests on 8 GPUs) under four configurations: unified-full, "
+        "unified-chunked, split and laneway. --mode virtual simulates it in virtual time; "
+        "--mode live runs it over HTTP through laneway gateway and laneway sim processes and "
+        "puts it beside the virtual run. Prints tables; --json and --plot save results.",
+    )
+    seed.add_argument(
+        "--mode",
+        choices=("virtual", "live"),
+        default="virtual",
+        help="virtual (default): discrete-event simulation; live: real processes",
+    )
+    seed.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short variant: {QUICK.gpus} GPUs, {QUICK.sessions} sessions, "
+        f"{QUICK.long_requests} x {QUICK.long_tokens} tokens, {QUICK.duration_s:g} s, "
+        f"time scale {QUICK_TIME_SCALE:g}",
+    )
+    seed.add_argument("--seed", type=int, help=f"workload random seed (default {full.seed})")
+    seed.add_argument("--gpus", type=int, help=f"GPUs, one replica each (default {full.gpus})")
+    seed.add_argument(
+        "--sessions", type=int, help=f"closed-loop interactive sessions (default {full.sessions})"
+    )
+    seed.add_argument(
+        "--long-requests",
+        type=int,
+        help=f"long requests in the burst (default {full.long_requests})",
+    )
+    seed.add_argument(
+        "--long-tokens",
+        type=int,
+        help=f"prompt tokens of each long request (default {full.long_tokens})",
+    )
+    seed.add_argument(
+        "--duration", type=float, help=f"seconds sessions start turns (default {full.duration_s:g})"
+    )
+    seed.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE)
+    seed.add_argument(
+        "--time-scale",
+        type=float,
+        help="live mode: engines and generator run this many times faster than real time "
+        f"(default {LIVE_TIME_SCALE:g}, or {QUICK_TIME_SCALE:g} with --quick)",
+    )
+    seed.add_argument(
+        "--configs",
+        default=",".join(CONFIG_NAMES),
+        help="comma-separated subset of configurations to run",
+    )
+    seed.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    seed.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TBT/TTFT over time")
+    seed.set_defaults(handler=run_seed)
+
+
+def scenario_from(args: argparse.Namespace) -> SeedScenario:
+    base = QUICK if args.quick else SeedScenario()
+    overrides = {
+        "seed": args.seed,
+        "gpus": args.gpus,
+        "sessions": args.sessions,
+        "long_requests": args.long_requests,
+        "long_tokens": args.long_tokens,
+        "duration_s": args.duration,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class _Progress:
+    """One line per configuration on stderr, redrawn in place on a terminal."""
+
+    def __init__(self, name: str, duration_s: float) -> None:
+        self._name = name
+        self._duration_s = duration_s
+        self._tty = sys.stderr.isatty()
+        self._last_quarter = -1
+
+    def __call__(self, simulated_s: float) -> None:
+        share = min(simulated_s / self._duration_s, 1.0)
+        line = f"seed: {self._name:<16} {share:4.0%} ({simulated_s:5.1f} s simulated)"
+        if self._tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        elif int(share * 4) > self._last_quarter:
+            self._last_quarter = int(share * 4)
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self, wall_s: float) -> None:
+        end = "\n" if self._tty else ""
+        print(f"{end}seed: {self._name:<16} done in {wall_s:.1f} s wall", file=sys.stderr)
+
+
+def run_seed(args: argparse.Namespace) -> int:
+    from laneway.bench.seed_report import seed_table, summarize
+    from laneway.simulator.runner import RunResult, run_virtual
+    from laneway.simulator.seed import scenario_problems, seed_configs
+
+    scenario = scenario_from(args)
+    problems = scenario_problems(scenario)
+    time_scale = args.time_scale
+    if time_scale is None:
+        time_scale = QUICK_TIME_SCALE if args.quick else LIVE_TIME_SCALE
+    if not time_scale > 0:
+        problems.append(f"--time-scale must be above 0, got {args.time_scale}")
+    if args.time_scale is not None and args.mode == "virtual":
+        problems.append("--time-scale applies to --mode live only")
+    if problems:
+        raise UsageError("; ".join(problems))
+    wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(CONFIG_NAMES))
+    if unknown or not wanted:
+        raise UsageError(
+            f"--configs: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(CONFIG_NAMES)}"
+        )
+    check_output_folder(args.json, "--json")
+    check_output_folder(args.plot, "--plot")
+
+    profile = PROFILES[args.profile]
+    configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
+    started = time.perf_counter()
+    results: list[RunResult] = []
+    for config in configs:
+        progress = _Progress(config.name, scenario.duration_s)
+        config_started = time.perf_counter()
+        results.append(run_virtual(config, profile, scenario, progress))
+        progress.done(time.perf_counter() - config_started)
+    wall_s = time.perf_counter() - started
+    summaries = [summarize(result, scenario) for result in results]
+    heading = (
+        f"{scenario.gpus} x {profile.gpu.name} ({profile.name}), {scenario.sessions} sessions, "
+        f"{scenario.long_requests} x {scenario.long_tokens}-token requests at "
+        f"t={scenario.burst_at_s:g} s, {scenario.duration_s:g} s, seed {scenario.seed}"
+    )
+    if args.mode == "live":
+        from laneway.bench.seed_live_report import run_live_mode
+
+        return run_live_mode(args, scenario, profile, configs, results, time_scale, heading)
+
+    print(f"seed experiment, virtual time: {heading}; {wall_s:.1f} s wall")
+    print()
+    print(seed_table(summaries))
+    if args.json is not None:
+        from laneway.bench.seed_report import seed_json
+
+        document = seed_json(scenario, profile.name, summaries, wall_s)
+        write_json(args.json, document)
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        from laneway.bench.seed_plot import plot_seed
+
+        title = f"seed experiment (virtual), {scenario.gpus} x {profile.name}, seed {scenario.seed}"
+        plot_seed([("virtual", results)], scenario, args.plot, title)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,323 @@
+"""`laneway bench seed --mode live`: the seed experiment over HTTP, through the real gateway.
+
+Per configuration: one `laneway sim` process per simulated GPU, run with its pool's engine
+settings (time-scaled); the real `laneway gateway` configured with one InferencePool per
+pool; and the load generator (laneway.bench.loadgen), which replays the very turns the virtual
+runner prices (same seed, same per-session random streams) and measures TTFT and every gap
+between tokens at the client, in model time. Every child is stopped when the configuration
+ends, however it ends (laneway.bench.procs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from laneway.api import API_VERSION, KIND
+from laneway.bench.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
+from laneway.bench.procs import ChildProcess, Children
+from laneway.errors import ChildError
+from laneway.simulator.metrics import BUSY_SECONDS
+from laneway.simulator.profiles import Profile
+from laneway.simulator.runner import RunResult
+from laneway.simulator.seed import ClusterConfig, SeedScenario, SimPool
+
+PUBLIC_MODEL = "llama3-8b"
+# Picking as close to the virtual runner's as the gateway's scorers allow: pending prompt
+# tokens first, requests in flight second, engine gauges not at all.
+PICKING_WEIGHTS = {"prefillTokens": 4, "inFlightRequests": 1, "queueDepth": 0, "kvCacheUsage": 0}
+DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the duration
+WARM_UP_PER_REPLICA = 2
+
+Say = Callable[[str], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds used during a run, and the wall seconds it took."""
+
+    generator_s: float
+    gateway_s: float
+    engines_s: float
+    wall_s: float
+
+    def cores(self, cpu_s: float) -> float:
+        return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    result: RunResult
+    records: tuple[RequestRecord, ...]
+    issued: int
+    cpu: CpuUse
+
+
+def served_model(pool: SimPool) -> str:
+    return f"{PUBLIC_MODEL}-{pool.route.name}"
+
+
+def sim_args(pool: SimPool, profile: Profile, time_scale: float) -> list[str]:
+    engine = pool.engine
+    return [
+        "--host", "127.0.0.1", "--port", "0",
+        "--model", served_model(pool),
+        "--profile", profile.name,
+        "--scheduler", engine.kind,
+        "--token-budget", str(engine.token_budget),
+        "--chunk-size", str(engine.chunk_size),
+        "--max-context", str(engine.max_context),
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--max-partial-prefills", str(engine.max_partial_prefills),
+        "--time-scale", f"{time_scale:g}",
+    ]  # fmt: skip
+
+
+def gateway_documents(
+    config: ClusterConfig, endpoints: Mapping[str, Sequence[str]]
+) -> list[dict[str, Any]]:
+    """One InferencePool per pool of `config`, with its engines' URLs, and a GatewayConfig."""
+    documents: list[dict[str, Any]] = []
+    for pool in config.pools:
+        route, engine = pool.route, pool.engine
+        routing: dict[str, Any] = {
+            "models": [PUBLIC_MODEL],
+            "minPromptTokens": route.min_prompt_tokens,
+        }
+        if route.max_prompt_tokens is not None:
+            routing["maxPromptTokens"] = route.max_prompt_tokens
+        documents.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": route.name, "namespace": "seed"},
+                "spec": {
+                    "lane": route.lane,
+                    "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+                    "servedModelName": served_model(pool),
+                    "engine": {"kind": "simulator"},
+                    "replicas": pool.replicas,
+                    "routing": routing,
+                    "prefill": {
+                        "chunkedPrefill": engine.kind == "chunked",
+                        "chunkSize": min(engine.chunk_size, engine.max_context),
+                        "tokenBudget": engine.token_budget,
+                        "maxPartialPrefills": engine.max_partial_prefills,
+                    },
+                    "limits": {
+                        "maxContextTokens": route.max_context_tokens,
+                        "maxConcurrentRequests": engine.max_num_seqs,
+                    },
+                },
+                "status": {"endpoints": list(endpoints[route.name])},
+            }
+        )
+    documents.append(
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GatewayConfig",
+            "metadata": {"name": "seed"},
+            "spec": {
+                "picking": {"policy": "scored", "weights": PICKING_WEIGHTS},
+                "scrape": {"intervalMillis": 250, "staleAfterMillis": 2000},
+                "queue": {"timeoutMillis": 600_000},
+                "upstream": {"readTimeoutMillis": 600_000},
+            },
+        }
+    )
+    return documents
+
+
+async def engine_busy_s(session: aiohttp.ClientSession, url: str) -> float:
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{BUSY_SECONDS}_total":
+                return float(sample.value)
+    raise RuntimeError(f"{url}/metrics has no {BUSY_SECONDS}_total")
+
+
+async def _tiny_request(session: aiohttp.ClientSession, gateway_url: str, lane: str) -> None:
+    body = {
+        "model": PUBLIC_MODEL,
+        "messages": [{"role": "user", "content": "warm up"}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+    async with session.post(
+        f"{gateway_url}/v1/chat/completions", json=body, headers={"x-laneway-lane": lane}
+    ) as response:
+        response.raise_for_status()
+        await response.read()
+
+
+async def warm_up(gateway_url: str, config: ClusterConfig) -> None:
+    """A few tiny requests through the gateway to every pool before the clock starts.
+
+    They open the gateway's connections to the engines and run every code path once, so
+    the first seconds of the run measure the system, not its cold start.
+    """
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(
+            *(
+                _tiny_request(session, gateway_url, pool.route.lane)
+                for pool in config.pools
+                for _ in range(pool.replicas * WARM_UP_PER_REPLICA)
+            )
+        )
+
+
+async def _busy_of(engines: Sequence[ChildProcess]) -> list[float]:
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines)))
+
+
+def result_from_records(
+    config: ClusterConfig,
+    scenario: SeedScenario,
+    records: Sequence[RequestRecord],
+    gpu_busy_s: float,
+    end_s: float,
+) -> RunResult:
+    """The live run in the virtual runner's terms, so one summary and plot serve both."""
+    ttft: list[float] = []
+    ttft_at: list[float] = []
+    tbt: list[float] = []
+    tbt_at: list[float] = []
+    completed = 0
+    batch_finished: list[float] = []
+    batch_tokens = 0
+    for record in records:
+        if record.kind == INTERACTIVE:
+            if record.ttft_s is not None:
+                ttft.append(record.ttft_s)
+                ttft_at.append(record.started_s)
+                moment = record.started_s + record.ttft_s
+                for gap in record.gaps_s:
+                    moment += gap
+                    tbt.append(gap)
+                    tbt_at.append(moment)
+            completed += record.ok
+        elif record.ok and record.e2e_s is not None:
+            batch_finished.append(record.started_s + record.e2e_s)
+            batch_tokens += record.prompt_tokens + record.output_tokens
+    rejected = sum(1 for r in records if r.kind == INTERACTIVE and r.status == 400)
+    return RunResult(
+        config=config,
+        ttft_s=tuple(ttft),
+        ttft_at_s=tuple(ttft_at),
+        tbt_s=tuple(tbt),
+        tbt_at_s=tuple(tbt_at),
+        interactive_completed=completed,
+        interactive_rejected=rejected,
+        batch_finished_at_s=tuple(sorted(batch_finished)),
+        batch_tokens=batch_tokens,
+        batch_submitted=scenario.long_requests,
+        gpu_busy_s=gpu_busy_s,
+        end_s=end_s,
+    )
+
+
+async def _report_progress(generator: LoadGenerator, duration_s: float, say: Say) -> None:
+    while True:
+        await asyncio.sleep(5.0)
+        done = len(generator.records)
+        say(
+            f"{generator.elapsed_s():6.1f} s of {duration_s:g} s model time, "
+            f"{done} requests done, {generator.issued - done} in flight"
+        )
+
+
+async def _guarded(children: Children, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`; if a child died meanwhile, say so rather than how a call failed."""
+    try:
+        return await children.watch(awaitable)
+    except aiohttp.ClientError as error:
+        await asyncio.sleep(0.5)  # give a dying child's exit status time to arrive
+        crashed = children.crashed()
+        if crashed:
+            raise ChildError(crashed[0].describe_exit()) from None
+        raise ChildError(f"the gateway or an engine stopped answering: {error}") from None
+
+
+async def run_live_config(
+    config: ClusterConfig,
+    scenario: SeedScenario,
+    profile: Profile,
+    time_scale: float,
+    say: Say,
+) -> LiveRun:
+    """Start the engines and the gateway for `config`, replay the workload, stop them all."""
+    async with Children() as children:
+        replicas = [(pool, index) for pool in config.pools for index in range(pool.replicas)]
+        say(f"starting {len(replicas)} engines and the gateway")
+        engines: list[ChildProcess] = list(
+            await asyncio.gather(
+                *(
+                    children.start_laneway_async(
+                        "sim",
+                        sim_args(pool, profile, time_scale),
+                        name=f"engine {pool.route.name}-{index}",
+                    )
+                    for pool, index in replicas
+                )
+            )
+        )
+        endpoints: dict[str, list[str]] = {pool.route.name: [] for pool in config.pools}
+        for (pool, _), engine in zip(replicas, engines, strict=True):
+            endpoints[pool.route.name].append(engine.url)
+        with tempfile.TemporaryDirectory(prefix="laneway-seed-") as directory:
+            config_path = Path(directory) / "gateway.yaml"
+            config_path.write_text(
+                yaml.safe_dump_all(gateway_documents(config, endpoints), sort_keys=False)
+            )
+            gateway = await children.start_laneway_async(
+                "gateway", ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
+            )
+
+        await _guarded(children, warm_up(gateway.url, config))
+        busy_before = await _guarded(children, _busy_of(engines))
+        workload = workload_from_scenario(scenario, PUBLIC_MODEL, drain_s=DRAIN_S)
+        generator = LoadGenerator(workload, gateway.url, time_scale)
+        cpu_before = (
+            time.process_time(),
+            gateway.cpu_seconds(),
+            sum(e.cpu_seconds() for e in engines),
+        )
+        wall_before = time.perf_counter()
+        progress = asyncio.create_task(_report_progress(generator, scenario.duration_s, say))
+        try:
+            records = await _guarded(children, generator.run())
+        finally:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+        cpu = CpuUse(
+            generator_s=time.process_time() - cpu_before[0],
+            gateway_s=gateway.cpu_seconds() - cpu_before[1],
+            engines_s=sum(e.cpu_seconds() for e in engines) - cpu_before[2],
+            wall_s=time.perf_counter() - wall_before,
+        )
+        end_s = generator.elapsed_s()
+        busy = await _guarded(children, _busy_of(engines))
+        say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
+    result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
+    return LiveRun(result, tuple(records), generator.issued, cpu)
+
+
+def stderr_say(config_name: str) -> Say:
+    def say(message: str) -> None:
+        print(f"seed live: {config_name:<16} {message}", file=sys.stderr, flush=True)
+
+    return say

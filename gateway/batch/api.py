@@ -1,0 +1,118 @@
+"""HTTP handlers of the OpenAI Files and Batches APIs; storage lives in files.py, batches.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aiohttp import web
+
+from laneway.gateway.batch.batches import BatchStore, parse_create
+from laneway.gateway.batch.files import FileStore, file_object, new_file_id, read_upload
+from laneway.gateway.errors import ApiError, bad_request
+from laneway.gateway.keys import BATCH_STORE, FILE_SIZE_LIMIT, FILE_STORE, TENANT
+from laneway.gateway.state.redis_store import needs_redis
+
+DEFAULT_PAGE = 20
+MAX_PAGE = 100
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/files", needs_redis(upload_file))
+    app.router.add_get("/v1/files", needs_redis(list_files))
+    app.router.add_get("/v1/files/{file_id}", needs_redis(get_file))
+    app.router.add_delete("/v1/files/{file_id}", needs_redis(delete_file))
+    app.router.add_get("/v1/files/{file_id}/content", needs_redis(file_content))
+    app.router.add_post("/v1/batches", needs_redis(create_batch))
+    app.router.add_get("/v1/batches", needs_redis(list_batches))
+    app.router.add_get("/v1/batches/{batch_id}", needs_redis(get_batch))
+    app.router.add_post("/v1/batches/{batch_id}/cancel", needs_redis(cancel_batch))
+
+
+def _owner(request: web.Request) -> str:
+    # The tenant middleware sets it on every request; without auth it is the anonymous one.
+    return request[TENANT].name
+
+
+def _files(request: web.Request) -> FileStore:
+    if FILE_STORE not in request.app:
+        raise ApiError(
+            501,
+            "The Files and Batches APIs keep their state in Redis: start the gateway with "
+            "--redis-url",
+            "batches_need_redis",
+        )
+    return request.app[FILE_STORE]
+
+
+def _batches(request: web.Request) -> BatchStore:
+    _files(request)
+    return request.app[BATCH_STORE]
+
+
+async def upload_file(request: web.Request) -> web.Response:
+    store = _files(request)
+    purpose, filename, content = await read_upload(request, request.app[FILE_SIZE_LIMIT])
+    file = file_object(new_file_id(), len(content), filename, purpose, _owner(request))
+    await store.put(file, content)
+    return web.json_response(file.to_json())
+
+
+async def get_file(request: web.Request) -> web.Response:
+    file = await _files(request).get(request.match_info["file_id"], _owner(request))
+    return web.json_response(file.to_json())
+
+
+async def list_files(request: web.Request) -> web.Response:
+    page = await _files(request).list_page(
+        _owner(request), request.query.get("after"), _limit(request), request.query.get("purpose")
+    )
+    return web.json_response(page)
+
+
+async def delete_file(request: web.Request) -> web.Response:
+    deleted = await _files(request).delete(request.match_info["file_id"], _owner(request))
+    return web.json_response(deleted)
+
+
+async def file_content(request: web.Request) -> web.Response:
+    content = await _files(request).content(request.match_info["file_id"], _owner(request))
+    return web.Response(body=content, content_type="application/octet-stream")
+
+
+async def create_batch(request: web.Request) -> web.Response:
+    store = _batches(request)
+    try:
+        payload = json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(
+            400, f"The request body is not valid JSON: {error}", "invalid_json"
+        ) from None
+    batch = await store.create(parse_create(payload), _owner(request), time.time())
+    return web.json_response(batch)
+
+
+async def get_batch(request: web.Request) -> web.Response:
+    batch = await _batches(request).get(request.match_info["batch_id"], _owner(request))
+    return web.json_response(batch)
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    page = await _batches(request).list_page(
+        _owner(request), request.query.get("after"), _limit(request)
+    )
+    return web.json_response(page)
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", str(DEFAULT_PAGE))
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+        raise bad_request(f"'limit' must be a whole number from 1 to {MAX_PAGE}", "limit")
+    return int(raw)
+
+
+async def cancel_batch(request: web.Request) -> web.Response:
+    batch = await _batches(request).cancel(
+        request.match_info["batch_id"], _owner(request), time.time()
+    )
+    return web.json_response(batch)

@@ -1,0 +1,63 @@
+"""Background loops: scrape every endpoint's /metrics, and probe ejected endpoints' /health."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import aiohttp
+
+from laneway.gateway.config import GatewaySettings
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.routing.engine_metrics import EngineMetricsError, parse_engine_metrics
+
+
+async def scrape_forever(
+    registry: PoolRegistry, session: aiohttp.ClientSession, settings: GatewaySettings
+) -> None:
+    timeout = aiohttp.ClientTimeout(total=settings.scrape.timeout_millis / 1000)
+    while True:
+        urls = [url for url in registry.endpoints() if url not in registry.ejected()]
+        await asyncio.gather(*(_scrape(registry, session, url, timeout) for url in urls))
+        await asyncio.sleep(settings.scrape.interval_millis / 1000)
+
+
+async def _scrape(
+    registry: PoolRegistry,
+    session: aiohttp.ClientSession,
+    url: str,
+    limits: aiohttp.ClientTimeout,
+) -> None:
+    # A failed scrape only lets the last sample go stale; live requests decide ejection.
+    try:
+        async with session.get(f"{url}/metrics", timeout=limits) as response:
+            if response.status != 200:
+                return
+            text = await response.text()
+        registry.record_scrape(url, parse_engine_metrics(text))
+    except (aiohttp.ClientError, TimeoutError, EngineMetricsError, UnicodeDecodeError):
+        return
+
+
+async def probe_forever(
+    registry: PoolRegistry, session: aiohttp.ClientSession, settings: GatewaySettings
+) -> None:
+    timeout = aiohttp.ClientTimeout(total=settings.upstream.health_timeout_millis / 1000)
+    while True:
+        await asyncio.sleep(settings.health.check_interval_millis / 1000)
+        ejected = registry.ejected()
+        results = await asyncio.gather(*(_probe(session, url, timeout) for url in ejected))
+        for url, passed in zip(ejected, results, strict=True):
+            registry.record_probe(url, passed)
+            if passed:
+                print(
+                    f"laneway gateway: endpoint {url} passed /health, re-admitted", file=sys.stderr
+                )
+
+
+async def _probe(session: aiohttp.ClientSession, url: str, limits: aiohttp.ClientTimeout) -> bool:
+    try:
+        async with session.get(f"{url}/health", timeout=limits) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False

@@ -1,0 +1,99 @@
+"""Admission: at most `limit` requests of a pool run at once; the rest wait in line.
+
+The line serves interactive requests before batch ones. Interactive requests are FIFO;
+batch requests leave in fair-share order between tenants, weighted by tokens (fairshare.py),
+so one tenant's 500 documents do not starve another's five. A
+request that cannot even join (the line is full) is refused at once; the handler bounds the
+wait and answers both with 429 and Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from laneway.api import Lane
+from laneway.routing.fairshare import FairShareQueue
+
+
+class AdmissionRefused(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # "queue_full", "pool_removed" or "shutting_down"
+
+
+class PoolGate:
+    def __init__(self, limit: int, max_waiting: int) -> None:
+        self._limit = limit
+        self._max_waiting = max_waiting
+        self._active = 0
+        self._interactive: deque[asyncio.Future[None]] = deque()
+        self._batch: FairShareQueue[asyncio.Future[None]] = FairShareQueue()
+        self._closed: str | None = None  # why the gate refuses everyone, once it does
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def waiting(self) -> int:
+        return len(self._interactive) + len(self._batch)
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def set_limit(self, limit: int) -> None:
+        self._limit = limit
+        self._grant()
+
+    async def acquire(self, priority: Lane, tenant: str = "", tokens: int = 0) -> None:
+        """Return once admitted; raise AdmissionRefused when full or closed.
+
+        `tenant` and `tokens` place a batch request in the fair-share order.
+
+        Callers bound the wait with `asyncio.timeout`; a cancelled wait leaves no trace.
+        """
+        if self._closed is not None:
+            raise AdmissionRefused(self._closed)
+        if self._active < self._limit and not self.waiting:
+            self._active += 1
+            return
+        if self.waiting >= self._max_waiting:
+            raise AdmissionRefused("queue_full")
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if priority is Lane.BATCH:
+            self._batch.push(tenant, slot, tokens)
+        else:
+            self._interactive.append(slot)
+        try:
+            await slot
+        except asyncio.CancelledError:
+            # Timed out or the client went away: give back a slot granted in the same tick.
+            if slot.done() and not slot.cancelled() and slot.exception() is None:
+                self.release()
+            elif slot in self._interactive:
+                self._interactive.remove(slot)
+            else:
+                self._batch.remove(slot)
+            raise
+
+    def release(self) -> None:
+        self._active -= 1
+        self._grant()
+
+    def close(self, reason: str = "pool_removed") -> None:
+        """Refuse everyone waiting and every newcomer; running requests finish (drain)."""
+        self._closed = reason
+        while self.waiting:
+            slot = self._interactive.popleft() if self._interactive else self._batch.pop()
+            if not slot.done():
+                slot.set_exception(AdmissionRefused(reason))
+
+    def _grant(self) -> None:
+        while self.waiting and self._active < self._limit:
+            slot = self._interactive.popleft() if self._interactive else self._batch.pop()
+            if slot.done():
+                continue  # cancelled by its timeout in this same tick
+            self._active += 1
+            slot.set_result(None)

@@ -1,0 +1,372 @@
+"""Shared state in Redis: the connection settings and the replicas' shared endpoint load.
+
+`RedisLoadTracker` implements `LoadTracker` for several gateway replicas. Every replica adds
+its own load to one shared hash per gateway (`{prefix}:load`: `URL|in_flight` and
+`URL|prefill` -> totals), so a pick sees what every replica has sent, one round trip per
+read, and concurrent picks share one read. Changes are written in the background, many
+requests' worth per round trip, so a request never waits for a write. Each replica also
+keeps its contribution in its own hash and holds a lease (a key with a TTL) that a
+heartbeat renews. When a replica dies, its lease expires and the next
+heartbeat of any surviving replica subtracts the dead one's contribution from the totals:
+a killed replica's load expires instead of leaking.
+
+The heartbeat also rewrites this replica's contribution from its exact local counts and
+moves the totals by the difference, which repairs whatever was missed while Redis was away
+or lost in a Redis restart. While Redis is unreachable, picks use this replica's local
+counts alone, and interactive traffic keeps flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from laneway.errors import UsageError
+from laneway.gateway.errors import ApiError
+from laneway.gateway.state.memory import EndpointLoad, InMemoryLoadTracker, Lease
+from laneway.gateway.state.settings import REDIS_URL_ENV
+
+log = logging.getLogger("laneway.gateway.redis")
+
+
+REDIS_PASSWORD_ENV = "LANEWAY_REDIS_PASSWORD"
+DEFAULT_PREFIX = "laneway"
+# Redis calls must fail fast when the server is away, never hang a request.
+SOCKET_TIMEOUT_S = 0.5
+MAX_CONNECTIONS = 64
+POOL_WAIT_S = 2.0
+DEFAULT_LEASE_S = 6.0
+
+# Errors that mean "Redis is not answering" rather than a bug in a command.
+REDIS_DOWN = (RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str
+    password: str | None = None
+    prefix: str = DEFAULT_PREFIX
+
+
+def redis_settings(
+    flag: str | None, environ: Mapping[str, str] = os.environ
+) -> RedisSettings | None:
+    """From `--redis-url` (or LANEWAY_REDIS_URL) and LANEWAY_REDIS_PASSWORD; None: in-memory."""
+    url = flag if flag is not None else environ.get(REDIS_URL_ENV)
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(f"--redis-url {url!r}: must start with redis://, rediss:// or unix://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise UsageError(f"--redis-url {url!r}: names no host (e.g. redis://redis:6379/0)")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise UsageError(f"--redis-url {url!r}: the port is not a number") from None
+    return RedisSettings(url=url, password=environ.get(REDIS_PASSWORD_ENV) or None)
+
+
+def connect(settings: RedisSettings) -> Redis:
+    """A client that fails fast while Redis is away and reconnects by itself when it returns.
+
+    Its pool is bounded and blocking: under a burst, calls wait briefly for a connection
+    instead of opening hundreds or failing.
+    """
+    pool = BlockingConnectionPool.from_url(
+        settings.url,
+        password=settings.password,
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=5,
+        # One immediate retry on a fresh connection: after a Redis restart every pooled
+        # connection is stale, and the retry hides that; more retries would only stall
+        # requests while Redis is really away.
+        retry=Retry(NoBackoff(), 1),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+    return Redis.from_pool(pool)
+
+
+@contextlib.asynccontextmanager
+async def redis_client(settings: RedisSettings) -> AsyncIterator[Redis]:
+    client = connect(settings)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+# KEYS: totals, contribution. ARGV: field, delta pairs. Moves both hashes together.
+APPLY_LUA = """
+for i = 1, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+# KEYS: totals, contribution. ARGV: fields. The totals less this replica's own share.
+OTHERS_LUA = """
+local totals = redis.call('HMGET', KEYS[1], unpack(ARGV))
+local mine = redis.call('HMGET', KEYS[2], unpack(ARGV))
+local others = {}
+for i = 1, #ARGV do
+  others[i] = (tonumber(totals[i]) or 0) - (tonumber(mine[i]) or 0)
+end
+return others
+"""
+
+# KEYS: totals, replicas set. ARGV: prefix, this replica, lease ms, then field, value pairs
+# of this replica's exact load. Renews this replica's lease, replaces its contribution and
+# moves the totals by the difference, then reaps replicas whose lease has expired.
+# Reaped replicas' keys are derived in the script: fine on a single Redis, not on Cluster.
+SYNC_LUA = """
+local prefix, me, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local function contribution(replica) return prefix .. ':load:replica:' .. replica end
+local function lease(replica) return prefix .. ':load:lease:' .. replica end
+redis.call('SET', lease(me), '1', 'PX', lease_ms)
+redis.call('SADD', KEYS[2], me)
+local mine = contribution(me)
+local old = redis.call('HGETALL', mine)
+local fresh = {}
+for i = 4, #ARGV, 2 do fresh[ARGV[i]] = tonumber(ARGV[i + 1]) end
+for i = 1, #old, 2 do
+  local field, value = old[i], tonumber(old[i + 1])
+  local delta = (fresh[field] or 0) - value
+  if delta ~= 0 then redis.call('HINCRBY', KEYS[1], field, delta) end
+  fresh[field] = nil
+end
+for field, value in pairs(fresh) do
+  if value ~= 0 then redis.call('HINCRBY', KEYS[1], field, value) end
+end
+redis.call('DEL', mine)
+for i = 4, #ARGV, 2 do
+  if tonumber(ARGV[i + 1]) ~= 0 then redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
+end
+local reaped = 0
+for _, replica in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('EXISTS', lease(replica)) == 0 then
+    local dead = redis.call('HGETALL', contribution(replica))
+    for i = 1, #dead, 2 do redis.call('HINCRBY', KEYS[1], dead[i], -tonumber(dead[i + 1])) end
+    redis.call('DEL', contribution(replica))
+    redis.call('SREM', KEYS[2], replica)
+    reaped = reaped + 1
+  end
+end
+-- Endpoints come and go: drop totals that are back to zero rather than keep them forever.
+local totals = redis.call('HGETALL', KEYS[1])
+for i = 1, #totals, 2 do
+  if tonumber(totals[i + 1]) == 0 then redis.call('HDEL', KEYS[1], totals[i]) end
+end
+return reaped
+"""
+
+
+def _fields(endpoint: str) -> tuple[str, str]:
+    return f"{endpoint}|in_flight", f"{endpoint}|prefill"
+
+
+class RedisLoadTracker:
+    """`LoadTracker` over Redis, exact locally, shared through per-replica leases."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str = DEFAULT_PREFIX,
+        replica: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self.replica = replica or replica_id()
+        self._lease_ms = int(lease_s * 1000)
+        self.heartbeat_s = lease_s / 3
+        self._local = InMemoryLoadTracker()
+        self._endpoints: set[str] = set()  # every endpoint this replica has load on
+        self._totals = f"{prefix}:load"
+        self._contribution = f"{prefix}:load:replica:{self.replica}"
+        self._sync_keys = [self._totals, f"{prefix}:load:replicas"]
+        self._apply = redis.register_script(APPLY_LUA)
+        self._others = redis.register_script(OTHERS_LUA)
+        self._sync = redis.register_script(SYNC_LUA)
+        self.shared = True  # False while Redis is unreachable
+        self._unsent: collections.Counter[str] = collections.Counter()  # field -> delta
+        self._writer: asyncio.Task[None] | None = None
+        # One read in flight per set of endpoints, shared by the picks that want it.
+        self._reads: dict[tuple[str, ...], asyncio.Future[list[int]]] = {}
+
+    async def start(self, endpoint: str, prefill_tokens: int) -> Lease:
+        lease = await self._local.start(endpoint, prefill_tokens)
+        self._endpoints.add(endpoint)
+        in_flight, prefill = _fields(endpoint)
+        self._queue((in_flight, 1), (prefill, prefill_tokens))
+        return lease
+
+    async def prefill_done(self, lease: Lease) -> None:
+        await self._local.prefill_done(lease)
+        self._queue((_fields(lease.endpoint)[1], -lease.prefill_tokens))
+
+    async def finish(self, lease: Lease, prefill_done: bool) -> None:
+        await self._local.finish(lease, prefill_done)
+        in_flight, prefill = _fields(lease.endpoint)
+        self._queue((in_flight, -1))
+        if not prefill_done:
+            self._queue((prefill, -lease.prefill_tokens))
+
+    async def loads(self, endpoints: Iterable[str]) -> Mapping[str, EndpointLoad]:
+        urls = list(endpoints)
+        if not self.shared:
+            return await self._local.loads(urls)
+        fields = tuple(field for url in urls for field in _fields(url))
+        try:
+            others = await asyncio.shield(self._read(fields))
+        except REDIS_DOWN as error:
+            self._went_down(error)
+            return await self._local.loads(urls)
+        # Other replicas' load from Redis, this replica's own from its exact local counts:
+        # changes still on their way to Redis count at once, and none counts twice.
+        mine = await self._local.loads(urls)
+        return {
+            url: EndpointLoad(
+                mine[url].in_flight + max(0, others[2 * i]),
+                mine[url].prefill_tokens + max(0, others[2 * i + 1]),
+            )
+            for i, url in enumerate(urls)
+        }
+
+    def _read(self, fields: tuple[str, ...]) -> asyncio.Future[list[int]]:
+        """One read shared by every pick that asks for the same endpoints meanwhile."""
+        read = self._reads.get(fields)
+        if read is None:
+            read = asyncio.ensure_future(self._read_others(fields))
+            self._reads[fields] = read
+            read.add_done_callback(lambda done: self._read_done(fields, done))
+        return read
+
+    async def _read_others(self, fields: tuple[str, ...]) -> list[int]:
+        """The totals less this replica's contribution, read in one step."""
+        others: list[int] = await self._others(
+            keys=[self._totals, self._contribution], args=list(fields)
+        )
+        return others
+
+    def _read_done(self, fields: tuple[str, ...], done: asyncio.Future[list[int]]) -> None:
+        self._reads.pop(fields, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here, whoever of its waiters went away
+
+    def _queue(self, *deltas: tuple[str, int]) -> None:
+        """Apply deltas in the background: picks never wait for a write to Redis."""
+        if not self.shared:
+            return  # the next heartbeat after Redis returns resyncs this replica's share
+        for field, delta in deltas:
+            self._unsent[field] += delta
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="load-writer")
+
+    async def _write(self) -> None:
+        """Send what is queued, many requests' changes per round trip, until nothing is left."""
+        while self._unsent and self.shared:
+            sending, self._unsent = self._unsent, collections.Counter()
+            args: list[str | int] = [x for f, d in sending.items() if d for x in (f, d)]
+            try:
+                if args:
+                    await self._apply(keys=[self._totals, self._contribution], args=args)
+            except REDIS_DOWN as error:
+                self._went_down(error)
+        if not self.shared:
+            self._unsent.clear()
+
+    async def flush(self) -> None:
+        """Wait until every change made so far has reached Redis (or Redis has gone away)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
+
+    async def heartbeat(self) -> int:
+        """Renew the lease, resync this replica's share, reap dead replicas; how many reaped."""
+        snapshot = await self._local.loads(self._endpoints)
+        self._endpoints = {url for url, load in snapshot.items() if load != EndpointLoad()}
+        args: list[str | int] = [self._prefix, self.replica, self._lease_ms]
+        for url, load in snapshot.items():
+            in_flight, prefill = _fields(url)
+            args += [in_flight, load.in_flight, prefill, load.prefill_tokens]
+        reaped: int = await self._sync(keys=self._sync_keys, args=args)
+        if not self.shared:
+            log.warning("redis is back: endpoint load is shared again")
+            self.shared = True
+        return reaped
+
+    async def run(self) -> None:
+        """The heartbeat loop, until cancelled; survives Redis going away and coming back."""
+        while True:
+            try:
+                reaped = await self.heartbeat()
+                if reaped:
+                    log.info("reaped the load of %d replica(s) whose lease expired", reaped)
+            except REDIS_DOWN as error:
+                self._went_down(error)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def leave(self) -> None:
+        """On a clean shutdown: take this replica's load out of the totals now."""
+        with contextlib.suppress(*REDIS_DOWN):
+            await self.flush()
+            # An empty snapshot takes this replica's share out of the totals.
+            await self._sync(keys=self._sync_keys, args=[self._prefix, self.replica, 1])
+            await self._redis.delete(f"{self._prefix}:load:lease:{self.replica}")
+            await self._redis.srem(self._sync_keys[1], self.replica)
+
+    def _went_down(self, error: BaseException) -> None:
+        if self.shared:
+            log.warning("redis unreachable, picking on this replica's load alone: %s", error)
+            self.shared = False
+
+
+UNAVAILABLE_RETRY_S = 5
+
+
+def redis_unavailable(error: BaseException) -> ApiError:
+    return ApiError(
+        503,
+        f"Shared state (Redis) is unreachable, try again shortly: {type(error).__name__}",
+        "state_unavailable",
+        retry_after=UNAVAILABLE_RETRY_S,
+    )
+
+
+def needs_redis(handler: Handler) -> Handler:
+    """Answer 503 with Retry-After, instead of failing, while Redis is away."""
+
+    @functools.wraps(handler)
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except REDIS_DOWN as error:
+            raise redis_unavailable(error) from None
+
+    return guarded

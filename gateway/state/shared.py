@@ -1,0 +1,275 @@
+"""The state layer plugged into a gateway app: tenants, limits, shared load, files, batches.
+
+`install(app, options)` is the one call that adds it to an app built by `create_app`:
+the tenant middleware (401 for a missing or unknown key when a keys file is given), the
+Files and Batches routes, and, with Redis, the shared load tracker, the shared limiter and
+the batch dispatcher as background tasks. Without Redis, limits are kept in memory and the
+Files and Batches routes say that they need Redis.
+
+The proxy asks `admit_tenant` once per request, after counting its tokens; the server tells
+`announce_listening` its port, which the dispatcher needs to reach the batch lane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from redis.asyncio import Redis
+
+from laneway.errors import UsageError
+from laneway.gateway.batch.api import add_routes
+from laneway.gateway.batch.batches import BatchStore
+from laneway.gateway.batch.dispatcher import (
+    INTERNAL_HEADER,
+    TENANT_HEADER,
+    Dispatcher,
+    DispatchSettings,
+)
+from laneway.gateway.batch.files import FileStore
+from laneway.gateway.errors import ApiError
+from laneway.gateway.keys import (
+    BATCH_STORE,
+    DISPATCHING,
+    FILE_SIZE_LIMIT,
+    FILE_STORE,
+    INTERNAL,
+    INTERNAL_SECRET,
+    LIMITER,
+    LOOPBACK,
+    METRICS,
+    SESSION,
+    SETTINGS,
+    STATE_METRICS,
+    TENANT,
+    TENANTS,
+    TRACKER,
+    Loopback,
+)
+from laneway.gateway.state.metrics import StateMetrics
+from laneway.gateway.state.redis_store import (
+    DEFAULT_LEASE_S,
+    RedisLoadTracker,
+    RedisSettings,
+    connect,
+    redis_settings,
+)
+from laneway.gateway.state.settings import MAX_FILE_BYTES
+from laneway.gateway.state.tenants import (
+    ANONYMOUS_TENANT,
+    InMemoryRateLimiter,
+    RedisRateLimiter,
+    Tenant,
+    TenantKeys,
+    retry_after_header,
+)
+
+TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@dataclass(frozen=True)
+class SharedStateOptions:
+    redis: RedisSettings | None = None  # None: in-memory, one replica
+    tenants: TenantKeys | None = None  # None: auth off, every request is anonymous
+    tenants_reload_s: float = TENANTS_RELOAD_S
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+    max_file_bytes: int = MAX_FILE_BYTES
+    load_lease_s: float = DEFAULT_LEASE_S
+
+
+def install(app: web.Application, options: SharedStateOptions) -> None:
+    app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
+    app[LOOPBACK] = Loopback()
+    app[FILE_SIZE_LIMIT] = options.max_file_bytes
+    app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
+    if options.tenants is not None:
+        app[TENANTS] = options.tenants
+        app.cleanup_ctx.append(_reload_tenants(options.tenants, options.tenants_reload_s))
+    app.middlewares.append(tenant_middleware)
+    add_routes(app)
+    if options.redis is None:
+        app[LIMITER] = InMemoryRateLimiter()
+        return
+    redis = connect(options.redis)
+    prefix = options.redis.prefix
+    tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
+    files = FileStore(redis, prefix)
+    app[TRACKER] = tracker
+    metrics.watch_redis(lambda: tracker.shared)
+    app[LIMITER] = RedisRateLimiter(redis, prefix)
+    app[FILE_STORE] = files
+    app[BATCH_STORE] = BatchStore(redis, files, prefix)
+    app[DISPATCHING] = []
+    app.cleanup_ctx.append(_background(redis, tracker, options))
+    # Stop claiming batch items as soon as shutdown begins: this replica's listener has
+    # closed, so an item that needs another try goes to the other replicas instead.
+    app.on_shutdown.append(_stop_dispatching)
+
+
+async def _stop_dispatching(app: web.Application) -> None:
+    """Let the items running now finish while the server drains; hand the rest over."""
+    drain_s = app[SETTINGS].drain_timeout_millis / 1000
+    for dispatcher, task in app[DISPATCHING]:
+        dispatcher.stop()
+        try:
+            async with asyncio.timeout(drain_s):
+                await asyncio.shield(task)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _reload_tenants(
+    keys: TenantKeys, every_s: float
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                await asyncio.to_thread(keys.refresh)
+
+        task = asyncio.create_task(watch(), name="tenant-keys")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return run
+
+
+def announce_listening(app: web.Application, host: str, port: int) -> None:
+    if LOOPBACK in app:
+        local = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        app[LOOPBACK].url = f"http://{local}:{port}"
+
+
+def _background(
+    redis: Redis, tracker: RedisLoadTracker, options: SharedStateOptions
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        keys = options.tenants
+
+        def weight(name: str) -> float:
+            found = keys.directory.named(name) if keys else None
+            return found.weight if found else 1.0
+
+        loopback = app[LOOPBACK]
+        dispatcher = Dispatcher(
+            app[BATCH_STORE],
+            app[SESSION],
+            target=lambda: loopback.url,
+            secret=app[INTERNAL_SECRET],
+            consumer=tracker.replica,
+            settings=options.dispatch,
+            weight=weight,
+            metrics=app[STATE_METRICS],
+        )
+        dispatching = asyncio.create_task(dispatcher.run(), name="batch-dispatcher")
+        app[DISPATCHING].append((dispatcher, dispatching))
+        tasks = [asyncio.create_task(tracker.run(), name="load-heartbeat"), dispatching]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await tracker.leave()
+        await redis.aclose()
+
+    return run
+
+
+@web.middleware
+async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Who is asking: the key's tenant, 401 without a valid key when auth is on."""
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    app = request.app
+    internal = request.headers.get(INTERNAL_HEADER)
+    if internal is not None and hmac.compare_digest(internal, app[INTERNAL_SECRET]):
+        request[INTERNAL] = True
+        request[TENANT] = _named(app, request.headers.get(TENANT_HEADER, ""))
+    elif TENANTS in app:
+        authorization = request.headers.get("Authorization")
+        tenant = app[TENANTS].directory.authenticate(authorization)
+        if tenant is None:
+            app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
+            raise ApiError(
+                401,
+                "Incorrect API key provided"
+                if authorization
+                else "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
+                "invalid_api_key",
+            )
+        request[TENANT] = tenant
+    else:
+        request[TENANT] = ANONYMOUS_TENANT
+    return await handler(request)
+
+
+def _named(app: web.Application, name: str) -> Tenant:
+    known = app[TENANTS].directory.named(name) if TENANTS in app else None
+    return known or (Tenant(name) if name else ANONYMOUS_TENANT)
+
+
+def tenant_name(request: web.Request) -> str:
+    """Whose request this is, for fair share in the batch lane."""
+    return request[TENANT].name if TENANT in request else ANONYMOUS_TENANT.name
+
+
+async def admit_tenant(request: web.Request, tokens: int) -> None:
+    """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
+    if LIMITER not in request.app or TENANT not in request or request.get(INTERNAL):
+        return
+    tenant = request[TENANT]
+    decision = await request.app[LIMITER].admit(tenant, tokens)
+    if decision.allowed:
+        return
+    reason = "too_large" if decision.never else decision.exceeded
+    request.app[STATE_METRICS].refused.labels(tenant.name, reason).inc()
+    if decision.never:
+        raise ApiError(
+            429,
+            f"This request needs {tokens} tokens, more than tenant {tenant.name}'s whole "
+            f"limit of {tenant.tokens_per_minute} tokens per minute; make it smaller",
+            "tokens_exceed_limit",
+        )
+    limit = (
+        f"{tenant.requests_per_minute} requests"
+        if decision.exceeded == "requests"
+        else f"{tenant.tokens_per_minute} tokens"
+    )
+    raise ApiError(
+        429,
+        f"Rate limit reached for tenant {tenant.name}: {limit} per minute; "
+        f"retry after {retry_after_header(decision)} s",
+        "rate_limit_exceeded",
+        retry_after=int(retry_after_header(decision)),
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
+    """UsageError naming the flag when a value cannot work."""
+    if args.batch_concurrency < 1:
+        raise UsageError(f"--batch-concurrency must be at least 1, got {args.batch_concurrency}")
+    if args.batch_lease < 1:
+        raise UsageError(f"--batch-lease must be at least 1 second, got {args.batch_lease:g}")
+    if args.max_file_bytes < 1:
+        raise UsageError(f"--max-file-bytes must be at least 1, got {args.max_file_bytes}")
+    return SharedStateOptions(
+        redis=redis_settings(args.redis_url),
+        tenants=TenantKeys(args.tenants) if args.tenants else None,
+        dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
+        max_file_bytes=args.max_file_bytes,
+        # A replica's load outlives it by one lease; batch items wait as long.
+        load_lease_s=min(DEFAULT_LEASE_S, args.batch_lease),
+    )

@@ -1,0 +1,55 @@
+"""Endpoint picking: weighted scorers rank the candidates; ties break at random.
+
+Pure: the caller passes the views and a seeded `random.Random`. The ranking, not just the
+winner, is returned so a request that fails before its first byte can retry on the next one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from laneway.routing.scorers import SCORERS, EndpointView, Scorer
+
+
+@dataclass(frozen=True)
+class WeightedScorer:
+    name: str
+    scorer: Scorer
+    weight: int
+
+
+@dataclass(frozen=True)
+class Ranked:
+    url: str
+    score: float  # weighted mean of the scorers, in [0, 1]
+
+
+def scorers_from_weights(policy: str, weights: Mapping[str, int]) -> tuple[WeightedScorer, ...]:
+    """The configured profile; the "random" policy scores nothing, so every pick is a tie."""
+    if policy == "random":
+        return ()
+    return tuple(
+        WeightedScorer(name, SCORERS[name], weight) for name, weight in weights.items() if weight
+    )
+
+
+def rank(
+    endpoints: Sequence[EndpointView],
+    profile: Sequence[WeightedScorer],
+    rng: random.Random,
+) -> list[Ranked]:
+    total_weight = sum(s.weight for s in profile)
+    totals = [0.0] * len(endpoints)
+    for weighted in profile:
+        for index, score in enumerate(weighted.scorer.score(endpoints)):
+            totals[index] += weighted.weight * score
+    ranked = [
+        Ranked(e.url, totals[i] / total_weight if total_weight else 1.0)
+        for i, e in enumerate(endpoints)
+    ]
+    # Shuffle, then a stable sort: equal scores end up in random order.
+    rng.shuffle(ranked)
+    ranked.sort(key=lambda r: r.score, reverse=True)
+    return ranked

@@ -1,0 +1,21 @@
+"""Endpoint scorers: one module each, combined with weights by `laneway.routing.picker`."""
+
+from __future__ import annotations
+
+from laneway.routing.scorers.base import EndpointView, Scorer
+from laneway.routing.scorers.in_flight import InFlightScorer
+from laneway.routing.scorers.kv_usage import KVUsageScorer
+from laneway.routing.scorers.prefill_tokens import PrefillTokensScorer
+from laneway.routing.scorers.queue_depth import QueueDepthScorer
+from laneway.routing.scorers.ttft_slo import TtftSloScorer
+
+# Config name (GatewayConfig spec.picking.weights) -> scorer.
+SCORERS: dict[str, Scorer] = {
+    "queueDepth": QueueDepthScorer(),
+    "kvCacheUsage": KVUsageScorer(),
+    "inFlightRequests": InFlightScorer(),
+    "prefillTokens": PrefillTokensScorer(),
+    "ttftSlo": TtftSloScorer(),
+}
+
+__all__ = ["SCORERS", "EndpointView", "Scorer"]

@@ -1,0 +1,41 @@
+"""The scorer contract: given the candidate endpoints, one score each in [0, 1], 1 is best.
+
+A scorer sees the gateway's own accounting (always current) and the engine's scraped gauges
+(None when never scraped or stale). Scores are relative to the candidates, so a scorer
+returns the neutral 1.0 to all when they are equal, and 0.5 where it knows nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from laneway.routing.engine_metrics import EngineMetrics
+
+UNKNOWN = 0.5
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    url: str
+    in_flight: int  # requests this gateway has sent and not yet finished
+    prefill_tokens: int  # prompt tokens sent whose first token has not come back yet
+    engine: EngineMetrics | None  # None: no fresh scrape
+    predicted_ttft_ms: float | None = None  # this request's first token here (slo.py)
+    ttft_slo_ms: int | None = None  # the pool's slo.ttftMillis
+
+
+class Scorer(Protocol):
+    def score(self, endpoints: Sequence[EndpointView]) -> list[float]: ...
+
+
+def lower_is_better(values: Sequence[float | None]) -> list[float]:
+    """Normalise between the candidates' min and max; unknown values score UNKNOWN."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return [UNKNOWN] * len(values)
+    low, high = min(known), max(known)
+    if high == low:
+        return [UNKNOWN if v is None else 1.0 for v in values]
+    return [UNKNOWN if v is None else (high - v) / (high - low) for v in values]

@@ -1,0 +1,23 @@
+"""Prefer endpoints where this request's first token is predicted within the pool's TTFT SLO.
+
+Absolute, not relative: every endpoint predicted to meet the SLO scores 1 (meeting it is
+meeting it; the other scorers choose among them), and one predicted to miss scores
+SLO / prediction, so a near miss beats a certain one. The prediction is `slo.PrefillRate`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from laneway.routing.scorers.base import UNKNOWN, EndpointView
+
+
+class TtftSloScorer:
+    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
+        return [_score(e.predicted_ttft_ms, e.ttft_slo_ms) for e in endpoints]
+
+
+def _score(predicted_ms: float | None, slo_ms: int | None) -> float:
+    if predicted_ms is None or slo_ms is None:
+        return UNKNOWN
+    return 1.0 if predicted_ms <= slo_ms else slo_ms / predicted_ms
