@@ -11,15 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 module="$PWD/e2e/controlplane"
 
-# The versions and a hash of the module files name the cache folder: any change to them
-# builds a new set.
+# The versions and a hash of the module files and of this script (its build flags) name the
+# cache folder: any change to them builds a new set.
 version_of() {
     awk -v m="$1" '{ for (i = 1; i < NF; i++) if ($i == m && $(i + 1) ~ /^v/) { print $(i + 1); exit } }' "$2"
 }
 k8s=$(version_of k8s.io/kubernetes "$module/go.mod")
 etcd=$(version_of go.etcd.io/etcd/server/v3 "$module/go.mod")
 kwok=$(version_of sigs.k8s.io/kwok "$module/kwok/go.mod")
-sums=$(cat "$module"/go.mod "$module"/go.sum "$module"/kwok/go.mod "$module"/kwok/go.sum | sha256sum | cut -c1-12)
+sums=$(cat "$module"/go.mod "$module"/go.sum "$module"/kwok/go.mod "$module"/kwok/go.sum \
+    scripts/controlplane.sh | sha256sum | cut -c1-12)
 bin="${LANEWAY_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/laneway/controlplane}/k8s-$k8s-etcd-$etcd-kwok-$kwok-$sums"
 
 case "${1:-build}" in
@@ -58,7 +59,16 @@ echo "controlplane: building Kubernetes $k8s, etcd $etcd, KWOK $kwok (a first bu
 # -trimpath and no symbol tables keep the binaries small; the Go build cache and module
 # cache make a rebuild after a version bump cost only what changed.
 flags=(-trimpath -buildvcs=false -ldflags='-s -w')
-(cd "$module" && CGO_ENABLED=0 go build "${flags[@]}" -o "$work/" \
+# The version a release build stamps in: without it the API server says v0.0.0-master and
+# Helm refuses the chart's kubeVersion.
+minor=${k8s#v1.}
+minor=${minor%%.*}
+stamp=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    stamp+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    stamp+=" -X $pkg.gitTreeState=clean"
+done
+(cd "$module" && CGO_ENABLED=0 go build "${flags[@]:0:2}" -ldflags="-s -w$stamp" -o "$work/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler)

@@ -219,6 +219,7 @@ class Cluster:
     local: bool  # started here: its API server can be restarted, its pods played by KWOK
     workdir: Path
     host_ip: str | None = None  # the address of pods on kwok-host, when there is one
+    apiserver_restarts: int = 0
     _processes: dict[str, Process] = field(default_factory=dict)
 
     # --- kubectl ------------------------------------------------------------------------
@@ -290,6 +291,13 @@ class Cluster:
 
     # --- the local control plane --------------------------------------------------------
 
+    def log_path(self, name: str) -> Path:
+        """Where a test's own process logs, beside the control plane's logs (kept with them
+        under $LANEWAY_TEST_CLUSTER_LOGS)."""
+        logs = self.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        return logs / f"{name}.log"
+
     def process(self, name: str) -> Process:
         return self._processes[name]
 
@@ -299,6 +307,7 @@ class Cluster:
         apiserver.stop()
         while_down()
         apiserver.start()
+        self.apiserver_restarts += 1
         self._wait_ready()
 
     def start(self, folder: Path) -> None:
@@ -313,7 +322,7 @@ class Cluster:
             {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")},
         )
         logs = self.workdir / "logs"
-        logs.mkdir()
+        logs.mkdir(exist_ok=True)
 
         def add(name: str, *args: str) -> None:
             self._processes[name] = Process(name, [str(folder / name), *args], logs / f"{name}.log")
@@ -469,7 +478,7 @@ def cluster_for_tests(keep_logs_in: Path | None = None) -> Iterator[Cluster | st
             yield cluster
         finally:
             cluster.stop()
-            if keep_logs_in is not None:
+            if keep_logs_in is not None and (workdir / "logs").exists():
                 shutil.copytree(workdir / "logs", keep_logs_in, dirs_exist_ok=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
