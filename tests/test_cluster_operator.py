@@ -4,8 +4,9 @@ adopting pods and deleted; status and printer columns as kubectl shows them; own
 and the garbage collector; the operator killed mid-reconcile and the API server restarted.
 KWOK plays the engine pods, so Deployments become available without a kubelet.
 
-tests/test_operator_reconcile.py and tests/test_operator_kopf.py check the same behaviour
-against recording fakes, fast and in detail; this is the cluster a user runs it in."""
+tests/test_operator_reconcile.py checks the reconciler's decisions against a recording fake,
+fast and in detail; kopf's own behaviour (watches, retries, events, annotations) and the
+RBAC it needs are checked only here, where they are real."""
 
 from __future__ import annotations
 
@@ -109,6 +110,14 @@ class Pools:
             READY_TIMEOUT_S,
         )
 
+    def event_reasons(self, name: str) -> list[str]:
+        """The reasons of the events posted about pool `name`."""
+        events = self.kube.get(
+            "events", "-n", self.ns, "--field-selector",
+            f"involvedObject.kind=InferencePool,involvedObject.name={name}",
+        )  # fmt: skip
+        return [str(e.get("reason")) for e in events["items"]]
+
     def engine_args(self, name: str) -> list[str]:
         container = self.get("deployment", name)["spec"]["template"]["spec"]["containers"][0]
         return [*container.get("command", []), *container.get("args", [])]
@@ -147,6 +156,25 @@ def test_a_pool_becomes_owned_children_ready_status_and_a_printed_row(
     managed = pools.kube.get("deployment", "created", "-n", pools.ns, "--show-managed-fields")
     managers = {m["manager"] for m in managed["metadata"]["managedFields"]}
     assert "laneway-operator" in managers
+    assert sorted(pools.event_reasons("created")).count("Created") == len(CHILD_KINDS)
+    # No finalizer: deleting a pool never waits for the operator.
+    assert "finalizers" not in pools.get("lwpool", "created")["metadata"]
+
+
+def test_a_child_edited_by_hand_is_put_back_with_a_warning(operator: Laneway, pools: Pools) -> None:
+    pools.apply(pool("meddled", replicas=1))
+    pools.wait_converged("meddled", 1)
+    pools.kubectl("scale", "deployment", "meddled", "--replicas=5")
+    eventually(
+        "the operator puts the Deployment's replicas back",
+        lambda: pools.get("deployment", "meddled")["spec"]["replicas"] == 1,
+        READY_TIMEOUT_S,
+    )
+    eventually(
+        "a Restored event names what was put back",
+        lambda: "Restored" in pools.event_reasons("meddled"),
+        READY_TIMEOUT_S,
+    )
 
 
 def test_a_changed_and_scaled_pool_rolls_its_deployment(operator: Laneway, pools: Pools) -> None:
