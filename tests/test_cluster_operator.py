@@ -10,6 +10,7 @@ RBAC it needs are checked only here, where they are real."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import signal
 from collections.abc import Iterator
@@ -201,6 +202,10 @@ def test_a_pool_with_a_selector_adopts_pods_and_drops_its_deployment(
 ) -> None:
     pools.apply(pool("adopter", replicas=1))
     pools.wait_converged("adopter", 1)
+    # Engines started by hand, from the same pod template the operator rendered (so that
+    # they start wherever the operator's do, KWOK's nodes or a real cluster's).
+    template = copy.deepcopy(pools.get("deployment", "adopter")["spec"]["template"])
+    template["metadata"] = {"labels": {"app": "hand-made"}}
     pods: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -208,14 +213,7 @@ def test_a_pool_with_a_selector_adopts_pods_and_drops_its_deployment(
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"app": "hand-made"}},
-            "template": {
-                "metadata": {"labels": {"app": "hand-made"}},
-                "spec": {
-                    "containers": [
-                        {"name": "engine", "image": "engine:1", "ports": [{"containerPort": 8000}]}
-                    ]
-                },
-            },
+            "template": template,
         },
     }
     pools.apply(pods)
