@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import functools
 import json
 import os
@@ -50,6 +51,15 @@ POD_CIDR = "10.244.0.0/16"
 START_TIMEOUT_S = 240.0
 
 Manifest = dict[str, Any]
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """For Popen's preexec_fn: the child is killed when the test run that started it dies,
+    however it dies, so no control plane outlives a killed pytest on a shared machine."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -186,6 +196,7 @@ class Process:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def running(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kube_cluster import Cluster
+from kube_cluster import Cluster, die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"
@@ -94,6 +94,7 @@ class Laneway:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def running(self) -> bool:
