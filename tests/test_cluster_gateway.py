@@ -29,7 +29,9 @@ from kube_laneway import Laneway, Release, condition, helm, helm_available, inst
 from openai.types.chat import ChatCompletion
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.cluster
+# Each step waits generously for a loaded machine; a whole test may take more than the
+# suite-wide 300 s before it is judged hung.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "manifests" / "examples" / "simulator-pools.yaml"

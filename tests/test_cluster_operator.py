@@ -20,7 +20,9 @@ import pytest
 from kube_cluster import Cluster, eventually, free_port
 from kube_laneway import Laneway, Release, condition, helm, helm_available, install_release
 
-pytestmark = pytest.mark.cluster
+# Each step waits generously for a loaded machine; a whole test may take more than the
+# suite-wide 300 s before it is judged hung.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 CHILD_KINDS = ("deployment", "service", "poddisruptionbudget")
 READY_TIMEOUT_S = 180.0
