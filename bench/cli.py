@@ -1,4 +1,4 @@
-"""The harness's commands: `laneway demo` and `laneway bench gateway|redis|seed`."""
+"""The harness's commands: `laneway demo` and `laneway bench gateway|redis|seed|prefix`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from laneway.bench.autoscale import register_bench_autoscale
+from laneway.bench.prefix_cli import register_bench_prefix
 from laneway.bench.seed_cli import register_bench_seed
 
 T = TypeVar("T")
@@ -87,10 +89,30 @@ def register(
         action="store_true",
         help="pin the gateway to a CPU of its own and the client and engine to the others",
     )
+    gateway.add_argument(
+        "--against",
+        metavar="PEERS",
+        help="instead: laneway beside these routers (sglang-router, vllm-router; comma-"
+        "separated) on 4 engines, each router pinned to one CPU, non-streaming and streaming",
+    )
+    gateway.add_argument(
+        "--peers-venv",
+        default=".peers",
+        metavar="DIR",
+        help="virtual environment the peers are installed into on demand (default .peers)",
+    )
+    gateway.add_argument(
+        "--clients",
+        type=int,
+        default=64,
+        help="with --against: concurrent clients (default 64)",
+    )
     gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     gateway.set_defaults(handler=run_bench_gateway)
     register_bench_redis(bench)
     register_bench_seed(bench)
+    register_bench_autoscale(bench)
+    register_bench_prefix(bench)
 
 
 def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:
@@ -189,6 +211,8 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     )
     from laneway.outputs import check_output_folder, write_json
 
+    if args.against:
+        return run_bench_against(args)
     options = BenchOptions(
         concurrency=parse_concurrency(args.concurrency),
         requests=args.requests,
@@ -202,6 +226,37 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     command = "laneway " + shlex.join(sys.argv[1:])
     report = run_async(run_bench(options, command))
     print("\n".join(render(report)))
+    if args.json:
+        write_json(args.json, report.to_json())
+    return 0
+
+
+def run_bench_against(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from laneway.bench.peers import (
+        AgainstOptions,
+        check_against,
+        parse_peers,
+        render_against,
+        run_against,
+    )
+    from laneway.outputs import check_output_folder, write_json
+
+    options = AgainstOptions(
+        peers=parse_peers(args.against),
+        venv=Path(args.peers_venv).absolute(),
+        concurrency=args.clients,
+        requests=args.requests or AgainstOptions.requests,
+        prompt_tokens=args.prompt_tokens,
+    )
+    check_against(options)
+    check_output_folder(args.json, "--json")
+    command = "laneway " + shlex.join(sys.argv[1:])
+    report = run_async(run_against(options, command))
+    print("\n".join(render_against(report)))
     if args.json:
         write_json(args.json, report.to_json())
     return 0

@@ -23,19 +23,24 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.api import API_VERSION, KIND
+from laneway.api import API_VERSION
 from laneway.bench.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
 from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.ttft_check import Histogram, gateway_ttft
 from laneway.errors import ChildError
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import RunResult
-from laneway.simulator.seed import ClusterConfig, SeedScenario, SimPool
+from laneway.simulator.seed import (
+    PUBLIC_MODEL,
+    SCRAPE_INTERVAL_S,
+    TBT_SLO_S,
+    TTFT_SLO_S,
+    ClusterConfig,
+    SeedScenario,
+    SimPool,
+)
 
-PUBLIC_MODEL = "llama3-8b"
-# Picking as close to the virtual runner's as the gateway's scorers allow: pending prompt
-# tokens first, requests in flight second, engine gauges not at all.
-PICKING_WEIGHTS = {"prefillTokens": 4, "inFlightRequests": 1, "queueDepth": 0, "kvCacheUsage": 0}
 DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the duration
 WARM_UP_PER_REPLICA = 2
 
@@ -62,17 +67,14 @@ class LiveRun:
     records: tuple[RequestRecord, ...]
     issued: int
     cpu: CpuUse
-
-
-def served_model(pool: SimPool) -> str:
-    return f"{PUBLIC_MODEL}-{pool.route.name}"
+    gateway_ttft: Histogram  # what the gateway's own TTFT histogram recorded during the run
 
 
 def sim_args(pool: SimPool, profile: Profile, time_scale: float) -> list[str]:
     engine = pool.engine
     return [
         "--host", "127.0.0.1", "--port", "0",
-        "--model", served_model(pool),
+        "--model", pool.served_model,
         "--profile", profile.name,
         "--scheduler", engine.kind,
         "--token-budget", str(engine.token_budget),
@@ -87,50 +89,23 @@ def sim_args(pool: SimPool, profile: Profile, time_scale: float) -> list[str]:
 def gateway_documents(
     config: ClusterConfig, endpoints: Mapping[str, Sequence[str]]
 ) -> list[dict[str, Any]]:
-    """One InferencePool per pool of `config`, with its engines' URLs, and a GatewayConfig."""
-    documents: list[dict[str, Any]] = []
-    for pool in config.pools:
-        route, engine = pool.route, pool.engine
-        routing: dict[str, Any] = {
-            "models": [PUBLIC_MODEL],
-            "minPromptTokens": route.min_prompt_tokens,
-        }
-        if route.max_prompt_tokens is not None:
-            routing["maxPromptTokens"] = route.max_prompt_tokens
-        documents.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": {"name": route.name, "namespace": "seed"},
-                "spec": {
-                    "lane": route.lane,
-                    "model": "meta-llama/Meta-Llama-3-8B-Instruct",
-                    "servedModelName": served_model(pool),
-                    "engine": {"kind": "simulator"},
-                    "replicas": pool.replicas,
-                    "routing": routing,
-                    "prefill": {
-                        "chunkedPrefill": engine.kind == "chunked",
-                        "chunkSize": min(engine.chunk_size, engine.max_context),
-                        "tokenBudget": engine.token_budget,
-                        "maxPartialPrefills": engine.max_partial_prefills,
-                    },
-                    "limits": {
-                        "maxContextTokens": route.max_context_tokens,
-                        "maxConcurrentRequests": engine.max_num_seqs,
-                    },
-                },
-                "status": {"endpoints": list(endpoints[route.name])},
-            }
-        )
+    """The InferencePools the virtual runner routes over, with their engines' URLs, and a
+    GatewayConfig with the configuration's picking profile."""
+    documents = [pool.document(endpoints[pool.name]) for pool in config.pools]
     documents.append(
         {
             "apiVersion": API_VERSION,
             "kind": "GatewayConfig",
             "metadata": {"name": "seed"},
             "spec": {
-                "picking": {"policy": "scored", "weights": PICKING_WEIGHTS},
-                "scrape": {"intervalMillis": 250, "staleAfterMillis": 2000},
+                "picking": {
+                    "policy": config.picking.policy,
+                    "weights": dict(config.picking.weights),
+                },
+                "scrape": {
+                    "intervalMillis": round(SCRAPE_INTERVAL_S * 1000),
+                    "staleAfterMillis": 2000,
+                },
                 "queue": {"timeoutMillis": 600_000},
                 "upstream": {"readTimeoutMillis": 600_000},
             },
@@ -172,11 +147,16 @@ async def warm_up(gateway_url: str, config: ClusterConfig) -> None:
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(
             *(
-                _tiny_request(session, gateway_url, pool.route.lane)
+                _tiny_request(session, gateway_url, pool.lane.value)
                 for pool in config.pools
                 for _ in range(pool.replicas * WARM_UP_PER_REPLICA)
             )
         )
+
+
+async def _gateway_ttft(gateway_url: str) -> Histogram:
+    async with aiohttp.ClientSession() as session, session.get(f"{gateway_url}/metrics") as reply:
+        return gateway_ttft(await reply.text())
 
 
 async def _busy_of(engines: Sequence[ChildProcess]) -> list[float]:
@@ -197,6 +177,7 @@ def result_from_records(
     tbt: list[float] = []
     tbt_at: list[float] = []
     completed = 0
+    within_slo = 0
     batch_finished: list[float] = []
     batch_tokens = 0
     for record in records:
@@ -210,6 +191,12 @@ def result_from_records(
                     tbt.append(gap)
                     tbt_at.append(moment)
             completed += record.ok
+            within_slo += (
+                record.ok
+                and record.ttft_s is not None
+                and record.ttft_s <= TTFT_SLO_S
+                and all(gap <= TBT_SLO_S for gap in record.gaps_s)
+            )
         elif record.ok and record.e2e_s is not None:
             batch_finished.append(record.started_s + record.e2e_s)
             batch_tokens += record.prompt_tokens + record.output_tokens
@@ -227,6 +214,7 @@ def result_from_records(
         batch_submitted=scenario.long_requests,
         gpu_busy_s=gpu_busy_s,
         end_s=end_s,
+        interactive_within_slo=within_slo,
     )
 
 
@@ -269,15 +257,15 @@ async def run_live_config(
                     children.start_laneway_async(
                         "sim",
                         sim_args(pool, profile, time_scale),
-                        name=f"engine {pool.route.name}-{index}",
+                        name=f"engine {pool.name}-{index}",
                     )
                     for pool, index in replicas
                 )
             )
         )
-        endpoints: dict[str, list[str]] = {pool.route.name: [] for pool in config.pools}
+        endpoints: dict[str, list[str]] = {pool.name: [] for pool in config.pools}
         for (pool, _), engine in zip(replicas, engines, strict=True):
-            endpoints[pool.route.name].append(engine.url)
+            endpoints[pool.name].append(engine.url)
         with tempfile.TemporaryDirectory(prefix="laneway-seed-") as directory:
             config_path = Path(directory) / "gateway.yaml"
             config_path.write_text(
@@ -289,6 +277,7 @@ async def run_live_config(
 
         await _guarded(children, warm_up(gateway.url, config))
         busy_before = await _guarded(children, _busy_of(engines))
+        ttft_before = await _guarded(children, _gateway_ttft(gateway.url))
         workload = workload_from_scenario(scenario, PUBLIC_MODEL, drain_s=DRAIN_S)
         generator = LoadGenerator(workload, gateway.url, time_scale)
         cpu_before = (
@@ -311,9 +300,10 @@ async def run_live_config(
         )
         end_s = generator.elapsed_s()
         busy = await _guarded(children, _busy_of(engines))
+        ttft = (await _guarded(children, _gateway_ttft(gateway.url))).minus(ttft_before)
         say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
     result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
-    return LiveRun(result, tuple(records), generator.issued, cpu)
+    return LiveRun(result, tuple(records), generator.issued, cpu, ttft)
 
 
 def stderr_say(config_name: str) -> Say:

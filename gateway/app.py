@@ -13,11 +13,15 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.gateway.access_log import AccessLog
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     METRICS,
+    POOL_TOKENIZERS,
+    PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
@@ -33,10 +37,11 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.routing.picker import scorers_from_weights
+from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
 log = logging.getLogger("laneway.gateway")
@@ -59,11 +64,15 @@ def create_app(
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
-    app[PROFILE] = scorers_from_weights(settings.picking.policy, settings.picking.weights)
+    app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
+    app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
+    app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
+    app[ACCESS_LOG] = AccessLog()
+    app.on_cleanup.append(_flush_access_log)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
@@ -83,10 +92,22 @@ def _completion(endpoint: Endpoint) -> Handler:
     return handler
 
 
+async def _flush_access_log(app: web.Application) -> None:
+    app[ACCESS_LOG].flush()
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     # Many concurrent streams to few engines: no per-host cap on the pool of connections.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    limits = app[SETTINGS].upstream
+    # The engines' timeouts as the session's default, built once: the request path passes
+    # none, and every other caller (scrape, probe, batch dispatch) passes its own.
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=limits.connect_timeout_millis / 1000,
+        sock_read=limits.read_timeout_millis / 1000,
+    )
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session
         yield
 

@@ -25,30 +25,15 @@ from laneway.api import (
     parse_pool,
 )
 from laneway.errors import UsageError
+from laneway.routing.picker import PICKING_POLICIES, SCORER_NAMES, PickingSettings
+from laneway.routing.prefix_index import PrefixSettings
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
-PICKING_POLICIES = ("scored", "random")
-SCORER_NAMES = ("queueDepth", "kvCacheUsage", "inFlightRequests", "prefillTokens", "ttftSlo")
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
 SPEC_FIELDS = (
     *("picking", "scrape", "health", "queue", "tokenizer", "upstream"),
     *("maxBodyBytes", "drainTimeoutMillis"),
 )
-
-
-@dataclass(frozen=True)
-class PickingSettings:
-    policy: str = "scored"  # "scored": weighted scorers; "random": uniform (a baseline)
-    # scorer name -> weight; a scorer with weight 0 is off
-    weights: Mapping[str, int] = field(
-        default_factory=lambda: {
-            "queueDepth": 2,
-            "kvCacheUsage": 1,
-            "inFlightRequests": 2,
-            "prefillTokens": 2,
-            "ttftSlo": 2,
-        }
-    )
 
 
 @dataclass(frozen=True)
@@ -216,7 +201,7 @@ def _reject_unknown(
 
 def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     path = "spec.picking"
-    _reject_unknown(reader, data, path, ("policy", "weights"))
+    _reject_unknown(reader, data, path, ("policy", "weights", "prefix"))
     policy = reader.choice(data, "policy", path, PICKING_POLICIES) if "policy" in data else None
     weights_data = reader.mapping(data, "weights", path)
     _reject_unknown(reader, weights_data, f"{path}.weights", SCORER_NAMES)
@@ -227,7 +212,21 @@ def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     }
     if (policy or "scored") == "scored" and not any(weights.values()):
         reader.fail(f"{path}.weights", "at least one scorer needs a weight above 0")
-    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights)
+    prefix = _prefix(reader, reader.mapping(data, "prefix", path))
+    return PickingSettings(policy=policy or PickingSettings.policy, weights=weights, prefix=prefix)
+
+
+def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
+    path = "spec.picking.prefix"
+    _reject_unknown(reader, data, path, ("blockChars", "maxBlocks", "capacityBlocks"))
+    default = PrefixSettings()
+    return PrefixSettings(
+        block_chars=reader.integer(data, "blockChars", path, default.block_chars, minimum=16),
+        max_blocks=reader.integer(data, "maxBlocks", path, default.max_blocks, minimum=1),
+        capacity_blocks=reader.integer(
+            data, "capacityBlocks", path, default.capacity_blocks, minimum=1
+        ),
+    )
 
 
 def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:

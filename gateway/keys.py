@@ -9,6 +9,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from laneway.gateway.access_log import AccessLog
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import Dispatcher
 from laneway.gateway.batch.files import FileStore
@@ -16,23 +17,28 @@ from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
 from laneway.routing.picker import WeightedScorer
+from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer
 
 SETTINGS = web.AppKey("settings", GatewaySettings)
 REGISTRY = web.AppKey("registry", PoolRegistry)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACKER = web.AppKey("tracker", LoadTracker)
-TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)  # the default, for pools that name none
+POOL_TOKENIZERS = web.AppKey("pool_tokenizers", PoolTokenizers)
 PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
 RNG = web.AppKey("rng", random.Random)
+PREFIX_INDEX = web.AppKey("prefix_index", PrefixIndex)  # what was routed where, by prefix
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins
 STOP = web.AppKey("stop", Stop)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
 
 # The state layer: tenants, limits, files, batches.
 TENANTS = web.AppKey("tenants", TenantKeys)  # absent: auth is off

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from laneway.autoscale import ScalePolicy, ScaleSignal
+
 GROUP = "laneway.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -81,11 +83,15 @@ class EngineSpec:
     simulator: SimulatorSpec | None = None  # only for kind simulator; None: SimulatorSpec()
 
 
-@dataclass(frozen=True)
-class AutoscalingSpec:
-    min_replicas: int
-    max_replicas: int
-    target_queue_depth: int = 4  # waiting requests per replica that trigger a scale-up
+# One type for the spec and the decision that reads it (`laneway.autoscale.decide`).
+AutoscalingSpec = ScalePolicy
+# A replica's share of demand when spec.autoscaling.targetPerReplica is left out: four
+# 64k-token documents queued or in prefill, or 32 chat requests in flight.
+DEFAULT_TARGET_PER_REPLICA = {
+    ScaleSignal.PROMPT_TOKENS: 262_144,
+    ScaleSignal.IN_FLIGHT_REQUESTS: 32,
+}
+MAX_WINDOW_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,32 @@ class SLOSpec:
     tbt_millis: int = 30
 
 
+class TokenizerKind(StrEnum):
+    TIKTOKEN = "tiktoken"
+    HUGGINGFACE = "huggingface"
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How the gateway counts this pool's prompts: the engine's own tokenizer, ideally."""
+
+    kind: TokenizerKind
+    encoding: str | None = None  # tiktoken
+    path: str | None = None  # huggingface: a tokenizer.json, e.g. mounted from a ConfigMap
+
+
+class SchedulingPolicy(StrEnum):
+    """The engine's waiting-queue order (vLLM --scheduling-policy; SGLang priority scheduling)."""
+
+    FCFS = "fcfs"  # arrival order
+    PRIORITY = "priority"  # a request's `priority` first (lower is more urgent), then arrival
+
+
+@dataclass(frozen=True)
+class SchedulingSpec:
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     lane: Lane
@@ -135,6 +167,8 @@ class PoolSpec:
     prefill: PrefillSpec = field(default_factory=PrefillSpec)
     limits: LimitsSpec = field(default_factory=LimitsSpec)
     slo: SLOSpec = field(default_factory=SLOSpec)
+    tokenizer: TokenizerSpec | None = None  # None: the gateway's default tokenizer
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
 
     @property
     def public_models(self) -> tuple[str, ...]:
@@ -373,6 +407,8 @@ _SPEC_FIELDS = (
     "prefill",
     "limits",
     "slo",
+    "tokenizer",
+    "scheduling",
 )
 
 
@@ -416,22 +452,11 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         simulator=simulator,
     )
 
-    autoscaling = None
-    if "autoscaling" in spec:
-        data = reader.mapping(
-            spec, "autoscaling", path, ("minReplicas", "maxReplicas", "targetQueueDepth")
-        )
-        sub = f"{path}.autoscaling"
-        # HorizontalPodAutoscaler refuses minReplicas 0 unless an alpha feature gate is on.
-        low = reader.integer(data, "minReplicas", sub, 1, minimum=1, maximum=MAX_REPLICAS)
-        high = reader.integer(data, "maxReplicas", sub, low, minimum=1, maximum=MAX_REPLICAS)
-        if high < low:
-            reader.fail(f"{sub}.maxReplicas", f"must be >= minReplicas ({low}), got {high}")
-        autoscaling = AutoscalingSpec(
-            low,
-            high,
-            reader.integer(data, "targetQueueDepth", sub, 4, minimum=1, maximum=10_000),
-        )
+    autoscaling = (
+        _parse_autoscaling(reader, spec, lane)
+        if "autoscaling" in spec and spec["autoscaling"] is not None
+        else None
+    )
 
     routing_data = reader.mapping(
         spec,
@@ -490,6 +515,16 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         tbt_millis=reader.integer(slo_data, "tbtMillis", f"{path}.slo", 30, 1, 60_000),
     )
 
+    tokenizer = _parse_tokenizer(reader, spec, path)
+    scheduling_data = reader.mapping(spec, "scheduling", path, ("policy",))
+    policies = [policy.value for policy in SchedulingPolicy]
+    policy = (
+        reader.choice(scheduling_data, "policy", f"{path}.scheduling", policies)
+        if scheduling_data.get("policy") is not None
+        else None
+    )
+    scheduling = SchedulingSpec(SchedulingPolicy(policy or SchedulingPolicy.FCFS))
+
     selector_data = reader.mapping(spec, "selector", path, ("matchLabels",))
     selector = (
         reader.string_map(selector_data, "matchLabels", f"{path}.selector")
@@ -522,9 +557,90 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         prefill=prefill,
         limits=limits,
         slo=slo,
+        tokenizer=tokenizer,
+        scheduling=scheduling,
     )
     reader.errors.extend(check_spec(pool_spec))
     return pool_spec
+
+
+def _parse_tokenizer(reader: _Reader, spec: Mapping[str, Any], path: str) -> TokenizerSpec | None:
+    data = reader.mapping(spec, "tokenizer", path, ("kind", "encoding", "path"))
+    if not data:
+        return None
+    sub = f"{path}.tokenizer"
+    kind = reader.choice(data, "kind", sub, [kind.value for kind in TokenizerKind])
+    encoding = reader.string(data, "encoding", sub, None)
+    file = reader.string(data, "path", sub, None)
+    if kind == TokenizerKind.HUGGINGFACE and not file:
+        reader.fail(f"{sub}.path", "is required for kind huggingface: a tokenizer.json file")
+    if kind == TokenizerKind.TIKTOKEN and file:
+        reader.fail(f"{sub}.path", "is for kind huggingface; tiktoken takes an encoding")
+    if kind == TokenizerKind.HUGGINGFACE and encoding:
+        reader.fail(f"{sub}.encoding", "is for kind tiktoken; huggingface takes a path")
+    return None if kind is None else TokenizerSpec(TokenizerKind(kind), encoding, file)
+
+
+_AUTOSCALING_FIELDS = (
+    "minReplicas",
+    "maxReplicas",
+    "signal",
+    "targetPerReplica",
+    "minSloAttainment",
+    "scaleUpWindowSeconds",
+    "scaleDownWindowSeconds",
+)
+
+
+def _parse_autoscaling(
+    reader: _Reader, spec: Mapping[str, Any], lane: str | None
+) -> AutoscalingSpec:
+    """spec.autoscaling; the signal defaults by lane: prompt tokens for batch (what costs
+    GPU time there), requests in flight for interactive."""
+    path = "spec.autoscaling"
+    data = reader.mapping(spec, "autoscaling", "spec", _AUTOSCALING_FIELDS)
+    # A batch pool may sleep at zero: the gateway queues its work and wakes it.
+    low = reader.integer(data, "minReplicas", path, 1, minimum=0, maximum=MAX_REPLICAS)
+    high = reader.integer(data, "maxReplicas", path, max(low, 1), minimum=1, maximum=MAX_REPLICAS)
+    if "maxReplicas" not in data:
+        reader.fail(f"{path}.maxReplicas", "is required")
+    elif high < low:
+        reader.fail(f"{path}.maxReplicas", f"must be >= minReplicas ({low}), got {high}")
+    if low == 0 and lane == Lane.INTERACTIVE:
+        reader.fail(
+            f"{path}.minReplicas",
+            "must be at least 1 for an interactive pool: a chat request cannot wait for a "
+            "replica's cold start within its TTFT target",
+        )
+    batch = lane == Lane.BATCH
+    default_signal = ScaleSignal.PROMPT_TOKENS if batch else ScaleSignal.IN_FLIGHT_REQUESTS
+    chosen = (
+        reader.choice(data, "signal", path, [s.value for s in ScaleSignal])
+        if "signal" in data
+        else None
+    )
+    signal = ScaleSignal(chosen) if chosen else default_signal
+    target = reader.integer(
+        data, "targetPerReplica", path, DEFAULT_TARGET_PER_REPLICA[signal], 1, MAX_TOKENS
+    )
+    floor = (
+        reader.number(data, "minSloAttainment", path, 0.99, 0.0, 1.0)
+        if data.get("minSloAttainment") is not None
+        else None
+    )
+    return AutoscalingSpec(
+        min_replicas=low,
+        max_replicas=high,
+        signal=signal,
+        target_per_replica=target,
+        scale_up_window_s=reader.integer(
+            data, "scaleUpWindowSeconds", path, 0, 0, MAX_WINDOW_SECONDS
+        ),
+        scale_down_window_s=reader.integer(
+            data, "scaleDownWindowSeconds", path, 300, 0, MAX_WINDOW_SECONDS
+        ),
+        min_slo_attainment=floor,
+    )
 
 
 def check_spec(spec: PoolSpec) -> list[FieldError]:
@@ -592,12 +708,14 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                     "tokenBudget or set prefill.chunkedPrefill: true",
                 )
             )
-        if prefill.max_partial_prefills > 1 and not prefill.chunked_prefill:
+        if prefill.max_partial_prefills != 1:
+            # V1 stops at start-up on --max-num-partial-prefills other than 1 ("Concurrent
+            # Partial Prefill is not supported"); v0.27 removed the flag altogether.
             errors.append(
                 FieldError(
                     "spec.prefill.maxPartialPrefills",
-                    f"vLLM needs prefill.chunkedPrefill: true for maxPartialPrefills "
-                    f"({prefill.max_partial_prefills}) > 1: set it to 1 or enable chunked prefill",
+                    f"vLLM's V1 engine does not support concurrent partial prefills: set "
+                    f"maxPartialPrefills to 1, got {prefill.max_partial_prefills}",
                 )
             )
     if spec.engine.kind is EngineKind.SGLANG and prefill.max_partial_prefills != 1:

@@ -2,8 +2,9 @@
 
 `render_pool` is what the operator applies and what `laneway render` prints: an engine
 Deployment (unless the pool adopts pods with `selector`), a Service named after the pool
-with a port named `http`, a PodDisruptionBudget, and a HorizontalPodAutoscaler when the pool
-autoscales. No I/O, no clock: the same pool always renders the same manifests.
+with a port named `http`, and a PodDisruptionBudget. An autoscaling pool is scaled by the
+operator through the pool's scale subresource (`laneway.autoscale`), so the Deployment always
+runs `spec.replicas`. No I/O, no clock: the same pool always renders the same manifests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway import __version__
-from laneway.api import API_VERSION, KIND, POOL_LABEL, EngineKind, InferencePool, SimulatorSpec
+from laneway.api import (
+    API_VERSION,
+    KIND,
+    POOL_LABEL,
+    EngineKind,
+    InferencePool,
+    SchedulingPolicy,
+    SimulatorSpec,
+)
 from laneway.kube.client import Manifest
 from laneway.kube.endpoints import PORT_NAME
 
@@ -27,14 +36,10 @@ DEFAULT_IMAGES: Mapping[EngineKind, str] = {
 }
 
 # The queue-depth metric each engine serves; the HPA reads it through a metrics adapter.
-WAITING_METRIC: Mapping[EngineKind, str] = {
-    EngineKind.VLLM: "vllm:num_requests_waiting",
-    EngineKind.SGLANG: "sglang:num_queue_reqs",
-    EngineKind.SIMULATOR: "vllm:num_requests_waiting",
-}
 
 # Kinds the operator may create for a pool, in apply order; whatever a pool no longer
-# renders is deleted.
+# renders is deleted (HorizontalPodAutoscaler: what earlier versions rendered for
+# spec.autoscaling, pruned on upgrade).
 CHILD_KINDS = ("Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler")
 
 _GPU_ENGINES = (EngineKind.VLLM, EngineKind.SGLANG)
@@ -76,6 +81,7 @@ def engine_command(pool: InferencePool) -> EngineCommand:
     """The engine's command line: spec knobs mapped onto each engine's own flags."""
     spec = pool.spec
     prefill, limits = spec.prefill, spec.limits
+    priority = spec.scheduling.policy is SchedulingPolicy.PRIORITY
     if spec.engine.kind is EngineKind.VLLM:
         command: tuple[str, ...] = ("vllm", "serve")
         args = [
@@ -86,12 +92,14 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--max-model-len", str(limits.max_context_tokens)),
             *("--max-num-seqs", str(limits.max_concurrent_requests)),
             *("--max-num-batched-tokens", str(prefill.token_budget)),
+            *("--scheduling-policy", spec.scheduling.policy.value),
         ]
+        # No --max-num-partial-prefills: V1 refuses any value but its default at start-up,
+        # and v0.27 removed the flag (spec validation keeps maxPartialPrefills at 1).
         if prefill.chunked_prefill:
             args += [
                 "--enable-chunked-prefill",
                 *("--long-prefill-token-threshold", str(prefill.chunk_size)),
-                *("--max-num-partial-prefills", str(prefill.max_partial_prefills)),
             ]
         else:
             args.append("--no-enable-chunked-prefill")
@@ -113,6 +121,15 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             # Without it SGLang runs prefill chunks and decodes in separate steps, and a
             # long prompt still pauses every stream for the length of its chunks.
             args.append("--enable-mixed-chunk")
+        if priority:
+            # Lower values first, as vLLM orders them, so one request field means the same
+            # on both engines. SGLang applies priority order only under the fcfs and lof
+            # policies (SchedulePolicy.calc_priority), so the policy is pinned to fcfs.
+            args += [
+                *("--schedule-policy", "fcfs"),
+                "--enable-priority-scheduling",
+                "--schedule-low-priority-values-first",
+            ]
     else:
         simulator = spec.engine.simulator or SimulatorSpec()
         command = ("laneway",)
@@ -128,6 +145,7 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--max-context", str(limits.max_context_tokens)),
             *("--max-num-seqs", str(limits.max_concurrent_requests)),
             *("--max-partial-prefills", str(prefill.max_partial_prefills)),
+            *("--scheduling-policy", spec.scheduling.policy.value),
             *("--metrics-flavor", simulator.metrics_flavor.value),
             *("--time-scale", f"{simulator.time_scale:g}"),
         ]
@@ -164,8 +182,6 @@ def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> Re
     if pool.spec.selector is None:
         children.append(_deployment(pool, engine, options))
     children.append(_disruption_budget(pool))
-    if pool.spec.autoscaling is not None and pool.spec.selector is None:
-        children.append(_autoscaler(pool))
     return RenderedPool(engine, tuple(children))
 
 
@@ -221,33 +237,6 @@ def _disruption_budget(pool: InferencePool) -> Manifest:
             "selector": {"matchLabels": pod_selector(pool)},
             # A crash-looping engine must not block node drains.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
-        },
-    }
-
-
-def _autoscaler(pool: InferencePool) -> Manifest:
-    autoscaling = pool.spec.autoscaling
-    assert autoscaling is not None
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": _metadata(pool),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": pool.name},
-            "minReplicas": autoscaling.min_replicas,
-            "maxReplicas": autoscaling.max_replicas,
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": WAITING_METRIC[pool.spec.engine.kind]},
-                        "target": {
-                            "type": "AverageValue",
-                            "averageValue": str(autoscaling.target_queue_depth),
-                        },
-                    },
-                }
-            ],
         },
     }
 
@@ -346,10 +335,8 @@ def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptio
         "progressDeadlineSeconds": 1800 if gpu else 300,
         "revisionHistoryLimit": 3,
         "template": {"metadata": {"labels": pool_labels(pool)}, "spec": pod_spec},
+        "replicas": spec.replicas,
     }
-    if spec.autoscaling is None:
-        # With autoscaling the HPA owns replicas; applying a count would fight it.
-        deployment_spec["replicas"] = spec.replicas
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -8,7 +8,12 @@ from typing import Any
 from laneway.errors import UsageError
 from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
-from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
+from laneway.simulator.scheduler import (
+    SCHEDULER_KINDS,
+    SCHEDULING_POLICIES,
+    SchedulerConfig,
+    config_problems,
+)
 
 
 def register(
@@ -39,6 +44,12 @@ def register(
         default=1.0,
         help="run this many times faster than real time (default 1.0)",
     )
+    sim.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="count prompts with this Hugging Face tokenizer.json, as a real engine counts "
+        "with its model's (default: tiktoken cl100k_base)",
+    )
     sim.set_defaults(handler=run_sim)
 
 
@@ -49,13 +60,37 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_PROFILE,
         help=f"hardware/model profile (default {DEFAULT_PROFILE}; 'zero' takes no time)",
     )
-    parser.add_argument("--scheduler", choices=SCHEDULER_KINDS, default="chunked")
-    parser.add_argument("--token-budget", type=int, default=2048, help="tokens per step")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="prompt tokens per chunk")
-    parser.add_argument("--max-context", type=int, default=8192, help="prompt + output cap")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="running requests cap")
     parser.add_argument(
-        "--max-partial-prefills", type=int, default=1, help="part-done prompts per step"
+        "--scheduler",
+        choices=SCHEDULER_KINDS,
+        default="chunked",
+        help="chunked: decodes first, prompts in chunks within the token budget (vLLM V1); "
+        "full: a prompt's whole prefill in one step",
+    )
+    parser.add_argument(
+        "--token-budget", type=int, default=2048, help="tokens one engine step may process"
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=1024, help="most prompt tokens of one request per step"
+    )
+    parser.add_argument(
+        "--max-context", type=int, default=8192, help="longest prompt + output, in tokens"
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="most requests running at once"
+    )
+    parser.add_argument(
+        "--max-partial-prefills",
+        type=int,
+        default=1,
+        help="most partly prefilled prompts in one step",
+    )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="waiting-queue order: fcfs (default) or priority (a request's 'priority', lower "
+        "first, as vLLM's --scheduling-policy priority)",
     )
 
 
@@ -67,6 +102,7 @@ def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
         max_num_seqs=args.max_num_seqs,
         max_partial_prefills=args.max_partial_prefills,
         max_context=args.max_context,
+        scheduling_policy=args.scheduling_policy,
     )
     problems = config_problems(config)
     if problems:
@@ -78,6 +114,7 @@ def run_sim(args: argparse.Namespace) -> int:
     import asyncio
 
     from laneway.simulator.server import SimSettings, serve
+    from laneway.tokens import HuggingFaceTokenizer
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
@@ -93,5 +130,6 @@ def run_sim(args: argparse.Namespace) -> int:
         metrics_flavor=args.metrics_flavor,
         time_scale=args.time_scale,
     )
-    asyncio.run(serve(settings, args.host, args.port))
+    tokenizer = HuggingFaceTokenizer(args.tokenizer) if args.tokenizer else None
+    asyncio.run(serve(settings, args.host, args.port, tokenizer))
     return 0

@@ -7,9 +7,11 @@ event clock by it, the HTTP server sleeps it (divided by the time scale).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
+from laneway.simulator.prefix_cache import NO_HIT, PrefixCache, PrefixHit
 from laneway.simulator.profiles import Profile
 from laneway.simulator.scheduler import (
     KV_BLOCK_TOKENS,
@@ -47,7 +49,11 @@ class EngineCore:
             ZERO_PROFILE_KV_TOKENS if profile.zero_service_time else profile.kv_capacity_tokens
         )
         self.kv_capacity_blocks = kv_tokens // KV_BLOCK_TOKENS
+        # Blocks held by running requests: their private blocks plus the cached blocks in
+        # use (each counted once, however many requests share it). Free cached blocks are
+        # not "used": they are evicted when a new request needs the room, as in vLLM.
         self.kv_used_blocks = 0
+        self.prefix_cache = PrefixCache(KV_BLOCK_TOKENS)
         self.waiting: list[RequestState] = []
         self.running: list[RequestState] = []
 
@@ -69,18 +75,48 @@ class EngineCore:
                 f"{self.kv_capacity_blocks * KV_BLOCK_TOKENS}"
             )
 
-    def submit(self, request_id: str, prompt_tokens: int, max_output_tokens: int) -> None:
+    def submit(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        block_hashes: tuple[int, ...] = (),
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; `block_hashes` (the prompt's, from `prefix_cache.block_hashes`)
+        let it hit and fill the prefix cache when the engine has prefix caching on."""
         if prompt_tokens < 1 or max_output_tokens < 1:
             raise RequestRejected("a request needs at least one prompt and one output token")
         self.check(prompt_tokens, max_output_tokens)
-        self.waiting.append(RequestState(request_id, prompt_tokens, max_output_tokens))
+        if priority and self.config.scheduling_policy != "priority":
+            # vLLM's input processor refuses it the same way (400 over HTTP).
+            raise RequestRejected(
+                f"Got priority {priority} but Priority scheduling is not enabled."
+            )
+        hashes = (
+            block_hashes[: prompt_tokens // KV_BLOCK_TOKENS] if self.config.prefix_caching else ()
+        )
+        self._enqueue(
+            RequestState(
+                request_id, prompt_tokens, max_output_tokens, block_hashes=hashes, priority=priority
+            )
+        )
+
+    def _enqueue(self, seq: RequestState) -> None:
+        """Keep `waiting` in queue order: arrival, or (priority, arrival) under `priority`."""
+        if self.config.scheduling_policy == "fcfs":
+            self.waiting.append(seq)
+            return
+        # Behind every request of the same or a more urgent priority: FCFS within a level.
+        at = bisect.bisect_right(self.waiting, seq.priority, key=lambda queued: queued.priority)
+        self.waiting.insert(at, seq)
 
     def abort(self, request_id: str) -> None:
         """Forget a request (its client went away); frees its KV if it was running."""
         for seq in self.running:
             if seq.request_id == request_id:
                 self.running.remove(seq)
-                self.kv_used_blocks -= seq.kv_blocks
+                self._free(seq)
                 return
         self.waiting = [seq for seq in self.waiting if seq.request_id != request_id]
 
@@ -99,7 +135,7 @@ class EngineCore:
     def step(self) -> StepOutcome | None:
         """Plan, price and apply one step; None when the plan is empty (nothing can run)."""
         free_blocks = self.kv_capacity_blocks - self.kv_used_blocks
-        plan = self.scheduler.schedule(self.waiting, self.running, free_blocks)
+        plan = self.scheduler.schedule(self.waiting, self.running, free_blocks, self._lookup)
         if plan.is_empty:
             return None
         work = self._work_of(plan)
@@ -107,17 +143,21 @@ class EngineCore:
         tokens, first_tokens, finished = self._apply(plan)
         return StepOutcome(duration, work, plan.admitted, tokens, first_tokens, finished)
 
+    def _lookup(self, seq: RequestState) -> PrefixHit:
+        if not seq.block_hashes:
+            return NO_HIT
+        return self.prefix_cache.lookup(seq.block_hashes, seq.prompt_tokens)
+
     def _work_of(self, plan: StepPlan) -> StepWork:
         states = {seq.request_id: seq for seq in self.running}
         states.update(
             {seq.request_id: seq for seq in self.waiting if seq.request_id in plan.admitted}
         )
+        # An admitted prompt's cached tokens are context its first chunk attends to.
+        starts = {rid: states[rid].computed_prompt_tokens for rid, _ in plan.prefill}
+        starts.update({rid: hit.blocks * KV_BLOCK_TOKENS for rid, hit in plan.cached})
         chunks = tuple(
-            PrefillChunk(
-                tokens,
-                states[rid].computed_prompt_tokens,
-                states[rid].computed_prompt_tokens + tokens == states[rid].prompt_tokens,
-            )
+            PrefillChunk(tokens, starts[rid], starts[rid] + tokens == states[rid].prompt_tokens)
             for rid, tokens in plan.prefill
         )
         decode_context = sum(states[rid].context_tokens for rid in plan.decode)
@@ -130,7 +170,9 @@ class EngineCore:
             joining = [seq for seq in self.waiting if seq.request_id in admitted]
             self.waiting = [seq for seq in self.waiting if seq.request_id not in admitted]
             self.running.extend(joining)
-            self.kv_used_blocks += sum(seq.kv_blocks for seq in joining)
+            hits = dict(plan.cached)
+            for seq in joining:
+                self._admit(seq, hits.get(seq.request_id, NO_HIT))
         states = {seq.request_id: seq for seq in self.running}
         tokens: list[str] = []
         first_tokens: list[str] = []
@@ -138,6 +180,7 @@ class EngineCore:
             seq = states[rid]
             seq.computed_prompt_tokens += granted
             assert seq.computed_prompt_tokens <= seq.prompt_tokens
+            self._cache_filled_blocks(seq)
             if seq.prefill_done:
                 seq.generated_tokens += 1
                 tokens.append(rid)
@@ -153,8 +196,42 @@ class EngineCore:
         ]
         if finished:
             done = set(finished)
-            self.kv_used_blocks -= sum(states[rid].kv_blocks for rid in finished)
+            for rid in finished:
+                self._free(states[rid])
             self.running = [seq for seq in self.running if seq.request_id not in done]
-        assert 0 <= self.kv_used_blocks <= self.kv_capacity_blocks
+        cache = self.prefix_cache
+        assert self.kv_used_blocks >= 0
+        assert self.kv_used_blocks + cache.free_cached_blocks <= self.kv_capacity_blocks
         assert len(self.running) <= self.config.max_num_seqs
         return tuple(tokens), tuple(first_tokens), tuple(finished)
+
+    # -- KV blocks and the prefix cache ----------------------------------------------------
+
+    def _admit(self, seq: RequestState, hit: PrefixHit) -> None:
+        """Take the request's cached blocks and allocate the rest, evicting free cached
+        blocks (least recently used first) when the never-used blocks run out."""
+        cache = self.prefix_cache
+        if self.config.prefix_caching:
+            cache.acquire(seq.block_hashes, seq.prompt_tokens, hit)
+        seq.held_blocks = list(seq.block_hashes[: hit.blocks])
+        seq.computed_prompt_tokens = hit.blocks * KV_BLOCK_TOKENS
+        seq.private_blocks = seq.kv_blocks - hit.blocks
+        self.kv_used_blocks += seq.private_blocks + hit.evictable
+        overflow = self.kv_used_blocks + cache.free_cached_blocks - self.kv_capacity_blocks
+        if overflow > 0:
+            cache.evict(overflow)
+
+    def _cache_filled_blocks(self, seq: RequestState) -> None:
+        """Cache the prompt blocks this step filled (vLLM caches full blocks as they fill)."""
+        filled = min(seq.computed_prompt_tokens // KV_BLOCK_TOKENS, len(seq.block_hashes))
+        for block_hash in seq.block_hashes[len(seq.held_blocks) : filled]:
+            # The block leaves the request's private blocks for the cache; if another
+            # request cached the same block first, the two share that one.
+            self.kv_used_blocks += self.prefix_cache.hold(block_hash) - 1
+            seq.held_blocks.append(block_hash)
+            seq.private_blocks -= 1
+
+    def _free(self, seq: RequestState) -> None:
+        freed_to_cache = self.prefix_cache.release(seq.held_blocks)
+        self.kv_used_blocks -= seq.private_blocks + freed_to_cache
+        seq.held_blocks = []

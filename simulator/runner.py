@@ -2,9 +2,15 @@
 as a discrete-event simulation. Nothing sleeps; the clock jumps from event to event, and
 a given scenario and seed always produce the same events in the same order.
 
-Events: a session's next turn, the long-request burst, and a replica's step completing.
-A replica starts its next step the moment the previous one completes (or the moment work
-arrives at an idle replica); the step's tokens reach the client when the step ends.
+Routing is the gateway's own: `lanes.classify` picks the pool and `plan.make_plan` ranks its
+replicas with the configuration's picking profile and a seeded tie-break, fed from the
+runner's accounting (requests in flight, prompt tokens awaiting their first token, the
+prefill rate each replica's first tokens teach) and from engine gauges (queue depth, KV
+usage) sampled every SCRAPE_INTERVAL_S, as the gateway scrapes them.
+
+Events: a session's next turn, the long-request burst, a replica's step completing, and a
+scrape. A replica starts its next step the moment the previous one completes (or the moment
+work arrives at an idle replica); the step's tokens reach the client when the step ends.
 """
 
 from __future__ import annotations
@@ -16,12 +22,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.lanes import Route, RouteRequest, classify
+from laneway.routing.plan import make_plan
+from laneway.routing.scorers import EndpointView
+from laneway.routing.slo import PrefillRate
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.profiles import Profile
-from laneway.simulator.routing import EndpointLoad, choose_pool, pick_endpoint
-from laneway.simulator.seed import ClusterConfig, SeedScenario
+from laneway.simulator.seed import (
+    PUBLIC_MODEL,
+    SCRAPE_INTERVAL_S,
+    TBT_SLO_S,
+    TTFT_SLO_S,
+    ClusterConfig,
+    SeedScenario,
+)
+from laneway.tokens import TokenBounds
 
-EventKind = Literal["turn", "long", "step_done"]
+EventKind = Literal["turn", "long", "step_done", "scrape"]
 RequestKind = Literal["interactive", "batch"]
 ProgressCallback = Callable[[float], None]
 # A run that has not drained this long after its duration has a bug, not a slow GPU.
@@ -41,7 +59,9 @@ class RunResult:
     batch_tokens: int  # prompt + output tokens of the completed batch requests
     batch_submitted: int
     gpu_busy_s: float  # summed over replicas
-    end_s: float  # when the last event happened
+    end_s: float  # when the last event other than a scrape happened
+    # Completed interactive turns whose TTFT and every gap met the seed's SLO.
+    interactive_within_slo: int = 0
 
 
 @dataclass
@@ -51,17 +71,22 @@ class _Request:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    replica: int = -1
+    replica: int
+    backlog_tokens: int  # the replica's prefill backlog it joined, its own prompt included
     last_token_s: float | None = None
+    within_slo: bool = True  # no TTFT or gap over the SLO so far
 
 
 @dataclass
 class _Replica:
+    url: str  # its name in the InferencePool's endpoints
     core: EngineCore
     in_flight: int = 0
     pending_prefill_tokens: int = 0
     stepping: StepOutcome | None = None
     busy_s: float = 0.0
+    rate: PrefillRate = field(default_factory=PrefillRate)
+    scraped: EngineMetrics | None = None  # the gauges as last scraped; None before
 
 
 @dataclass
@@ -78,6 +103,7 @@ class _Tally:
     tbt_at: list[float] = field(default_factory=list)
     interactive_completed: int = 0
     interactive_rejected: int = 0
+    interactive_within_slo: int = 0
     batch_finished_at: list[float] = field(default_factory=list)
     batch_tokens: int = 0
 
@@ -95,15 +121,17 @@ class VirtualCluster:
         self.config = config
         self.scenario = scenario
         self._on_progress = on_progress
-        self._routes = [pool.route for pool in config.pools]
         self._replicas: list[_Replica] = []
-        self._pool_replicas: list[list[int]] = []
+        self._replica_at: dict[str, int] = {}
+        self._pools = []
         for pool in config.pools:
-            first = len(self._replicas)
-            self._replicas += [
-                _Replica(EngineCore(profile, pool.engine)) for _ in range(pool.replicas)
-            ]
-            self._pool_replicas.append(list(range(first, len(self._replicas))))
+            urls = [f"http://{pool.name}-{index}.virtual" for index in range(pool.replicas)]
+            for url in urls:
+                self._replica_at[url] = len(self._replicas)
+                self._replicas.append(_Replica(url, EngineCore(profile, pool.engine)))
+            self._pools.append(pool.inference_pool(urls))
+        self._profile = config.picking.profile()
+        self._tie_break = random.Random(f"{scenario.seed}/picker")
         self._events: list[tuple[float, int, EventKind, int]] = []
         self._order = itertools.count()
         self._requests: dict[str, _Request] = {}
@@ -120,9 +148,10 @@ class VirtualCluster:
             self._push(session.rng.uniform(0, scenario.session_start_spread_s), "turn", index)
         for index in range(scenario.long_requests):
             self._push(scenario.burst_at_s, "long", index)
+        self._push(0.0, "scrape", 0)
         progress_every = scenario.duration_s / 20
         next_progress = progress_every
-        now = 0.0
+        now = end = 0.0
         while self._events:
             now, _, kind, subject = heapq.heappop(self._events)
             if now > scenario.duration_s + DRAIN_LIMIT_S:
@@ -134,8 +163,12 @@ class VirtualCluster:
                 self._start_turn(now, subject)
             elif kind == "long":
                 self._submit(now, "batch", -1, scenario.long_tokens, scenario.long_output_tokens)
+            elif kind == "scrape":
+                self._scrape(now)
+                continue  # a scrape is not work: it does not extend the run
             else:
                 self._finish_step(now, subject)
+            end = now
         tally = self._tally
         return RunResult(
             config=self.config,
@@ -149,7 +182,8 @@ class VirtualCluster:
             batch_tokens=tally.batch_tokens,
             batch_submitted=scenario.long_requests,
             gpu_busy_s=sum(replica.busy_s for replica in self._replicas),
-            end_s=now,
+            end_s=end,
+            interactive_within_slo=tally.interactive_within_slo,
         )
 
     # -- events ------------------------------------------------------------------------
@@ -175,22 +209,28 @@ class VirtualCluster:
     def _submit(
         self, now: float, kind: RequestKind, session: int, prompt: int, output: int
     ) -> bool:
-        """Route a request to a replica, as the gateway would; False if no pool takes it."""
-        pool = choose_pool(self._routes, prompt, output)
-        if pool is None:
+        """Route a request to a replica, as the gateway does; False if no pool takes it."""
+        route = classify(
+            RouteRequest(PUBLIC_MODEL, TokenBounds(prompt, prompt), output), self._pools
+        )
+        if not isinstance(route, Route):
             return False
-        candidates = self._pool_replicas[pool]
-        loads = [
-            EndpointLoad(self._replicas[i].in_flight, self._replicas[i].pending_prefill_tokens)
-            for i in candidates
+        replicas = [self._replicas[self._replica_at[url]] for url in route.pool.endpoints]
+        views = [
+            EndpointView(r.url, r.in_flight, r.pending_prefill_tokens, r.scraped) for r in replicas
         ]
-        replica_index = candidates[pick_endpoint(loads)]
+        rates = {r.url: r.rate for r in replicas}
+        # No line to wait in: the virtual engines queue requests themselves, as vLLM does.
+        best = make_plan(route, views, rates, self._profile, self._tie_break).endpoints[0]
+        replica_index = self._replica_at[best.url]
         replica = self._replicas[replica_index]
         request_id = f"{kind[0]}{next(self._ids)}"
         replica.core.submit(request_id, prompt, output)
-        self._requests[request_id] = _Request(kind, session, now, prompt, output, replica_index)
+        self._requests[request_id] = _Request(
+            kind, session, now, prompt, output, replica_index, best.backlog_tokens
+        )
         replica.in_flight += 1
-        replica.pending_prefill_tokens += prompt
+        replica.pending_prefill_tokens += route.prefill_tokens
         if replica.stepping is None:
             self._start_step(now, replica_index)
         return True
@@ -213,24 +253,37 @@ class VirtualCluster:
             request = self._requests[request_id]
             if request_id in first:
                 replica.pending_prefill_tokens -= request.prompt_tokens
+                replica.rate = replica.rate.observed(
+                    request.backlog_tokens, (now - request.arrival_s) * 1000
+                )
                 if request.kind == "interactive":
                     tally.ttft.append(now - request.arrival_s)
                     tally.ttft_at.append(request.arrival_s)
+                    request.within_slo = now - request.arrival_s <= TTFT_SLO_S
             elif request.kind == "interactive":
                 assert request.last_token_s is not None
                 tally.tbt.append(now - request.last_token_s)
                 tally.tbt_at.append(now)
+                request.within_slo &= now - request.last_token_s <= TBT_SLO_S
             request.last_token_s = now
         for request_id in outcome.finished:
             request = self._requests.pop(request_id)
             replica.in_flight -= 1
             if request.kind == "interactive":
                 tally.interactive_completed += 1
+                tally.interactive_within_slo += request.within_slo
                 self._next_turn(now, request.session)
             else:
                 tally.batch_finished_at.append(now)
                 tally.batch_tokens += request.prompt_tokens + request.output_tokens
         self._start_step(now, replica_index)
+
+    def _scrape(self, now: float) -> None:
+        for replica in self._replicas:
+            core = replica.core
+            replica.scraped = EngineMetrics(len(core.waiting), len(core.running), core.kv_usage)
+        if self._events:  # anything left to happen: keep scraping until the run drains
+            self._push(now + SCRAPE_INTERVAL_S, "scrape", 0)
 
 
 def run_virtual(

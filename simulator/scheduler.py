@@ -9,18 +9,29 @@ only decides; it returns a frozen `StepPlan`, and the engine applies it in one p
   only, and running decodes wait for it; otherwise the step decodes every running request.
 - `chunked`: vLLM V1 / Sarathi-Serve: every running decode gets its token first, then the
   rest of the token budget goes to prefill chunks of min(still needed, chunk size, budget).
+  The chunk size is vLLM's `--long-prefill-token-threshold` (`Scheduler.schedule` caps every
+  request's new tokens at it, running and waiting alike) and SGLang's `--chunked-prefill-size`.
+
+Both take `waiting` in queue order, which the engine keeps: arrival order under the `fcfs`
+policy, (priority, arrival) under `priority` (vLLM's `--scheduling-policy priority`, whose
+waiting queue is a heap on that key; lower values first). Priority orders admission only:
+running requests are served every step whatever their priority, as in vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-KV_BLOCK_TOKENS = 16  # vLLM's default block size
+from laneway.simulator.prefix_cache import DEFAULT_BLOCK_SIZE, NO_HIT, PrefixHit
+
+KV_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 
 SchedulerKind = Literal["full", "chunked"]
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("full", "chunked")
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 @dataclass
@@ -32,6 +43,10 @@ class RequestState:
     max_output_tokens: int
     computed_prompt_tokens: int = 0
     generated_tokens: int = 0
+    block_hashes: tuple[int, ...] = ()  # the prompt's full blocks, chained; () caches nothing
+    held_blocks: list[int] = field(default_factory=list)  # cached blocks it holds, in order
+    private_blocks: int = 0  # blocks of its own that are not (or not yet) in the cache
+    priority: int = 0  # the request's `priority`; lower is admitted first under `priority`
 
     @property
     def prefill_remaining(self) -> int:
@@ -56,6 +71,14 @@ def blocks_for(tokens: int) -> int:
     return -(-tokens // KV_BLOCK_TOKENS)
 
 
+# What the prefix cache holds of a waiting request's prompt (a pure query of the engine's).
+PrefixLookup = Callable[[RequestState], PrefixHit]
+
+
+def no_prefix_cache(_: RequestState) -> PrefixHit:
+    return NO_HIT
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     kind: SchedulerKind = "chunked"
@@ -64,6 +87,10 @@ class SchedulerConfig:
     max_num_seqs: int = 256  # running requests at most
     max_partial_prefills: int = 1  # prompts left part-prefilled after a step, at most
     max_context: int = 8192  # prompt + output tokens per request, at most
+    # Automatic prefix caching: on by default in vLLM V1 (--no-enable-prefix-caching turns
+    # it off) and in SGLang (its radix cache; --disable-radix-cache).
+    prefix_caching: bool = True
+    scheduling_policy: SchedulingPolicy = "fcfs"  # the waiting queue's order
 
 
 def config_problems(config: SchedulerConfig) -> list[str]:
@@ -71,6 +98,8 @@ def config_problems(config: SchedulerConfig) -> list[str]:
     problems: list[str] = []
     if config.kind not in SCHEDULER_KINDS:
         problems.append(f"scheduler must be one of {', '.join(SCHEDULER_KINDS)}")
+    if config.scheduling_policy not in SCHEDULING_POLICIES:
+        problems.append(f"scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}")
     for name in ("token_budget", "chunk_size", "max_num_seqs", "max_partial_prefills"):
         if getattr(config, name) < 1:
             problems.append(f"{name.replace('_', '-')} must be at least 1")
@@ -94,6 +123,7 @@ class StepPlan:
     admitted: tuple[str, ...] = ()  # waiting request ids that start running this step
     prefill: tuple[tuple[str, int], ...] = ()  # request id -> prompt tokens computed this step
     decode: tuple[str, ...] = ()  # request ids that each generate one token
+    cached: tuple[tuple[str, PrefixHit], ...] = ()  # admitted id -> its prefix-cache hit
 
     @property
     def scheduled_tokens(self) -> int:
@@ -109,9 +139,18 @@ class Scheduler(Protocol):
     def config(self) -> SchedulerConfig: ...
 
     def schedule(
-        self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
+        self,
+        waiting: Sequence[RequestState],
+        running: Sequence[RequestState],
+        free_kv_blocks: int,
+        lookup: PrefixLookup = no_prefix_cache,
     ) -> StepPlan:
-        """Plan the next step; `waiting` and `running` are in arrival and admission order."""
+        """Plan the next step; `waiting` is in queue order, `running` in admission order.
+
+        A waiting prompt's cached blocks are not prefilled again: its first chunk starts
+        after them, and it needs KV only for its other blocks and for the cached blocks it
+        takes out of the free pool (vLLM's `get_num_blocks_to_allocate`).
+        """
         ...
 
 
@@ -120,7 +159,11 @@ class ChunkedScheduler:
     config: SchedulerConfig
 
     def schedule(
-        self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
+        self,
+        waiting: Sequence[RequestState],
+        running: Sequence[RequestState],
+        free_kv_blocks: int,
+        lookup: PrefixLookup = no_prefix_cache,
     ) -> StepPlan:
         budget = self.config.token_budget
 
@@ -142,27 +185,33 @@ class ChunkedScheduler:
 
         # Then admit waiting prompts while budget, seats and KV last.
         admitted: list[str] = []
+        cached: list[tuple[str, PrefixHit]] = []
         seats = self.config.max_num_seqs - len(running)
         for seq in waiting:
             if budget == 0 or seats == 0:
                 break
-            if seq.kv_blocks > free_kv_blocks:
+            hit = lookup(seq)
+            needed_blocks = seq.kv_blocks - hit.blocks + hit.evictable
+            if needed_blocks > free_kv_blocks:
                 # KV goes to the head of the queue in order, so a big request cannot starve.
                 break
-            grant = min(seq.prefill_remaining, self.config.chunk_size, budget)
-            leaves_partial = grant < seq.prefill_remaining
+            remaining = seq.prompt_tokens - hit.blocks * KV_BLOCK_TOKENS
+            grant = min(remaining, self.config.chunk_size, budget)
+            leaves_partial = grant < remaining
             if leaves_partial and left_partial >= self.config.max_partial_prefills:
                 # A prompt that would stay part-done must wait, but a shorter one that
                 # finishes in this step may pass it (vLLM's partial-prefill limits).
                 continue
             admitted.append(seq.request_id)
             prefill.append((seq.request_id, grant))
+            if hit.blocks:
+                cached.append((seq.request_id, hit))
             budget -= grant
             seats -= 1
-            free_kv_blocks -= seq.kv_blocks
+            free_kv_blocks -= needed_blocks
             left_partial += leaves_partial
 
-        plan = StepPlan(tuple(admitted), tuple(prefill), decode)
+        plan = StepPlan(tuple(admitted), tuple(prefill), decode, tuple(cached))
         assert budget >= 0
         assert plan.scheduled_tokens <= self.config.token_budget
         assert all(0 < tokens <= self.config.chunk_size for _, tokens in plan.prefill)
@@ -174,26 +223,36 @@ class FullScheduler:
     config: SchedulerConfig
 
     def schedule(
-        self, waiting: Sequence[RequestState], running: Sequence[RequestState], free_kv_blocks: int
+        self,
+        waiting: Sequence[RequestState],
+        running: Sequence[RequestState],
+        free_kv_blocks: int,
+        lookup: PrefixLookup = no_prefix_cache,
     ) -> StepPlan:
         # Prefill first: admit whole prompts in order while KV, seats and budget allow;
         # the first admissible prompt always goes, however long (the budget cannot split it).
         admitted: list[str] = []
         prefill: list[tuple[str, int]] = []
+        cached: list[tuple[str, PrefixHit]] = []
         budget = self.config.token_budget
         seats = self.config.max_num_seqs - len(running)
         for seq in waiting:
-            if seats == 0 or seq.kv_blocks > free_kv_blocks:
+            hit = lookup(seq)
+            needed_blocks = seq.kv_blocks - hit.blocks + hit.evictable
+            if seats == 0 or needed_blocks > free_kv_blocks:
                 break
-            if prefill and seq.prompt_tokens > budget:
+            remaining = seq.prompt_tokens - hit.blocks * KV_BLOCK_TOKENS
+            if prefill and remaining > budget:
                 break
             admitted.append(seq.request_id)
-            prefill.append((seq.request_id, seq.prompt_tokens))
-            budget -= seq.prompt_tokens
+            prefill.append((seq.request_id, remaining))
+            if hit.blocks:
+                cached.append((seq.request_id, hit))
+            budget -= remaining
             seats -= 1
-            free_kv_blocks -= seq.kv_blocks
+            free_kv_blocks -= needed_blocks
         if prefill:
-            return StepPlan(tuple(admitted), tuple(prefill), ())
+            return StepPlan(tuple(admitted), tuple(prefill), (), tuple(cached))
 
         # No prompt to start: every running request decodes.
         assert all(seq.prefill_done for seq in running)

@@ -1,21 +1,44 @@
 """The seed experiment as data: the workload and the four cluster configurations.
 
-Virtual mode (`laneway bench seed --mode virtual`) runs these in the discrete-event runner;
-a live mode can start one `laneway sim` per replica with `SimPool.engine` as its flags and
-configure the gateway from `SimPool.route`, replaying the same workload.
+Each pool is an InferencePool document and each configuration carries the gateway's picking
+settings. Virtual mode (`laneway bench seed --mode virtual`) routes with them through the
+routing library in the discrete-event runner; live mode starts one `laneway sim` per replica
+with `SimPool.engine` as its flags and configures the real gateway with the same documents
+and settings, replaying the same workload.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from laneway.api import API_VERSION, KIND, InferencePool, Lane, parse_pool
+from laneway.routing.picker import PickingSettings
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
 from laneway.simulator.profiles import Profile
-from laneway.simulator.routing import PoolRoute
 from laneway.simulator.scheduler import SchedulerConfig
 
 CONFIG_NAMES = ("unified-full", "unified-chunked", "split", "laneway")
+PUBLIC_MODEL = "llama3-8b"  # the model name clients ask for; every pool answers it
+# The seed experiment's picking profile (what live mode has always configured): prompt
+# tokens awaiting their first token first, requests in flight second. On this workload it
+# beats the gateway's default profile, whose scraped queue-depth and KV scores lag the
+# bursts (docs/BENCHMARKS.md has both).
+SEED_PICKING = PickingSettings(
+    weights={
+        "queueDepth": 0,
+        "kvCacheUsage": 0,
+        "inFlightRequests": 1,
+        "prefillTokens": 4,
+        "ttftSlo": 0,
+        "prefixAffinity": 0,  # the seed's prompts share no prefixes
+    }
+)
+# How often the gateway reads each engine's /metrics in the seed experiment (live mode's
+# GatewayConfig), and so how old the engine gauges the virtual runner ranks by may be.
+SCRAPE_INTERVAL_S = 0.25
 
 # The seed's lane rule: short (< 2k tokens) to the realtime cluster, capped at 4k context.
 REALTIME_MAX_PROMPT = 2048
@@ -65,9 +88,50 @@ def scenario_problems(scenario: SeedScenario) -> list[str]:
 
 @dataclass(frozen=True)
 class SimPool:
-    route: PoolRoute
+    name: str
+    lane: Lane
+    max_prompt_tokens: int | None  # None: up to the context cap
+    max_context_tokens: int
     replicas: int
     engine: SchedulerConfig
+
+    @property
+    def served_model(self) -> str:
+        return f"{PUBLIC_MODEL}-{self.name}"
+
+    def document(self, endpoints: Sequence[str]) -> dict[str, Any]:
+        """The InferencePool the gateway is configured with, its engines at `endpoints`."""
+        engine = self.engine
+        routing: dict[str, Any] = {"models": [PUBLIC_MODEL], "minPromptTokens": 0}
+        if self.max_prompt_tokens is not None:
+            routing["maxPromptTokens"] = self.max_prompt_tokens
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": self.name, "namespace": "seed"},
+            "spec": {
+                "lane": self.lane.value,
+                "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+                "servedModelName": self.served_model,
+                "engine": {"kind": "simulator"},
+                "replicas": self.replicas,
+                "routing": routing,
+                "prefill": {
+                    "chunkedPrefill": engine.kind == "chunked",
+                    "chunkSize": min(engine.chunk_size, engine.max_context),
+                    "tokenBudget": engine.token_budget,
+                    "maxPartialPrefills": engine.max_partial_prefills,
+                },
+                "limits": {
+                    "maxContextTokens": self.max_context_tokens,
+                    "maxConcurrentRequests": engine.max_num_seqs,
+                },
+            },
+            "status": {"endpoints": list(endpoints)},
+        }
+
+    def inference_pool(self, endpoints: Sequence[str]) -> InferencePool:
+        return parse_pool(self.document(endpoints))
 
 
 @dataclass(frozen=True)
@@ -75,6 +139,9 @@ class ClusterConfig:
     name: str
     summary: str
     pools: tuple[SimPool, ...]
+    # How endpoints are ranked within a pool; live mode configures the gateway with the
+    # same profile, so both modes describe the policy the gateway runs.
+    picking: PickingSettings = field(default_factory=lambda: SEED_PICKING)
 
     @property
     def gpus(self) -> int:
@@ -129,11 +196,6 @@ def interactive_replicas(scenario: SeedScenario, profile: Profile, budget: int) 
 def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfig, ...]:
     """The four configurations of the seed experiment on the scenario's GPUs."""
     gpus = scenario.gpus
-    unified_route = PoolRoute("unified", "interactive", 0, None, LONG_CONTEXT)
-    realtime_route = PoolRoute(
-        "realtime", "interactive", 0, REALTIME_MAX_PROMPT, REALTIME_MAX_CONTEXT
-    )
-    batch_route = PoolRoute("batch", "batch", 0, None, LONG_CONTEXT)
     split_realtime = gpus // 2
 
     # vLLM without chunked prefill needs a budget that holds the longest prompt
@@ -156,20 +218,20 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         ClusterConfig(
             "unified-full",
             f"{gpus} mixed replicas, whole-prompt prefill",
-            (SimPool(unified_route, gpus, full_long),),
+            (SimPool("unified", Lane.INTERACTIVE, None, LONG_CONTEXT, gpus, full_long),),
         ),
         ClusterConfig(
             "unified-chunked",
             f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
-            (SimPool(unified_route, gpus, chunked_long),),
+            (SimPool("unified", Lane.INTERACTIVE, None, LONG_CONTEXT, gpus, chunked_long),),
         ),
         ClusterConfig(
             "split",
             f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
             f"{gpus - split_realtime} batch (chunked prefill)",
             (
-                SimPool(realtime_route, split_realtime, full_realtime),
-                SimPool(batch_route, gpus - split_realtime, chunked_long),
+                _realtime(split_realtime, full_realtime),
+                _batch(gpus - split_realtime, chunked_long),
             ),
         ),
         ClusterConfig(
@@ -177,8 +239,18 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
             f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token TBT-SLO "
             f"budget) + {gpus - laneway_interactive} batch (chunked prefill)",
             (
-                SimPool(realtime_route, laneway_interactive, slo_interactive),
-                SimPool(batch_route, gpus - laneway_interactive, chunked_long),
+                _realtime(laneway_interactive, slo_interactive),
+                _batch(gpus - laneway_interactive, chunked_long),
             ),
         ),
     )
+
+
+def _realtime(replicas: int, engine: SchedulerConfig) -> SimPool:
+    return SimPool(
+        "realtime", Lane.INTERACTIVE, REALTIME_MAX_PROMPT, REALTIME_MAX_CONTEXT, replicas, engine
+    )
+
+
+def _batch(replicas: int, engine: SchedulerConfig) -> SimPool:
+    return SimPool("batch", Lane.BATCH, None, LONG_CONTEXT, replicas, engine)

@@ -17,12 +17,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from laneway.errors import UsageError
+from laneway.errors import cannot_listen
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
 from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
 from laneway.simulator.profiles import Profile
@@ -32,6 +32,8 @@ from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt is about 0.6 MB; leave room
+T = TypeVar("T")
+
 OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized in a worker thread
 MAX_LAG_S = 0.01  # wall seconds the step clock may fall behind before it resets
 OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
@@ -111,10 +113,10 @@ class RealTimeEngine:
         )
 
     def submit(
-        self, request_id: str, prompt_tokens: int, max_tokens: int
+        self, request_id: str, prompt_tokens: int, max_tokens: int, priority: int = 0
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
-        self.core.submit(request_id, prompt_tokens, max_tokens)
+        self.core.submit(request_id, prompt_tokens, max_tokens, priority=priority)
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
         self._wake.set()
@@ -185,6 +187,16 @@ class GenerationRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0  # vLLM's extra request field; lower is more urgent
+
+
+def _priority(body: dict[str, Any]) -> int:
+    value = body.get("priority", 0)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OpenAIError(400, f"'priority' must be an integer, got {value!r}", "priority")
+    return value
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:
@@ -253,7 +265,7 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
-async def _count(length: int, count: Callable[[], int]) -> int:
+async def _count(length: int, count: Callable[[], T]) -> T:
     """Count on the loop when cheap, in a worker thread when a long prompt would stall it."""
     if length > OFF_LOOP_CHARS:
         return await asyncio.to_thread(count)
@@ -301,7 +313,9 @@ async def parse_generation(
             or _positive_int(body, "max_tokens")
             or max(1, min(CHAT_DEFAULT_MAX_TOKENS, settings.scheduler.max_context - prompt_tokens))
         )
-    return GenerationRequest(endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage)
+    return GenerationRequest(
+        endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage, _priority(body)
+    )
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -379,11 +393,15 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    if reply.parsed.endpoint == "chat":
-        await _sse(response, reply.role_chunk())
     emitted = 0
     while True:
         event = await events.get()
+        if emitted == 0 and reply.parsed.endpoint == "chat":
+            # The role chunk goes out with the first output, not on arrival: vLLM sends it in
+            # the first pass of its loop over engine outputs (`chat_completion_stream_generator`
+            # in vllm/entrypoints/openai/serving_chat.py) and SGLang the same way
+            # (`_generate_chat_stream` in python/sglang/srt/entrypoints/openai/serving_chat.py).
+            await _sse(response, reply.role_chunk())
         emitted += 1
         await _sse(response, reply.token_chunk(event))
         if event.last:
@@ -402,7 +420,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
     reply = _Reply(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), settings.model, parsed)
     try:
-        events = engine.submit(reply.request_id, parsed.prompt_tokens, parsed.max_tokens)
+        events = engine.submit(
+            reply.request_id, parsed.prompt_tokens, parsed.max_tokens, parsed.priority
+        )
     except RequestRejected as error:
         raise OpenAIError(400, str(error)) from None
     try:
@@ -436,6 +456,44 @@ async def models(request: web.Request) -> web.Response:
         "max_model_len": settings.scheduler.max_context,
     }
     return web.json_response({"object": "list", "data": [card]})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's and SGLang's `/tokenize`: the prompt's count as this engine counts it.
+
+    vLLM takes `prompt` (a string) or `messages` (framed as for a chat completion); SGLang
+    takes `prompt` as a string or a list of strings, and answers a list per string. Both
+    answer `count`, `tokens` and `max_model_len`. Chat framing here is the simulator's own
+    count (no template is rendered), so a chat answer carries the count without token ids.
+    """
+    try:
+        body = await request.json()
+    except ValueError:
+        raise OpenAIError(400, "The request body is not valid JSON", None) from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object", None)
+    tokenizer = request.app[TOKENIZER]
+    max_model_len = request.app[SETTINGS].scheduler.max_context
+    if "messages" in body:
+        messages = _chat_messages(body)
+        length = sum(len(m.content) for m in messages)
+        count = await _count(length, lambda: count_chat(tokenizer, messages))
+        return web.json_response({"count": count, "max_model_len": max_model_len})
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        tokens = await _count(len(prompt), lambda: tokenizer.encode(prompt))
+        return web.json_response(
+            {"count": len(tokens), "tokens": tokens, "max_model_len": max_model_len}
+        )
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        length = sum(len(p) for p in prompt)
+        each = await _count(length, lambda: [tokenizer.encode(p) for p in prompt])
+        return web.json_response(
+            {"count": [len(t) for t in each], "tokens": each, "max_model_len": max_model_len}
+        )
+    raise OpenAIError(
+        400, "Give 'prompt' (a string or a list of strings) or 'messages' to tokenize", "prompt"
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -489,20 +547,24 @@ def create_app(settings: SimSettings, tokenizer: Tokenizer | None = None) -> web
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/metrics", metrics)
     return app
 
 
-async def serve(settings: SimSettings, host: str, port: int) -> None:
+async def serve(
+    settings: SimSettings, host: str, port: int, tokenizer: Tokenizer | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT; print the ready line once listening."""
-    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    app = create_app(settings, tokenizer)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()
         except OSError as error:
-            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+            raise cannot_listen(host, port, error) from None
         bound_port = runner.addresses[0][1]
         print(f"laneway sim: serving {settings.model} on http://{host}:{bound_port}", flush=True)
         stop = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -112,7 +113,7 @@ def test_a_table_rule_sits_under_the_header_as_wide_as_each_column() -> None:
 
 def test_the_long_prompt_reaches_the_batch_pool_by_bounds_and_by_exact_count() -> None:
     options = BenchOptions(classify_tokens=20_000, classify_repeats=2)
-    classified = time_classification(options, time.perf_counter)
+    classified = asyncio.run(time_classification(options, time.perf_counter))
     assert classified.bounds_pool == classified.exact_pool == "batch"
     assert classified.bounds_decided_s.count == classified.exact_count_s.count == 2
     assert classified.prompt_bytes > classified.prompt_tokens
@@ -161,7 +162,7 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
 
 def test_render_lists_every_level_in_order() -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
-    classification = time_classification(options, time.perf_counter)
+    classification = asyncio.run(time_classification(options, time.perf_counter))
     direct = path_result([result(0.01)], 1.0, CpuUse(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
     report = BenchReport(

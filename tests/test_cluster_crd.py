@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from crd_tools import EXAMPLES, admit, apply_defaults, pool_schema, walk
+from crd_tools import EXAMPLES, admit, apply_defaults, load_crd, pool_schema, walk
 from kube_cluster import Cluster
 from test_crd_cel import CASES, document
 
@@ -40,6 +40,13 @@ def cel_messages() -> list[str]:
         for _, node in walk(pool_schema())
         for rule in node.get("x-kubernetes-validations", ())
     ]
+
+
+def at_path(obj: Any, path: str) -> Any:
+    """The value at a simple jsonPath (`.spec.limits.maxContextTokens`), or None."""
+    for key in path.lstrip(".").split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
 
 
 def columns(table: str) -> list[dict[str, str]]:
@@ -70,14 +77,18 @@ def test_every_example_pool_is_admitted_defaulted_and_listed(
             assert stored["spec"] == apply_defaults(pool_schema(), doc)["spec"], path.name
             api.parse_pool(stored)
 
+    # kubectl shows the CRD's printer columns, each cell the value at its jsonPath: the
+    # spec's values as stored, nothing yet where no operator has written a status.
+    printer = load_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
     table = columns(kube.kubectl("get", "lwpool", "-n", kube_namespace).stdout)
-    assert list(table[0]) == ["NAME", "LANE", "ENGINE", "MODEL", "READY", "CONTEXT", "AGE"]
-    realtime = next(row for row in table if row["NAME"] == "realtime")
-    assert realtime["LANE"] == "interactive"
-    assert realtime["ENGINE"] == "vllm"
-    assert realtime["MODEL"] == "meta-llama/Llama-3.1-8B-Instruct"
-    assert realtime["READY"] == ""  # no operator has written a status yet
-    assert realtime["CONTEXT"] == "4096"
+    assert list(table[0]) == ["NAME", *(c["name"].upper() for c in printer)]
+    for row in table:
+        stored = kube.get("lwpool", row["NAME"], "-n", kube_namespace)
+        for column in printer:
+            if column["type"] == "date":
+                continue  # Age: relative to now
+            value = at_path(stored, column["jsonPath"])
+            assert row[column["name"].upper()] == ("" if value is None else str(value)), column
 
 
 @pytest.mark.parametrize(("case", "patch", "rule"), CASES, ids=[c[0] for c in CASES])

@@ -89,9 +89,19 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "vLLM partial prefills without chunking",
         {"prefill": {"chunkedPrefill": False, "tokenBudget": 4096, "maxPartialPrefills": 2}},
-        "maxPartialPrefills == 1",
+        "self.engine.kind != 'vllm' || self.prefill.maxPartialPrefills == 1",
     ),
-    ("vLLM partial prefills with chunking", {"prefill": {"maxPartialPrefills": 4}}, None),
+    (
+        "vLLM V1 refuses concurrent partial prefills, chunked or not",
+        {"prefill": {"maxPartialPrefills": 4}},
+        "self.engine.kind != 'vllm' || self.prefill.maxPartialPrefills == 1",
+    ),
+    (
+        "the simulator models partial-prefill limits",
+        {"engine": {"kind": "simulator"}, "prefill": {"maxPartialPrefills": 4}},
+        None,
+    ),
+    ("priority scheduling on vLLM", {"scheduling": {"policy": "priority"}}, None),
     (
         "SGLang partial prefills",
         {"engine": {"kind": "sglang"}, "prefill": {"maxPartialPrefills": 2}},
@@ -110,6 +120,16 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ),
     ("autoscaling min only", {"autoscaling": {"maxReplicas": 1}}, None),
     (
+        "an interactive pool autoscaled to zero",
+        {"lane": "interactive", "autoscaling": {"minReplicas": 0, "maxReplicas": 4}},
+        "self.autoscaling.minReplicas >= 1",
+    ),
+    (
+        "a batch pool autoscaled to zero",
+        {"lane": "batch", "autoscaling": {"minReplicas": 0, "maxReplicas": 4}},
+        None,
+    ),
+    (
         "simulator settings on a GPU engine",
         {"engine": {"kind": "vllm", "simulator": {"profile": "h200-llama3-8b"}}},
         "self.kind == 'simulator'",
@@ -119,6 +139,23 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
         {"engine": {"kind": "simulator", "simulator": {"timeScale": 10}}},
         None,
     ),
+    (
+        "a huggingface tokenizer without its file",
+        {"tokenizer": {"kind": "huggingface"}},
+        "self.kind != 'huggingface' || has(self.path)",
+    ),
+    (
+        "a tiktoken tokenizer given a file",
+        {"tokenizer": {"kind": "tiktoken", "path": "/etc/tok/tokenizer.json"}},
+        "self.kind != 'tiktoken' || !has(self.path)",
+    ),
+    (
+        "a huggingface tokenizer given an encoding",
+        {"tokenizer": {"kind": "huggingface", "path": "/t.json", "encoding": "cl100k_base"}},
+        "self.kind != 'huggingface' || !has(self.encoding)",
+    ),
+    ("a mounted tokenizer.json", {"tokenizer": {"kind": "huggingface", "path": "/t.json"}}, None),
+    ("a tiktoken encoding", {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}}, None),
 ]
 
 

@@ -52,7 +52,7 @@ def test_crd_names_scope_and_subresources() -> None:
 def test_printer_columns_point_at_schema_fields() -> None:
     (version,) = load_crd()["spec"]["versions"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Lane", "Engine", "Model", "Ready", "Context", "Age"]
+    assert list(columns) == ["Lane", "Engine", "Model", "Ready", "SLO", "Context", "Age"]
     paths = {path for path, _ in walk(pool_schema())}
     for name, path in columns.items():
         assert path in paths or path == ".metadata.creationTimestamp", name

@@ -56,6 +56,7 @@ def test_a_full_file_loads_pools_and_settings(tmp_path: Path) -> None:
     assert settings.picking.weights["queueDepth"] == 3
     assert settings.picking.weights["kvCacheUsage"] == 0
     assert settings.picking.weights["inFlightRequests"] == 2  # default kept
+    assert settings.picking.prefix.block_chars == 256  # default kept
     assert (settings.scrape.interval_millis, settings.scrape.stale_after_millis) == (500, 2000)
     assert settings.health.failures_to_eject == 2
     assert (settings.queue.max_waiting, settings.queue.timeout_millis) == (10, 750)
@@ -101,10 +102,20 @@ BAD = [
             GATEWAY.replace(
                 "{queueDepth: 3, kvCacheUsage: 0}",
                 "{queueDepth: 0, kvCacheUsage: 0, inFlightRequests: 0, prefillTokens: 0, "
-                "ttftSlo: 0}",
+                "ttftSlo: 0, prefixAffinity: 0}",
             ),
         ],
         "spec.picking.weights: at least one scorer needs a weight above 0",
+    ),
+    (
+        "a prefix block too small to hash usefully",
+        [
+            POOL,
+            GATEWAY.replace(
+                "kvCacheUsage: 0}}", "kvCacheUsage: 0}, prefix: {blockChars: 4, maxBlocks: 8}}"
+            ),
+        ],
+        "spec.picking.prefix.blockChars: must be >= 16, got 4",
     ),
     (
         "huggingface without a path",

@@ -7,9 +7,8 @@ from collections import Counter
 
 import pytest
 
-from laneway.gateway.config import PickingSettings
 from laneway.routing.engine_metrics import EngineMetrics
-from laneway.routing.picker import WeightedScorer, rank, scorers_from_weights
+from laneway.routing.picker import PickingSettings, WeightedScorer, rank, scorers_from_weights
 from laneway.routing.scorers import EndpointView, Scorer
 from laneway.routing.scorers.in_flight import InFlightScorer
 from laneway.routing.scorers.kv_usage import KVUsageScorer

@@ -52,7 +52,17 @@ async def life_cycle(cluster: FakeCluster) -> None:
     """Create, autoscale, change, drift, switch to adopted pods, report status."""
     memo = kopf.Memo(state=OperatorState(cluster=cluster, options=RenderOptions()))
     spec = {"lane": "batch", "model": "m", "engine": {"kind": "sglang"}}
-    cluster.create(pool_document("p", spec))
+    pool = cluster.create(pool_document("p", spec))
+    # What an earlier version rendered for spec.autoscaling: pruned on the first pass.
+    owner = {"kind": KIND, "name": "p", "uid": pool["metadata"]["uid"]}
+    cluster.create(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "p", "namespace": "serving", "ownerReferences": [owner]},
+            "spec": {},
+        }
+    )
 
     async def once() -> None:
         outcome = await reconcile(cluster.pool("serving", "p"), cluster, RenderOptions(), "t")

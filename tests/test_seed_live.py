@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from marked_processes import alive, children_of
 
-from laneway.simulator.seed import CONFIG_NAMES
+from laneway.simulator.profiles import PROFILES
+from laneway.simulator.seed import CONFIG_NAMES, SeedScenario, seed_configs
 
 BENCH = [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", "--quick"]
 
@@ -41,6 +42,7 @@ def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "live vs virtual" in result.stdout
+    assert result.stdout.count("client, gateway's buckets") == len(CONFIG_NAMES)
     document = json.loads(out.read_text())
     assert document["mode"] == "live"
     assert set(document["configs"]) == set(CONFIG_NAMES)
@@ -59,6 +61,9 @@ def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
             assert requests["long_lanes"] == {"batch": long_requests}, name
             assert set(requests["interactive_lanes"]) == {"interactive"}, name
         assert set(document["difference_pct"][name]) >= {"ttft_p99", "tbt_p99", "batch_makespan_s"}
+        # The gateway timed the streams the client timed (warm-up requests left out).
+        timed = numbers["gateway_ttft"]["streams"]
+        assert timed["gateway"] == timed["client"] > 0, name
 
 
 def test_a_crashed_engine_ends_the_run_and_every_child(tmp_path: Path) -> None:
@@ -121,21 +126,48 @@ def test_live_flags_are_checked(flags: list[str], message: str) -> None:
 
 def test_every_configuration_is_a_valid_gateway_config() -> None:
     """The documents live mode writes parse as the gateway parses its --config file."""
-    from laneway.bench.seed_live import PUBLIC_MODEL, gateway_documents, served_model
+    from laneway.bench.seed_live import gateway_documents
     from laneway.gateway.config import parse_documents
     from laneway.simulator.profiles import PROFILES
-    from laneway.simulator.seed import SeedScenario, seed_configs
+    from laneway.simulator.seed import PUBLIC_MODEL, SeedScenario, seed_configs
 
     for config in seed_configs(SeedScenario(), PROFILES["h200-llama3-8b"]):
         endpoints = {
-            pool.route.name: [f"http://127.0.0.1:{9000 + i}" for i in range(pool.replicas)]
+            pool.name: [f"http://127.0.0.1:{9000 + i}" for i in range(pool.replicas)]
             for pool in config.pools
         }
         parsed = parse_documents(gateway_documents(config, endpoints), config.name)
-        assert [p.spec.served_model_name for p in parsed.pools] == [
-            served_model(pool) for pool in config.pools
+        # The live gateway routes over the very pools and picking profile the virtual
+        # runner routes over.
+        assert parsed.settings.picking == config.picking
+        assert list(parsed.pools) == [
+            pool.inference_pool(endpoints[pool.name]) for pool in config.pools
         ]
         for pool, spec in zip(config.pools, parsed.pools, strict=True):
             assert PUBLIC_MODEL in spec.spec.routing.models
-            assert spec.spec.limits.max_context_tokens == pool.route.max_context_tokens
-            assert list(spec.endpoints) == endpoints[pool.route.name]
+            assert spec.spec.served_model_name == pool.served_model
+            assert spec.spec.limits.max_context_tokens == pool.max_context_tokens
+            assert list(spec.endpoints) == endpoints[pool.name]
+
+
+def test_live_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> None:
+    from laneway.bench.loadgen import RequestRecord
+    from laneway.bench.seed_live import result_from_records
+
+    def turn(ttft_s: float, gaps_s: tuple[float, ...], status: int = 200) -> RequestRecord:
+        return RequestRecord(
+            "interactive", 0, 1.0, 500, 4, status, "interactive", "realtime", 500,
+            len(gaps_s) + 1, ttft_s, gaps_s, 1.0,
+        )  # fmt: skip
+
+    scenario = SeedScenario()
+    config = seed_configs(scenario, PROFILES["h200-llama3-8b"])[2]
+    records = [
+        turn(0.050, (0.010, 0.020)),  # within
+        turn(0.300, (0.030,)),  # on both limits: within
+        turn(0.301, (0.010,)),  # a late first token
+        turn(0.050, (0.010, 0.031)),  # one late gap
+        turn(0.050, (), status=400),  # refused
+    ]
+    result = result_from_records(config, scenario, records, 1.0, 10.0)
+    assert result.interactive_within_slo == 2

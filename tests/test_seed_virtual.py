@@ -8,51 +8,52 @@ from pathlib import Path
 
 import pytest
 
+from laneway.api import InferencePool
 from laneway.cli import main
+from laneway.routing.lanes import NoFit, Route, RouteRequest, classify
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.routing import EndpointLoad, PoolRoute, choose_pool, pick_endpoint
 from laneway.simulator.runner import run_virtual
 from laneway.simulator.seed import (
     CONFIG_NAMES,
+    PUBLIC_MODEL,
     TBT_SLO_S,
+    ClusterConfig,
     SeedScenario,
     seed_configs,
     tbt_token_budget,
 )
+from laneway.tokens import TokenBounds
 
 H200 = PROFILES["h200-llama3-8b"]
 # Small enough to run in a second, big enough that the long burst meets interactive traffic.
 SMALL = SeedScenario(gpus=4, sessions=24, long_requests=3, long_tokens=16384, duration_s=8.0)
 
-REALTIME = PoolRoute("realtime", "interactive", 0, 2048, 4096)
-BATCH = PoolRoute("batch", "batch", 0, None, 131072)
+
+def pools_of(config: ClusterConfig) -> list[InferencePool]:
+    return [pool.inference_pool([f"http://{pool.name}-0.virtual"]) for pool in config.pools]
+
+
+def route(pools: list[InferencePool], prompt: int, output: int) -> str | None:
+    ask = RouteRequest(PUBLIC_MODEL, TokenBounds(prompt, prompt), output)
+    decision = classify(ask, pools)
+    assert isinstance(decision, Route | NoFit)
+    return decision.pool.name if isinstance(decision, Route) else None
 
 
 @pytest.mark.parametrize(
     ("prompt", "output", "expected"),
     [
-        (800, 200, 0),  # short: the interactive lane
-        (2048, 2048, 0),  # at both caps exactly
-        (2049, 10, 1),  # over the lane's prompt range
-        (2000, 2500, 1),  # prompt fits, prompt + output does not fit the 4k context
-        (65536, 512, 1),  # long documents go to batch
+        (800, 200, "realtime"),  # short: the interactive lane
+        (2048, 2048, "realtime"),  # at both caps exactly
+        (2049, 10, "batch"),  # over the lane's prompt range
+        (2000, 2500, "batch"),  # prompt fits, prompt + output does not fit the 4k context
+        (65536, 512, "batch"),  # long documents go to batch
         (131000, 1000, None),  # no pool can hold it
     ],
 )
-def test_choose_pool(prompt: int, output: int, expected: int | None) -> None:
-    assert choose_pool([REALTIME, BATCH], prompt, output) == expected
-
-
-@pytest.mark.parametrize(
-    ("loads", "expected"),
-    [
-        ([EndpointLoad(3, 900), EndpointLoad(1, 65536)], 0),  # fewer prompt tokens waiting wins
-        ([EndpointLoad(5, 0), EndpointLoad(2, 0)], 1),  # then fewer requests in flight
-        ([EndpointLoad(2, 0), EndpointLoad(2, 0)], 0),  # then the lowest index
-    ],
-)
-def test_pick_endpoint(loads: list[EndpointLoad], expected: int) -> None:
-    assert pick_endpoint(loads) == expected
+def test_the_split_pools_route_by_length(prompt: int, output: int, expected: str | None) -> None:
+    split = next(c for c in seed_configs(SeedScenario(), H200) if c.name == "split")
+    assert route(pools_of(split), prompt, output) == expected
 
 
 def test_the_tbt_budget_is_the_largest_that_meets_the_slo() -> None:
@@ -71,10 +72,8 @@ def test_configs_use_the_same_gpus_and_keep_long_prompts_out_of_interactive_lane
     assert [c.name for c in configs] == list(CONFIG_NAMES)
     for config in configs:
         assert config.gpus == 8
-        routes = [pool.route for pool in config.pools]
-        lane = config.pools[choose_pool(routes, 65536, 512) or 0].route.lane
-        if len(config.pools) > 1:
-            assert lane == "batch"
+        chosen = route(pools_of(config), 65536, 512)
+        assert chosen == ("batch" if len(config.pools) > 1 else "unified")
 
 
 def test_same_seed_same_result_other_seed_other_result() -> None:
@@ -118,6 +117,7 @@ def test_cli_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFi
     assert document["scenario"] == "seed"
     assert document["seed"] == 3
     assert set(document["configs"]) == set(CONFIG_NAMES)
+    unified = document["configs"]["unified-full"]
     for numbers in document["configs"].values():
         assert set(numbers["interactive"]["ttft_ms"]) == {"p50", "p99", "max"}
         assert set(numbers["interactive"]["tbt_ms"]) == {"p50", "p99", "max"}
@@ -125,6 +125,10 @@ def test_cli_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFi
         assert {"makespan_s", "throughput_tok_s", "completed"} <= set(numbers["batch"])
         assert numbers["batch"]["completed"] == 2
         assert 0 < numbers["gpu_busy"] <= 1
+        assert 0 <= numbers["interactive"]["slo_attainment"] <= 1
+        ratio = numbers["batch"]["makespan_s"] / unified["batch"]["makespan_s"]
+        assert numbers["batch"]["makespan_vs_unified_full"] == pytest.approx(ratio, abs=1e-3)
+    assert unified["batch"]["makespan_vs_unified_full"] == 1.0
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -137,6 +141,8 @@ def test_cli_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFi
         (["--configs", "split,fastest"], "unknown fastest"),
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
         (["--sessions", "0", "--long-requests", "0"], "nothing to run"),
+        (["--sweep", "--mode", "live"], "--sweep runs in --mode virtual only"),
+        (["--sweep", "--plot", "x.png"], "--sweep draws no plot"),
     ],
 )
 def test_cli_rejects_bad_flags_in_one_line(
@@ -154,3 +160,62 @@ def test_cli_rejects_malformed_numbers_through_argparse(capsys: pytest.CaptureFi
         main(["bench", "seed", "--gpus", "eight"])
     assert exited.value.code == 2
     assert "invalid int value: 'eight'" in capsys.readouterr().err
+
+
+def test_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> None:
+    from laneway.bench.seed_report import summarize
+
+    quiet = dataclasses.replace(SMALL, long_requests=0)
+    by_name = {c.name: c for c in seed_configs(quiet, H200)}
+    calm = summarize(run_virtual(by_name["laneway"], H200, quiet), quiet)
+    assert calm.slo_attainment == 1.0  # no long prompts: nothing stalls a chat turn
+
+    burst = dataclasses.replace(SMALL, long_tokens=65536)  # 3.4 s whole prefills
+    stalled = run_virtual(seed_configs(burst, H200)[0], H200, burst)  # unified-full
+    summary = summarize(stalled, burst)
+    # The whole 64k prefills freeze the streams already running on their replicas.
+    stalled_gaps = sum(gap > 0.030 for gap in stalled.tbt_s)
+    assert stalled_gaps > 0
+    turns = stalled.interactive_completed + stalled.interactive_rejected
+    assert summary.slo_attainment < 1
+    # A turn misses for its own late first token or any of its gaps, never for more.
+    late_first = sum(ttft > 0.300 for ttft in stalled.ttft_s)
+    assert summary.slo_attainment >= 1 - (stalled_gaps + late_first) / turns
+
+
+def test_sweep_cells_change_one_knob_at_a_time() -> None:
+    from laneway.bench.seed_sweep import sweep_cells
+
+    cells = sweep_cells(SeedScenario())
+    assert [(c.knob, c.value) for c in cells] == [
+        ("long_requests", 5), ("long_requests", 20), ("long_requests", 40),
+        ("sessions", 100), ("sessions", 200), ("sessions", 300),
+        ("long_tokens", 32768), ("long_tokens", 65536), ("long_tokens", 130560),
+    ]  # fmt: skip
+    for cell in cells:
+        changed = {
+            f.name
+            for f in dataclasses.fields(SeedScenario)
+            if getattr(cell.scenario, f.name) != getattr(SeedScenario(), f.name)
+        }
+        assert changed <= {cell.knob}
+
+
+def test_cli_sweep_prints_each_cell_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sweep.json"
+    argv = ["bench", "seed", "--sweep", "--gpus", "2", "--duration", "2",
+            "--configs", "unified-full,split", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "long_requests=40" in printed
+    assert "long_tokens=130560" in printed
+    document = json.loads(out.read_text())
+    assert len(document["cells"]) == 9
+    for cell in document["cells"]:
+        split = cell["configs"]["split"]
+        unified = cell["configs"]["unified-full"]
+        assert split["batch"]["makespan_vs_split"] == 1.0
+        assert unified["batch"]["makespan_vs_unified_full"] == 1.0
+        assert isinstance(split["keeps_slo"], bool)

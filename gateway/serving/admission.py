@@ -1,8 +1,7 @@
 """Admission: at most `limit` requests of a pool run at once; the rest wait in line.
 
-The line serves interactive requests before batch ones. Interactive requests are FIFO;
-batch requests leave in fair-share order between tenants, weighted by tokens (fairshare.py),
-so one tenant's 500 documents do not starve another's five. A
+The order of the line (interactive first, fair share between tenants in the batch lane) is
+the routing library's `AdmissionLine`; this shell holds the waiters and wakes them. A
 request that cannot even join (the line is full) is refused at once; the handler bounds the
 wait and answers both with 429 and Retry-After.
 """
@@ -10,10 +9,9 @@ wait and answers both with 429 and Retry-After.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 
 from laneway.api import Lane
-from laneway.routing.fairshare import FairShareQueue
+from laneway.routing.admission import AdmissionLine
 
 
 class AdmissionRefused(Exception):
@@ -27,8 +25,7 @@ class PoolGate:
         self._limit = limit
         self._max_waiting = max_waiting
         self._active = 0
-        self._interactive: deque[asyncio.Future[None]] = deque()
-        self._batch: FairShareQueue[asyncio.Future[None]] = FairShareQueue()
+        self._line: AdmissionLine[asyncio.Future[None]] = AdmissionLine()
         self._closed: str | None = None  # why the gate refuses everyone, once it does
 
     @property
@@ -37,7 +34,7 @@ class PoolGate:
 
     @property
     def waiting(self) -> int:
-        return len(self._interactive) + len(self._batch)
+        return len(self._line)
 
     @property
     def limit(self) -> int:
@@ -62,20 +59,15 @@ class PoolGate:
         if self.waiting >= self._max_waiting:
             raise AdmissionRefused("queue_full")
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if priority is Lane.BATCH:
-            self._batch.push(tenant, slot, tokens)
-        else:
-            self._interactive.append(slot)
+        self._line.join(slot, priority, tenant, tokens)
         try:
             await slot
         except asyncio.CancelledError:
             # Timed out or the client went away: give back a slot granted in the same tick.
             if slot.done() and not slot.cancelled() and slot.exception() is None:
                 self.release()
-            elif slot in self._interactive:
-                self._interactive.remove(slot)
             else:
-                self._batch.remove(slot)
+                self._line.remove(slot)
             raise
 
     def release(self) -> None:
@@ -86,13 +78,13 @@ class PoolGate:
         """Refuse everyone waiting and every newcomer; running requests finish (drain)."""
         self._closed = reason
         while self.waiting:
-            slot = self._interactive.popleft() if self._interactive else self._batch.pop()
+            slot = self._line.next()
             if not slot.done():
                 slot.set_exception(AdmissionRefused(reason))
 
     def _grant(self) -> None:
         while self.waiting and self._active < self._limit:
-            slot = self._interactive.popleft() if self._interactive else self._batch.pop()
+            slot = self._line.next()
             if slot.done():
                 continue  # cancelled by its timeout in this same tick
             self._active += 1

@@ -1,8 +1,10 @@
-"""One completion request through the gateway: read, classify, admit, pick, relay.
+"""One completion request through the gateway: read, classify, admit, plan, relay.
 
-The decisions are made by the pure cores (`request_body`, `lanes`, `picker`, `admission`);
-this module does the I/O around them and keeps one `RequestOutcome` per request for the metrics
-and the one structured log line.
+The decisions are the routing library's, made once each as data: `lanes.classify` gives the
+request's `Route` (pool, queue class, prefill estimate, reason) before it joins the pool's
+line, and `plan.make_plan` its `RoutingPlan` (the endpoints best first, each with its
+predicted TTFT) once it holds a slot. This module executes them and keeps one
+`RequestOutcome` per request for the metrics and the one structured log line.
 """
 
 from __future__ import annotations
@@ -11,26 +13,30 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     METRICS,
+    POOL_TOKENIZERS,
+    PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
     SESSION,
     SETTINGS,
-    TOKENIZER,
     TRACKER,
 )
 from laneway.gateway.serving.admission import AdmissionRefused
+from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
     LANE_HEADER,
@@ -40,7 +46,7 @@ from laneway.gateway.serving.request_body import (
     parse_request,
 )
 from laneway.gateway.state.memory import Lease
-from laneway.gateway.state.shared import admit_tenant, tenant_name
+from laneway.gateway.state.shared import admit_tenant, routing_tenant, tenant_name
 from laneway.routing.lanes import (
     Decision,
     NeedsExactCount,
@@ -50,10 +56,11 @@ from laneway.routing.lanes import (
     UnknownModel,
     classify,
 )
-from laneway.routing.picker import rank
+from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
+from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
-from laneway.tokens import TokenBounds
+from laneway.tokens import TokenBounds, Tokenizer
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -62,6 +69,9 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+JSON_CONTENT = {"Content-Type": "application/json"}
+STREAM_END = b"data: [DONE]"
+SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 
 
 @dataclass
@@ -73,6 +83,7 @@ class RequestOutcome:
     model: str = ""
     pool: str = ""
     lane: str = ""
+    reason: str = ""  # why this pool
     endpoint: str = ""
     prompt_tokens: int | None = None
     stream: bool = False
@@ -82,6 +93,8 @@ class RequestOutcome:
     ttft_ms: float | None = None
     total_ms: float | None = None
     error: str | None = None
+    # The client has the whole response: a client that leaves after this is no 499.
+    complete: bool = False
 
     def routing_headers(self) -> dict[str, str]:
         if not self.pool:
@@ -110,7 +123,7 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
         outcome.status, outcome.error = error.status, error.code
         return error.response(outcome.routing_headers())
     except asyncio.CancelledError:
-        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+        _client_gone(outcome)
         raise
     finally:
         outcome.total_ms = (clock() - started) * 1000
@@ -128,10 +141,10 @@ async def _serve(
     outcome.model, outcome.stream = parsed.model, parsed.stream
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
-    route, bounds, count = await _route(app, parsed, len(body), pinned, outcome)
-    await admit_tenant(request, _prefill_estimate(bounds, count) + (parsed.max_tokens or 0))
+    route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
+    await admit_tenant(request, route.prefill_tokens + (parsed.max_tokens or 0))
     pool = route.pool
-    outcome.pool, outcome.lane = pool.name, route.lane.value
+    outcome.pool, outcome.lane, outcome.reason = pool.name, route.lane.value, route.reason
     try:
         registry = app[REGISTRY]
         if registry.current(pool) is None:
@@ -142,19 +155,17 @@ async def _serve(
         waiting_since = app[CLOCK]()
         try:
             async with asyncio.timeout(settings.queue.timeout_millis / 1000):
-                await gate.acquire(
-                    route.priority, tenant_name(request), _prefill_estimate(bounds, count)
-                )
+                await gate.acquire(route.priority, tenant_name(request), route.prefill_tokens)
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
-            prefill = _prefill_estimate(bounds, count)
-            return await _forward(
-                _Exchange(request, parsed, route, count, prefill, started, outcome)
-            )
+            hashes = _prefix_hashes(app, parsed)
+            plan = await _plan(app, route, started, hashes)
+            exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
+            return await _forward(exchange)
         finally:
             gate.release()
     finally:
@@ -182,30 +193,47 @@ async def _route(
     parsed: ParsedRequest,
     body_bytes: int,
     pinned: Lane | None,
+    tenant: str | None,
     outcome: RequestOutcome,
-) -> tuple[Route, TokenBounds, asyncio.Future[int]]:
-    """Classify from bounds where they decide; the exact count follows off the loop."""
-    tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
+) -> tuple[Route, asyncio.Future[int]]:
+    """Classify from bounds where they decide; the exact count follows off the loop.
+
+    Each pool's prompt is counted with its own tokenizer (once per distinct tokenizer);
+    with one tokenizer everywhere, as by default, that is a single count.
+    """
+    metrics, clock = app[METRICS], app[CLOCK]
+    pools = app[REGISTRY].pools()
+    tokenizers = app[POOL_TOKENIZERS]
+    serving = [pool for pool in pools if parsed.model in pool.spec.public_models]
+    by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
+    distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
-        exact = parsed.count(tokenizer)
-        bounds = TokenBounds(exact, exact)
+        bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
-        bounds = parsed.bounds(tokenizer)
+        bounds = {id(t): parsed.bounds(t) for t in distinct}
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
-    def decide(prompt_tokens: TokenBounds) -> Decision:
-        return classify(
-            RouteRequest(parsed.model, prompt_tokens, parsed.max_tokens, pinned),
-            app[REGISTRY].pools(),
+    def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
+        spanning = TokenBounds(
+            min(b.low for b in counted.values()), max(b.high for b in counted.values())
+        )
+        per_pool = {key: counted[id(t)] for key, t in by_pool.items()}
+        return RouteRequest(
+            parsed.model,
+            spanning,
+            parsed.max_tokens,
+            pinned,
+            tenant,
+            pool_prompt_tokens=per_pool if len(distinct) > 1 else None,
         )
 
-    decision = decide(bounds)
-    if isinstance(decision, NeedsExactCount):
-        exact = await _count_off_loop(app, parsed)
-        bounds = TokenBounds(exact, exact)
-        decision = decide(bounds)
+    async def exactly() -> RouteRequest:
+        counts = await asyncio.gather(*(_count_off_loop(app, parsed, t) for t in distinct))
+        return ask({id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)})
+
+    decision = await settle_route(ask(bounds), pools, exactly)
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
@@ -216,20 +244,40 @@ async def _route(
     assert isinstance(decision, Route)
 
     count: asyncio.Future[int]
-    if bounds.exact:
+    if decision.prompt_tokens.exact:
         count = asyncio.get_running_loop().create_future()
-        count.set_result(bounds.low)
+        count.set_result(decision.prompt_tokens.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
-        count = asyncio.ensure_future(_count_off_loop(app, parsed))
-    return decision, bounds, count
+        tokenizer = by_pool[decision.pool.key]
+        count = asyncio.ensure_future(_count_off_loop(app, parsed, tokenizer))
+    return decision, count
 
 
-async def _count_off_loop(app: web.Application, parsed: ParsedRequest) -> int:
+async def settle_route(
+    ask: RouteRequest,
+    pools: Sequence[InferencePool],
+    exactly: Callable[[], Awaitable[RouteRequest]],
+) -> Decision:
+    """Classify `ask` by its token bounds; where they do not decide, count and classify again.
+
+    `exactly` counts the prompt and returns `ask` with exact counts in place of the bounds.
+    """
+    decision = classify(ask, pools)
+    if isinstance(decision, NeedsExactCount):
+        decision = classify(await exactly(), pools)
+    return decision
+
+
+def _exact(count: int) -> TokenBounds:
+    return TokenBounds(count, count)
+
+
+async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
     clock = app[CLOCK]
     begun = clock()
     loop = asyncio.get_running_loop()
-    count = await loop.run_in_executor(None, parsed.count, app[TOKENIZER])
+    count = await loop.run_in_executor(None, parsed.count, tokenizer)
     app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
     return count
 
@@ -276,22 +324,54 @@ def _refused(
     )
 
 
-def _prefill_estimate(bounds: TokenBounds, count: asyncio.Future[int]) -> int:
-    if count.done() and not count.cancelled():
-        return count.result()
-    # Prose runs about four bytes per token; the bounds keep the guess honest elsewhere.
-    return min(max(bounds.low, bounds.high // 4), bounds.high)
+async def _plan(
+    app: web.Application, route: Route, started: float, prefix_hashes: tuple[int, ...]
+) -> RoutingPlan:
+    """The request's endpoints best first, by their load now that it holds a slot."""
+    registry = app[REGISTRY]
+    # The pool as configured now: its endpoints may have changed while the request waited.
+    route = replace(route, pool=registry.current(route.pool) or route.pool)
+    available = registry.available(route.pool)
+    loads = await app[TRACKER].loads(available)
+    matched = app[PREFIX_INDEX].matched_blocks(prefix_hashes) if prefix_hashes else {}
+    views = [
+        EndpointView(
+            url,
+            loads[url].in_flight,
+            loads[url].prefill_tokens,
+            registry.fresh_metrics(url),
+            cached_prompt_tokens=estimated_cached_tokens(
+                matched.get(url, 0), len(prefix_hashes), route.prefill_tokens
+            )
+            if prefix_hashes
+            else None,
+        )
+        for url in available
+    ]
+    rates = {url: registry.prefill_rate(url) for url in available}
+    elapsed_ms = (app[CLOCK]() - started) * 1000
+    profile = app[PROFILE]
+    return make_plan(route, views, rates, profile, app[RNG], elapsed_ms)
 
 
-@dataclass
+def _prefix_hashes(app: web.Application, parsed: ParsedRequest) -> tuple[int, ...]:
+    """The prompt's prefix block hashes; none when no scorer uses them (hashing is the cost)."""
+    if not any(s.name == "prefixAffinity" for s in app[PROFILE]):
+        return ()
+    prefix = app[SETTINGS].picking.prefix
+    return text_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+
+
+@dataclass(frozen=True)
 class _Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
 
     request: web.Request
     parsed: ParsedRequest
-    route: Route
+    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
+    plan: RoutingPlan
+    prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
-    prefill: int  # the prompt tokens this request adds to an endpoint's load
     started: float
     outcome: RequestOutcome
 
@@ -301,74 +381,51 @@ class _Exchange:
 
 
 async def _forward(exchange: _Exchange) -> web.StreamResponse:
-    app, outcome = exchange.app, exchange.outcome
-    registry, metrics = app[REGISTRY], app[METRICS]
-    pool = registry.current(exchange.route.pool) or exchange.route.pool
-    available = registry.available(pool)
-    loads = await app[TRACKER].loads(available)
-    # The prompt tokens each endpoint would have to work through before this request's
-    # first token, and so its predicted TTFT there, counted from the request's arrival.
-    backlogs = {url: loads[url].prefill_tokens + exchange.prefill for url in available}
-    elapsed_ms = (app[CLOCK]() - exchange.started) * 1000
-    predicted = {
-        url: elapsed_ms + registry.prefill_rate(url).predict_ttft_ms(backlogs[url])
-        for url in available
-    }
-    slo_ms = pool.spec.slo.ttft_millis
-    views = [
-        EndpointView(
-            url,
-            loads[url].in_flight,
-            loads[url].prefill_tokens,
-            registry.fresh_metrics(url),
-            predicted[url],
-            slo_ms,
-        )
-        for url in available
-    ]
-    profile = app[PROFILE]
-    ranked = rank(views, profile, app[RNG])
-    payload = {**exchange.parsed.payload, "model": pool.spec.served_model_name}
+    app, outcome, plan = exchange.app, exchange.outcome, exchange.plan
+    metrics = app[METRICS]
+    served = plan.pool.spec.served_model_name
+    body = (
+        exchange.body
+        if served == exchange.parsed.model
+        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    )
     failures = []
-    for candidate in ranked[:UPSTREAM_ATTEMPTS]:
+    for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
         outcome.attempts += 1
-        outcome.predicted_ttft_ms = predicted[candidate.url]
+        outcome.predicted_ttft_ms = candidate.predicted_ttft_ms
+        if exchange.prefix_hashes:
+            app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
-            return await _attempt(exchange, candidate.url, payload, backlogs[candidate.url])
+            return await _attempt(exchange, candidate, served, body)
         except UpstreamFailed as failure:
             _note_failure(app, candidate.url, str(failure))
-            metrics.upstream_errors.labels(pool.name, candidate.url, failure.kind).inc()
+            metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
             failures.append(f"{candidate.url}: {failure}")
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
-    raise _no_endpoint(app, pool, why)
+    raise _no_endpoint(app, plan.pool, why)
 
 
 async def _attempt(
-    exchange: _Exchange, url: str, payload: dict[str, Any], backlog_tokens: int
+    exchange: _Exchange, endpoint: PlannedEndpoint, served: str, body: bytes
 ) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
-    app, outcome = exchange.app, exchange.outcome
-    limits = app[SETTINGS].upstream
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=limits.connect_timeout_millis / 1000,
-        sock_read=limits.read_timeout_millis / 1000,
-    )
+    app, outcome, url = exchange.app, exchange.outcome, endpoint.url
     tracker = app[TRACKER]
-    lease = await tracker.start(url, exchange.prefill)
+    lease = await tracker.start(url, exchange.plan.prefill_tokens)
     progress = _Progress()
-    sent = _Sent(backlog_tokens, app[CLOCK]())
+    sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
+        # The session's default timeout is the upstream one (see app.py): built once.
         async with app[SESSION].post(
-            f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
+            f"{url}{exchange.parsed.endpoint.value}", data=body, headers=JSON_CONTENT
         ) as upstream:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
-                if rename := rewriter(payload["model"], exchange.parsed.model):
+                if rename := rewriter(served, exchange.parsed.model):
                     body = rename.whole(body)
                 app[REGISTRY].record_success(url)
                 outcome.prompt_tokens = await exchange.count
@@ -380,7 +437,7 @@ async def _attempt(
                     headers=outcome.routing_headers(),
                 )
             app[REGISTRY].record_success(url)
-            rename = rewriter(payload["model"], exchange.parsed.model)
+            rename = rewriter(served, exchange.parsed.model)
             return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
@@ -413,7 +470,7 @@ async def _relay_stream(
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
     app, outcome, started = exchange.app, exchange.outcome, exchange.started
     clock, metrics, tracker = app[CLOCK], app[METRICS], app[TRACKER]
-    labels = (exchange.route.pool.name, exchange.route.lane.value)
+    labels = (exchange.plan.pool.name, exchange.plan.lane.value)
     outcome.prompt_tokens = await exchange.count
     client = web.StreamResponse(
         status=200,
@@ -426,10 +483,12 @@ async def _relay_stream(
     await client.prepare(exchange.request)
     outcome.status = 200
     tbt = metrics.tbt.labels(*labels)
-    slo = exchange.route.pool.spec.slo
+    slo = exchange.plan.pool.spec.slo
     tbt_met, tbt_missed = (metrics.tbt_slo.labels(*labels, met) for met in ("true", "false"))
+    first_token = FirstTokenWatch()
     last_event: float | None = None
-    written = b"\n\n"  # the end of what the client has, enough to tell an event boundary
+    # The end of what the client has: enough to tell an event boundary and the end marker.
+    written = b"\n\n"
     while True:
         try:
             chunk = await upstream.content.readany()
@@ -442,23 +501,22 @@ async def _relay_stream(
         if not chunk:
             break
         now = clock()
-        events = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-        if events > 0:
-            if last_event is None:
-                ttft = now - started
-                metrics.ttft.labels(*labels).observe(ttft)
-                met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
-                metrics.ttft_slo.labels(*labels, met).inc()
-                outcome.ttft_ms = ttft * 1000
-                progress.first_token = True
-                await tracker.prefill_done(lease)
-                app[REGISTRY].record_first_token(
-                    lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
-                )
-            else:
-                gap = now - last_event
-                tbt.observe(gap)
-                (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+        if first_token.feed(chunk):
+            ttft = now - started
+            metrics.ttft.labels(*labels).observe(ttft)
+            met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
+            metrics.ttft_slo.labels(*labels, met).inc()
+            outcome.ttft_ms = ttft * 1000
+            progress.first_token = True
+            await tracker.prefill_done(lease)
+            app[REGISTRY].record_first_token(
+                lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
+            )
+            last_event = now
+        elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
+            gap = now - last_event
+            tbt.observe(gap)
+            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
             last_event = now
         if rename:
             chunk = rename.feed(chunk)
@@ -468,17 +526,25 @@ async def _relay_stream(
             await client.write(chunk)
         except ConnectionError:
             # The client went away: closing the upstream response tells the engine.
-            outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+            _client_gone(outcome)
             upstream.close()
             return client
-        written = (written + chunk[-2:])[-2:]
+        written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+        outcome.complete = outcome.complete or STREAM_END in written
     try:
         if rename and (rest := rename.flush()):
             await client.write(rest)
+        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await client.write_eof()
     except ConnectionError:
-        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+        _client_gone(outcome)
     return client
+
+
+def _client_gone(outcome: RequestOutcome) -> None:
+    """The client closed its connection: a 499 unless it already had the whole response."""
+    if not outcome.complete:
+        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
 
 
 async def _end_with_error(
@@ -523,4 +589,4 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
         if key in record:
             record[key] = round(record[key], 2)
-    log.info(json.dumps(record))
+    app[ACCESS_LOG].write(record)

@@ -5,11 +5,12 @@ Pure: bytes in, a `ParsedRequest` out, or an ApiError(400) that names the field.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from laneway.api import Lane
 from laneway.gateway.errors import bad_request
@@ -44,6 +45,13 @@ class ParsedRequest:
         ]
         return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds))
 
+    def prefix_text(self) -> str:
+        """The prompt as one string whose prefixes are the prompt's prefixes (for affinity):
+        a chat's history resent with a new message extends the previous turn's text."""
+        if self.endpoint is Endpoint.CHAT:
+            return "".join(f"{m.role}\n{m.content}\n" for m in self.messages)
+        return self.prompts[0] if len(self.prompts) == 1 else ""
+
     def count(self, tokenizer: Tokenizer) -> int:
         if self.endpoint is Endpoint.CHAT:
             return count_chat(tokenizer, self.messages)
@@ -52,8 +60,8 @@ class ParsedRequest:
 
 def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as error:  # invalid UTF-8 lands here too
         raise bad_request(f"The request body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object")

@@ -226,6 +226,12 @@ def tenant_name(request: web.Request) -> str:
     return request[TENANT].name if TENANT in request else ANONYMOUS_TENANT.name
 
 
+def routing_tenant(request: web.Request) -> str | None:
+    """The tenant whose pools the request may use; None when it is not authenticated."""
+    tenant = request.get(TENANT)
+    return None if tenant is None or tenant is ANONYMOUS_TENANT else tenant.name
+
+
 async def admit_tenant(request: web.Request, tokens: int) -> None:
     """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
     if LIMITER not in request.app or TENANT not in request or request.get(INTERNAL):

@@ -6,15 +6,21 @@ Over a range of possible counts [low, high], a pool's eligibility is settled whe
 lies wholly inside or wholly outside its interval; when every candidate is settled the bounds
 decide, and otherwise the caller counts exactly and asks again.
 
+Tenants: a pool whose `routing.tenants` names tenants serves only them; the others, open to
+everyone, serve every request. A request without a tenant (no API key) sees only the open
+pools, so a model served only by another tenant's pools is unknown to it.
+
 Selection among eligible pools: a lane pinned by the `x-laneway-lane` header first (where the
 pool allows it; the pin lifts the pool's minimum but never its maximum, so a long prompt can
-never be pinned into a short-context interactive pool), then higher `routing.priority`, then
-the interactive lane, then the name, so the choice is deterministic.
+never be pinned into a short-context interactive pool), then the tenant's own pools over the
+open ones (a tenant whose pools do not fit the request falls back to the open pools), then
+higher `routing.priority`, then the interactive lane, then the name, so the choice is
+deterministic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from laneway.api import InferencePool, Lane
@@ -27,6 +33,21 @@ class RouteRequest:
     prompt_tokens: TokenBounds
     max_tokens: int | None  # the request's completion cap; None: the engine decides
     pinned_lane: Lane | None = None  # from the x-laneway-lane header
+    tenant: str | None = None  # the API key's tenant; None: unauthenticated
+    # Pools that count with a tokenizer of their own: pool key -> the count as it counts.
+    # `prompt_tokens` then spans them all (it names the count in a NoFit message).
+    pool_prompt_tokens: Mapping[str, TokenBounds] | None = None
+
+    def prompt_tokens_for(self, pool: InferencePool) -> TokenBounds:
+        if self.pool_prompt_tokens is None:
+            return self.prompt_tokens
+        return self.pool_prompt_tokens.get(pool.key, self.prompt_tokens)
+
+    @property
+    def exact(self) -> bool:
+        if self.pool_prompt_tokens is None:
+            return self.prompt_tokens.exact
+        return all(b.exact for b in self.pool_prompt_tokens.values())
 
 
 @dataclass(frozen=True)
@@ -34,6 +55,11 @@ class Route:
     pool: InferencePool
     # The queue class: the pinned lane when the header was honoured, else the pool's lane.
     priority: Lane
+    prompt_tokens: TokenBounds  # what the decision was made on
+    # The prompt tokens the request adds to an endpoint's prefill backlog, estimated once:
+    # the exact count where known, else a guess within the bounds.
+    prefill_tokens: int
+    reason: str  # why this pool, for the request's log line
 
     @property
     def lane(self) -> Lane:
@@ -92,31 +118,76 @@ def _settled(interval: range, bounds: TokenBounds) -> bool | None:
     return None
 
 
+def serves_tenant(pool: InferencePool, tenant: str | None) -> bool:
+    """Open pools serve everyone; a pool naming tenants serves only an authenticated one of them."""
+    named = pool.spec.routing.tenants
+    return not named or (tenant is not None and tenant in named)
+
+
+def prefill_estimate(bounds: TokenBounds) -> int:
+    """The prompt tokens to account for before the exact count is known."""
+    # Prose runs about four bytes per token; the bounds keep the guess honest elsewhere.
+    return min(max(bounds.low, bounds.high // 4), bounds.high)
+
+
+@dataclass(frozen=True)
+class _Eligible:
+    pool: InferencePool
+    through_pin: bool  # admitted because the header pinned its lane
+    own: bool  # the pool names the request's tenant
+
+    @property
+    def rank(self) -> tuple[bool, bool, int, bool, str]:
+        spec = self.pool.spec
+        return (
+            not self.through_pin,
+            not self.own,
+            -spec.routing.priority,
+            spec.lane is not Lane.INTERACTIVE,
+            self.pool.key,
+        )
+
+
 def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
-    candidates = [p for p in pools if request.model in p.spec.public_models]
+    visible = [p for p in pools if serves_tenant(p, request.tenant)]
+    candidates = [p for p in visible if request.model in p.spec.public_models]
     if not candidates:
-        known = sorted({m for p in pools for m in p.spec.public_models})
+        known = sorted({m for p in visible for m in p.spec.public_models})
         return UnknownModel(request.model, tuple(known))
 
-    eligible: list[tuple[InferencePool, bool]] = []  # (pool, admitted through the pin)
+    eligible: list[_Eligible] = []
     for pool in candidates:
         pinnable = request.pinned_lane is pool.spec.lane and pool.spec.routing.allow_lane_header
-        fits = _settled(prompt_interval(pool, request.max_tokens, pinnable), request.prompt_tokens)
+        interval = prompt_interval(pool, request.max_tokens, pinnable)
+        fits = _settled(interval, request.prompt_tokens_for(pool))
         if fits is None:
             return NeedsExactCount()
         if fits:
-            eligible.append((pool, pinnable))
+            eligible.append(_Eligible(pool, pinnable, bool(pool.spec.routing.tenants)))
 
     if not eligible:
-        if not request.prompt_tokens.exact:
+        if not request.exact:
             return NeedsExactCount()  # the error message names the exact count
         return _no_fit(request, candidates)
 
-    pinned = [pool for pool, through_pin in eligible if through_pin]
-    if pinned:
-        return Route(min(pinned, key=_preference), priority=pinned[0].spec.lane)
-    best = min((pool for pool, _ in eligible), key=_preference)
-    return Route(best, priority=best.spec.lane)
+    best = min(eligible, key=lambda e: e.rank)
+    return Route(
+        best.pool,
+        priority=best.pool.spec.lane,
+        prompt_tokens=request.prompt_tokens_for(best.pool),
+        prefill_tokens=prefill_estimate(request.prompt_tokens_for(best.pool)),
+        reason=_reason(best, eligible, request),
+    )
+
+
+def _reason(best: _Eligible, eligible: Sequence[_Eligible], request: RouteRequest) -> str:
+    if best.through_pin:
+        return f"lane {best.pool.spec.lane.value} pinned by the x-laneway-lane header"
+    if best.own:
+        return f"a pool of tenant {request.tenant}"
+    if len(eligible) == 1:
+        return "the only pool whose prompt range holds the request"
+    return f"first by priority, lane and name among {len(eligible)} pools that fit"
 
 
 def _preference(pool: InferencePool) -> tuple[int, bool, str]:

@@ -8,9 +8,36 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from laneway.routing.prefix_index import PrefixSettings
 from laneway.routing.scorers import SCORERS, EndpointView, Scorer
+
+PICKING_POLICIES = ("scored", "random")
+SCORER_NAMES = tuple(SCORERS)
+
+
+@dataclass(frozen=True)
+class PickingSettings:
+    """The GatewayConfig's `spec.picking`: what the gateway and the virtual runner rank by."""
+
+    policy: str = "scored"  # "scored": weighted scorers; "random": uniform (a baseline)
+    # scorer name -> weight; a scorer with weight 0 is off
+    weights: Mapping[str, int] = field(
+        default_factory=lambda: {
+            "queueDepth": 2,
+            "kvCacheUsage": 1,
+            "inFlightRequests": 2,
+            "prefillTokens": 2,
+            "ttftSlo": 2,
+            "prefixAffinity": 6,
+        }
+    )
+    # The prefix index behind the prefixAffinity scorer (laneway/routing/prefix_index.py).
+    prefix: PrefixSettings = field(default_factory=PrefixSettings)
+
+    def profile(self) -> tuple[WeightedScorer, ...]:
+        return scorers_from_weights(self.policy, self.weights)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from laneway.routing.scorers.base import EndpointView, Scorer
 from laneway.routing.scorers.in_flight import InFlightScorer
 from laneway.routing.scorers.kv_usage import KVUsageScorer
 from laneway.routing.scorers.prefill_tokens import PrefillTokensScorer
+from laneway.routing.scorers.prefix_affinity import PrefixAffinityScorer
 from laneway.routing.scorers.queue_depth import QueueDepthScorer
 from laneway.routing.scorers.ttft_slo import TtftSloScorer
 
@@ -16,6 +17,7 @@ SCORERS: dict[str, Scorer] = {
     "inFlightRequests": InFlightScorer(),
     "prefillTokens": PrefillTokensScorer(),
     "ttftSlo": TtftSloScorer(),
+    "prefixAffinity": PrefixAffinityScorer(),
 }
 
 __all__ = ["SCORERS", "EndpointView", "Scorer"]

@@ -24,6 +24,7 @@ class EndpointView:
     engine: EngineMetrics | None  # None: no fresh scrape
     predicted_ttft_ms: float | None = None  # this request's first token here (slo.py)
     ttft_slo_ms: int | None = None  # the pool's slo.ttftMillis
+    cached_prompt_tokens: int | None = None  # of this prompt, estimated in its prefix cache
 
 
 class Scorer(Protocol):

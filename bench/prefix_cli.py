@@ -1,0 +1,156 @@
+"""`laneway bench prefix`: prefix-cache affinity against none and a sticky oracle, in
+virtual time; and the prefix index's own cost (memory for 100k sessions, CPU per request)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from laneway.errors import UsageError
+from laneway.outputs import check_output_folder, write_json
+from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
+from laneway.stats import percentile
+from laneway.tables import format_table
+
+INDEX_SESSIONS = 100_000
+INDEX_ENDPOINTS = 8
+REQUEST_CHARS = 4096 * 4  # a 4k-token prompt
+
+
+def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
+    from laneway.simulator.prefix_experiment import PrefixScenario
+
+    full = PrefixScenario()
+    prefix = bench.add_parser(
+        "prefix",
+        help="prefix-cache affinity: no affinity, laneway's scorer and session stickiness",
+        description="Multi-turn chat sessions (shared system prompts, growing histories) and "
+        "document sessions (several questions over one long document, batch lane) on "
+        "engines with automatic prefix caching, under three pickers on the same GPUs: none "
+        "(the default scorers without prefixAffinity), laneway (with it) and sticky (every "
+        "session on one replica: an oracle for hit rate). Then the prefix index's memory "
+        "for 100,000 sessions and its CPU per 4k-token request.",
+    )
+    prefix.add_argument("--seed", type=int, default=full.seed, help="workload random seed")
+    prefix.add_argument("--duration", type=float, default=full.duration_s, help="seconds")
+    prefix.add_argument(
+        "--chat-sessions", type=int, default=full.chat_sessions, help="closed-loop chat sessions"
+    )
+    prefix.add_argument(
+        "--document-tokens",
+        type=int,
+        default=full.document_tokens,
+        help="prompt tokens of each shared document",
+    )
+    prefix.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="hardware/model profile of every simulated GPU",
+    )
+    prefix.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    prefix.set_defaults(handler=run_bench_prefix)
+
+
+def run_bench_prefix(args: argparse.Namespace) -> int:
+    from laneway.routing.picker import PickingSettings
+    from laneway.simulator.prefix_experiment import (
+        PICKERS,
+        PrefixScenario,
+        run_prefix,
+        scenario_problems,
+    )
+
+    scenario = dataclasses.replace(
+        PrefixScenario(),
+        seed=args.seed,
+        duration_s=args.duration,
+        chat_sessions=args.chat_sessions,
+        document_tokens=args.document_tokens,
+    )
+    problems = scenario_problems(scenario)
+    if problems:
+        raise UsageError("; ".join(problems))
+    check_output_folder(args.json, "--json")
+    picking = PickingSettings()
+    profile = PROFILES[args.profile]
+    started = time.perf_counter()
+    pickers: dict[str, dict[str, Any]] = {}
+    rows = []
+    for picker in PICKERS:
+        print(f"  {picker} ...", file=sys.stderr)
+        result = run_prefix(scenario, profile, picker, picking.weights, picking.prefix)
+        p50, p99 = (percentile(result.ttft_s, q) * 1000 for q in (50, 99))
+        pickers[picker] = {
+            "hit_rate": result.hit_rate,
+            "prefill_tokens": result.prefill_tokens,
+            "interactive": {"ttft_ms": {"p50": p50, "p99": p99}},
+            "batch": {"makespan_s": result.batch_makespan_s},
+            "load_imbalance": result.load_imbalance,
+        }
+        rows.append(
+            [picker, f"{result.hit_rate:.3f}", f"{result.prefill_tokens:,}", f"{p50:.0f}",
+             f"{p99:.0f}", f"{result.batch_makespan_s:.1f}", f"{result.load_imbalance:.3f}",
+             str(result.requests)]
+        )  # fmt: skip
+    wall_s = time.perf_counter() - started
+    sticky = pickers["sticky"]["hit_rate"]
+    print(
+        f"prefix affinity, virtual time: {scenario.interactive_replicas} interactive + "
+        f"{scenario.batch_replicas} batch x {profile.name}, {scenario.chat_sessions} chat "
+        f"sessions, {scenario.document_sessions} x {scenario.document_tokens}-token documents, "
+        f"{scenario.duration_s:g} s, seed {scenario.seed}; {wall_s:.1f} s wall"
+    )
+    header = ["picker", "hit rate", "prefill tok", "TTFT p50 ms", "TTFT p99 ms",
+              "batch makespan s", "imbalance", "requests"]  # fmt: skip
+    print("\n".join(format_table(header, rows, rule=True)))
+    if sticky:
+        print(f"laneway's hit rate is {pickers['laneway']['hit_rate'] / sticky:.1%} of sticky's")
+    index = index_cost(picking.prefix.block_chars, picking.prefix.max_blocks,
+                       picking.prefix.capacity_blocks)  # fmt: skip
+    print(
+        f"prefix index: {index['memory_mb']:.1f} MB for {INDEX_SESSIONS:,} sessions on "
+        f"{INDEX_ENDPOINTS} endpoints ({index['blocks']:,} blocks kept); "
+        f"{index['cpu_us_per_request']:.0f} us CPU per 4k-token request"
+    )
+    if args.json is not None:
+        write_json(args.json, {"pickers": pickers, "index": index, "wall_s": wall_s})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def index_cost(block_chars: int, max_blocks: int, capacity_blocks: int) -> dict[str, float]:
+    """Feed 100k sessions' prompts through one index, as the gateway would; measure it."""
+    import random
+
+    from laneway.routing.prefix_index import PrefixIndex, text_block_hashes
+
+    rng = random.Random(0)
+    systems = ["".join(rng.choices("abcdefgh ", k=4000)) for _ in range(8)]
+    index = PrefixIndex(capacity_blocks)
+    tracemalloc.start()
+    for session in range(INDEX_SESSIONS):
+        text = systems[session % 8] + f"session {session} " * 200
+        hashes = text_block_hashes(text, block_chars, max_blocks)
+        index.matched_blocks(hashes)
+        index.record(f"http://10.0.0.{session % INDEX_ENDPOINTS}:8000", hashes)
+    memory_bytes, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    request = systems[0] + "".join(rng.choices("abcdefgh ", k=REQUEST_CHARS - 4000))
+    rounds = 2000
+    started = time.process_time()
+    for round_index in range(rounds):
+        hashes = text_block_hashes(request, block_chars, max_blocks)
+        index.matched_blocks(hashes)
+        index.record(f"http://10.0.0.{round_index % INDEX_ENDPOINTS}:8000", hashes)
+    cpu_s = time.process_time() - started
+    return {
+        "memory_mb": memory_bytes / 1e6,
+        "blocks": index.blocks,
+        "cpu_us_per_request": cpu_s / rounds * 1e6,
+    }

@@ -1,0 +1,139 @@
+"""How many replicas a lane's pool should run: one pure decision, shared by the operator
+(which applies it through the pool's scale subresource) and the virtual-time runner (which
+starts and stops simulated replicas with it), so a benchmark measures the policy the
+cluster runs.
+
+The rule is the HorizontalPodAutoscaler's, fed with what the gateway sees before any
+engine metric moves:
+
+1. A recommendation: the lane's demand over the target per replica, rounded up and kept
+   within [minReplicas, maxReplicas]. Demand is the prompt tokens queued at the gateway
+   plus those in flight (what costs GPU time), or the requests queued plus in flight. While
+   the lane's recent SLO attainment is below the pool's floor, the recommendation is at
+   least one replica more than now, whatever the load says.
+2. Stabilisation: a scale-up takes the lowest recommendation seen over the up window, a
+   scale-down the highest over the down window. A count therefore moves only when every
+   recommendation in the window agrees it should, and a steady load changes it at most once
+   per window: the next move the other way needs a whole window of recommendations that
+   disagree with the first.
+3. Waking from zero never waits: a request that waits for a first replica already pays the
+   replica's cold start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+# Demand within this fraction of what the current replicas are sized for changes nothing
+# (the HorizontalPodAutoscaler's default tolerance): noise alone never moves the count.
+TOLERANCE = 0.1
+
+
+class ScaleSignal(StrEnum):
+    PROMPT_TOKENS = "promptTokens"  # queued + in-flight prompt tokens (batch lanes)
+    IN_FLIGHT_REQUESTS = "inFlightRequests"  # queued + in-flight requests (interactive lanes)
+
+
+@dataclass(frozen=True)
+class ScalePolicy:
+    """The decision's knobs; `laneway.api.AutoscalingSpec` carries them for a pool."""
+
+    min_replicas: int
+    max_replicas: int
+    signal: ScaleSignal
+    target_per_replica: int  # demand (in the signal's unit) one replica should carry
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    # Below this recent TTFT-SLO attainment the pool grows whatever the load says; None: off.
+    min_slo_attainment: float | None = None
+
+
+@dataclass(frozen=True)
+class LaneDemand:
+    """What the gateway replicas see of one pool, summed over them."""
+
+    queued_requests: int = 0  # waiting at the gateway (no replica, or the pool is full)
+    queued_prompt_tokens: int = 0
+    in_flight_requests: int = 0  # sent to an engine and not finished
+    in_flight_prompt_tokens: int = 0
+    slo_attainment: float | None = None  # of recent finished requests; None: none finished
+
+    def load(self, signal: ScaleSignal) -> int:
+        if signal is ScaleSignal.PROMPT_TOKENS:
+            return self.queued_prompt_tokens + self.in_flight_prompt_tokens
+        return self.queued_requests + self.in_flight_requests
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    at_s: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    desired: int
+    recommendation: int  # before stabilisation
+    reason: str  # for a person: the pool's status and the scaling Event
+    history: tuple[Recommendation, ...]  # pass to the next decision
+
+    def changes(self, current: int) -> bool:
+        return self.desired != current
+
+
+def recommend(policy: ScalePolicy, demand: LaneDemand, current: int) -> tuple[int, str]:
+    """The replica count for this instant's demand, and why."""
+    load = demand.load(policy.signal)
+    wanted = math.ceil(load / policy.target_per_replica)
+    if current > 0 and abs(load / (current * policy.target_per_replica) - 1) <= TOLERANCE:
+        wanted = current
+    why = f"{policy.signal.value} {load} at {policy.target_per_replica} per replica"
+    floor = policy.min_slo_attainment
+    attainment = demand.slo_attainment
+    missing = floor is not None and attainment is not None and attainment < floor
+    if missing and current > 0 and current + 1 > wanted:
+        wanted = current + 1
+        why = f"SLO attainment {attainment:.1%} is below {floor:.1%}"
+    bounded = min(max(wanted, policy.min_replicas), policy.max_replicas)
+    if bounded != wanted:
+        limit = "minReplicas" if bounded > wanted else "maxReplicas"
+        why += f", held at {limit} {bounded}"
+    return bounded, why
+
+
+def decide(
+    policy: ScalePolicy,
+    demand: LaneDemand,
+    current: int,
+    history: Sequence[Recommendation],
+    now_s: float,
+) -> ScaleDecision:
+    """The replica count to run now, given the recommendations of earlier calls."""
+    recommended, why = recommend(policy, demand, current)
+    keep = max(policy.scale_up_window_s, policy.scale_down_window_s)
+    recent = [r for r in history if now_s - r.at_s < keep]
+    remembered = (*recent, Recommendation(now_s, recommended))
+
+    def within(window_s: float) -> list[int]:
+        return [r.replicas for r in remembered if now_s - r.at_s <= window_s]
+
+    if recommended > current:
+        desired = max(current, min(within(policy.scale_up_window_s)))
+        if current == 0 and recommended > 0:
+            desired = max(desired, 1)
+        if desired == current:
+            reason = f"holding {current}: {why} asks {recommended}, not yet for the up window"
+        else:
+            reason = f"scaling up {current} -> {desired}: {why}"
+    elif recommended < current:
+        desired = min(current, max(within(policy.scale_down_window_s)))
+        if desired == current:
+            reason = f"holding {current}: {why} asks {recommended}, not yet for the down window"
+        else:
+            reason = f"scaling down {current} -> {desired}: {why}"
+    else:
+        desired, reason = current, f"steady at {current}: {why}"
+    return ScaleDecision(desired, recommended, reason, remembered)

@@ -1,0 +1,108 @@
+"""`spec.routing.tenants` through the gateway: two tenants' keys, real engines, the openai client.
+
+Pools (one `laneway sim` each): `open-chat` for everyone; `acme-chat` for acme only over the
+same prompt range; `beta-chat` for beta only, for prompts up to 64 tokens. The same config
+behind a gateway without a keys file shows that an unauthenticated request never reaches a
+tenant's pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import openai
+import pytest
+import yaml
+from test_gateway_e2e import FAST, gateway_doc, pool_doc, start_sim
+
+from laneway.bench.procs import ChildProcess, Children
+
+TENANTS = """
+tenants:
+  - name: acme
+    apiKeys: [sk-acme]
+  - name: beta
+    apiKeys: [sk-beta]
+  - name: gamma
+    apiKeys: [sk-gamma]
+"""
+
+
+@dataclass(frozen=True)
+class Gateways:
+    with_keys: ChildProcess
+    without_keys: ChildProcess
+
+
+@pytest.fixture(scope="module")
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateways]:
+    folder = tmp_path_factory.mktemp("tenants")
+    (folder / "tenants.yaml").write_text(TENANTS)
+    with Children() as children:
+        engines = {
+            name: start_sim(children, f"served-{name}", "--time-scale", FAST)
+            for name in ("open-chat", "acme-chat", "beta-chat")
+        }
+        chat = {"maxPromptTokens": 2000}
+        documents = [
+            pool_doc(
+                "open-chat", "interactive", "served-open-chat", [engines["open-chat"].url], chat
+            ),
+            pool_doc(
+                "acme-chat",
+                "interactive",
+                "served-acme-chat",
+                [engines["acme-chat"].url],
+                {**chat, "tenants": ["acme"]},
+            ),
+            pool_doc(
+                "beta-chat",
+                "interactive",
+                "served-beta-chat",
+                [engines["beta-chat"].url],
+                {"maxPromptTokens": 64, "tenants": ["beta"]},
+            ),
+            gateway_doc(),
+        ]
+        config = folder / "gateway.yaml"
+        config.write_text(yaml.safe_dump_all(documents))
+        base = ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
+        with_keys = children.start_laneway(
+            "gateway", [*base, "--tenants", str(folder / "tenants.yaml")], name="gateway keys"
+        )
+        without_keys = children.start_laneway("gateway", base, name="gateway open")
+        yield Gateways(with_keys, without_keys)
+
+
+def pool_for(gateway: ChildProcess, key: str, words: int) -> str:
+    api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+    with api:
+        raw = api.chat.completions.with_raw_response.create(
+            model="llama",
+            messages=[{"role": "user", "content": " ".join(["parcel"] * words)}],
+            max_tokens=4,
+        )
+    assert raw.parse().choices[0].message.content
+    return raw.headers["x-laneway-pool"]
+
+
+def test_each_tenant_reaches_its_own_pool(gateways: Gateways) -> None:
+    assert pool_for(gateways.with_keys, "sk-acme", 10) == "acme-chat"
+    assert pool_for(gateways.with_keys, "sk-beta", 10) == "beta-chat"
+
+
+def test_a_tenant_without_pools_of_its_own_gets_the_open_ones(gateways: Gateways) -> None:
+    assert pool_for(gateways.with_keys, "sk-gamma", 10) == "open-chat"
+
+
+def test_a_tenant_whose_pools_do_not_fit_falls_back_to_the_open_ones(gateways: Gateways) -> None:
+    # beta's pool takes up to 64 prompt tokens; 300 words is several times that.
+    assert pool_for(gateways.with_keys, "sk-beta", 300) == "open-chat"
+
+
+def test_unauthenticated_requests_never_reach_a_tenants_pool(gateways: Gateways) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        pool_for(gateways.with_keys, "sk-unknown", 10)
+    # Without a keys file every request is anonymous: only the open pool serves them.
+    assert {pool_for(gateways.without_keys, "unused", 10) for _ in range(5)} == {"open-chat"}

@@ -1,0 +1,110 @@
+"""The routing plan: one pure function ranks a pool's endpoints and predicts each TTFT."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from laneway.api import Lane, parse_pool
+from laneway.routing.admission import AdmissionLine
+from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.lanes import Route, RouteRequest, classify, prefill_estimate
+from laneway.routing.picker import PickingSettings, scorers_from_weights
+from laneway.routing.plan import make_plan
+from laneway.routing.scorers import EndpointView
+from laneway.routing.slo import PRIOR_MS_PER_TOKEN, PrefillRate
+from laneway.tokens import TokenBounds
+
+POOL = parse_pool(
+    {
+        "apiVersion": "laneway.io/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "chat"},
+        "spec": {
+            "lane": "interactive",
+            "model": "m",
+            "engine": {"kind": "simulator"},
+            "routing": {"models": ["llama"]},
+            "slo": {"ttftMillis": 200},
+        },
+        "status": {"endpoints": ["http://a", "http://b"]},
+    }
+)
+
+
+def route(tokens: TokenBounds) -> Route:
+    decision = classify(RouteRequest("llama", tokens, 10), [POOL])
+    assert isinstance(decision, Route)
+    return decision
+
+
+@pytest.mark.parametrize(
+    ("bounds", "estimate"),
+    [
+        (TokenBounds(700, 700), 700),  # exact: the count itself
+        (TokenBounds(100, 4000), 1000),  # about four bytes a token, within the bounds
+        (TokenBounds(3000, 4000), 3000),  # never under the lower bound
+    ],
+)
+def test_the_prefill_estimate_is_made_once_at_classification(
+    bounds: TokenBounds, estimate: int
+) -> None:
+    assert prefill_estimate(bounds) == estimate
+    assert route(bounds).prefill_tokens == estimate
+
+
+def test_the_plan_predicts_each_ttft_from_the_backlog_and_the_learned_rate() -> None:
+    views = [
+        EndpointView("http://a", 1, 3000, None),
+        EndpointView("http://b", 0, 0, None),
+    ]
+    rates = {"http://a": PrefillRate(0.05, 3)}  # b has learned nothing: the prior
+    plan = make_plan(route(TokenBounds(1000, 1000)), views, rates, (), random.Random(0), 40.0)
+    by_url = {e.url: e for e in plan.endpoints}
+    assert by_url["http://a"].backlog_tokens == 4000
+    assert by_url["http://a"].predicted_ttft_ms == pytest.approx(40.0 + 0.05 * 4000)
+    assert by_url["http://b"].backlog_tokens == 1000
+    assert by_url["http://b"].predicted_ttft_ms == pytest.approx(40.0 + PRIOR_MS_PER_TOKEN * 1000)
+    assert (plan.pool, plan.lane, plan.prefill_tokens) == (POOL, Lane.INTERACTIVE, 1000)
+
+
+def test_the_plan_ranks_by_the_weighted_profile() -> None:
+    views = [
+        EndpointView("http://a", 4, 9000, EngineMetrics(waiting=6, running=4, kv_usage=0.9)),
+        EndpointView("http://b", 1, 500, EngineMetrics(waiting=0, running=1, kv_usage=0.1)),
+    ]
+    profile = PickingSettings().profile()
+    plan = make_plan(route(TokenBounds(100, 100)), views, {}, profile, random.Random(0))
+    assert [e.url for e in plan.endpoints] == ["http://b", "http://a"]
+    assert plan.endpoints[0].score > 0.9  # best everywhere but KV, which scores absolutely
+    assert plan.endpoints[1].score < 0.1
+
+
+def test_ties_break_by_the_seeded_random_and_reach_every_endpoint() -> None:
+    views = [EndpointView(f"http://{n}", 0, 0, None) for n in "abcd"]
+    profile = scorers_from_weights("scored", {"inFlightRequests": 1})
+    firsts = [
+        make_plan(route(TokenBounds(10, 10)), views, {}, profile, random.Random(seed))
+        .endpoints[0]
+        .url
+        for seed in range(40)
+    ]
+    assert set(firsts) == {"http://a", "http://b", "http://c", "http://d"}
+    again = make_plan(route(TokenBounds(10, 10)), views, {}, profile, random.Random(7))
+    assert again.endpoints[0].url == firsts[7]
+
+
+def test_the_admission_line_serves_interactive_first_then_batch_in_fair_share() -> None:
+    line: AdmissionLine[str] = AdmissionLine()
+    big = [f"big-{index}" for index in range(3)]
+    for item in big:
+        line.join(item, Lane.BATCH, "big", 1000)
+    line.join("small-0", Lane.BATCH, "small", 1000)
+    line.join("chat", Lane.INTERACTIVE)
+    assert line.remove(big[2])  # its waiter gave up
+    assert not line.remove("absent")
+    assert len(line) == 4
+    assert [line.next() for _ in range(4)] == ["chat", "big-0", "small-0", "big-1"]
+    with pytest.raises(IndexError):
+        line.next()
