@@ -5,8 +5,10 @@ pinned in e2e/controlplane/ by scripts/controlplane.sh, plus KWOK playing two no
 pods: the API server enforces what a production one does (structural schemas, CEL, RBAC,
 admission, server-side apply, watch semantics), the controllers run Deployments, EndpointSlices
 and garbage collection, and KWOK makes pods Ready. Pods on `kwok-node` get addresses from a
-made-up range; pods on `kwok-host` (tainted: only pods that tolerate it) get this machine's
-own address, where a test starts the process that answers for the pod.
+made-up range; pods on `kwok-host` (tainted: only pods that tolerate it) get the address of a
+network namespace this run makes (`PodNetwork`), where a test starts the process that answers
+for the pod. The API server refuses loopback addresses in EndpointSlices, and test traffic
+goes nowhere but loopback and the run's own namespace.
 
 `$LANEWAY_TEST_KUBECONFIG` points the same tests at any other cluster (kind, a real one):
 then nothing is started here, and the tests that need to restart the API server or to play
@@ -46,7 +48,7 @@ SERVICE_CIDR = "10.96.0.0/24"
 NODE_NAME = "kwok-node"
 HOST_NODE_NAME = "kwok-host"
 HOST_NODE_TAINT = {"key": "laneway.io/test-host", "value": "true", "effect": "NoSchedule"}
-POD_CIDR = "10.244.0.0/16"
+POD_CIDR = "192.0.2.0/25"  # without a pod network: a documentation range
 # Generous: on a loaded 2-core machine the API server takes tens of seconds to be ready.
 START_TIMEOUT_S = 240.0
 
@@ -83,19 +85,67 @@ def eventually(what: str, check: Callable[[], bool], timeout_s: float = 120.0) -
         delay = min(delay * 2, 2.0)
 
 
-def host_address() -> str | None:
-    """This machine's first global IPv4 address: where a pod on `kwok-host` is reached."""
-    out = subprocess.run(
-        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
-        capture_output=True,
-        text=True,
-        check=False,
+@dataclass(frozen=True)
+class PodNetwork:
+    """A network namespace of this run that owns every pod address of the cluster.
+
+    A veth pair joins it to this machine, and the pod range is routed into it, where a local
+    route makes each of its addresses answer: an engine for a pod on `kwok-host` listens there
+    on the pod's address, and anything sent to another pod is refused at once. Test traffic
+    thus goes nowhere but loopback and this run's own namespace.
+    """
+
+    namespace: str
+    host_link: str
+    pod_cidr: str  # what KWOK gives pods on ordinary nodes
+    pod_ip: str  # the address of every pod on kwok-host
+    node_ip: str
+
+    def inside(self, argv: list[str]) -> list[str]:
+        """`argv`, run inside the namespace."""
+        return ["ip", "netns", "exec", self.namespace, *argv]
+
+
+def make_pod_network() -> PodNetwork | None:
+    """A fresh namespace, veth pair and routes (root only); None where they cannot be made."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return None
+    pid = os.getpid()
+    # 198.18.0.0/15 is reserved for network tests (RFC 2544): per run, by process id, a /24
+    # of pod addresses and a /30 for the link.
+    third, block = pid % 256, (pid // 256) % 64 * 4
+    pods = f"198.18.{third}"
+    host_end, namespace_end = f"198.19.{third}.{block + 1}", f"198.19.{third}.{block + 2}"
+    network = PodNetwork(
+        namespace=f"laneway-pods-{pid}",
+        host_link=f"lwh{pid}",
+        pod_cidr=f"{pods}.0/25",
+        pod_ip=f"{pods}.250",
+        node_ip=f"{pods}.254",
     )
-    for line in out.stdout.splitlines():
-        fields = line.split()
-        if "inet" in fields:
-            return fields[fields.index("inet") + 1].split("/")[0]
-    return None
+    peer = f"lwp{pid}"
+    steps = [
+        ["ip", "netns", "add", network.namespace],
+        ["ip", "link", "add", network.host_link, "type", "veth", "peer", "name", peer],
+        ["ip", "link", "set", peer, "netns", network.namespace],
+        ["ip", "addr", "add", f"{host_end}/30", "dev", network.host_link],
+        ["ip", "link", "set", network.host_link, "up"],
+        ["ip", "route", "add", f"{pods}.0/24", "via", namespace_end],
+        network.inside(["ip", "addr", "add", f"{namespace_end}/30", "dev", peer]),
+        network.inside(["ip", "link", "set", peer, "up"]),
+        network.inside(["ip", "link", "set", "lo", "up"]),
+        network.inside(["ip", "route", "add", "local", f"{pods}.0/24", "dev", "lo"]),
+    ]
+    for step in steps:
+        if subprocess.run(step, capture_output=True, check=False).returncode != 0:
+            remove_pod_network(network)
+            return None
+    return network
+
+
+def remove_pod_network(network: PodNetwork) -> None:
+    subprocess.run(["ip", "link", "delete", network.host_link], capture_output=True, check=False)
+    subprocess.run(["ip", "netns", "delete", network.namespace], capture_output=True, check=False)
 
 
 def binaries_folder() -> Path:
@@ -229,7 +279,7 @@ class Cluster:
     kubeconfig: Path
     local: bool  # started here: its API server can be restarted, its pods played by KWOK
     workdir: Path
-    host_ip: str | None = None  # the address of pods on kwok-host, when there is one
+    pod_network: PodNetwork | None = None  # where pods on kwok-host live, when it exists
     apiserver_restarts: int = 0
     _processes: dict[str, Process] = field(default_factory=dict)
 
@@ -392,15 +442,25 @@ class Cluster:
             "--profiling=false",
             "--v=1",
         )
-        self.host_ip = host_address()
+        self.pod_network = make_pod_network()
+        # Without the namespace (not root), pods get addresses nothing here answers on, and
+        # the tests that send traffic to pods skip.
+        network = self.pod_network
+        addresses = {
+            "HOST_IP": network.pod_ip if network else "192.0.2.250",
+            "NODE_IP": network.node_ip if network else "192.0.2.254",
+        }
         stages = self.workdir / "kwok-stages.yaml"
-        stages.write_text(KWOK_STAGES.read_text().replace("HOST_IP", self.host_ip or "192.0.2.1"))
+        text = KWOK_STAGES.read_text()
+        for placeholder, address in addresses.items():
+            text = text.replace(placeholder, address)
+        stages.write_text(text)
         add(
             "kwok",
             f"--kubeconfig={self.kubeconfig}",
             f"--config={stages}",
             "--manage-all-nodes=true",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={network.pod_cidr if network else POD_CIDR}",
             f"--server-address=127.0.0.1:{free_port()}",
             "--node-lease-duration-seconds=40",
         )
@@ -458,6 +518,8 @@ class Cluster:
     def stop(self) -> None:
         for name in reversed(list(self._processes)):
             self._processes[name].stop()
+        if self.pod_network is not None:
+            remove_pod_network(self.pod_network)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail()}" for p in self._processes.values())

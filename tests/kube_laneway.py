@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class Laneway:
     args: list[str]
     kubeconfig: Path
     log: Path
+    wrap: Callable[[list[str]], list[str]] = list  # e.g. run inside a network namespace
     popen: subprocess.Popen[bytes] | None = None
     _offset: int = 0  # where the current run's output starts in the log
 
@@ -88,7 +90,7 @@ class Laneway:
             env.pop(variable, None)
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [str(LANEWAY), *self.args],
+                self.wrap([str(LANEWAY), *self.args]),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -2,9 +2,9 @@
 ServiceAccount, next to `laneway operator` as the operator's: pools and their EndpointSlices
 appear, change and go; the gateway keeps routing while the API server is away and catches up
 when it is back. Then the whole path: pools applied, the operator renders the engines, KWOK
-makes their pods Ready on this machine's address, the test starts each engine exactly as the
-operator rendered it (`status.engineArgs`), and the official OpenAI client's short and long
-requests reach their lanes through the gateway.
+makes their pods Ready on addresses of the run's own network namespace, the test starts each
+engine there exactly as the operator rendered it (`status.engineArgs`), and the official
+OpenAI client's short and long requests reach their lanes through the gateway.
 
 tests/test_discovery_watch.py covers the watch protocol's corners against a scripted server
 (dropped streams, ERROR events); this is the real one."""
@@ -82,6 +82,10 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(kube: Cluster) -> Iterator[Stack]:
+    if kube.local and kube.pod_network is None:
+        # The gateway scrapes and probes every pod it discovers: only addresses of the run's
+        # own namespace may be its targets.
+        pytest.skip("the gateway tests need a network namespace for the pods (root, `ip netns`)")
     if not helm_available():
         pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
     kube.install_crds()
@@ -173,8 +177,8 @@ def test_the_gateway_follows_pools_and_endpoint_slices(stack: Stack) -> None:
 
 
 def served_pools(stack: Stack) -> list[dict[str, Any]]:
-    """The example simulator pools, one replica each on the node whose pods get this
-    machine's address, each on a free port."""
+    """The example simulator pools, one replica each on the node whose pods get the pod
+    network's fixed address, each on a free port."""
     pools = [d for d in yaml.safe_load_all(EXAMPLES.read_text()) if d]
     out = []
     for pool in pools:
@@ -191,9 +195,9 @@ def served_pools(stack: Stack) -> list[dict[str, Any]]:
 
 def start_engine(stack: Stack, name: str) -> None:
     """Once the pool's pod is Ready, run its engine as the operator rendered it, on the
-    address KWOK gave the pod."""
-    host_ip = stack.kube.host_ip
-    assert host_ip is not None
+    address KWOK gave the pod, inside the run's pod network namespace."""
+    network = stack.kube.pod_network
+    assert network is not None
 
     def rendered() -> bool:
         pool = stack.kube.get("lwpool", name, "-n", stack.ns)
@@ -203,16 +207,21 @@ def start_engine(stack: Stack, name: str) -> None:
     argv = stack.kube.get("lwpool", name, "-n", stack.ns)["status"]["engineArgs"]
     assert argv[:2] == ["laneway", "sim"], argv
     args = list(argv[1:])
-    args[args.index("--host") + 1] = host_ip
-    engine = Laneway(args, stack.kube.kubeconfig, stack.kube.log_path(f"engine-{name}"))
+    args[args.index("--host") + 1] = network.pod_ip
+    engine = Laneway(
+        args, stack.kube.kubeconfig, stack.kube.log_path(f"engine-{name}"), network.inside
+    )
     engine.start()
     stack.engines.append(engine)
 
 
 @pytest.fixture(scope="module")
 def served(stack: Stack) -> list[dict[str, Any]]:
-    if not stack.kube.local or stack.kube.host_ip is None:
-        pytest.skip("engines answering for pods need the local control plane and a host address")
+    if not stack.kube.local or stack.kube.pod_network is None:
+        pytest.skip(
+            "engines answering for pods need the local control plane and a network namespace "
+            "for the pods (root and iproute2's `ip netns`)"
+        )
     pools = served_pools(stack)
     stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(pools))
     for pool in pools:
