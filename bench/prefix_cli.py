@@ -9,13 +9,16 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.errors import UsageError
 from laneway.outputs import check_output_folder, write_json
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
 from laneway.stats import percentile
 from laneway.tables import format_table
+
+if TYPE_CHECKING:
+    from laneway.simulator.prefix_experiment import PrefixScenario
 
 INDEX_SESSIONS = 100_000
 INDEX_ENDPOINTS = 8
@@ -95,15 +98,9 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
     prefix.set_defaults(handler=run_bench_prefix)
 
 
-def run_bench_prefix(args: argparse.Namespace) -> int:
-    from laneway.routing.picker import PickingSettings
-    from laneway.simulator.prefix_experiment import (
-        PICKERS,
-        PickerResult,
-        PrefixScenario,
-        run_prefix,
-        scenario_problems,
-    )
+def _scenario_from(args: argparse.Namespace) -> tuple[PrefixScenario, float]:
+    """The scenario and the live time scale the flags ask for; UsageError naming each bad one."""
+    from laneway.simulator.prefix_experiment import PrefixScenario, scenario_problems
 
     scenario = dataclasses.replace(
         PrefixScenario(),
@@ -123,6 +120,14 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
         problems.append(f"--time-scale must be above 0, got {args.time_scale}")
     if problems:
         raise UsageError("; ".join(problems))
+    return scenario, time_scale
+
+
+def run_bench_prefix(args: argparse.Namespace) -> int:
+    from laneway.routing.picker import PickingSettings
+    from laneway.simulator.prefix_experiment import PICKERS, PickerResult, run_prefix
+
+    scenario, time_scale = _scenario_from(args)
     check_output_folder(args.json, "--json")
     picking = PickingSettings()
     profile = PROFILES[args.profile]

@@ -36,7 +36,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from laneway.api import API_VERSION
 from laneway.bench.loadgen import PromptFactory
 from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.seed_live import sim_args
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.prefix_experiment import (
@@ -286,7 +285,9 @@ async def run_live_picker(
             await asyncio.gather(
                 *(
                     children.start_laneway_async(
-                        "sim", sim_args(pool, profile, time_scale), name=f"engine {pool.name}-{i}"
+                        "sim",
+                        pool.sim_args(profile.name, time_scale),
+                        name=f"engine {pool.name}-{i}",
                     )
                     for pool, i in replicas
                 )

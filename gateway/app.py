@@ -41,6 +41,8 @@ from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
+from laneway.gateway.state.shared import routing_tenant
+from laneway.routing.lanes import serves_tenant
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
@@ -174,7 +176,10 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 async def models(request: web.Request) -> web.Response:
-    names = sorted({m for pool in request.app[REGISTRY].pools() for m in pool.spec.public_models})
+    """The models this caller may reach: the open pools' and its own tenant's."""
+    tenant = routing_tenant(request)
+    pools = [pool for pool in request.app[REGISTRY].pools() if serves_tenant(pool, tenant)]
+    names = sorted({model for pool in pools for model in pool.spec.public_models})
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "laneway"} for name in names]
     return web.json_response({"object": "list", "data": data})
 

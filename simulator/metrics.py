@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-MetricsFlavor = Literal["vllm", "sglang"]
-METRICS_FLAVORS: tuple[MetricsFlavor, ...] = ("vllm", "sglang")
+from laneway.api import MetricsFlavor
 
 # vLLM's own histogram buckets (vllm/v1/metrics/loggers.py), so dashboards line up.
 TTFT_BUCKETS = (
@@ -55,7 +53,7 @@ class MetricNames:
 
 
 NAMES: dict[MetricsFlavor, MetricNames] = {
-    "vllm": MetricNames(
+    MetricsFlavor.VLLM: MetricNames(
         running="vllm:num_requests_running",
         waiting="vllm:num_requests_waiting",
         kv_usage="vllm:kv_cache_usage_perc",
@@ -69,7 +67,7 @@ NAMES: dict[MetricsFlavor, MetricNames] = {
         prefix_queries="vllm:prefix_cache_queries",
         prefix_hits="vllm:prefix_cache_hits",
     ),
-    "sglang": MetricNames(
+    MetricsFlavor.SGLANG: MetricNames(
         running="sglang:num_running_reqs",
         waiting="sglang:num_queue_reqs",
         kv_usage="sglang:token_usage",

@@ -22,9 +22,10 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.api import MetricsFlavor
 from laneway.errors import cannot_listen
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
-from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
+from laneway.simulator.metrics import EngineGauges, SimulatorMetrics
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
 from laneway.simulator.prompt_ids import chat_token_ids
@@ -48,7 +49,7 @@ class SimSettings:
     model: str
     profile: Profile
     scheduler: SchedulerConfig
-    metrics_flavor: MetricsFlavor = "vllm"
+    metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
     time_scale: float = 1.0
 
 
@@ -68,7 +69,8 @@ class OpenAIError(Exception):
         self.param = param
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+# The error "type" vLLM's server sends (the exception's name), not OpenAI's types.
+VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
                413: "RequestEntityTooLarge", 500: "InternalServerError"}  # fmt: skip
 
 
@@ -76,7 +78,7 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
     body = {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "BadRequestError"),
+            "type": VLLM_ERROR_TYPES.get(status, "BadRequestError"),
             "param": param,
             "code": status,
         }

@@ -83,12 +83,12 @@ BAD = [
     (
         "a misspelt GatewayConfig field",
         [POOL, GATEWAY.replace("timeoutMillis: 750", "timeoutMilis: 750")],
-        "spec.queue.timeoutMilis: is not a known field",
+        "spec.queue.timeoutMilis: is not a field; did you mean timeoutMillis?",
     ),
     (
         "an unknown scorer",
         [POOL, GATEWAY.replace("queueDepth: 3", "latency: 3")],
-        "spec.picking.weights.latency: is not a known field",
+        "spec.picking.weights.latency: is not a field",
     ),
     (
         "staleness shorter than the scrape interval",

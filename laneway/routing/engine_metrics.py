@@ -1,8 +1,9 @@
 """What an engine's /metrics says about its load, read from vLLM's or SGLang's metric names.
 
-Pure: `parse_engine_metrics` turns Prometheus text into an `EngineMetrics`; the scrape loop
-in `monitor.py` does the HTTP and keeps the time each sample was taken, so that stale samples
-can be ignored instead of steering traffic by a picture that no longer holds.
+Pure: `parse_engine_metrics` turns Prometheus text into an `EngineMetrics`; the gateway's
+scrape loop (`gateway/pools/scrape.py`) does the HTTP and keeps the time each sample was
+taken, so that stale samples can be ignored instead of steering traffic by a picture that no
+longer holds.
 """
 
 from __future__ import annotations
