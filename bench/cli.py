@@ -19,6 +19,16 @@ def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
     """Add `demo` and the benchmarks."""
+    register_demo(commands)
+    register_bench_gateway(bench)
+    register_bench_redis(bench)
+    register_bench_hostile(bench)
+    register_bench_seed(bench)
+    register_bench_autoscale(bench)
+    register_bench_prefix(bench)
+
+
+def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
     demo = commands.add_parser(
         "demo",
         help="simulated pools + the gateway on this machine, a mixed workload, a live table",
@@ -60,6 +70,8 @@ def register(
     )
     demo.set_defaults(handler=run_demo)
 
+
+def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     gateway = bench.add_parser(
         "gateway",
         help="the gateway's own overhead: direct to an engine vs through the gateway",
@@ -111,11 +123,6 @@ def register(
     )
     gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     gateway.set_defaults(handler=run_bench_gateway)
-    register_bench_redis(bench)
-    register_bench_hostile(bench)
-    register_bench_seed(bench)
-    register_bench_autoscale(bench)
-    register_bench_prefix(bench)
 
 
 def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from laneway.api import API_VERSION, KIND, Lane, SLOSpec
+from laneway.api import Lane, SLOSpec
 from laneway.bench.loadgen import (
     EXPECTED_LANE,
     LaneSummary,
@@ -33,47 +33,29 @@ from laneway.bench.loadgen import (
 )
 from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError, cannot_listen
+from laneway.simulator.profiles import DEFAULT_PROFILE
+from laneway.simulator.scheduler import SchedulerConfig
+from laneway.simulator.seed import PUBLIC_MODEL, SimPool
 from laneway.tables import format_table
-
-PUBLIC_MODEL = "llama3-8b"
-PROFILE = "h200-llama3-8b"
-
-
-@dataclass(frozen=True)
-class DemoPool:
-    name: str
-    lane: Lane
-    served_model: str
-    replicas: int
-    scheduler: str  # the simulator's --scheduler
-    max_context: int
-    min_prompt_tokens: int
-    max_prompt_tokens: int
-    token_budget: int = 2048
-    chunk_size: int = 1024
-
 
 DEMO_POOLS = (
     # Long prompts never reach this lane, so whole-prompt prefill is short here.
-    DemoPool(
+    SimPool(
         name="chat",
         lane=Lane.INTERACTIVE,
-        served_model="llama3-8b-chat",
-        replicas=2,
-        scheduler="full",
-        max_context=8192,
-        min_prompt_tokens=0,
         max_prompt_tokens=4096,
+        max_context_tokens=8192,
+        replicas=2,
+        engine=SchedulerConfig(kind="full", max_context=8192),
     ),
-    DemoPool(
+    SimPool(
         name="documents",
         lane=Lane.BATCH,
-        served_model="llama3-8b-long",
-        replicas=2,
-        scheduler="chunked",
-        max_context=131072,
-        min_prompt_tokens=4097,
         max_prompt_tokens=131072 - 1024,
+        max_context_tokens=131072,
+        replicas=2,
+        engine=SchedulerConfig(kind="chunked", max_context=131072),
+        min_prompt_tokens=4097,
     ),
 )
 
@@ -134,48 +116,9 @@ def demo_workload(options: DemoOptions) -> Workload:
     )
 
 
-def sim_args(pool: DemoPool, time_scale: float) -> list[str]:
-    return [
-        "--host", "127.0.0.1", "--port", "0",
-        "--model", pool.served_model,
-        "--profile", PROFILE,
-        "--scheduler", pool.scheduler,
-        "--token-budget", str(pool.token_budget),
-        "--chunk-size", str(pool.chunk_size),
-        "--max-context", str(pool.max_context),
-        "--time-scale", f"{time_scale:g}",
-    ]  # fmt: skip
-
-
 def config_documents(endpoints: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
     """The gateway's config: one InferencePool per demo pool, with its engines' URLs."""
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": pool.name, "namespace": "demo"},
-            "spec": {
-                "lane": pool.lane.value,
-                "model": "meta-llama/Meta-Llama-3-8B-Instruct",
-                "servedModelName": pool.served_model,
-                "engine": {"kind": "simulator"},
-                "replicas": pool.replicas,
-                "routing": {
-                    "models": [PUBLIC_MODEL],
-                    "minPromptTokens": pool.min_prompt_tokens,
-                    "maxPromptTokens": pool.max_prompt_tokens,
-                },
-                "prefill": {
-                    "chunkedPrefill": pool.scheduler == "chunked",
-                    "chunkSize": pool.chunk_size,
-                    "tokenBudget": pool.token_budget,
-                },
-                "limits": {"maxContextTokens": pool.max_context},
-            },
-            "status": {"endpoints": list(endpoints[pool.name])},
-        }
-        for pool in DEMO_POOLS
-    ]
+    return [pool.document(endpoints[pool.name], namespace="demo") for pool in DEMO_POOLS]
 
 
 # -- the table (pure) ---------------------------------------------------------------------
@@ -346,11 +289,13 @@ async def start_everything(
 ) -> ChildProcess:
     """Start every engine (in parallel), then the gateway configured with their URLs."""
     replicas = [(pool, index) for pool in DEMO_POOLS for index in range(pool.replicas)]
-    say(f"starting {len(replicas)} simulated engines ({PROFILE}) and the gateway ...")
+    say(f"starting {len(replicas)} simulated engines ({DEFAULT_PROFILE}) and the gateway ...")
     started = await asyncio.gather(
         *(
             children.start_laneway_async(
-                "sim", sim_args(pool, options.time_scale), name=f"engine {pool.name}-{index}"
+                "sim",
+                pool.sim_args(DEFAULT_PROFILE, options.time_scale),
+                name=f"engine {pool.name}-{index}",
             )
             for pool, index in replicas
         )
@@ -370,8 +315,8 @@ async def start_everything(
     for pool in DEMO_POOLS:
         say(
             f"pool {pool.name} ({pool.lane.value}): prompts {pool.min_prompt_tokens:,}-"
-            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context:,}, "
-            f"{pool.scheduler} prefill: {', '.join(endpoints[pool.name])}"
+            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context_tokens:,}, "
+            f"{pool.engine.kind} prefill: {', '.join(endpoints[pool.name])}"
         )
     say(f"gateway: {gateway.url}")
     return gateway

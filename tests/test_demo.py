@@ -26,7 +26,6 @@ from marked_processes import marked_environment, processes_marked
 from laneway.api import Lane, SLOSpec
 from laneway.bench.demo import (
     DEMO_POOLS,
-    PUBLIC_MODEL,
     DemoOptions,
     LiveView,
     check_options,
@@ -42,6 +41,7 @@ from laneway.bench.procs import laneway_argv
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.gateway.config import parse_documents
+from laneway.simulator.seed import PUBLIC_MODEL
 
 SHORT_RUN = ["--port", "0", "--time-scale", "10"]
 # Only a guard against a hang, under pytest-timeout's 300 s: a loaded machine may take its
@@ -73,12 +73,14 @@ def test_the_workload_sends_chat_to_one_lane_and_documents_to_the_other() -> Non
     workload = demo_workload(DemoOptions())
     interactive = next(p for p in DEMO_POOLS if p.lane is Lane.INTERACTIVE)
     batch = next(p for p in DEMO_POOLS if p.lane is Lane.BATCH)
-    assert workload.prompt_tokens[1] + workload.output_tokens[1] <= interactive.max_context
+    assert interactive.max_prompt_tokens is not None
+    assert batch.max_prompt_tokens is not None
+    assert workload.prompt_tokens[1] + workload.output_tokens[1] <= interactive.max_context_tokens
     assert workload.prompt_tokens[1] <= interactive.max_prompt_tokens
     assert len(workload.long_requests) == DemoOptions().long_documents
     for long in workload.long_requests:
         assert batch.min_prompt_tokens <= long.prompt_tokens <= batch.max_prompt_tokens
-        assert long.prompt_tokens + long.output_tokens <= batch.max_context
+        assert long.prompt_tokens + long.output_tokens <= batch.max_context_tokens
         assert long.at_s < workload.duration_s
 
 
@@ -387,8 +389,8 @@ def test_the_shipped_local_config_is_the_demos_own() -> None:
         commands = [line for line in header if f"--model {pool.served_model} " in line]
         assert len(commands) == pool.replicas == len(endpoints[pool.name])
         for command in commands:
-            assert f"--scheduler {pool.scheduler}" in command or pool.scheduler == "chunked"
-            assert f"--max-context {pool.max_context}" in command
+            assert f"--scheduler {pool.engine.kind}" in command or pool.engine.kind == "chunked"
+            assert f"--max-context {pool.max_context_tokens}" in command
 
 
 def test_on_a_narrow_terminal_the_run_ends_with_one_table_and_its_verdict(marker: str) -> None:
