@@ -34,8 +34,9 @@ def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
         help="simulated pools + the gateway on this machine, a mixed workload, a live table",
         description="Start two interactive and two batch simulated engines and the gateway "
         "on localhost (no files needed), send chat sessions and a few long documents through "
-        "it, and show per-lane TTFT/TBT percentiles and where requests went. With --serve, "
-        "keep everything running afterwards for curl or an OpenAI client, until Ctrl-C.",
+        "it, and show per-lane TTFT/TBT percentiles, where requests went and a verdict against "
+        "the SLOs. With --serve, keep everything running afterwards for curl or an OpenAI "
+        "client, until Ctrl-C (with --duration 0: at once, without the workload).",
     )
     demo.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
@@ -43,7 +44,8 @@ def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
         "--duration",
         type=float,
         default=40.0,
-        help="seconds during which chat sessions send turns (default 40)",
+        help="seconds during which chat sessions send turns (default 40); 0 with --serve: "
+        "serve at once, without the workload",
     )
     demo.add_argument("--sessions", type=int, default=16, help="chat sessions (default 16)")
     demo.add_argument(

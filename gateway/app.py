@@ -37,6 +37,7 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving.arrival import stamp_arrival
 from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
@@ -58,7 +59,7 @@ def create_app(
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
-    app = web.Application(middlewares=[openai_errors])
+    app = web.Application(middlewares=[stamp_arrival, openai_errors])
     registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
     app[REGISTRY] = registry

@@ -25,6 +25,7 @@ from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body, unreadable_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
+    ARRIVED,
     CLOCK,
     METRICS,
     POOL_TOKENIZERS,
@@ -156,7 +157,7 @@ class UpstreamFailed(Exception):
 
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     clock = request.app[CLOCK]
-    started = clock()
+    started = request[ARRIVED]  # when its first bytes were read, as the client's clock runs
     outcome = _Outcome()
     try:
         response = await _serve(request, endpoint, started, outcome)
@@ -569,23 +570,27 @@ async def _relay_stream(
             return client
         if not chunk:
             break
-        now = clock()
-        if first_token.feed(chunk):
-            await _note_first_token(exchange, lease, progress, sent, now)
-            last_event = now
-        elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
-            gap = now - last_event
-            tbt.observe(gap)
-            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
-            last_event = now
+        first = first_token.feed(chunk)
+        read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
         if rename:
-            chunk = rename.feed(chunk)
+            chunk = rename.feed(chunk)  # whole lines: the first token's is among them
             if not chunk:
                 continue
+        events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
         if not await _write_or_drop(exchange, client, chunk):
             # The client went away: closing the upstream response tells the engine.
             upstream.close()
             return client
+        # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
+        now = clock()
+        if first:
+            await _note_first_token(exchange, lease, progress, sent, read_at, now)
+            last_event = now
+        elif events and last_event is not None:
+            gap = now - last_event
+            tbt.observe(gap)
+            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+            last_event = now
         written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
         outcome.complete = outcome.complete or STREAM_END in written
     rest = rename.flush() if rename else b""
@@ -596,20 +601,28 @@ async def _relay_stream(
 
 
 async def _note_first_token(
-    exchange: _Exchange, lease: Lease, progress: _Progress, sent: _Sent, now: float
+    exchange: _Exchange,
+    lease: Lease,
+    progress: _Progress,
+    sent: _Sent,
+    read_at: float,
+    written_at: float,
 ) -> None:
-    """The stream's first content token: its TTFT against the SLO, the endpoint's prefill
-    backlog released, and the endpoint's prefill rate learned from it."""
+    """The stream's first content token: its TTFT against the SLO (written to the client, as
+    the client's clock runs), the endpoint's prefill backlog released, and the endpoint's
+    prefill rate learned from it (read from the engine, as the engine's clock runs)."""
     app, plan = exchange.app, exchange.plan
     labels = (plan.pool.name, plan.lane.value)
-    ttft = now - exchange.started
+    ttft = written_at - exchange.started
     app[METRICS].ttft.labels(*labels).observe(ttft)
     met = "true" if within_slo(ttft, plan.pool.spec.slo.ttft_millis) else "false"
     app[METRICS].ttft_slo.labels(*labels, met).inc()
     exchange.outcome.ttft_ms = ttft * 1000
     progress.first_token = True
     await app[TRACKER].prefill_done(lease)
-    app[REGISTRY].record_first_token(lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000)
+    app[REGISTRY].record_first_token(
+        lease.endpoint, sent.backlog_tokens, (read_at - sent.at) * 1000
+    )
 
 
 async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk: bytes) -> bool:
