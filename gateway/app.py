@@ -17,6 +17,8 @@ from laneway.gateway.config import GatewaySettings
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     CLOCK,
+    DEMAND,
+    DEMAND_SHARE,
     METRICS,
     PREFIX_INDEX,
     PROFILE,
@@ -36,6 +38,7 @@ from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
+from laneway.gateway.state.demand import DEMAND_PATH, DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
@@ -58,6 +61,7 @@ def create_app(
     app[REGISTRY] = registry
     app[METRICS] = GatewayMetrics(registry)
     app[TRACKER] = tracker or InMemoryLoadTracker()
+    app[DEMAND] = DemandBook(clock)
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
     app[PROFILE] = settings.picking.profile()
@@ -75,6 +79,7 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get(DEMAND_PATH, demand)
     return app
 
 
@@ -157,6 +162,17 @@ async def readyz(request: web.Request) -> web.Response:
     if not request.app[REGISTRY].ready():
         return web.json_response({"status": "no pool has an available endpoint"}, status=503)
     return web.json_response({"status": "ready"})
+
+
+async def demand(request: web.Request) -> web.Response:
+    """Each pool's demand for the operator's scaler: this replica's, or with Redis every
+    replica's summed."""
+    app = request.app
+    local = app[DEMAND].snapshot([pool.key for pool in app[REGISTRY].pools()])
+    share = app.get(DEMAND_SHARE)
+    counts, replicas = (local, 1) if share is None else await share.total(local)
+    pools = {key: count.to_wire() for key, count in sorted(counts.items())}
+    return web.json_response({"object": "laneway.demand", "replicas": replicas, "pools": pools})
 
 
 async def metrics(request: web.Request) -> web.Response:

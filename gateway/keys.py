@@ -16,6 +16,7 @@ from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
@@ -27,6 +28,7 @@ SETTINGS = web.AppKey("settings", GatewaySettings)
 REGISTRY = web.AppKey("registry", PoolRegistry)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACKER = web.AppKey("tracker", LoadTracker)
+DEMAND = web.AppKey("demand", DemandBook)  # each pool's queued and running work, for scaling
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
 RNG = web.AppKey("rng", random.Random)
@@ -44,6 +46,7 @@ FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/B
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
 STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
+DEMAND_SHARE = web.AppKey("demand_share", RedisDemandShare)  # absent: no Redis
 
 
 class Loopback:

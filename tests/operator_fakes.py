@@ -126,6 +126,13 @@ class FakeCluster:
         self._record("patch", kind, "status")
         _merge(self.objects[(kind, namespace, name)].setdefault("status", {}), status)
 
+    async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
+        self._record("patch", kind, "scale")
+        live = self.objects[(kind, namespace, name)]
+        if live["spec"].get("replicas") != replicas:
+            live["spec"]["replicas"] = replicas
+            live["metadata"]["generation"] += 1
+
     # --- what a test (or another actor in the cluster) does ---
 
     def _new(self, manifest: Mapping[str, Any]) -> Manifest:

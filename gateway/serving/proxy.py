@@ -24,6 +24,7 @@ from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
     CLOCK,
+    DEMAND,
     METRICS,
     PREFIX_INDEX,
     PROFILE,
@@ -142,22 +143,28 @@ async def _serve(
         registry = app[REGISTRY]
         if registry.current(pool) is None:
             raise _no_endpoint(app, pool, "the pool was removed while the request was routed")
-        if not registry.available(pool):
-            raise _no_endpoint(app, pool, "every endpoint is ejected or none is known")
-        gate = registry.gate(pool)
+        # A pool with no endpoint at all is at zero or starting: its gate admits nobody, so
+        # the request waits in line (and counts as demand) for a first replica. One whose
+        # endpoints all failed is broken, not scaling: that is said at once.
+        if pool.endpoints and not registry.available(pool):
+            raise _no_endpoint(app, pool, "every endpoint is ejected")
+        gate, demand = registry.gate(pool), app[DEMAND]
         waiting_since = app[CLOCK]()
         try:
-            async with asyncio.timeout(settings.queue.timeout_millis / 1000):
-                await gate.acquire(route.priority, tenant_name(request), route.prefill_tokens)
+            with demand.waiting(pool.key, route.prefill_tokens):
+                async with asyncio.timeout(settings.queue.timeout_millis / 1000):
+                    await gate.acquire(route.priority, tenant_name(request), route.prefill_tokens)
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
-            hashes = _prefix_hashes(app, parsed)
-            plan = await _plan(app, route, started, hashes)
-            return await _forward(_Exchange(request, parsed, plan, hashes, count, started, outcome))
+            with demand.running(pool.key, route.prefill_tokens):
+                hashes = _prefix_hashes(app, parsed)
+                plan = await _plan(app, route, started, hashes)
+                exchange = _Exchange(request, parsed, plan, hashes, count, started, outcome)
+                return await _forward(exchange)
         finally:
             gate.release()
     finally:
@@ -262,8 +269,14 @@ def _refused(
     active: int,
     waiting: int,
 ) -> ApiError:
+    waited_ms = app[SETTINGS].queue.timeout_millis
+    now = app[REGISTRY].current(pool)
+    if isinstance(refused, TimeoutError) and now is not None and not now.endpoints:
+        return _no_endpoint(
+            app, pool, f"no replica is ready (scaled to zero or starting) after {waited_ms} ms"
+        )
     if isinstance(refused, TimeoutError):
-        why = f"no slot freed within {app[SETTINGS].queue.timeout_millis} ms"
+        why = f"no slot freed within {waited_ms} ms"
     elif refused.reason == "pool_removed":
         return _no_endpoint(app, pool, "the pool was removed while the request waited")
     elif refused.reason == "shutting_down":
@@ -463,8 +476,9 @@ async def _relay_stream(
             if last_event is None:
                 ttft = now - started
                 metrics.ttft.labels(*labels).observe(ttft)
-                met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
-                metrics.ttft_slo.labels(*labels, met).inc()
+                met = within_slo(ttft, slo.ttft_millis)
+                metrics.ttft_slo.labels(*labels, "true" if met else "false").inc()
+                app[DEMAND].record_ttft(exchange.plan.pool.key, met)
                 outcome.ttft_ms = ttft * 1000
                 progress.first_token = True
                 await tracker.prefill_done(lease)

@@ -1,5 +1,5 @@
 """A small asyncio client for the Kubernetes REST API: what the operator and the gateway's
-discovery need (get, list, server-side apply, delete, status patch, watch) and no more.
+discovery need (get, list, server-side apply, delete, status patch, scale, watch) and no more.
 
 Both run inside asyncio (kopf, aiohttp), so this speaks HTTP with aiohttp instead of the
 blocking `kubernetes` client; that package is used only to read the in-cluster service
@@ -219,6 +219,15 @@ class KubeApi:
             "PATCH",
             RESOURCE_TYPES[kind].path(namespace, name) + "/status",
             body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
+        """Set spec.replicas through the scale subresource, the way `kubectl scale` does."""
+        await self._request(
+            "PATCH",
+            RESOURCE_TYPES[kind].path(namespace, name) + "/scale",
+            body={"spec": {"replicas": replicas}},
             content_type="application/merge-patch+json",
         )
 
