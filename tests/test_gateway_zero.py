@@ -1,11 +1,13 @@
-"""A pool at zero: its requests wait in the pool's line and count as demand on
-/laneway/demand until a replica appears (here a real `laneway sim` the pool source delivers
-later), and are refused only past the queue timeout, with Retry-After. With Redis, the
-demand is summed over every gateway replica."""
+"""A pool at zero: its requests (plain ones and Batches API items) wait in the pool's line
+and count as demand on /laneway/demand until a replica appears (here a real `laneway sim`
+the pool source delivers later), and are refused only past the queue timeout, with
+Retry-After. With Redis, the demand is summed over every gateway replica."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +22,7 @@ from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings, QueueSettings
 from laneway.gateway.pools.sources import PoolUpdate
 from laneway.gateway.state.redis_store import RedisSettings
-from laneway.gateway.state.shared import SharedStateOptions, install
+from laneway.gateway.state.shared import SharedStateOptions, announce_listening, install
 
 DOCS = "default/docs"
 
@@ -62,10 +64,16 @@ async def test_a_request_for_a_pool_at_zero_waits_for_its_first_replica() -> Non
     source = QueueSource()
     settings = GatewaySettings(queue=QueueSettings(timeout_millis=120_000))
     app = create_app(settings, source)
-    async with TestClient(TestServer(app)) as client, Children() as children:
+    async with (
+        TestClient(TestServer(app)) as client,
+        Children() as children,
+        contextlib.AsyncExitStack() as stack,
+    ):
         source.sets.put_nowait([docs_pool([])])
-        api = openai.AsyncOpenAI(
-            base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0
+        api = await stack.enter_async_context(
+            openai.AsyncOpenAI(
+                base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0
+            )
         )
         prompt = "summarise this document " * 200
 
@@ -141,3 +149,57 @@ async def test_with_redis_the_demand_is_every_replicas_sum(redis_server: LocalRe
         # Nothing wakes the pool here: both are refused at their timeout, and leave the count.
         assert [(await task).status for task in waiting] == [503, 503]
         await until_demand(two, DOCS, queuedRequests=0)
+
+
+async def test_batch_items_for_a_pool_at_zero_wait_count_and_complete_once_it_wakes(
+    redis_server: LocalRedis,
+) -> None:
+    source = QueueSource()
+    app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=120_000)), source)
+    install(app, SharedStateOptions(redis=RedisSettings(url=redis_server.url)))
+    async with (
+        TestClient(TestServer(app)) as client,
+        Children() as children,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        announce_listening(app, "127.0.0.1", client.port or 0)
+        source.sets.put_nowait([docs_pool([])])
+        api = await stack.enter_async_context(
+            openai.AsyncOpenAI(
+                base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0
+            )
+        )
+        lines = [
+            json.dumps(
+                {
+                    "custom_id": f"doc-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": "llama",
+                        "messages": [{"role": "user", "content": f"summarise report {i}"}],
+                        "max_tokens": 4,
+                    },
+                }
+            )
+            for i in range(2)
+        ]
+        uploaded = await api.files.create(
+            file=("items.jsonl", "\n".join(lines).encode()), purpose="batch"
+        )
+        batch = await api.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        # Both items wait in the sleeping pool's line: demand the scaler will see.
+        await until_demand(client, DOCS, queuedRequests=2)
+
+        engine = await children.start_laneway_async(
+            "sim", ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small"]
+        )
+        source.sets.put_nowait([docs_pool([engine.url])])
+        async with asyncio.timeout(60):
+            while (done := await api.batches.retrieve(batch.id)).status != "completed":  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
+        await until_demand(client, DOCS, queuedRequests=0, inFlightRequests=0)
