@@ -59,9 +59,9 @@ def create_app(
     registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
     app[REGISTRY] = registry
-    app[METRICS] = GatewayMetrics(registry)
+    app[DEMAND] = demand_book = DemandBook(clock)
+    app[METRICS] = GatewayMetrics(registry, demand_book)
     app[TRACKER] = tracker or InMemoryLoadTracker()
-    app[DEMAND] = DemandBook(clock)
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
     app[PROFILE] = settings.picking.profile()
