@@ -237,8 +237,13 @@ def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
         f"compile, CUDA graph capture (default {default.cold_start_s:g}, "
         "vLLM with Llama-3-8B)",
     )
-    parser.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE)
-    parser.add_argument("--seed", type=int, default=default.seed)
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="hardware/model profile of every simulated GPU",
+    )
+    parser.add_argument("--seed", type=int, default=default.seed, help="workload random seed")
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", help="write replicas and demand over the day to this PNG")
     parser.set_defaults(handler=run_bench_autoscale)  # fmt: skip

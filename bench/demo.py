@@ -30,7 +30,7 @@ from laneway.bench.loadgen import (
     summarize,
 )
 from laneway.bench.procs import ChildProcess, Children
-from laneway.errors import UsageError
+from laneway.errors import UsageError, cannot_listen
 from laneway.tables import format_table
 
 PUBLIC_MODEL = "llama3-8b"
@@ -263,9 +263,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise UsageError(
-                f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port"
-            ) from None
+            raise cannot_listen(host, port, error) from None
 
 
 def say(message: str) -> None:
@@ -300,8 +298,9 @@ async def start_everything(
     )
     for pool in DEMO_POOLS:
         say(
-            f"pool {pool.name} ({pool.lane.value}, {pool.scheduler} prefill, "
-            f"context {pool.max_context:,}): {', '.join(endpoints[pool.name])}"
+            f"pool {pool.name} ({pool.lane.value}): prompts {pool.min_prompt_tokens:,}-"
+            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context:,}, "
+            f"{pool.scheduler} prefill: {', '.join(endpoints[pool.name])}"
         )
     say(f"gateway: {gateway.url}")
     return gateway

@@ -36,11 +36,23 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
         "session on one replica: an oracle for hit rate). Then the prefix index's memory "
         "for 100,000 sessions and its CPU per 4k-token request.",
     )
-    prefix.add_argument("--seed", type=int, default=full.seed)
+    prefix.add_argument("--seed", type=int, default=full.seed, help="workload random seed")
     prefix.add_argument("--duration", type=float, default=full.duration_s, help="seconds")
-    prefix.add_argument("--chat-sessions", type=int, default=full.chat_sessions)
-    prefix.add_argument("--document-tokens", type=int, default=full.document_tokens)
-    prefix.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE)
+    prefix.add_argument(
+        "--chat-sessions", type=int, default=full.chat_sessions, help="closed-loop chat sessions"
+    )
+    prefix.add_argument(
+        "--document-tokens",
+        type=int,
+        default=full.document_tokens,
+        help="prompt tokens of each shared document",
+    )
+    prefix.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="hardware/model profile of every simulated GPU",
+    )
     prefix.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     prefix.set_defaults(handler=run_bench_prefix)
 

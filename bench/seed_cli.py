@@ -64,7 +64,12 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
     seed.add_argument(
         "--duration", type=float, help=f"seconds sessions start turns (default {full.duration_s:g})"
     )
-    seed.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE)
+    seed.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="hardware/model profile of every simulated GPU",
+    )
     seed.add_argument(
         "--time-scale",
         type=float,

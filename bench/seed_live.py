@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from laneway.api import API_VERSION
 from laneway.bench.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
 from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.ttft_check import Histogram, gateway_ttft
 from laneway.errors import ChildError
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
@@ -64,6 +65,7 @@ class LiveRun:
     records: tuple[RequestRecord, ...]
     issued: int
     cpu: CpuUse
+    gateway_ttft: Histogram  # what the gateway's own TTFT histogram recorded during the run
 
 
 def sim_args(pool: SimPool, profile: Profile, time_scale: float) -> list[str]:
@@ -148,6 +150,11 @@ async def warm_up(gateway_url: str, config: ClusterConfig) -> None:
                 for _ in range(pool.replicas * WARM_UP_PER_REPLICA)
             )
         )
+
+
+async def _gateway_ttft(gateway_url: str) -> Histogram:
+    async with aiohttp.ClientSession() as session, session.get(f"{gateway_url}/metrics") as reply:
+        return gateway_ttft(await reply.text())
 
 
 async def _busy_of(engines: Sequence[ChildProcess]) -> list[float]:
@@ -260,6 +267,7 @@ async def run_live_config(
 
         await _guarded(children, warm_up(gateway.url, config))
         busy_before = await _guarded(children, _busy_of(engines))
+        ttft_before = await _guarded(children, _gateway_ttft(gateway.url))
         workload = workload_from_scenario(scenario, PUBLIC_MODEL, drain_s=DRAIN_S)
         generator = LoadGenerator(workload, gateway.url, time_scale)
         cpu_before = (
@@ -282,9 +290,10 @@ async def run_live_config(
         )
         end_s = generator.elapsed_s()
         busy = await _guarded(children, _busy_of(engines))
+        ttft = (await _guarded(children, _gateway_ttft(gateway.url))).minus(ttft_before)
         say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
     result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
-    return LiveRun(result, tuple(records), generator.issued, cpu)
+    return LiveRun(result, tuple(records), generator.issued, cpu, ttft)
 
 
 def stderr_say(config_name: str) -> Say:

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from laneway.api import SLOSpec
 from laneway.bench.loadgen import INTERACTIVE
 from laneway.bench.seed_live import LiveRun, run_live_config, stderr_say
 from laneway.bench.seed_report import (
@@ -22,6 +23,7 @@ from laneway.bench.seed_report import (
     seed_json,
     summarize,
 )
+from laneway.bench.ttft_check import TtftAgreement, agreement, agreement_table
 from laneway.outputs import write_json
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import RunResult
@@ -33,10 +35,37 @@ def lanes_of(run: LiveRun, kind: str) -> dict[str, int]:
     return dict(Counter(r.lane or "(none)" for r in run.records if r.kind == kind))
 
 
-def live_config_json(summary: ConfigSummary, run: LiveRun) -> dict[str, Any]:
+# The seed's pools keep the default SLO, which the gateway holds wall-clock TTFT against.
+SLO_S = SLOSpec().ttft_millis / 1000
+
+
+def ttft_agreement(run: LiveRun, time_scale: float) -> TtftAgreement | None:
+    """Every stream's TTFT as the client timed it (wall time) against the gateway's."""
+    client = [r.ttft_s / time_scale for r in run.records if r.ttft_s is not None]
+    return agreement(client, run.gateway_ttft, SLO_S)
+
+
+def _agreement_json(check: TtftAgreement | None) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {
+        "streams": {"client": check.streams, "gateway": check.gateway_streams},
+        "client_ms": {k: round(v * 1000, 2) for k, v in check.client_exact.items()},
+        "client_in_gateway_buckets_ms": {
+            k: round(v * 1000, 2) for k, v in check.client_bucketed.items()
+        },
+        "gateway_ms": {k: round(v * 1000, 2) for k, v in check.gateway.items()},
+        "difference_pct": {k: round(check.difference(k) * 100, 1) for k in ("p50", "p99", "mean")},
+        "slo_met": {"client": check.client_slo_met, "gateway": check.gateway_slo_met},
+        "agrees": check.agrees,
+    }
+
+
+def live_config_json(summary: ConfigSummary, run: LiveRun, time_scale: float) -> dict[str, Any]:
     failed = Counter(r.error or f"HTTP {r.status}" for r in run.records if not r.ok)
     return {
         **config_json(summary),
+        "gateway_ttft": _agreement_json(ttft_agreement(run, time_scale)),
         "requests": {
             "issued": run.issued,
             "accounted_for": len(run.records),
@@ -100,11 +129,16 @@ def run_live_mode(
             f"generator {cpu.cores(cpu.generator_s):.2f}, gateway {cpu.cores(cpu.gateway_s):.2f}, "
             f"engines {cpu.cores(cpu.engines_s):.2f} cores"
         )
+        check = ttft_agreement(run, time_scale)
+        if check is None:
+            print("gateway TTFT: no stream timed")
+        else:
+            print("\n".join(agreement_table(check, SLO_S)))
     if args.json is not None:
         document = seed_json(scenario, profile.name, live, wall_s, mode="live")
         document["time_scale"] = time_scale
         document["configs"] = {
-            summary.name: live_config_json(summary, run)
+            summary.name: live_config_json(summary, run, time_scale)
             for summary, run in zip(live, runs, strict=True)
         }
         document["virtual"] = {"configs": {s.name: config_json(s) for s in virtual}}

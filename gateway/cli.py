@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laneway.errors import UsageError
+from laneway.errors import UsageError, cannot_listen
 from laneway.gateway.state.settings import (
     BATCH_CONCURRENCY,
     BATCH_LEASE_S,
@@ -157,7 +157,7 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
         await site.start()
     except OSError as error:
         await runner.cleanup()
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        raise cannot_listen(host, port, error) from None
     bound_port = runner.addresses[0][1]
     announce_listening(app, host, bound_port)
     print(f"laneway gateway: listening on http://{host}:{bound_port}", flush=True)

@@ -12,6 +12,11 @@ from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.state.demand import DemandBook
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+# About 1.3x apart up to 2 s, so a percentile estimated from the buckets lands near the
+# true one where interactive SLOs live; the 300 ms default SLO is an edge.
+TTFT_BUCKETS = (0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065,
+                0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1, 1.25, 1.5,
+                2, 3, 4, 6, 8, 15, 30, 60, 120)  # fmt: skip
 TBT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
 TOKEN_BUCKETS = tuple(float(2**n) for n in range(6, 18))  # 64 .. 131072
 TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -29,9 +34,10 @@ class GatewayMetrics:
         )
         self.ttft = Histogram(
             "laneway_gateway_ttft_seconds",
-            "Time from the request's arrival to its first streamed token",
+            "Time from the request's arrival to its first streamed event carrying output "
+            "(text, a tool call, reasoning or logprobs)",
             by_pool_lane,
-            buckets=LATENCY_BUCKETS,
+            buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
         self.tbt = Histogram(

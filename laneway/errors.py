@@ -1,5 +1,7 @@
 """Errors the CLI turns into one clear line and a non-zero exit, never a traceback."""
 
+import os
+
 
 class UsageError(Exception):
     """A flag, file or value the user gave cannot work; the message says what to change."""
@@ -7,3 +9,9 @@ class UsageError(Exception):
 
 class ChildError(RuntimeError):
     """A child died, never got ready, or was stopped before it was; says which and why."""
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> UsageError:
+    """A bind failure as one line that says what to change (not the event loop's wording)."""
+    reason = os.strerror(error.errno).lower() if error.errno else str(error)
+    return UsageError(f"cannot listen on {host}:{port} ({reason}); pick another with --port")

@@ -49,13 +49,30 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_PROFILE,
         help=f"hardware/model profile (default {DEFAULT_PROFILE}; 'zero' takes no time)",
     )
-    parser.add_argument("--scheduler", choices=SCHEDULER_KINDS, default="chunked")
-    parser.add_argument("--token-budget", type=int, default=2048, help="tokens per step")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="prompt tokens per chunk")
-    parser.add_argument("--max-context", type=int, default=8192, help="prompt + output cap")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="running requests cap")
     parser.add_argument(
-        "--max-partial-prefills", type=int, default=1, help="part-done prompts per step"
+        "--scheduler",
+        choices=SCHEDULER_KINDS,
+        default="chunked",
+        help="chunked: decodes first, prompts in chunks within the token budget (vLLM V1); "
+        "full: a prompt's whole prefill in one step",
+    )
+    parser.add_argument(
+        "--token-budget", type=int, default=2048, help="tokens one engine step may process"
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=1024, help="most prompt tokens of one request per step"
+    )
+    parser.add_argument(
+        "--max-context", type=int, default=8192, help="longest prompt + output, in tokens"
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="most requests running at once"
+    )
+    parser.add_argument(
+        "--max-partial-prefills",
+        type=int,
+        default=1,
+        help="most partly prefilled prompts in one step",
     )
 
 

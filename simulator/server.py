@@ -22,7 +22,7 @@ from typing import Any, Literal
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from laneway.errors import UsageError
+from laneway.errors import cannot_listen
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
 from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
 from laneway.simulator.profiles import Profile
@@ -379,11 +379,15 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    if reply.parsed.endpoint == "chat":
-        await _sse(response, reply.role_chunk())
     emitted = 0
     while True:
         event = await events.get()
+        if emitted == 0 and reply.parsed.endpoint == "chat":
+            # The role chunk goes out with the first output, not on arrival: vLLM sends it in
+            # the first pass of its loop over engine outputs (`chat_completion_stream_generator`
+            # in vllm/entrypoints/openai/serving_chat.py) and SGLang the same way
+            # (`_generate_chat_stream` in python/sglang/srt/entrypoints/openai/serving_chat.py).
+            await _sse(response, reply.role_chunk())
         emitted += 1
         await _sse(response, reply.token_chunk(event))
         if event.last:
@@ -502,7 +506,7 @@ async def serve(settings: SimSettings, host: str, port: int) -> None:
         try:
             await site.start()
         except OSError as error:
-            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+            raise cannot_listen(host, port, error) from None
         bound_port = runner.addresses[0][1]
         print(f"laneway sim: serving {settings.model} on http://{host}:{bound_port}", flush=True)
         stop = asyncio.Event()

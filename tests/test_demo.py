@@ -12,6 +12,7 @@ from typing import IO
 
 import openai
 import pytest
+import yaml
 from marked_processes import marked_environment, processes_marked
 
 from laneway.api import Lane
@@ -117,13 +118,17 @@ def test_the_table_has_a_row_per_lane_and_counts_per_pool() -> None:
 # -- whole runs -----------------------------------------------------------------------------
 
 
-def demo_process(mark: str, *args: str) -> subprocess.Popen[str]:
+def demo_process(mark: str, *args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell does for a background job
+
     return subprocess.Popen(
         laneway_argv("demo", *SHORT_RUN, *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=marked_environment(mark),
+        preexec_fn=ignore_sigint if sigint_ignored else None,
     )
 
 
@@ -179,11 +184,19 @@ def test_serve_answers_an_openai_client_then_ctrl_c_stops_everything(marker: str
     assert processes_marked(marker) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    ("signum", "sigint_ignored"),
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["ctrl-c", "kill", "ctrl-c, started with SIGINT ignored"],
+)
 def test_ctrl_c_or_kill_during_the_workload_stops_every_process(
-    marker: str, signum: signal.Signals
+    marker: str, signum: signal.Signals, sigint_ignored: bool
 ) -> None:
-    demo = demo_process(marker, "--duration", "60", "--sessions", "2", "--long-documents", "1")
+    demo = demo_process(
+        marker,
+        *("--duration", "60", "--sessions", "2", "--long-documents", "1"),
+        sigint_ignored=sigint_ignored,
+    )
     try:
         assert demo.stderr is not None
         wait_for_line(demo.stderr, "sending")
@@ -216,3 +229,18 @@ def test_an_engine_that_dies_mid_run_ends_the_demo_with_its_reason(marker: str) 
     assert demo.returncode == 1, stderr
     assert f"status {-signal.SIGKILL}" in stderr
     assert processes_marked(marker) == []
+
+
+def test_the_shipped_local_config_is_the_demos_own() -> None:
+    path = Path(__file__).parents[1] / "manifests" / "examples" / "gateway-local.yaml"
+    shipped = list(yaml.safe_load_all(path.read_text()))
+    endpoints = {doc["metadata"]["name"]: doc["status"]["endpoints"] for doc in shipped}
+    assert shipped == config_documents(endpoints)
+    # The sim commands in its header start each pool's engines as the demo does.
+    header = [line for line in path.read_text().splitlines() if "laneway sim" in line]
+    for pool in DEMO_POOLS:
+        commands = [line for line in header if f"--model {pool.served_model} " in line]
+        assert len(commands) == pool.replicas == len(endpoints[pool.name])
+        for command in commands:
+            assert f"--scheduler {pool.scheduler}" in command or pool.scheduler == "chunked"
+            assert f"--max-context {pool.max_context}" in command

@@ -317,9 +317,10 @@ async def test_bad_bodies_get_openai_errors(
 
 
 async def test_health_readiness_and_metrics(lanes: ChildProcess, api: openai.AsyncOpenAI) -> None:
-    await api.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "ping"}], max_tokens=3, stream=True
+    stream = await api.chat.completions.create(
+        model="llama", messages=[{"role": "user", "content": "ping"}], max_tokens=64, stream=True
     )
+    assert len([chunk async for chunk in stream]) >= 64
     async with aiohttp.ClientSession() as session:
         for path in ("/healthz", "/readyz"):
             async with session.get(f"{lanes.url}{path}") as response:
@@ -328,7 +329,8 @@ async def test_health_readiness_and_metrics(lanes: ChildProcess, api: openai.Asy
     requests = "laneway_gateway_requests_total"
     assert total(samples, requests, pool="realtime", lane="interactive", status="200") >= 1
     assert total(samples, "laneway_gateway_ttft_seconds_count", pool="realtime") >= 1
-    assert total(samples, "laneway_gateway_tbt_seconds_count", pool="realtime") >= 2
+    # Tokens that reach the relay in one read are one gap: a loaded machine may merge some.
+    assert total(samples, "laneway_gateway_tbt_seconds_count", pool="realtime") >= 1
     assert total(samples, "laneway_gateway_request_seconds_count", lane="interactive") >= 1
     assert total(samples, "laneway_gateway_prompt_tokens_count", lane="interactive") >= 1
     assert total(samples, "laneway_gateway_queue_wait_seconds_count", pool="realtime") >= 1
@@ -346,17 +348,17 @@ async def test_slo_attainment_and_learned_prefill_rates(
         stream = await api.chat.completions.create(
             model="llama",
             messages=[{"role": "user", "content": question}],
-            max_tokens=6,
+            max_tokens=64,
             stream=True,
         )
-        assert len([chunk async for chunk in stream]) >= 6
+        assert len([chunk async for chunk in stream]) >= 64
     samples = await scrape(lanes.url)
     by_pool = {"pool": "realtime", "lane": "interactive"}
     # Every first token and every gap is counted as met or missed against the pool's SLO,
     # whose defaults (300 ms, 30 ms) sit on histogram bucket edges: the same comparisons.
     for slo, histogram, edge in (("ttft", "ttft_seconds", "0.3"), ("tbt", "tbt_seconds", "0.03")):
         counted = total(samples, f"laneway_gateway_slo_{slo}_total", **by_pool)
-        assert counted == total(samples, f"laneway_gateway_{histogram}_count", **by_pool) >= 2
+        assert counted == total(samples, f"laneway_gateway_{histogram}_count", **by_pool) >= 1
         met = total(samples, f"laneway_gateway_slo_{slo}_total", met="true", **by_pool)
         within = total(samples, f"laneway_gateway_{histogram}_bucket", le=edge, **by_pool)
         assert met == within

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from redis_fleet import (
 
 from laneway.bench.procs import Children
 from laneway.bench.redis_server import LocalRedis
+from laneway.gateway.state.redis_store import OutageLog
 
 
 class ChatTraffic:
@@ -103,3 +105,21 @@ def test_chat_survives_a_redis_restart_and_batches_come_back(tmp_path: Path) -> 
 
 def _after(traffic: ChatTraffic, moment: float) -> int:
     return sum(1 for at, _ in traffic.answers if at > moment)
+
+
+def test_an_outage_is_logged_once_a_minute_with_what_to_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    outage = OutageLog("batch dispatch", every_s=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="laneway.gateway.state.redis_store"):
+        for second in range(120):  # a loop retrying every second for two minutes
+            now[0] = float(second)
+            outage.down(ConnectionRefusedError("Connect call failed"))
+        outage.up()
+        outage.up()  # no outage, nothing to say
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3
+    assert all(line.startswith("laneway gateway: ") for line in lines)
+    assert "check that Redis is running and that --redis-url points at it" in lines[0]
+    assert lines[2] == "laneway gateway: redis answers again, batch dispatch resumed"

@@ -41,6 +41,7 @@ def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "live vs virtual" in result.stdout
+    assert result.stdout.count("client, gateway's buckets") == len(CONFIG_NAMES)
     document = json.loads(out.read_text())
     assert document["mode"] == "live"
     assert set(document["configs"]) == set(CONFIG_NAMES)
@@ -59,6 +60,9 @@ def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
             assert requests["long_lanes"] == {"batch": long_requests}, name
             assert set(requests["interactive_lanes"]) == {"interactive"}, name
         assert set(document["difference_pct"][name]) >= {"ttft_p99", "tbt_p99", "batch_makespan_s"}
+        # The gateway timed the streams the client timed (warm-up requests left out).
+        timed = numbers["gateway_ttft"]["streams"]
+        assert timed["gateway"] == timed["client"] > 0, name
 
 
 def test_a_crashed_engine_ends_the_run_and_every_child(tmp_path: Path) -> None:

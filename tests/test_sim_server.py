@@ -261,3 +261,31 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine(
         time.sleep(0.05)
     assert samples["vllm:num_requests_running"] == 0
     assert samples["vllm:generation_tokens_total"] - before < 4000
+
+
+def test_the_chat_role_chunk_waits_for_the_first_token(children: Children) -> None:
+    # At 1/100 of real time one engine step lasts about half a second of wall time, so a
+    # role chunk sent on arrival (not with the first output, as vLLM and SGLang send it)
+    # would reach us long before the engine counts its first token.
+    args = ["--port", "0", "--model", MODEL, "--time-scale", "0.01", "--max-context", "4096"]
+    slow = children.start_laneway("sim", args, name="slow sim")
+    before = scrape(slow).get("vllm:time_to_first_token_seconds_count", 0.0)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+    request = urllib.request.Request(
+        f"{slow.url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as response:
+        events = (line[5:].strip() for line in response if line.startswith(b"data:"))
+        first = json.loads(next(events))
+        after_first_event = scrape(slow)["vllm:time_to_first_token_seconds_count"]
+        rest = [json.loads(event) for event in events if event != b"[DONE]"]
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert after_first_event == before + 1
+    assert [event["choices"][0]["delta"]["content"] for event in rest] == [" lorem", " ipsum"]

@@ -36,7 +36,7 @@ from laneway.gateway.batch.batches import (
 )
 from laneway.gateway.serving.request_body import LANE_HEADER
 from laneway.gateway.state.metrics import StateMetrics
-from laneway.gateway.state.redis_store import REDIS_DOWN
+from laneway.gateway.state.redis_store import REDIS_DOWN, OutageLog
 from laneway.gateway.state.settings import BATCH_CONCURRENCY, BATCH_LEASE_S
 from laneway.routing.fairshare import FairShareQueue
 
@@ -88,6 +88,7 @@ class Dispatcher:
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stopping = False
+        self._outage = OutageLog("batch dispatch")
 
     def stop(self) -> None:
         """Start nothing more; items running now finish unless they would need another try.
@@ -105,8 +106,10 @@ class Dispatcher:
                 try:
                     await self._step()
                 except REDIS_DOWN as error:
-                    log.warning("batch dispatch paused, redis unreachable: %s", error)
+                    self._outage.down(error)
                     await asyncio.sleep(1.0)
+                else:
+                    self._outage.up()
         finally:
             held = list(self._held.values())
             keeper.cancel()
@@ -185,7 +188,7 @@ class Dispatcher:
                 await self._store.sweep(self._clock())
                 self._wake.set()
             except REDIS_DOWN as error:
-                log.warning("batch keepalive skipped, redis unreachable: %s", error)
+                self._outage.down(error)
 
     async def _process(self, item: QueuedItem) -> None:
         try:

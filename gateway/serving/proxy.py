@@ -36,6 +36,7 @@ from laneway.gateway.keys import (
     TRACKER,
 )
 from laneway.gateway.serving.admission import AdmissionRefused
+from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
     LANE_HEADER,
@@ -68,6 +69,8 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+STREAM_END = b"data: [DONE]"
+SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 
 
 @dataclass
@@ -89,6 +92,8 @@ class RequestOutcome:
     ttft_ms: float | None = None
     total_ms: float | None = None
     error: str | None = None
+    # The client has the whole response: a client that leaves after this is no 499.
+    complete: bool = False
 
     def routing_headers(self) -> dict[str, str]:
         if not self.pool:
@@ -117,7 +122,7 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
         outcome.status, outcome.error = error.status, error.code
         return error.response(outcome.routing_headers())
     except asyncio.CancelledError:
-        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+        _client_gone(outcome)
         raise
     finally:
         outcome.total_ms = (clock() - started) * 1000
@@ -457,8 +462,10 @@ async def _relay_stream(
     tbt = metrics.tbt.labels(*labels)
     slo = exchange.plan.pool.spec.slo
     tbt_met, tbt_missed = (metrics.tbt_slo.labels(*labels, met) for met in ("true", "false"))
+    first_token = FirstTokenWatch()
     last_event: float | None = None
-    written = b"\n\n"  # the end of what the client has, enough to tell an event boundary
+    # The end of what the client has: enough to tell an event boundary and the end marker.
+    written = b"\n\n"
     while True:
         try:
             chunk = await upstream.content.readany()
@@ -471,24 +478,23 @@ async def _relay_stream(
         if not chunk:
             break
         now = clock()
-        events = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-        if events > 0:
-            if last_event is None:
-                ttft = now - started
-                metrics.ttft.labels(*labels).observe(ttft)
-                met = within_slo(ttft, slo.ttft_millis)
-                metrics.ttft_slo.labels(*labels, "true" if met else "false").inc()
-                app[DEMAND].record_ttft(exchange.plan.pool.key, met)
-                outcome.ttft_ms = ttft * 1000
-                progress.first_token = True
-                await tracker.prefill_done(lease)
-                app[REGISTRY].record_first_token(
-                    lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
-                )
-            else:
-                gap = now - last_event
-                tbt.observe(gap)
-                (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+        if first_token.feed(chunk):
+            ttft = now - started
+            metrics.ttft.labels(*labels).observe(ttft)
+            met = within_slo(ttft, slo.ttft_millis)
+            metrics.ttft_slo.labels(*labels, "true" if met else "false").inc()
+            app[DEMAND].record_ttft(exchange.plan.pool.key, met)
+            outcome.ttft_ms = ttft * 1000
+            progress.first_token = True
+            await tracker.prefill_done(lease)
+            app[REGISTRY].record_first_token(
+                lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
+            )
+            last_event = now
+        elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
+            gap = now - last_event
+            tbt.observe(gap)
+            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
             last_event = now
         if rename:
             chunk = rename.feed(chunk)
@@ -498,17 +504,25 @@ async def _relay_stream(
             await client.write(chunk)
         except ConnectionError:
             # The client went away: closing the upstream response tells the engine.
-            outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+            _client_gone(outcome)
             upstream.close()
             return client
-        written = (written + chunk[-2:])[-2:]
+        written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+        outcome.complete = outcome.complete or STREAM_END in written
     try:
         if rename and (rest := rename.flush()):
             await client.write(rest)
+        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await client.write_eof()
     except ConnectionError:
-        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
+        _client_gone(outcome)
     return client
+
+
+def _client_gone(outcome: RequestOutcome) -> None:
+    """The client closed its connection: a 499 unless it already had the whole response."""
+    if not outcome.complete:
+        outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
 
 
 async def _end_with_error(

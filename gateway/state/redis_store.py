@@ -25,8 +25,9 @@ import functools
 import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -343,8 +344,45 @@ class RedisLoadTracker:
 
     def _went_down(self, error: BaseException) -> None:
         if self.shared:
-            log.warning("redis unreachable, picking on this replica's load alone: %s", error)
+            log.warning(
+                "laneway gateway: redis unreachable, picking on this replica's load alone: %s",
+                error,
+            )
             self.shared = False
+
+
+class OutageLog:
+    """Says that Redis went away once, then at most every `every_s` while it stays away.
+
+    A loop that retries every second would otherwise log every second; the reminder says
+    what to check, and a line when Redis answers again closes the story.
+    """
+
+    def __init__(
+        self, what: str, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._what = what
+        self._every_s = every_s
+        self._clock = clock
+        self._warned_at: float | None = None
+
+    def down(self, error: BaseException) -> None:
+        now = self._clock()
+        if self._warned_at is not None and now - self._warned_at < self._every_s:
+            return
+        self._warned_at = now
+        log.warning(
+            "laneway gateway: %s paused, redis unreachable (%s); check that Redis is running "
+            "and that --redis-url points at it. Retrying; this line repeats at most every %g s",
+            self._what,
+            error,
+            self._every_s,
+        )
+
+    def up(self) -> None:
+        if self._warned_at is not None:
+            self._warned_at = None
+            log.warning("laneway gateway: redis answers again, %s resumed", self._what)
 
 
 UNAVAILABLE_RETRY_S = 5

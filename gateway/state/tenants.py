@@ -390,11 +390,14 @@ class RedisRateLimiter:
             allowed, wait_ms, which, never = await self._script(keys=keys, args=args)
         except REDIS_DOWN as error:
             if self._local_until is None:
-                log.warning("redis unreachable, enforcing tenant limits per replica: %s", error)
+                log.warning(
+                    "laneway gateway: redis unreachable, enforcing tenant limits per replica: %s",
+                    error,
+                )
             self._local_until = self._clock() + self._recheck_s
             return self._fallback.admit_now(tenant, tokens)
         if self._local_until is not None:
-            log.warning("redis is back, tenant limits are shared again")
+            log.warning("laneway gateway: redis is back, tenant limits are shared again")
             self._local_until = None
         if allowed:
             return ALLOWED

@@ -1,0 +1,71 @@
+"""Which event of a streamed response is its first token.
+
+A stream may open with events that carry no output. vLLM and SGLang send a chat response's
+role chunk (`delta: {role, content: ""}`) together with the first output (the first pass of
+the loop over engine results in vLLM's `chat_completion_stream_generator` and SGLang's
+`_generate_chat_stream`, both in `serving_chat.py`), but other servers, and older versions,
+send it as soon as the request arrives, before any prefill; usage and keep-alive events
+carry nothing either. So the time to first token is taken at the first event that carries
+output, whatever the engine sends before it: text, a tool call, reasoning text or logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DATA = b"data:"
+DONE = b"[DONE]"
+# Keys of a chat `delta` whose non-empty value is model output.
+DELTA_OUTPUT_KEYS = ("content", "tool_calls", "function_call", "reasoning_content", "reasoning")
+
+
+def carries_output(line: bytes) -> bool:
+    """Whether one SSE line is a `data:` event with output in any of its choices."""
+    line = line.strip()
+    if not line.startswith(DATA):
+        return False
+    payload = line[len(DATA) :].strip()
+    if not payload or payload == DONE:
+        return False
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return False
+    if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
+        return False
+    return any(_choice_has_output(choice) for choice in event["choices"])
+
+
+def _choice_has_output(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text") or _has_data(choice.get("logprobs")):
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and any(delta.get(key) for key in DELTA_OUTPUT_KEYS)
+
+
+def _has_data(logprobs: Any) -> bool:
+    """`logprobs: null`, `{}` and `{"content": null}` say nothing; anything else is output."""
+    if isinstance(logprobs, dict):
+        return any(logprobs.values())
+    return bool(logprobs)
+
+
+class FirstTokenWatch:
+    """Fed a stream's bytes as they arrive; says which chunk completed the first token."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._partial = b""  # the start of a line whose end has not arrived yet
+
+    def feed(self, chunk: bytes) -> bool:
+        """True for the chunk that completes the first event carrying output, else False."""
+        if self.seen:
+            return False
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        if any(carries_output(line) for line in lines):
+            self.seen, self._partial = True, b""
+        return self.seen

@@ -1,0 +1,258 @@
+"""The gateway's TTFT is the first event carrying output, however the engine frames its stream.
+
+The pure part is table-driven; the rest runs `laneway gateway` against scripted engines on
+loopback, each framing its stream one way: the role chunk on arrival (older servers), the role
+chunk with the first token (vLLM and SGLang today), a tool call first, a completions stream.
+Each engine holds its first output back for FIRST_TOKEN_AFTER_S, so a gateway that timed an
+earlier, empty event would report a first token well inside the pool's 300 ms SLO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import yaml
+from aiohttp import web
+from test_gateway_e2e import gateway_doc, pool_doc, scrape, total
+
+from laneway.bench.procs import ChildProcess, Children
+from laneway.gateway.serving.first_token import FirstTokenWatch, carries_output
+from laneway.routing.slo import PRIOR_MS_PER_TOKEN
+
+in_the_rigs_loop = pytest.mark.asyncio(loop_scope="module")
+
+FIRST_TOKEN_AFTER_S = 0.4  # above the pools' default 300 ms TTFT SLO
+# About 600 prompt tokens: enough backlog for the gateway to learn a prefill rate from.
+QUESTION = "Which of the parcels in my last order left the warehouse, and when? " * 40
+
+
+def event(**choice: Any) -> bytes:
+    choices = [{"index": 0, "logprobs": None, "finish_reason": None, **choice}]
+    document = {"id": "x", "object": "chat.completion.chunk", "model": "m", "choices": choices}
+    return b"data: " + json.dumps(document).encode() + b"\n\n"
+
+
+ROLE = event(delta={"role": "assistant", "content": ""})
+USAGE = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+OUTPUT_LINES = [
+    # (case, one SSE line, whether it carries output)
+    ("the chat role chunk", ROLE, False),
+    ("a chat token", event(delta={"content": " lorem"}), True),
+    ("an empty chat delta (SGLang's finish chunk)", event(delta={}, finish_reason="stop"), False),
+    ("a tool call", event(delta={"tool_calls": [{"index": 0, "id": "t"}]}), True),
+    ("reasoning text", event(delta={"reasoning_content": "hmm"}), True),
+    ("logprobs alone", event(delta={}, logprobs={"content": [{"token": "a"}]}), True),
+    ("null logprobs content", event(delta={}, logprobs={"content": None}), False),
+    ("a completions token", event(text=" ipsum"), True),
+    ("an empty completions text", event(text=""), False),
+    ("a usage chunk", USAGE, False),
+    ("the end marker", DONE, False),
+    ("a comment (keep-alive)", b": ping\n", False),
+    ("not JSON", b"data: {oops\n", False),
+    ("an error event", b'data: {"error": {"message": "boom"}}\n', False),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"), [c[1:] for c in OUTPUT_LINES], ids=[c[0] for c in OUTPUT_LINES]
+)
+def test_which_lines_carry_output(line: bytes, expected: bool) -> None:
+    assert carries_output(line) is expected
+
+
+def test_the_watch_names_the_chunk_that_completes_the_first_token_wherever_it_splits() -> None:
+    stream = ROLE + event(delta={"content": " lorem"}) + event(delta={"content": " ipsum"}) + DONE
+    first_end = len(ROLE) + len(event(delta={"content": " lorem"}))
+    for cut in range(1, len(stream)):
+        watch = FirstTokenWatch()
+        verdicts = [watch.feed(stream[:cut]), watch.feed(stream[cut:])]
+        # The token's line ends at first_end - 2 (its "\n\n" follows).
+        assert verdicts == ([True, False] if cut >= first_end - 1 else [False, True]), cut
+
+
+# --- through the gateway --------------------------------------------------------------------
+
+Script = Callable[[web.StreamResponse], Awaitable[None]]
+
+
+async def role_on_arrival(response: web.StreamResponse) -> None:
+    await response.write(ROLE)
+    await asyncio.sleep(FIRST_TOKEN_AFTER_S)
+    for word in (" lorem", " ipsum", " dolor"):
+        await response.write(event(delta={"content": word}))
+    await response.write(DONE)
+
+
+async def role_with_the_first_token(response: web.StreamResponse) -> None:
+    await asyncio.sleep(FIRST_TOKEN_AFTER_S)
+    await response.write(ROLE + event(delta={"content": " lorem"}))
+    for word in (" ipsum", " dolor"):
+        await response.write(event(delta={"content": word}))
+    await response.write(USAGE + DONE)
+
+
+async def tool_call_first(response: web.StreamResponse) -> None:
+    await response.write(ROLE)
+    await asyncio.sleep(FIRST_TOKEN_AFTER_S)
+    call = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "track"}}
+    await response.write(event(delta={"tool_calls": [call]}))
+    await response.write(event(delta={}, finish_reason="tool_calls") + DONE)
+
+
+async def completions(response: web.StreamResponse) -> None:
+    await asyncio.sleep(FIRST_TOKEN_AFTER_S)
+    for word in (" lorem", " ipsum", " dolor"):
+        await response.write(event(text=word))
+    await response.write(DONE)
+
+
+async def lingers_after_done(response: web.StreamResponse) -> None:
+    """The whole answer, then a long wait before the end of the stream."""
+    await response.write(ROLE + event(delta={"content": " lorem"}) + DONE)
+    await asyncio.sleep(30)
+
+
+async def stalls_mid_answer(response: web.StreamResponse) -> None:
+    await response.write(ROLE + event(delta={"content": " lorem"}))
+    await asyncio.sleep(30)
+    await response.write(DONE)
+
+
+SCRIPTS: dict[str, Script] = {
+    "role-on-arrival": role_on_arrival,
+    "role-with-first-token": role_with_the_first_token,
+    "tool-call-first": tool_call_first,
+    "completions": completions,
+    "lingers": lingers_after_done,
+    "stalls": stalls_mid_answer,
+}
+
+
+def scripted_engine(script: Script) -> web.Application:
+    async def generate(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await script(response)
+        await response.write_eof()
+        return response
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", health)
+    return app
+
+
+@dataclass(frozen=True)
+class Rig:
+    gateway: ChildProcess
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
+    runners = []
+    documents = []
+    try:
+        for name, script in SCRIPTS.items():
+            runner = web.AppRunner(scripted_engine(script), handler_cancellation=True)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            document = pool_doc(name, "interactive", name, [url], routing={"models": [name]})
+            documents.append(document)
+        path = Path(tmp_path_factory.mktemp("first-token")) / "gateway.yaml"
+        path.write_text(yaml.safe_dump_all([*documents, gateway_doc()]))
+        with Children() as children:
+            args = ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
+            yield Rig(await children.start_laneway_async("gateway", args))
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def body(model: str) -> dict[str, Any]:
+    if model == "completions":
+        return {"model": model, "prompt": QUESTION, "max_tokens": 3, "stream": True}
+    messages = [{"role": "user", "content": QUESTION}]
+    return {"model": model, "messages": messages, "max_tokens": 3, "stream": True}
+
+
+def path_of(model: str) -> str:
+    return "/v1/completions" if model == "completions" else "/v1/chat/completions"
+
+
+@in_the_rigs_loop
+@pytest.mark.parametrize("framing", ["role-on-arrival", "role-with-first-token",
+                                     "tool-call-first", "completions"])  # fmt: skip
+async def test_ttft_its_slo_count_and_the_learned_rate_wait_for_output(
+    rig: Rig, framing: str
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{rig.gateway.url}{path_of(framing)}", json=body(framing)) as response,
+    ):
+        assert response.status == 200
+        relayed = await response.read()
+        prompt_tokens = int(response.headers["x-laneway-prompt-tokens"])
+    assert relayed.endswith(DONE)
+    samples = await scrape(rig.gateway.url)
+    pool = {"pool": framing, "lane": "interactive"}
+    assert total(samples, "laneway_gateway_ttft_seconds_count", **pool) == 1
+    assert total(samples, "laneway_gateway_ttft_seconds_sum", **pool) >= FIRST_TOKEN_AFTER_S
+    assert total(samples, "laneway_gateway_slo_ttft_total", met="false", **pool) == 1
+    assert total(samples, "laneway_gateway_slo_ttft_total", met="true", **pool) == 0
+    # The prior counts as one observation; the first stream's TTFT per backlog token is the
+    # other half, and that TTFT is at least FIRST_TOKEN_AFTER_S.
+    learned = total(samples, "laneway_gateway_endpoint_prefill_ms_per_token", pool=framing)
+    assert prompt_tokens >= 256
+    assert learned >= (PRIOR_MS_PER_TOKEN + FIRST_TOKEN_AFTER_S * 1000 / prompt_tokens) / 2
+
+
+async def requests_by_status(gateway: ChildProcess, pool: str) -> dict[str, float]:
+    samples = await scrape(gateway.url)
+    return {
+        labels["status"]: value
+        for labels, value in samples.get("laneway_gateway_requests_total", [])
+        if labels.get("pool") == pool
+    }
+
+
+async def leave_after(rig: Rig, model: str, marker: bytes) -> dict[str, float]:
+    """Read the stream until `marker`, close the connection, and wait for the count."""
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(f"{rig.gateway.url}{path_of(model)}", json=body(model))
+        seen = b""
+        while marker not in seen:
+            seen += await response.content.readany()
+        response.close()
+    async with asyncio.timeout(30):
+        # Polling another process over HTTP: there is no event to wait on.
+        while not (counted := await requests_by_status(rig.gateway, model)):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    return counted
+
+
+@in_the_rigs_loop
+async def test_a_client_that_leaves_after_the_end_marker_is_no_499(rig: Rig) -> None:
+    assert await leave_after(rig, "lingers", DONE) == {"200": 1}
+
+
+@in_the_rigs_loop
+async def test_a_client_that_leaves_mid_answer_is_a_499(rig: Rig) -> None:
+    assert await leave_after(rig, "stalls", b"lorem") == {"499": 1}
