@@ -42,6 +42,7 @@ from laneway.operator.render import MANAGED_BY, RenderOptions
 log = logging.getLogger("laneway.operator")
 
 RETRY_SECONDS = 10.0
+EVENT_SOURCE = "laneway-operator"
 
 registry = kopf.OperatorRegistry()
 
@@ -110,17 +111,43 @@ def post_events(body: kopf.Body, outcome: ReconcileOutcome) -> None:
     post(body, outcome.events)
 
 
-def post(body: Mapping[str, Any], events: tuple[Event, ...]) -> None:
+def post(body: kopf.Body, events: tuple[Event, ...]) -> None:
     for event in events:
-        kopf.event(
-            cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message
-        )
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def event_manifest(pool: Mapping[str, Any], event: Event, now: str) -> Manifest:
+    """A core/v1 Event about `pool`, as `kubectl describe lwpool` lists them."""
+    metadata = pool["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata["namespace"]},
+        "involvedObject": {
+            "apiVersion": pool.get("apiVersion", f"{GROUP}/{VERSION}"),
+            "kind": KIND,
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata.get("uid", ""),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message,
+        "source": {"component": EVENT_SOURCE},
+        "reportingComponent": EVENT_SOURCE,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 class ScalingCluster(Cluster, Protocol):
-    """What the demand loop adds to a pass's calls: the scale subresource."""
+    """What the demand loop adds to a pass's calls: the scale subresource, and Events it
+    creates itself (kopf.event works only inside kopf's handlers)."""
 
     async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None: ...
+
+    async def create_object(self, manifest: Manifest) -> Manifest: ...
 
 
 async def demand_pass(state: OperatorState, fetch: FetchDemand, now_s: float) -> None:
@@ -155,7 +182,8 @@ async def demand_pass(state: OperatorState, fetch: FetchDemand, now_s: float) ->
                 await cluster.scale(KIND, namespace, name, step.replicas)
             if changed(step.status, body.get("status") or {}):
                 await cluster.patch_status(KIND, namespace, name, step.status)
-        post(body, step.events)
+            for event in step.events:
+                await cluster.create_object(event_manifest(body, event, utc_now()))
     for gone in state.histories.keys() - keys:
         del state.histories[gone]
 

@@ -7,14 +7,12 @@ demand read over HTTP from a real gateway holding a request for a pool at zero."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
-import kopf
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from kopf._core.engines import posting
 from operator_fakes import FakeCluster, pool_document
 
 from laneway.api import KIND, InferencePool, parse_pool
@@ -42,21 +40,6 @@ BATCH = {
     "autoscaling": {"minReplicas": 0, "maxReplicas": 4, "scaleDownWindowSeconds": 60},
 }
 CHAT = {"lane": "interactive", "model": "m", "engine": {"kind": "simulator"}, "replicas": 2}
-
-
-@pytest.fixture(autouse=True)
-def events_recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
-    """kopf.event() needs a running operator; record what would be posted instead."""
-    posted: list[tuple[str, str]] = []
-    settings = kopf.OperatorSettings()
-    settings.posting.enabled = False
-    token = posting.settings_var.set(settings)
-    monkeypatch.setattr(
-        "laneway.operator.handlers.kopf.event",
-        lambda body, *, type, reason, message: posted.append((reason, message)),
-    )
-    yield posted
-    posting.settings_var.reset(token)
 
 
 def body(name: str, spec: Mapping[str, Any], **status: Any) -> dict[str, Any]:
@@ -171,9 +154,7 @@ class OneSet:
         update(self._pools)
 
 
-async def test_the_loop_scales_a_pool_at_zero_on_a_real_gateways_demand(
-    events_recorded: list[tuple[str, str]],
-) -> None:
+async def test_the_loop_scales_a_pool_at_zero_on_a_real_gateways_demand() -> None:
     cluster = FakeCluster()
     cluster.create(pool_document("docs", BATCH))
     cluster.create(pool_document("chat", CHAT))
@@ -209,7 +190,12 @@ async def test_the_loop_scales_a_pool_at_zero_on_a_real_gateways_demand(
     assert docs["spec"]["replicas"] == 1
     assert docs["metadata"]["generation"] == 2  # the Deployment follows on the next pass
     assert "scaling up 0 -> 1" in docs["status"]["autoscaling"]["reason"]
-    assert ("ScaledUp", docs["status"]["autoscaling"]["reason"]) in events_recorded
+    (event,) = [obj for (kind, _, _), obj in cluster.objects.items() if kind == "Event"]
+    assert (event["reason"], event["message"]) == (
+        "ScaledUp",
+        docs["status"]["autoscaling"]["reason"],
+    )
+    assert event["involvedObject"]["uid"] == docs["metadata"]["uid"]
     scaled = [c for c in cluster.writes() if c.resource == "inferencepools/scale"]
     assert len(scaled) == 1  # the chat pool, without autoscaling, was not scaled
     chat = cluster.pool("serving", "chat")

@@ -12,11 +12,17 @@ from typing import Any
 
 import kopf
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from crd_tools import load_crd
 from fake_apiserver import FakeApiServer
 from kubernetes.config import kube_config
 from rbac_rules import granted_rules, rbac_call
 
+from laneway.api import parse_pool
+from laneway.gateway.app import create_app
+from laneway.gateway.config import GatewaySettings, QueueSettings
+from laneway.gateway.keys import REGISTRY
+from laneway.gateway.pools.sources import StaticPoolSource
 from laneway.kube.client import KubeApi
 from laneway.operator.handlers import OperatorState, registry
 from laneway.operator.render import RenderOptions
@@ -79,15 +85,24 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 
 
 @contextlib.asynccontextmanager
-async def running_operator(server: FakeApiServer) -> AsyncIterator[None]:
+async def running_operator(
+    server: FakeApiServer, gateway_url: str | None = None
+) -> AsyncIterator[None]:
     api = KubeApi(server.url, authorization=lambda: "Bearer operator-token")
     stop = asyncio.Event()
+    state = OperatorState(
+        cluster=api,
+        options=RenderOptions(),
+        gateway_url=gateway_url,
+        demand_interval_s=1.0,
+        namespaces=("serving",),
+    )
     task = asyncio.create_task(
         kopf.operator(
             registry=registry,
             standalone=True,
             namespaces=["serving"],
-            memo=kopf.Memo(state=OperatorState(cluster=api, options=RenderOptions())),
+            memo=kopf.Memo(state=state),
             stop_flag=stop,
         )
     )
@@ -170,3 +185,68 @@ async def test_a_change_made_while_the_api_was_away_is_applied_when_it_returns(
         await asyncio.wait_for(
             cluster.until(lambda: status(cluster).get("observedGeneration") == 2), WAIT
         )
+
+
+async def queued(client: TestClient[Any, Any], pool: str) -> int:
+    demand = await (await client.get("/laneway/demand")).json()
+    return int(demand["pools"].get(pool, {}).get("queuedRequests", 0))
+
+
+async def test_the_demand_loop_wakes_a_pool_at_zero_for_a_request_waiting_at_the_gateway(
+    cluster: FakeApiServer,
+) -> None:
+    docs = {
+        "apiVersion": "laneway.io/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "docs", "namespace": "serving", "uid": "docs-uid", "generation": 1},
+        "spec": {
+            "lane": "batch",
+            "model": "llama",
+            "engine": {"kind": "simulator"},
+            "replicas": 0,
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 2},
+        },
+    }
+    cluster.put(POOLS, docs)
+    source = StaticPoolSource([parse_pool(docs)])
+    gateway = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=60_000)), source)
+    async with TestClient(TestServer(gateway)) as client:
+        waiting = asyncio.create_task(
+            client.post(
+                "/v1/completions",
+                json={"model": "llama", "prompt": "a long report " * 100, "max_tokens": 2},
+            )
+        )
+        # Queued before kopf starts: kopf cancels the tasks it finds begun under it on exit.
+        async with asyncio.timeout(WAIT):
+            while await queued(client, "serving/docs") != 1:  # noqa: ASYNC110 - polling HTTP
+                await asyncio.sleep(0.02)
+        async with running_operator(cluster, str(client.make_url("/"))):
+
+            def woken() -> bool:
+                deployment = cluster.find(DEPLOYMENTS, "docs") or {}
+                return bool(deployment.get("spec", {}).get("replicas") == 1)
+
+            await asyncio.wait_for(cluster.until(woken), WAIT)
+            await asyncio.wait_for(
+                cluster.until(
+                    lambda: any(
+                        e.get("reason") == "ScaledUp" for e in cluster.collections[EVENTS].values()
+                    )
+                ),
+                WAIT,
+            )
+        gateway[REGISTRY].drain()
+        assert (await waiting).status == 503
+    pool = cluster.find(POOLS, "docs")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 1
+    assert "scaling up 0 -> 1" in pool["status"]["autoscaling"]["reason"]
+    assert "finalizers" not in pool["metadata"]
+    granted = granted_rules("operator")
+    scaled = [r for r in cluster.requests if r.path.endswith("/inferencepools/docs/scale")]
+    assert scaled
+    for request in cluster.requests:
+        if request.path in ("/api", "/apis", "/version") or request.path.count("/") <= 3:
+            continue  # discovery: open to every authenticated client
+        assert rbac_call(request) in granted, request
