@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.autoscale import DEMAND_PATH
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
@@ -38,7 +39,7 @@ from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
-from laneway.gateway.state.demand import DEMAND_PATH, DemandBook
+from laneway.gateway.state.demand import DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer

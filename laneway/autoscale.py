@@ -67,7 +67,10 @@ class LaneDemand:
         return self.queued_requests + self.in_flight_requests
 
 
-# The wire names of `DemandCount`'s fields, as the gateway serves them on /laneway/demand.
+# Where each gateway replica serves its pools' demand (open like /metrics), as a JSON
+# document {"pools": {"namespace/name": {wire name: count}}, "replicas": n}.
+DEMAND_PATH = "/laneway/demand"
+# The wire names of `DemandCount`'s fields.
 _WIRE_FIELDS = {
     "queuedRequests": "queued_requests",
     "queuedPromptTokens": "queued_prompt_tokens",

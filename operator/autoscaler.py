@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from laneway.api import InferencePool, Lane, SpecError, parse_pool
-from laneway.autoscale import DemandCount, Recommendation, decide
+from laneway.autoscale import DEMAND_PATH, DemandCount, Recommendation, decide
 from laneway.operator.reconcile import Event
 from laneway.operator.status import Condition, with_condition
 
@@ -32,7 +32,6 @@ DEFAULT_INTERVAL_S = 15.0
 # What an interactive lane must reach when spec.autoscaling.minSloAttainment is not set.
 # A batch lane has no such default: its long prompts miss a chat TTFT target by design.
 INTERACTIVE_SLO_FLOOR = 0.99
-DEMAND_PATH = "/laneway/demand"  # the gateway's; the two packages do not import each other
 FETCH_TIMEOUT_S = 5.0
 FIRST_SIGHT_S = 0.001
 

@@ -203,3 +203,20 @@ async def test_batch_items_for_a_pool_at_zero_wait_count_and_complete_once_it_wa
         assert done.request_counts is not None
         assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
         await until_demand(client, DOCS, queuedRequests=0, inFlightRequests=0)
+
+
+async def test_without_redis_a_replica_reports_its_own_demand(redis_server: LocalRedis) -> None:
+    source = QueueSource()
+    app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=5_000)), source)
+    install(app, SharedStateOptions(redis=RedisSettings(url=redis_server.url)))
+    async with TestClient(TestServer(app)) as client:
+        source.sets.put_nowait([docs_pool([])])
+        waiting = asyncio.create_task(
+            client.post("/v1/completions", json={"model": "llama", "prompt": "x", "max_tokens": 1})
+        )
+        await until_demand(client, DOCS, queuedRequests=1)
+        redis_server.stop()
+        # Redis is gone: the scaler still sees this replica's queue, not an error.
+        alone = await demand(client)
+        assert (alone["replicas"], alone["pools"][DOCS]["queuedRequests"]) == (1, 1)
+        assert (await waiting).status == 503

@@ -4,7 +4,7 @@ runs on its engines, and how recent streams met the TTFT SLO.
 The operator scales pools on these counts (`laneway.autoscale`): they move the moment a
 request arrives, before any engine metric does, and they count requests for a pool at zero,
 which no engine can. `GET /laneway/demand` serves them; with Redis, the sum over every
-replica (`state/redis_store.py` publishes this replica's share).
+replica (`RedisDemandShare`: each publishes its own share).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ log = logging.getLogger("laneway.gateway.demand")
 # Attainment over the last five minutes: long enough to hold a few hundred streams on a
 # quiet lane, short enough that the scaler sees a miss while it can still act on it.
 SLO_WINDOW_S = 300.0
-DEMAND_PATH = "/laneway/demand"
 PUBLISH_EVERY_S = 1.0
 # A replica that has not published for this long is gone (or cut off from Redis): its
 # share no longer counts, so a dead replica's queue never holds a pool up.

@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from redis.asyncio import Redis
 
-from laneway.autoscale import DemandCount
+from laneway.autoscale import DEMAND_PATH, DemandCount
 from laneway.errors import UsageError
 from laneway.gateway.batch.api import add_routes
 from laneway.gateway.batch.batches import BatchStore
@@ -57,7 +57,7 @@ from laneway.gateway.keys import (
     TRACKER,
     Loopback,
 )
-from laneway.gateway.state.demand import DEMAND_PATH, RedisDemandShare
+from laneway.gateway.state.demand import RedisDemandShare
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import (
     DEFAULT_LEASE_S,
