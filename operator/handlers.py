@@ -13,7 +13,6 @@ one task the operator starts and stops itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -108,11 +107,7 @@ async def reconcile_pool_named(state: OperatorState, namespace: str, name: str) 
 
 
 def post_events(body: kopf.Body, outcome: ReconcileOutcome) -> None:
-    post(body, outcome.events)
-
-
-def post(body: kopf.Body, events: tuple[Event, ...]) -> None:
-    for event in events:
+    for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
@@ -194,6 +189,9 @@ async def demand_forever(state: OperatorState, fetch: FetchDemand) -> None:
             await demand_pass(state, fetch, time.monotonic())
         except KubeError as error:
             log.warning("demand pass: Kubernetes API: %s", error)
+        except Exception:
+            # A bug must not end scaling for good: say so, and try again next interval.
+            log.exception("demand pass failed")
         await asyncio.sleep(state.demand_interval_s)
 
 
@@ -218,8 +216,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     for task in memo["state"].tasks:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await asyncio.gather(*memo["state"].tasks, return_exceptions=True)
     cluster = memo["state"].cluster
     if isinstance(cluster, KubeApi):
         await cluster.close()
