@@ -6,13 +6,17 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.errors import UsageError
 from laneway.outputs import check_output_folder, write_json
-from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
+from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
+
+if TYPE_CHECKING:
+    from laneway.bench.seed_sweep import Cell
 
 QUICK = SeedScenario(
     gpus=4, sessions=16, long_requests=2, long_tokens=16384, duration_s=8.0, burst_at_s=2.0
@@ -81,6 +85,13 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         default=",".join(CONFIG_NAMES),
         help="comma-separated subset of configurations to run",
     )
+    seed.add_argument(
+        "--sweep",
+        action="store_true",
+        help="virtual mode: run the configurations over a grid, one knob at a time (long "
+        "burst 5/20/40, sessions 100/200/300, long prompts 32k/64k/128k) and print each "
+        "cell's SLOs and makespan ratios to unified-full and split",
+    )
     seed.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     seed.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TBT/TTFT over time")
     seed.set_defaults(handler=run_seed)
@@ -123,7 +134,7 @@ class _Progress:
 
 
 def run_seed(args: argparse.Namespace) -> int:
-    from laneway.bench.seed_report import seed_table, summarize
+    from laneway.bench.seed_report import against_unified_full, seed_table, summarize
     from laneway.simulator.runner import RunResult, run_virtual
     from laneway.simulator.seed import scenario_problems, seed_configs
 
@@ -136,6 +147,10 @@ def run_seed(args: argparse.Namespace) -> int:
         problems.append(f"--time-scale must be above 0, got {args.time_scale}")
     if args.time_scale is not None and args.mode == "virtual":
         problems.append("--time-scale applies to --mode live only")
+    if args.sweep and args.mode != "virtual":
+        problems.append("--sweep runs in --mode virtual only")
+    if args.sweep and args.plot is not None:
+        problems.append("--sweep draws no plot: drop --plot")
     if problems:
         raise UsageError("; ".join(problems))
     wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
@@ -149,6 +164,8 @@ def run_seed(args: argparse.Namespace) -> int:
     check_output_folder(args.plot, "--plot")
 
     profile = PROFILES[args.profile]
+    if args.sweep:
+        return _run_sweep(scenario, profile, wanted, args.json)
     configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
     started = time.perf_counter()
     results: list[RunResult] = []
@@ -158,7 +175,7 @@ def run_seed(args: argparse.Namespace) -> int:
         results.append(run_virtual(config, profile, scenario, progress))
         progress.done(time.perf_counter() - config_started)
     wall_s = time.perf_counter() - started
-    summaries = [summarize(result, scenario) for result in results]
+    summaries = against_unified_full([summarize(result, scenario) for result in results])
     heading = (
         f"{scenario.gpus} x {profile.gpu.name} ({profile.name}), {scenario.sessions} sessions, "
         f"{scenario.long_requests} x {scenario.long_tokens}-token requests at "
@@ -184,4 +201,47 @@ def run_seed(args: argparse.Namespace) -> int:
         title = f"seed experiment (virtual), {scenario.gpus} x {profile.name}, seed {scenario.seed}"
         plot_seed([("virtual", results)], scenario, args.plot, title)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _run_sweep(
+    base: SeedScenario, profile: Profile, wanted: Sequence[str], json_path: Path | None
+) -> int:
+    from laneway.bench.seed_report import ConfigSummary, against_unified_full, summarize
+    from laneway.bench.seed_sweep import sweep_cells, sweep_json, sweep_table
+    from laneway.simulator.runner import run_virtual
+    from laneway.simulator.seed import scenario_problems, seed_configs
+
+    started = time.perf_counter()
+    done: list[tuple[Cell, list[ConfigSummary]]] = []
+    for cell in sweep_cells(base):
+        problems = scenario_problems(cell.scenario)
+        if problems:
+            raise UsageError(f"sweep cell {cell.label}: " + "; ".join(problems))
+        summaries = []
+        for config in seed_configs(cell.scenario, profile):
+            if config.name not in wanted:
+                continue
+            print(f"seed sweep: {cell.label:<20} {config.name}", file=sys.stderr, flush=True)
+            summaries.append(summarize(run_virtual(config, profile, cell.scenario), cell.scenario))
+        done.append((cell, against_unified_full(summaries)))
+    wall_s = time.perf_counter() - started
+    print(
+        f"seed experiment sweep, virtual time: {base.gpus} x {profile.gpu.name} "
+        f"({profile.name}), base {base.sessions} sessions, {base.long_requests} x "
+        f"{base.long_tokens}-token requests, seed {base.seed}; {wall_s:.1f} s wall"
+    )
+    print()
+    print(sweep_table(done))
+    if json_path is not None:
+        document = {
+            "scenario": "seed-sweep",
+            "mode": "virtual",
+            "seed": base.seed,
+            "profile": profile.name,
+            "wall_s": round(wall_s, 2),
+            "cells": sweep_json(done),
+        }
+        write_json(json_path, document)
+        print(f"\nwrote {json_path}", file=sys.stderr)
     return 0

@@ -34,6 +34,8 @@ from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import (
     PUBLIC_MODEL,
     SCRAPE_INTERVAL_S,
+    TBT_SLO_S,
+    TTFT_SLO_S,
     ClusterConfig,
     SeedScenario,
     SimPool,
@@ -175,6 +177,7 @@ def result_from_records(
     tbt: list[float] = []
     tbt_at: list[float] = []
     completed = 0
+    within_slo = 0
     batch_finished: list[float] = []
     batch_tokens = 0
     for record in records:
@@ -188,6 +191,12 @@ def result_from_records(
                     tbt.append(gap)
                     tbt_at.append(moment)
             completed += record.ok
+            within_slo += (
+                record.ok
+                and record.ttft_s is not None
+                and record.ttft_s <= TTFT_SLO_S
+                and all(gap <= TBT_SLO_S for gap in record.gaps_s)
+            )
         elif record.ok and record.e2e_s is not None:
             batch_finished.append(record.started_s + record.e2e_s)
             batch_tokens += record.prompt_tokens + record.output_tokens
@@ -205,6 +214,7 @@ def result_from_records(
         batch_submitted=scenario.long_requests,
         gpu_busy_s=gpu_busy_s,
         end_s=end_s,
+        interactive_within_slo=within_slo,
     )
 
 

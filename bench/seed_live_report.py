@@ -16,6 +16,7 @@ from laneway.bench.loadgen import INTERACTIVE
 from laneway.bench.seed_live import LiveRun, run_live_config, stderr_say
 from laneway.bench.seed_report import (
     ConfigSummary,
+    against_unified_full,
     compared_values,
     comparison_table,
     config_json,
@@ -114,8 +115,8 @@ def run_live_mode(
     started = time.perf_counter()
     runs = asyncio.run(_run_all(configs, scenario, profile, time_scale))
     wall_s = time.perf_counter() - started
-    virtual = [summarize(result, scenario) for result in virtual_results]
-    live = [summarize(run.result, scenario) for run in runs]
+    virtual = against_unified_full([summarize(result, scenario) for result in virtual_results])
+    live = against_unified_full([summarize(run.result, scenario) for run in runs])
 
     print(f"seed experiment, live at time scale {time_scale:g} beside virtual: {heading}")
     print(f"live wall time {wall_s:.1f} s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class ConfigSummary:
     batch_completed: int
     batch_submitted: int
     gpu_busy: float  # fraction of GPU-time with a step running, over the whole run
+    # Share of interactive turns with TTFT and every gap within the SLO (rejected ones miss).
+    slo_attainment: float = math.nan
+    makespan_vs_unified_full: float = math.nan  # set by `against_unified_full`
 
 
 def summarize(result: RunResult, scenario: SeedScenario) -> ConfigSummary:
@@ -55,6 +59,7 @@ def summarize(result: RunResult, scenario: SeedScenario) -> ConfigSummary:
     makespan = max(finished) - scenario.burst_at_s if finished else math.nan
     throughput = result.batch_tokens / makespan if finished and makespan > 0 else math.nan
     gpu_time = result.config.gpus * result.end_s
+    turns = result.interactive_completed + result.interactive_rejected
     return ConfigSummary(
         name=result.config.name,
         description=result.config.summary,
@@ -67,12 +72,31 @@ def summarize(result: RunResult, scenario: SeedScenario) -> ConfigSummary:
         batch_completed=len(finished),
         batch_submitted=result.batch_submitted,
         gpu_busy=result.gpu_busy_s / gpu_time if gpu_time > 0 else 0.0,
+        slo_attainment=result.interactive_within_slo / turns if turns else math.nan,
     )
 
 
-def _number(value: float) -> float | None:
+BASELINE = "unified-full"
+
+
+def against_unified_full(summaries: Sequence[ConfigSummary]) -> list[ConfigSummary]:
+    """The summaries with their batch makespan as a ratio to unified-full's in the same run."""
+    base = next((s.batch_makespan_s for s in summaries if s.name == BASELINE), math.nan)
+    return [
+        dataclasses.replace(s, makespan_vs_unified_full=_divide(s.batch_makespan_s, base))
+        for s in summaries
+    ]
+
+
+def _divide(value: float, baseline: float) -> float:
+    if math.isnan(value) or math.isnan(baseline) or baseline == 0:
+        return math.nan
+    return value / baseline
+
+
+def _number(value: float, digits: int = 3) -> float | None:
     """JSON has no NaN: a metric without samples is null."""
-    return None if math.isnan(value) else round(value, 3)
+    return None if math.isnan(value) else round(value, digits)
 
 
 def config_json(summary: ConfigSummary) -> dict[str, Any]:
@@ -83,12 +107,14 @@ def config_json(summary: ConfigSummary) -> dict[str, Any]:
             "tbt_ms": {k: _number(v) for k, v in summary.tbt_ms.as_dict().items()},
             "completed": summary.interactive_completed,
             "rejected": summary.interactive_rejected,
+            "slo_attainment": _number(summary.slo_attainment, 4),
         },
         "batch": {
             "makespan_s": _number(summary.batch_makespan_s),
             "throughput_tok_s": _number(summary.batch_throughput_tok_s),
             "completed": summary.batch_completed,
             "submitted": summary.batch_submitted,
+            "makespan_vs_unified_full": _number(summary.makespan_vs_unified_full),
         },
         "gpu_busy": round(summary.gpu_busy, 4),
     }
@@ -181,6 +207,10 @@ def _fmt(value: float, digits: int = 1) -> str:
     return "-" if math.isnan(value) else f"{value:,.{digits}f}"
 
 
+def _share(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1%}"
+
+
 def _ratio(value: float, baseline: float) -> str:
     if math.isnan(value) or math.isnan(baseline) or baseline == 0:
         return "-"
@@ -197,6 +227,7 @@ def seed_table(summaries: Sequence[ConfigSummary]) -> str:
         ("interactive TBT P99 ms", [_fmt(s.tbt_ms.p99) for s in summaries]),
         ("interactive TBT max ms", [_fmt(s.tbt_ms.max) for s in summaries]),
         ("interactive completed", [str(s.interactive_completed) for s in summaries]),
+        ("interactive within SLO", [_share(s.slo_attainment) for s in summaries]),
         ("batch makespan s", [_fmt(s.batch_makespan_s) for s in summaries]),
         ("batch throughput tok/s", [_fmt(s.batch_throughput_tok_s, 0) for s in summaries]),
         (

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway import __version__
-from laneway.api import API_VERSION, KIND, POOL_LABEL, EngineKind, InferencePool, SimulatorSpec
+from laneway.api import (
+    API_VERSION,
+    KIND,
+    POOL_LABEL,
+    EngineKind,
+    InferencePool,
+    SchedulingPolicy,
+    SimulatorSpec,
+)
 from laneway.kube.client import Manifest
 from laneway.kube.endpoints import PORT_NAME
 
@@ -73,6 +81,7 @@ def engine_command(pool: InferencePool) -> EngineCommand:
     """The engine's command line: spec knobs mapped onto each engine's own flags."""
     spec = pool.spec
     prefill, limits = spec.prefill, spec.limits
+    priority = spec.scheduling.policy is SchedulingPolicy.PRIORITY
     if spec.engine.kind is EngineKind.VLLM:
         command: tuple[str, ...] = ("vllm", "serve")
         args = [
@@ -83,12 +92,14 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--max-model-len", str(limits.max_context_tokens)),
             *("--max-num-seqs", str(limits.max_concurrent_requests)),
             *("--max-num-batched-tokens", str(prefill.token_budget)),
+            *("--scheduling-policy", spec.scheduling.policy.value),
         ]
+        # No --max-num-partial-prefills: V1 refuses any value but its default at start-up,
+        # and v0.27 removed the flag (spec validation keeps maxPartialPrefills at 1).
         if prefill.chunked_prefill:
             args += [
                 "--enable-chunked-prefill",
                 *("--long-prefill-token-threshold", str(prefill.chunk_size)),
-                *("--max-num-partial-prefills", str(prefill.max_partial_prefills)),
             ]
         else:
             args.append("--no-enable-chunked-prefill")
@@ -110,6 +121,15 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             # Without it SGLang runs prefill chunks and decodes in separate steps, and a
             # long prompt still pauses every stream for the length of its chunks.
             args.append("--enable-mixed-chunk")
+        if priority:
+            # Lower values first, as vLLM orders them, so one request field means the same
+            # on both engines. SGLang applies priority order only under the fcfs and lof
+            # policies (SchedulePolicy.calc_priority), so the policy is pinned to fcfs.
+            args += [
+                *("--schedule-policy", "fcfs"),
+                "--enable-priority-scheduling",
+                "--schedule-low-priority-values-first",
+            ]
     else:
         simulator = spec.engine.simulator or SimulatorSpec()
         command = ("laneway",)
@@ -125,6 +145,7 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--max-context", str(limits.max_context_tokens)),
             *("--max-num-seqs", str(limits.max_concurrent_requests)),
             *("--max-partial-prefills", str(prefill.max_partial_prefills)),
+            *("--scheduling-policy", spec.scheduling.policy.value),
             *("--metrics-flavor", simulator.metrics_flavor.value),
             *("--time-scale", f"{simulator.time_scale:g}"),
         ]

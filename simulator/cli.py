@@ -8,7 +8,12 @@ from typing import Any
 from laneway.errors import UsageError
 from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
-from laneway.simulator.scheduler import SCHEDULER_KINDS, SchedulerConfig, config_problems
+from laneway.simulator.scheduler import (
+    SCHEDULER_KINDS,
+    SCHEDULING_POLICIES,
+    SchedulerConfig,
+    config_problems,
+)
 
 
 def register(
@@ -74,6 +79,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="most partly prefilled prompts in one step",
     )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="waiting-queue order: fcfs (default) or priority (a request's 'priority', lower "
+        "first, as vLLM's --scheduling-policy priority)",
+    )
 
 
 def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
@@ -84,6 +96,7 @@ def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
         max_num_seqs=args.max_num_seqs,
         max_partial_prefills=args.max_partial_prefills,
         max_context=args.max_context,
+        scheduling_policy=args.scheduling_policy,
     )
     problems = config_problems(config)
     if problems:

@@ -7,6 +7,7 @@ event clock by it, the HTTP server sleeps it (divided by the time scale).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
@@ -80,18 +81,35 @@ class EngineCore:
         prompt_tokens: int,
         max_output_tokens: int,
         block_hashes: tuple[int, ...] = (),
+        priority: int = 0,
     ) -> None:
         """Queue a request; `block_hashes` (the prompt's, from `prefix_cache.block_hashes`)
         let it hit and fill the prefix cache when the engine has prefix caching on."""
         if prompt_tokens < 1 or max_output_tokens < 1:
             raise RequestRejected("a request needs at least one prompt and one output token")
         self.check(prompt_tokens, max_output_tokens)
+        if priority and self.config.scheduling_policy != "priority":
+            # vLLM's input processor refuses it the same way (400 over HTTP).
+            raise RequestRejected(
+                f"Got priority {priority} but Priority scheduling is not enabled."
+            )
         hashes = (
             block_hashes[: prompt_tokens // KV_BLOCK_TOKENS] if self.config.prefix_caching else ()
         )
-        self.waiting.append(
-            RequestState(request_id, prompt_tokens, max_output_tokens, block_hashes=hashes)
+        self._enqueue(
+            RequestState(
+                request_id, prompt_tokens, max_output_tokens, block_hashes=hashes, priority=priority
+            )
         )
+
+    def _enqueue(self, seq: RequestState) -> None:
+        """Keep `waiting` in queue order: arrival, or (priority, arrival) under `priority`."""
+        if self.config.scheduling_policy == "fcfs":
+            self.waiting.append(seq)
+            return
+        # Behind every request of the same or a more urgent priority: FCFS within a level.
+        at = bisect.bisect_right(self.waiting, seq.priority, key=lambda queued: queued.priority)
+        self.waiting.insert(at, seq)
 
     def abort(self, request_id: str) -> None:
         """Forget a request (its client went away); frees its KV if it was running."""

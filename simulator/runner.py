@@ -29,7 +29,14 @@ from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import PrefillRate
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.profiles import Profile
-from laneway.simulator.seed import PUBLIC_MODEL, SCRAPE_INTERVAL_S, ClusterConfig, SeedScenario
+from laneway.simulator.seed import (
+    PUBLIC_MODEL,
+    SCRAPE_INTERVAL_S,
+    TBT_SLO_S,
+    TTFT_SLO_S,
+    ClusterConfig,
+    SeedScenario,
+)
 from laneway.tokens import TokenBounds
 
 EventKind = Literal["turn", "long", "step_done", "scrape"]
@@ -53,6 +60,8 @@ class RunResult:
     batch_submitted: int
     gpu_busy_s: float  # summed over replicas
     end_s: float  # when the last event other than a scrape happened
+    # Completed interactive turns whose TTFT and every gap met the seed's SLO.
+    interactive_within_slo: int = 0
 
 
 @dataclass
@@ -65,6 +74,7 @@ class _Request:
     replica: int
     backlog_tokens: int  # the replica's prefill backlog it joined, its own prompt included
     last_token_s: float | None = None
+    within_slo: bool = True  # no TTFT or gap over the SLO so far
 
 
 @dataclass
@@ -93,6 +103,7 @@ class _Tally:
     tbt_at: list[float] = field(default_factory=list)
     interactive_completed: int = 0
     interactive_rejected: int = 0
+    interactive_within_slo: int = 0
     batch_finished_at: list[float] = field(default_factory=list)
     batch_tokens: int = 0
 
@@ -172,6 +183,7 @@ class VirtualCluster:
             batch_submitted=scenario.long_requests,
             gpu_busy_s=sum(replica.busy_s for replica in self._replicas),
             end_s=end,
+            interactive_within_slo=tally.interactive_within_slo,
         )
 
     # -- events ------------------------------------------------------------------------
@@ -247,16 +259,19 @@ class VirtualCluster:
                 if request.kind == "interactive":
                     tally.ttft.append(now - request.arrival_s)
                     tally.ttft_at.append(request.arrival_s)
+                    request.within_slo = now - request.arrival_s <= TTFT_SLO_S
             elif request.kind == "interactive":
                 assert request.last_token_s is not None
                 tally.tbt.append(now - request.last_token_s)
                 tally.tbt_at.append(now)
+                request.within_slo &= now - request.last_token_s <= TBT_SLO_S
             request.last_token_s = now
         for request_id in outcome.finished:
             request = self._requests.pop(request_id)
             replica.in_flight -= 1
             if request.kind == "interactive":
                 tally.interactive_completed += 1
+                tally.interactive_within_slo += request.within_slo
                 self._next_turn(now, request.session)
             else:
                 tally.batch_finished_at.append(now)

@@ -9,6 +9,13 @@ only decides; it returns a frozen `StepPlan`, and the engine applies it in one p
   only, and running decodes wait for it; otherwise the step decodes every running request.
 - `chunked`: vLLM V1 / Sarathi-Serve: every running decode gets its token first, then the
   rest of the token budget goes to prefill chunks of min(still needed, chunk size, budget).
+  The chunk size is vLLM's `--long-prefill-token-threshold` (`Scheduler.schedule` caps every
+  request's new tokens at it, running and waiting alike) and SGLang's `--chunked-prefill-size`.
+
+Both take `waiting` in queue order, which the engine keeps: arrival order under the `fcfs`
+policy, (priority, arrival) under `priority` (vLLM's `--scheduling-policy priority`, whose
+waiting queue is a heap on that key; lower values first). Priority orders admission only:
+running requests are served every step whatever their priority, as in vLLM.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ KV_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 
 SchedulerKind = Literal["full", "chunked"]
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("full", "chunked")
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 @dataclass
@@ -37,6 +46,7 @@ class RequestState:
     block_hashes: tuple[int, ...] = ()  # the prompt's full blocks, chained; () caches nothing
     held_blocks: list[int] = field(default_factory=list)  # cached blocks it holds, in order
     private_blocks: int = 0  # blocks of its own that are not (or not yet) in the cache
+    priority: int = 0  # the request's `priority`; lower is admitted first under `priority`
 
     @property
     def prefill_remaining(self) -> int:
@@ -80,6 +90,7 @@ class SchedulerConfig:
     # Automatic prefix caching: on by default in vLLM V1 (--no-enable-prefix-caching turns
     # it off) and in SGLang (its radix cache; --disable-radix-cache).
     prefix_caching: bool = True
+    scheduling_policy: SchedulingPolicy = "fcfs"  # the waiting queue's order
 
 
 def config_problems(config: SchedulerConfig) -> list[str]:
@@ -87,6 +98,8 @@ def config_problems(config: SchedulerConfig) -> list[str]:
     problems: list[str] = []
     if config.kind not in SCHEDULER_KINDS:
         problems.append(f"scheduler must be one of {', '.join(SCHEDULER_KINDS)}")
+    if config.scheduling_policy not in SCHEDULING_POLICIES:
+        problems.append(f"scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}")
     for name in ("token_budget", "chunk_size", "max_num_seqs", "max_partial_prefills"):
         if getattr(config, name) < 1:
             problems.append(f"{name.replace('_', '-')} must be at least 1")
@@ -132,7 +145,7 @@ class Scheduler(Protocol):
         free_kv_blocks: int,
         lookup: PrefixLookup = no_prefix_cache,
     ) -> StepPlan:
-        """Plan the next step; `waiting` and `running` are in arrival and admission order.
+        """Plan the next step; `waiting` is in queue order, `running` in admission order.
 
         A waiting prompt's cached blocks are not prefilled again: its first chunk starts
         after them, and it needs KV only for its other blocks and for the cached blocks it

@@ -111,10 +111,10 @@ class RealTimeEngine:
         )
 
     def submit(
-        self, request_id: str, prompt_tokens: int, max_tokens: int
+        self, request_id: str, prompt_tokens: int, max_tokens: int, priority: int = 0
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
-        self.core.submit(request_id, prompt_tokens, max_tokens)
+        self.core.submit(request_id, prompt_tokens, max_tokens, priority=priority)
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
         self._wake.set()
@@ -185,6 +185,16 @@ class GenerationRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0  # vLLM's extra request field; lower is more urgent
+
+
+def _priority(body: dict[str, Any]) -> int:
+    value = body.get("priority", 0)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OpenAIError(400, f"'priority' must be an integer, got {value!r}", "priority")
+    return value
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:
@@ -301,7 +311,9 @@ async def parse_generation(
             or _positive_int(body, "max_tokens")
             or max(1, min(CHAT_DEFAULT_MAX_TOKENS, settings.scheduler.max_context - prompt_tokens))
         )
-    return GenerationRequest(endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage)
+    return GenerationRequest(
+        endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage, _priority(body)
+    )
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -406,7 +418,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
     reply = _Reply(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), settings.model, parsed)
     try:
-        events = engine.submit(reply.request_id, parsed.prompt_tokens, parsed.max_tokens)
+        events = engine.submit(
+            reply.request_id, parsed.prompt_tokens, parsed.max_tokens, parsed.priority
+        )
     except RequestRejected as error:
         raise OpenAIError(400, str(error)) from None
     try:

@@ -88,9 +88,19 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "vLLM partial prefills without chunking",
         {"prefill": {"chunkedPrefill": False, "tokenBudget": 4096, "maxPartialPrefills": 2}},
-        "maxPartialPrefills == 1",
+        "self.engine.kind != 'vllm' || self.prefill.maxPartialPrefills == 1",
     ),
-    ("vLLM partial prefills with chunking", {"prefill": {"maxPartialPrefills": 4}}, None),
+    (
+        "vLLM V1 refuses concurrent partial prefills, chunked or not",
+        {"prefill": {"maxPartialPrefills": 4}},
+        "self.engine.kind != 'vllm' || self.prefill.maxPartialPrefills == 1",
+    ),
+    (
+        "the simulator models partial-prefill limits",
+        {"engine": {"kind": "simulator"}, "prefill": {"maxPartialPrefills": 4}},
+        None,
+    ),
+    ("priority scheduling on vLLM", {"scheduling": {"policy": "priority"}}, None),
     (
         "SGLang partial prefills",
         {"engine": {"kind": "sglang"}, "prefill": {"maxPartialPrefills": 2}},

@@ -49,12 +49,14 @@ KNOBS = {
 # (case, spec, the engine's full argv)
 TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
     (
-        "vLLM, chunked",
-        {**KNOBS, "engine": {"kind": "vllm", "args": ["--enable-prefix-caching"]}},
+        "vLLM, chunked, priority scheduling (no partial-prefill flag: V1 refuses it)",
+        {**KNOBS, "prefill": {"chunkSize": 512, "tokenBudget": 4096},
+         "scheduling": {"policy": "priority"},
+         "engine": {"kind": "vllm", "args": ["--enable-prefix-caching"]}},
         ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
          "--port", "9000", "--max-model-len", "16384", "--max-num-seqs", "128",
-         "--max-num-batched-tokens", "4096", "--enable-chunked-prefill",
-         "--long-prefill-token-threshold", "512", "--max-num-partial-prefills", "2",
+         "--max-num-batched-tokens", "4096", "--scheduling-policy", "priority",
+         "--enable-chunked-prefill", "--long-prefill-token-threshold", "512",
          "--enable-prefix-caching"],
     ),
     (
@@ -66,7 +68,8 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         },
         ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
          "--port", "8000", "--max-model-len", "8192", "--max-num-seqs", "256",
-         "--max-num-batched-tokens", "8192", "--no-enable-chunked-prefill"],
+         "--max-num-batched-tokens", "8192", "--scheduling-policy", "fcfs",
+         "--no-enable-chunked-prefill"],
     ),
     (
         "SGLang, chunked",
@@ -77,6 +80,16 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
          "--context-length", "16384", "--max-running-requests", "128",
          "--max-prefill-tokens", "2048", "--chunked-prefill-size", "1024", "--enable-metrics",
          "--enable-mixed-chunk", "--tp-size", "2"],
+    ),
+    (
+        "SGLang, priority scheduling with vLLM's order (lower first)",
+        {"engine": {"kind": "sglang"}, "scheduling": {"policy": "priority"}},
+        ["python3", "-m", "sglang.launch_server", "--model-path", "org/model",
+         "--served-model-name", "m", "--host", "0.0.0.0", "--port", "8000",
+         "--context-length", "8192", "--max-running-requests", "256",
+         "--max-prefill-tokens", "2048", "--chunked-prefill-size", "1024", "--enable-metrics",
+         "--enable-mixed-chunk", "--schedule-policy", "fcfs", "--enable-priority-scheduling",
+         "--schedule-low-priority-values-first"],
     ),
     (
         "SGLang, whole prefills",
@@ -93,7 +106,17 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         ["laneway", "sim", "--host", "0.0.0.0", "--port", "9000", "--model", "m",
          "--profile", "h200-llama3-8b", "--scheduler", "chunked", "--token-budget", "4096",
          "--chunk-size", "512", "--max-context", "16384", "--max-num-seqs", "128",
-         "--max-partial-prefills", "2", "--metrics-flavor", "sglang", "--time-scale", "10"],
+         "--max-partial-prefills", "2", "--scheduling-policy", "fcfs",
+         "--metrics-flavor", "sglang", "--time-scale", "10"],
+    ),
+    (
+        "simulator, priority scheduling",
+        {"engine": {"kind": "simulator"}, "scheduling": {"policy": "priority"}},
+        ["laneway", "sim", "--host", "0.0.0.0", "--port", "8000", "--model", "m",
+         "--profile", "h200-llama3-8b", "--scheduler", "chunked", "--token-budget", "2048",
+         "--chunk-size", "1024", "--max-context", "8192", "--max-num-seqs", "256",
+         "--max-partial-prefills", "1", "--scheduling-policy", "priority",
+         "--metrics-flavor", "vllm", "--time-scale", "1"],
     ),
     (
         "simulator defaults, whole prefills",
@@ -101,7 +124,8 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         ["laneway", "sim", "--host", "0.0.0.0", "--port", "8000", "--model", "m",
          "--profile", "h200-llama3-8b", "--scheduler", "full", "--token-budget", "2048",
          "--chunk-size", "1024", "--max-context", "8192", "--max-num-seqs", "256",
-         "--max-partial-prefills", "1", "--metrics-flavor", "vllm", "--time-scale", "1"],
+         "--max-partial-prefills", "1", "--scheduling-policy", "fcfs",
+         "--metrics-flavor", "vllm", "--time-scale", "1"],
     ),
 ]  # fmt: skip
 
@@ -123,6 +147,7 @@ def test_simulator_flags_are_accepted_by_laneway_sim(spec: dict[str, Any]) -> No
     assert parsed.command == "sim"
     assert parsed.port == int(argv[argv.index("--port") + 1])
     assert parsed.token_budget == int(argv[argv.index("--token-budget") + 1])
+    assert parsed.scheduling_policy == argv[argv.index("--scheduling-policy") + 1]
 
 
 def _all_rendered() -> list[dict[str, Any]]:
@@ -258,7 +283,7 @@ def test_autoscaling_renders_no_hpa_and_the_deployment_runs_spec_replicas() -> N
 
 
 def test_rendering_is_deterministic() -> None:
-    spec = {**KNOBS, "engine": {"kind": "vllm"}}
+    spec = {**KNOBS, "prefill": {"chunkSize": 512, "tokenBudget": 4096}, "engine": {"kind": "vllm"}}
     assert render_pool(pool(spec, uid="u")) == render_pool(pool(spec, uid="u"))
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from marked_processes import alive, children_of
 
-from laneway.simulator.seed import CONFIG_NAMES
+from laneway.simulator.profiles import PROFILES
+from laneway.simulator.seed import CONFIG_NAMES, SeedScenario, seed_configs
 
 BENCH = [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", "--quick"]
 
@@ -147,3 +148,26 @@ def test_every_configuration_is_a_valid_gateway_config() -> None:
             assert spec.spec.served_model_name == pool.served_model
             assert spec.spec.limits.max_context_tokens == pool.max_context_tokens
             assert list(spec.endpoints) == endpoints[pool.name]
+
+
+def test_live_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> None:
+    from laneway.bench.loadgen import RequestRecord
+    from laneway.bench.seed_live import result_from_records
+
+    def turn(ttft_s: float, gaps_s: tuple[float, ...], status: int = 200) -> RequestRecord:
+        return RequestRecord(
+            "interactive", 0, 1.0, 500, 4, status, "interactive", "realtime", 500,
+            len(gaps_s) + 1, ttft_s, gaps_s, 1.0,
+        )  # fmt: skip
+
+    scenario = SeedScenario()
+    config = seed_configs(scenario, PROFILES["h200-llama3-8b"])[2]
+    records = [
+        turn(0.050, (0.010, 0.020)),  # within
+        turn(0.300, (0.030,)),  # on both limits: within
+        turn(0.301, (0.010,)),  # a late first token
+        turn(0.050, (0.010, 0.031)),  # one late gap
+        turn(0.050, (), status=400),  # refused
+    ]
+    result = result_from_records(config, scenario, records, 1.0, 10.0)
+    assert result.interactive_within_slo == 2

@@ -117,6 +117,7 @@ def test_cli_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFi
     assert document["scenario"] == "seed"
     assert document["seed"] == 3
     assert set(document["configs"]) == set(CONFIG_NAMES)
+    unified = document["configs"]["unified-full"]
     for numbers in document["configs"].values():
         assert set(numbers["interactive"]["ttft_ms"]) == {"p50", "p99", "max"}
         assert set(numbers["interactive"]["tbt_ms"]) == {"p50", "p99", "max"}
@@ -124,6 +125,10 @@ def test_cli_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFi
         assert {"makespan_s", "throughput_tok_s", "completed"} <= set(numbers["batch"])
         assert numbers["batch"]["completed"] == 2
         assert 0 < numbers["gpu_busy"] <= 1
+        assert 0 <= numbers["interactive"]["slo_attainment"] <= 1
+        ratio = numbers["batch"]["makespan_s"] / unified["batch"]["makespan_s"]
+        assert numbers["batch"]["makespan_vs_unified_full"] == pytest.approx(ratio, abs=1e-3)
+    assert unified["batch"]["makespan_vs_unified_full"] == 1.0
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -136,6 +141,8 @@ def test_cli_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFi
         (["--configs", "split,fastest"], "unknown fastest"),
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
         (["--sessions", "0", "--long-requests", "0"], "nothing to run"),
+        (["--sweep", "--mode", "live"], "--sweep runs in --mode virtual only"),
+        (["--sweep", "--plot", "x.png"], "--sweep draws no plot"),
     ],
 )
 def test_cli_rejects_bad_flags_in_one_line(
@@ -153,3 +160,62 @@ def test_cli_rejects_malformed_numbers_through_argparse(capsys: pytest.CaptureFi
         main(["bench", "seed", "--gpus", "eight"])
     assert exited.value.code == 2
     assert "invalid int value: 'eight'" in capsys.readouterr().err
+
+
+def test_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> None:
+    from laneway.bench.seed_report import summarize
+
+    quiet = dataclasses.replace(SMALL, long_requests=0)
+    by_name = {c.name: c for c in seed_configs(quiet, H200)}
+    calm = summarize(run_virtual(by_name["laneway"], H200, quiet), quiet)
+    assert calm.slo_attainment == 1.0  # no long prompts: nothing stalls a chat turn
+
+    burst = dataclasses.replace(SMALL, long_tokens=65536)  # 3.4 s whole prefills
+    stalled = run_virtual(seed_configs(burst, H200)[0], H200, burst)  # unified-full
+    summary = summarize(stalled, burst)
+    # The whole 64k prefills freeze the streams already running on their replicas.
+    stalled_gaps = sum(gap > 0.030 for gap in stalled.tbt_s)
+    assert stalled_gaps > 0
+    turns = stalled.interactive_completed + stalled.interactive_rejected
+    assert summary.slo_attainment < 1
+    # A turn misses for its own late first token or any of its gaps, never for more.
+    late_first = sum(ttft > 0.300 for ttft in stalled.ttft_s)
+    assert summary.slo_attainment >= 1 - (stalled_gaps + late_first) / turns
+
+
+def test_sweep_cells_change_one_knob_at_a_time() -> None:
+    from laneway.bench.seed_sweep import sweep_cells
+
+    cells = sweep_cells(SeedScenario())
+    assert [(c.knob, c.value) for c in cells] == [
+        ("long_requests", 5), ("long_requests", 20), ("long_requests", 40),
+        ("sessions", 100), ("sessions", 200), ("sessions", 300),
+        ("long_tokens", 32768), ("long_tokens", 65536), ("long_tokens", 130560),
+    ]  # fmt: skip
+    for cell in cells:
+        changed = {
+            f.name
+            for f in dataclasses.fields(SeedScenario)
+            if getattr(cell.scenario, f.name) != getattr(SeedScenario(), f.name)
+        }
+        assert changed <= {cell.knob}
+
+
+def test_cli_sweep_prints_each_cell_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sweep.json"
+    argv = ["bench", "seed", "--sweep", "--gpus", "2", "--duration", "2",
+            "--configs", "unified-full,split", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "long_requests=40" in printed
+    assert "long_tokens=130560" in printed
+    document = json.loads(out.read_text())
+    assert len(document["cells"]) == 9
+    for cell in document["cells"]:
+        split = cell["configs"]["split"]
+        unified = cell["configs"]["unified-full"]
+        assert split["batch"]["makespan_vs_split"] == 1.0
+        assert unified["batch"]["makespan_vs_unified_full"] == 1.0
+        assert isinstance(split["keeps_slo"], bool)

@@ -260,3 +260,65 @@ def test_memory_reserve_leaves_the_rest_for_kv() -> None:
     assert H200.kv_capacity_tokens > PROFILES["h100-llama3-8b"].kv_capacity_tokens > 0
     assert H200.kv_capacity_tokens * H200.model.kv_bytes_per_token < 141e9 - 16e9
     assert GIB == 1024**3
+
+
+# -- priority scheduling (vLLM --scheduling-policy priority) ----------------------------
+
+# A 600-token step with 512-token chunks and one prompt left part-done at most (the V0
+# rule); `AS_V1` lifts the partial limit as vLLM V1 does.
+SMALL_STEP = SchedulerConfig("chunked", token_budget=600, chunk_size=512, max_num_seqs=8,
+                             max_partial_prefills=1, max_context=8192)  # fmt: skip
+PRIORITY = dataclasses.replace(SMALL_STEP, scheduling_policy="priority")
+AS_V1 = dataclasses.replace(PRIORITY, max_partial_prefills=64)
+
+
+def chunks_of(core: EngineCore) -> list[tuple[int, int]]:
+    """One step's prefill chunks as (tokens, context before), in plan order."""
+    outcome = core.step()
+    assert outcome is not None
+    return [(chunk.tokens, chunk.context_before) for chunk in outcome.work.prefill]
+
+
+def test_fcfs_admits_in_arrival_order_whatever_the_priority_field() -> None:
+    core = EngineCore(H200, SMALL_STEP)
+    core.submit("document", 3000, 10)
+    core.submit("chat", 500, 10)
+    # The document arrived first and takes a 512-token chunk; the chat prompt would be left
+    # part-done by the 88 tokens that remain, and one partial is already taken, so it waits.
+    assert chunks_of(core) == [(512, 0)]
+    assert [seq.request_id for seq in core.waiting] == ["chat"]
+
+
+def test_priority_admits_the_more_urgent_request_first() -> None:
+    core = EngineCore(H200, PRIORITY)
+    core.submit("document", 3000, 10, priority=1)
+    core.submit("chat", 500, 10, priority=0)
+    # Chat first (500 tokens, its whole prompt), then the document gets the 100 left.
+    assert chunks_of(core) == [(500, 0), (100, 0)]
+    assert [seq.request_id for seq in core.running] == ["chat", "document"]
+
+
+def test_priority_keeps_arrival_order_within_a_level() -> None:
+    core = EngineCore(H200, PRIORITY)
+    for name, priority in [("b1", 1), ("i1", 0), ("b2", 1), ("i2", 0), ("u", -1)]:
+        core.submit(name, 100, 10, priority=priority)
+    assert [seq.request_id for seq in core.waiting] == ["u", "i1", "i2", "b1", "b2"]
+
+
+def test_a_running_low_priority_prefill_keeps_its_capped_chunk() -> None:
+    # vLLM schedules RUNNING requests before WAITING ones whatever their priority: once a
+    # document is admitted, each step gives it min(left, threshold, budget) first, and a
+    # more urgent newcomer gets what the step has left.
+    core = EngineCore(H200, AS_V1)
+    core.submit("document", 3000, 10, priority=1)
+    assert chunks_of(core) == [(512, 0)]
+    core.submit("chat", 500, 10, priority=0)
+    assert chunks_of(core) == [(512, 512), (88, 0)]
+    assert chunks_of(core) == [(512, 1024), (88, 88)]
+
+
+def test_a_priority_without_priority_scheduling_is_refused_as_vllm_does() -> None:
+    core = EngineCore(H200, SMALL_STEP)
+    with pytest.raises(RequestRejected, match="Got priority 1 but Priority scheduling is not"):
+        core.submit("document", 3000, 10, priority=1)
+    assert not core.waiting

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis_fleet import wait_for
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer
@@ -289,3 +291,49 @@ def test_the_chat_role_chunk_waits_for_the_first_token(children: Children) -> No
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert after_first_event == before + 1
     assert [event["choices"][0]["delta"]["content"] for event in rest] == [" lorem", " ipsum"]
+
+
+def test_a_priority_on_a_fcfs_engine_gets_vllms_400(vllm_sim: ChildProcess) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1, "priority": 1}
+    status, payload = post_raw(vllm_sim, "/v1/completions", json.dumps(body).encode())
+    assert status == 400
+    assert "Got priority 1 but Priority scheduling is not enabled." in json.dumps(payload)
+    body["priority"] = "high"
+    status, payload = post_raw(vllm_sim, "/v1/completions", json.dumps(body).encode())
+    assert status == 400
+    assert "'priority' must be an integer" in json.dumps(payload)
+
+
+def test_priority_scheduling_admits_the_more_urgent_waiting_request_first(
+    children: Children,
+) -> None:
+    # One seat: a long request holds it while two others queue behind it; when it leaves,
+    # the lower priority value is admitted first and finishes first.
+    args = ["--port", "0", "--model", MODEL, "--max-num-seqs", "1", "--token-budget", "1024",
+            "--chunk-size", "1024", "--scheduling-policy", "priority"]  # fmt: skip
+    sim = children.start_laneway("sim", args, name="priority sim")
+    finished: list[str] = []
+    with openai.OpenAI(base_url=f"{sim.url}/v1", api_key="unused", max_retries=0) as client:
+        holder = client.completions.create(
+            model=MODEL, prompt="hold the seat", max_tokens=4000, stream=True
+        )
+        next(iter(holder))  # running now
+
+        def ask(name: str, priority: int) -> None:
+            client.completions.create(
+                model=MODEL, prompt=name, max_tokens=8, extra_body={"priority": priority}
+            )
+            finished.append(name)
+
+        threads = [
+            threading.Thread(target=ask, args=("batch", 1)),
+            threading.Thread(target=ask, args=("chat", 0)),
+        ]
+        threads[0].start()
+        wait_for("one queued", lambda: scrape(sim)["vllm:num_requests_waiting"] == 1)
+        threads[1].start()
+        wait_for("two queued", lambda: scrape(sim)["vllm:num_requests_waiting"] == 2)
+        holder.close()  # the engine aborts it and frees the seat
+        for thread in threads:
+            thread.join(timeout=120)
+    assert finished == ["chat", "batch"]
