@@ -89,9 +89,28 @@ def register(
         action="store_true",
         help="pin the gateway to a CPU of its own and the client and engine to the others",
     )
+    gateway.add_argument(
+        "--against",
+        metavar="PEERS",
+        help="instead: laneway beside these routers (sglang-router, vllm-router; comma-"
+        "separated) on 4 engines, each router pinned to one CPU, non-streaming and streaming",
+    )
+    gateway.add_argument(
+        "--peers-venv",
+        default=".peers",
+        metavar="DIR",
+        help="virtual environment the peers are installed into on demand (default .peers)",
+    )
+    gateway.add_argument(
+        "--clients",
+        type=int,
+        default=64,
+        help="with --against: concurrent clients (default 64)",
+    )
     gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     gateway.set_defaults(handler=run_bench_gateway)
     register_bench_redis(bench)
+    register_bench_hostile(bench)
     register_bench_seed(bench)
     register_bench_autoscale(bench)
     register_bench_prefix(bench)
@@ -129,6 +148,44 @@ def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:
     redis.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
     redis.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     redis.set_defaults(handler=run_bench_redis)
+
+
+def register_bench_hostile(bench: argparse._SubParsersAction[Any]) -> None:
+    hostile = bench.add_parser(
+        "hostile",
+        help="/healthz latency while hostile request bodies arrive",
+        description="Start a simulated engine and a gateway; probe /healthz on the quiet "
+        "gateway, then while senders post bodies shaped to cost the gateway work (huge "
+        "prompt lists, a megabytes-long role, many tiny messages, deep nesting, huge "
+        "integers), all shapes together and each alone; report the probe's latency per "
+        "phase against the quiet one.",
+    )
+    hostile.add_argument(
+        "--seconds", type=float, default=5.0, help="length of each phase (default 5)"
+    )
+    hostile.add_argument(
+        "--senders", type=int, default=3, help="concurrent hostile senders (default 3)"
+    )
+    hostile.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    hostile.set_defaults(handler=run_bench_hostile)
+
+
+def run_bench_hostile(args: argparse.Namespace) -> int:
+    import sys
+
+    from laneway.bench.hostile import render, run_bench
+    from laneway.errors import UsageError
+    from laneway.outputs import check_output_folder, write_json
+
+    if args.seconds <= 0 or args.senders < 1:
+        raise UsageError("--seconds must be positive and --senders at least 1")
+    check_output_folder(args.json, "--json")
+    command = " ".join(["laneway", *sys.argv[1:]])
+    report = run_async(run_bench(args.seconds, args.senders, command))
+    print("\n".join(render(report)))
+    if args.json:
+        write_json(args.json, report.to_json())
+    return 0
 
 
 def run_async(main: Coroutine[Any, Any, T]) -> T:
@@ -193,6 +250,8 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     )
     from laneway.outputs import check_output_folder, write_json
 
+    if args.against:
+        return run_bench_against(args)
     options = BenchOptions(
         concurrency=parse_concurrency(args.concurrency),
         requests=args.requests,
@@ -206,6 +265,37 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     command = "laneway " + shlex.join(sys.argv[1:])
     report = run_async(run_bench(options, command))
     print("\n".join(render(report)))
+    if args.json:
+        write_json(args.json, report.to_json())
+    return 0
+
+
+def run_bench_against(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from laneway.bench.peers import (
+        AgainstOptions,
+        check_against,
+        parse_peers,
+        render_against,
+        run_against,
+    )
+    from laneway.outputs import check_output_folder, write_json
+
+    options = AgainstOptions(
+        peers=parse_peers(args.against),
+        venv=Path(args.peers_venv).absolute(),
+        concurrency=args.clients,
+        requests=args.requests or AgainstOptions.requests,
+        prompt_tokens=args.prompt_tokens,
+    )
+    check_against(options)
+    check_output_folder(args.json, "--json")
+    command = "laneway " + shlex.join(sys.argv[1:])
+    report = run_async(run_against(options, command))
+    print("\n".join(render_against(report)))
     if args.json:
         write_json(args.json, report.to_json())
     return 0

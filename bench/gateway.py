@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
@@ -42,7 +43,7 @@ from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError
 from laneway.stats import percentile
 from laneway.tables import format_table
-from laneway.tokens import default_tokenizer
+from laneway.tokens import TokenBounds, default_tokenizer
 
 T = TypeVar("T")
 
@@ -181,6 +182,9 @@ class ClassifyResult:
     # Median seconds of each stage, per path: parse, bounds, count, classify.
     bounds_stages_s: tuple[tuple[str, float], ...]
     exact_stages_s: tuple[tuple[str, float], ...]
+    # The longest the event loop went without running while the exact count ran off it,
+    # as the gateway runs it (in the default executor), over every repeat.
+    exact_count_loop_stall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,8 @@ def render(report: BenchReport) -> list[str]:
                 ),
             ],
         ),
+        f"longest event-loop stall while the exact count ran off the loop: "
+        f"{_ms(classify.exact_count_loop_stall_s)} ms",
     ]
     return lines
 
@@ -326,8 +332,7 @@ async def time_classification(options: BenchOptions, clock: Callable[[], float])
     from laneway.routing.lanes import Route, RouteRequest
 
     tokenizer = default_tokenizer()
-    text = PromptFactory(tokenizer).text(random.Random(options.seed), options.classify_tokens)
-    body = json.dumps({"model": MODEL, "prompt": text, "max_tokens": 64}).encode()
+    body = long_prompt_body(options)
     # The byte bound of this prompt is several times its token count: a batch pool whose
     # context covers the byte bound is decided by bounds, one capped just above the token
     # count needs the exact count.
@@ -344,13 +349,14 @@ async def time_classification(options: BenchOptions, clock: Callable[[], float])
         bounds = parsed.bounds(tokenizer)
         bounded_at = clock()
 
-        async def count_exactly() -> int:
+        ask = RouteRequest(parsed.model, bounds, parsed.max_tokens)
+
+        async def count_exactly() -> RouteRequest:
             counting = clock()
             exact = parsed.count(tokenizer)
             stages["count"] = clock() - counting
-            return exact
+            return dataclasses.replace(ask, prompt_tokens=TokenBounds(exact, exact))
 
-        ask = RouteRequest(parsed.model, bounds, parsed.max_tokens)
         decision = await settle_route(ask, pools, count_exactly)
         stages["classify"] = clock() - bounded_at - stages["count"]
         stages["parse"] = parsed_at - begun
@@ -372,6 +378,39 @@ async def time_classification(options: BenchOptions, clock: Callable[[], float])
         bounds_stages_s=_stage_medians(bounds_runs),
         exact_stages_s=_stage_medians(exact_runs),
     )
+
+
+def long_prompt_body(options: BenchOptions) -> bytes:
+    text = PromptFactory(default_tokenizer()).text(
+        random.Random(options.seed), options.classify_tokens
+    )
+    return json.dumps({"model": MODEL, "prompt": text, "max_tokens": 64}).encode()
+
+
+async def count_stall(options: BenchOptions) -> float:
+    """The longest event-loop stall over the repeats of an exact count run off the loop."""
+    from laneway.gateway.serving.request_body import Endpoint, parse_request
+
+    tokenizer = default_tokenizer()
+    parsed = parse_request(long_prompt_body(options), Endpoint.COMPLETIONS)
+    stalls = [
+        await loop_stall_while(functools.partial(parsed.count, tokenizer))
+        for _ in range(options.classify_repeats)
+    ]
+    return max(stalls)
+
+
+async def loop_stall_while(work: Callable[[], object], tick_s: float = 0.001) -> float:
+    """Run `work` in the default executor; the longest gap between the loop's 1 ms ticks."""
+    loop = asyncio.get_running_loop()
+    running = loop.run_in_executor(None, work)
+    longest, last = 0.0, time.perf_counter()
+    while not running.done():
+        await asyncio.sleep(tick_s)
+        now = time.perf_counter()
+        longest, last = max(longest, now - last - tick_s), now
+    await running
+    return max(longest, 0.0)
 
 
 STAGES = ("parse", "bounds", "count", "classify")
@@ -506,7 +545,10 @@ async def measure_levels(
 async def run_bench(options: BenchOptions, command: str) -> BenchReport:
     load_average = os.getloadavg()[0]
     progress(f"timing the routing of a {options.classify_tokens:,}-token prompt")
-    classification = await time_classification(options, time.perf_counter)
+    classification = dataclasses.replace(
+        await time_classification(options, time.perf_counter),
+        exact_count_loop_stall_s=await count_stall(options),
+    )
     with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
         async with Children() as children:
             progress("starting a zero-service-time engine and the gateway")

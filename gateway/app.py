@@ -14,13 +14,16 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.autoscale import DEMAND_PATH
+from laneway.gateway.access_log import AccessLog
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.errors import ApiError
+from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     DEMAND,
     DEMAND_SHARE,
     METRICS,
+    POOL_TOKENIZERS,
     PREFIX_INDEX,
     PROFILE,
     REGISTRY,
@@ -37,6 +40,7 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.demand import DemandBook
@@ -65,12 +69,15 @@ def create_app(
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
+    app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
+    app[ACCESS_LOG] = AccessLog()
+    app.on_cleanup.append(_flush_access_log)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
@@ -91,10 +98,22 @@ def _completion(endpoint: Endpoint) -> Handler:
     return handler
 
 
+async def _flush_access_log(app: web.Application) -> None:
+    app[ACCESS_LOG].flush()
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     # Many concurrent streams to few engines: no per-host cap on the pool of connections.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    limits = app[SETTINGS].upstream
+    # The engines' timeouts as the session's default, built once: the request path passes
+    # none, and every other caller (scrape, probe, batch dispatch) passes its own.
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=limits.connect_timeout_millis / 1000,
+        sock_read=limits.read_timeout_millis / 1000,
+    )
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session
         yield
 
@@ -136,6 +155,9 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except ApiError as error:
         return error.response()
+    except web.RequestPayloadError as error:
+        # Raised while reading a body: a gzip header on plain text, a bad chunk size.
+        return unreadable_body(error).response()
     except web.HTTPException as error:
         if error.status < 400:
             raise

@@ -9,13 +9,15 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from laneway.gateway.access_log import AccessLog
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import Dispatcher
-from laneway.gateway.batch.files import FileStore
+from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
@@ -29,7 +31,8 @@ REGISTRY = web.AppKey("registry", PoolRegistry)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACKER = web.AppKey("tracker", LoadTracker)
 DEMAND = web.AppKey("demand", DemandBook)  # each pool's queued and running work, for scaling
-TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)  # the default, for pools that name none
+POOL_TOKENIZERS = web.AppKey("pool_tokenizers", PoolTokenizers)
 PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
 RNG = web.AppKey("rng", random.Random)
 PREFIX_INDEX = web.AppKey("prefix_index", PrefixIndex)  # what was routed where, by prefix
@@ -37,6 +40,7 @@ CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins
 STOP = web.AppKey("stop", Stop)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
 
 # The state layer: tenants, limits, files, batches.
 TENANTS = web.AppKey("tenants", TenantKeys)  # absent: auth is off
@@ -45,6 +49,8 @@ INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof o
 FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
+FILE_QUOTA = web.AppKey("file_quota", FileQuota)  # for tenants whose entry sets none
+BATCH_TOKEN_LIMIT = web.AppKey("batch_token_limit", int)  # the same
 STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
 DEMAND_SHARE = web.AppKey("demand_share", RedisDemandShare)  # absent: no Redis
 

@@ -124,6 +124,20 @@ class SLOSpec:
     tbt_millis: int = 30
 
 
+class TokenizerKind(StrEnum):
+    TIKTOKEN = "tiktoken"
+    HUGGINGFACE = "huggingface"
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How the gateway counts this pool's prompts: the engine's own tokenizer, ideally."""
+
+    kind: TokenizerKind
+    encoding: str | None = None  # tiktoken
+    path: str | None = None  # huggingface: a tokenizer.json, e.g. mounted from a ConfigMap
+
+
 class SchedulingPolicy(StrEnum):
     """The engine's waiting-queue order (vLLM --scheduling-policy; SGLang priority scheduling)."""
 
@@ -153,6 +167,7 @@ class PoolSpec:
     prefill: PrefillSpec = field(default_factory=PrefillSpec)
     limits: LimitsSpec = field(default_factory=LimitsSpec)
     slo: SLOSpec = field(default_factory=SLOSpec)
+    tokenizer: TokenizerSpec | None = None  # None: the gateway's default tokenizer
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
 
     @property
@@ -392,6 +407,7 @@ _SPEC_FIELDS = (
     "prefill",
     "limits",
     "slo",
+    "tokenizer",
     "scheduling",
 )
 
@@ -499,6 +515,7 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         tbt_millis=reader.integer(slo_data, "tbtMillis", f"{path}.slo", 30, 1, 60_000),
     )
 
+    tokenizer = _parse_tokenizer(reader, spec, path)
     scheduling_data = reader.mapping(spec, "scheduling", path, ("policy",))
     policies = [policy.value for policy in SchedulingPolicy]
     policy = (
@@ -540,10 +557,28 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
         prefill=prefill,
         limits=limits,
         slo=slo,
+        tokenizer=tokenizer,
         scheduling=scheduling,
     )
     reader.errors.extend(check_spec(pool_spec))
     return pool_spec
+
+
+def _parse_tokenizer(reader: _Reader, spec: Mapping[str, Any], path: str) -> TokenizerSpec | None:
+    data = reader.mapping(spec, "tokenizer", path, ("kind", "encoding", "path"))
+    if not data:
+        return None
+    sub = f"{path}.tokenizer"
+    kind = reader.choice(data, "kind", sub, [kind.value for kind in TokenizerKind])
+    encoding = reader.string(data, "encoding", sub, None)
+    file = reader.string(data, "path", sub, None)
+    if kind == TokenizerKind.HUGGINGFACE and not file:
+        reader.fail(f"{sub}.path", "is required for kind huggingface: a tokenizer.json file")
+    if kind == TokenizerKind.TIKTOKEN and file:
+        reader.fail(f"{sub}.path", "is for kind huggingface; tiktoken takes an encoding")
+    if kind == TokenizerKind.HUGGINGFACE and encoding:
+        reader.fail(f"{sub}.encoding", "is for kind tiktoken; huggingface takes a path")
+    return None if kind is None else TokenizerSpec(TokenizerKind(kind), encoding, file)
 
 
 _AUTOSCALING_FIELDS = (

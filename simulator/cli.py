@@ -44,6 +44,12 @@ def register(
         default=1.0,
         help="run this many times faster than real time (default 1.0)",
     )
+    sim.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="count prompts with this Hugging Face tokenizer.json, as a real engine counts "
+        "with its model's (default: tiktoken cl100k_base)",
+    )
     sim.set_defaults(handler=run_sim)
 
 
@@ -108,6 +114,7 @@ def run_sim(args: argparse.Namespace) -> int:
     import asyncio
 
     from laneway.simulator.server import SimSettings, serve
+    from laneway.tokens import HuggingFaceTokenizer
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
@@ -123,5 +130,6 @@ def run_sim(args: argparse.Namespace) -> int:
         metrics_flavor=args.metrics_flavor,
         time_scale=args.time_scale,
     )
-    asyncio.run(serve(settings, args.host, args.port))
+    tokenizer = HuggingFaceTokenizer(args.tokenizer) if args.tokenizer else None
+    asyncio.run(serve(settings, args.host, args.port, tokenizer))
     return 0

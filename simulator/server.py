@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,6 +32,8 @@ from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt is about 0.6 MB; leave room
+T = TypeVar("T")
+
 OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized in a worker thread
 MAX_LAG_S = 0.01  # wall seconds the step clock may fall behind before it resets
 OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
@@ -263,7 +265,7 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
-async def _count(length: int, count: Callable[[], int]) -> int:
+async def _count(length: int, count: Callable[[], T]) -> T:
     """Count on the loop when cheap, in a worker thread when a long prompt would stall it."""
     if length > OFF_LOOP_CHARS:
         return await asyncio.to_thread(count)
@@ -456,6 +458,44 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [card]})
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's and SGLang's `/tokenize`: the prompt's count as this engine counts it.
+
+    vLLM takes `prompt` (a string) or `messages` (framed as for a chat completion); SGLang
+    takes `prompt` as a string or a list of strings, and answers a list per string. Both
+    answer `count`, `tokens` and `max_model_len`. Chat framing here is the simulator's own
+    count (no template is rendered), so a chat answer carries the count without token ids.
+    """
+    try:
+        body = await request.json()
+    except ValueError:
+        raise OpenAIError(400, "The request body is not valid JSON", None) from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object", None)
+    tokenizer = request.app[TOKENIZER]
+    max_model_len = request.app[SETTINGS].scheduler.max_context
+    if "messages" in body:
+        messages = _chat_messages(body)
+        length = sum(len(m.content) for m in messages)
+        count = await _count(length, lambda: count_chat(tokenizer, messages))
+        return web.json_response({"count": count, "max_model_len": max_model_len})
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        tokens = await _count(len(prompt), lambda: tokenizer.encode(prompt))
+        return web.json_response(
+            {"count": len(tokens), "tokens": tokens, "max_model_len": max_model_len}
+        )
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        length = sum(len(p) for p in prompt)
+        each = await _count(length, lambda: [tokenizer.encode(p) for p in prompt])
+        return web.json_response(
+            {"count": [len(t) for t in each], "tokens": each, "max_model_len": max_model_len}
+        )
+    raise OpenAIError(
+        400, "Give 'prompt' (a string or a list of strings) or 'messages' to tokenize", "prompt"
+    )
+
+
 async def health(request: web.Request) -> web.Response:
     return web.Response()
 
@@ -507,13 +547,17 @@ def create_app(settings: SimSettings, tokenizer: Tokenizer | None = None) -> web
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/metrics", metrics)
     return app
 
 
-async def serve(settings: SimSettings, host: str, port: int) -> None:
+async def serve(
+    settings: SimSettings, host: str, port: int, tokenizer: Tokenizer | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT; print the ready line once listening."""
-    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    app = create_app(settings, tokenizer)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -138,6 +138,23 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
         {"engine": {"kind": "simulator", "simulator": {"timeScale": 10}}},
         None,
     ),
+    (
+        "a huggingface tokenizer without its file",
+        {"tokenizer": {"kind": "huggingface"}},
+        "self.kind != 'huggingface' || has(self.path)",
+    ),
+    (
+        "a tiktoken tokenizer given a file",
+        {"tokenizer": {"kind": "tiktoken", "path": "/etc/tok/tokenizer.json"}},
+        "self.kind != 'tiktoken' || !has(self.path)",
+    ),
+    (
+        "a huggingface tokenizer given an encoding",
+        {"tokenizer": {"kind": "huggingface", "path": "/t.json", "encoding": "cl100k_base"}},
+        "self.kind != 'huggingface' || !has(self.encoding)",
+    ),
+    ("a mounted tokenizer.json", {"tokenizer": {"kind": "huggingface", "path": "/t.json"}}, None),
+    ("a tiktoken encoding", {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}}, None),
 ]
 
 

@@ -140,11 +140,16 @@ def test_routes(
     assert decision.priority is priority
 
 
-@pytest.mark.parametrize(
-    "bounds", [TokenBounds(1500, 2500), TokenBounds(100000, 140000), TokenBounds(140000, 600000)]
-)
+@pytest.mark.parametrize("bounds", [TokenBounds(1500, 2500), TokenBounds(100000, 140000)])
 def test_straddling_or_rejecting_bounds_ask_for_an_exact_count(bounds: TokenBounds) -> None:
     assert isinstance(classify(request(bounds), SPLIT), NeedsExactCount)
+
+
+def test_bounds_past_every_context_refuse_without_an_exact_count() -> None:
+    decision = classify(request(TokenBounds(140000, 600000)), SPLIT)
+    assert isinstance(decision, NoFit)
+    assert decision.context_exceeded
+    assert "at least 140000 prompt tokens" in decision.message
 
 
 def test_unknown_model_lists_the_known_ones() -> None:
@@ -178,3 +183,43 @@ def test_a_gap_between_ranges_is_reported_as_such() -> None:
     assert not decision.context_exceeded
     assert "realtime (interactive) takes 0-2000" in decision.message
     assert "open-batch (batch) takes 16000-" in decision.message
+
+
+# Each pool judged at its own tokenizer's count: (case, realtime's count, batch's, pool).
+PER_POOL_COUNTS = [
+    # The default tokenizer would say 1990 (interactive); the engines' tokenizer says 2010.
+    ("the engines' count crosses the edge", exact(2010), exact(2010), "batch"),
+    ("each pool's count inside its own range", exact(1990), exact(2050), "realtime"),
+    # Realtime counts it over its cap, batch under its floor: neither takes it.
+    ("each pool's count outside its own range", exact(2100), exact(1990), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "realtime", "batch", "expected"),
+    PER_POOL_COUNTS,
+    ids=[c[0] for c in PER_POOL_COUNTS],
+)
+def test_each_pool_judged_at_its_own_count(
+    case: str, realtime: TokenBounds, batch: TokenBounds, expected: str | None
+) -> None:
+    spanning = TokenBounds(min(realtime.low, batch.low), max(realtime.high, batch.high))
+    per_pool = {REALTIME.key: realtime, BATCH.key: batch}
+    decision = classify(
+        RouteRequest("llama", spanning, None, None, pool_prompt_tokens=per_pool), SPLIT
+    )
+    if expected is None:
+        # Neither pool takes it at its own count: a gap, reported with the spanning count.
+        assert isinstance(decision, NoFit), case
+        return
+    assert isinstance(decision, Route), case
+    assert decision.pool.name == expected, case
+
+
+def test_per_pool_bounds_that_straddle_an_edge_ask_for_exact_counts() -> None:
+    per_pool = {REALTIME.key: TokenBounds(1500, 2500), BATCH.key: exact(3000)}
+    decision = classify(
+        RouteRequest("llama", TokenBounds(1500, 3000), None, None, pool_prompt_tokens=per_pool),
+        SPLIT,
+    )
+    assert isinstance(decision, NeedsExactCount)

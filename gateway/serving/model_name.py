@@ -23,49 +23,74 @@ line anyway, so holding it back delays nothing the client could read.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _Rename:
+    """What rewriting one served name to one public name needs, built once per pair."""
+
+    served_forms: tuple[bytes, ...]  # the served name as JSON, escaped and raw UTF-8
+    pattern: re.Pattern[bytes]
+    public: bytes
+    # The compact spellings every engine streams, as plain replacements: a regex scan
+    # costs several times more per event, so it only runs on what they leave.
+    compact: tuple[tuple[bytes, bytes], ...]
+
+    def whole(self, body: bytes) -> bytes:
+        for served, public in self.compact:
+            body = body.replace(served, public)
+        for form in self.served_forms:  # a loop, not any(): no generator per event
+            if form in body:
+                return self.pattern.sub(lambda match: match.group(1) + self.public, body)
+        return body
+
+
+@functools.lru_cache(maxsize=1024)
+def _rename(served: str, public: str) -> _Rename:
+    forms = tuple(
+        dict.fromkeys(
+            json.dumps(served, ensure_ascii=ascii_only).encode() for ascii_only in (True, False)
+        )
+    )
+    alternatives = b"|".join(re.escape(form) for form in forms)
+    public_json = json.dumps(public).encode()
+    return _Rename(
+        served_forms=forms,
+        pattern=re.compile(rb'([{,]\s*"model"\s*:\s*)(?:' + alternatives + rb")"),
+        public=public_json,
+        compact=tuple(
+            (opener + b'"model":' + form, opener + b'"model":' + public_json)
+            for form in forms
+            for opener in (b",", b"{")
+        ),
+    )
 
 
 class ModelNameRewriter:
     """Served name -> public name in a whole JSON body (`whole`) or a stream (`feed`)."""
 
     def __init__(self, served: str, public: str) -> None:
-        forms = dict.fromkeys(
-            json.dumps(served, ensure_ascii=ascii_only).encode() for ascii_only in (True, False)
-        )
-        self._served_forms = tuple(forms)
-        alternatives = b"|".join(re.escape(form) for form in forms)
-        self._pattern = re.compile(rb'([{,]\s*"model"\s*:\s*)(?:' + alternatives + rb")")
-        self._public = json.dumps(public).encode()
-        # The compact spellings every engine streams, as plain replacements: a regex
-        # scan costs several times more per event, so it only runs on what they leave.
-        self._compact = tuple(
-            (opener + b'"model":' + form, opener + b'"model":' + self._public)
-            for form in forms
-            for opener in (b",", b"{")
-        )
+        self._rename = _rename(served, public)
         self._carry = b""
 
     def whole(self, body: bytes) -> bytes:
-        for served, public in self._compact:
-            body = body.replace(served, public)
-        for form in self._served_forms:  # a loop, not any(): no generator per event
-            if form in body:
-                return self._pattern.sub(lambda match: match.group(1) + self._public, body)
-        return body
+        return self._rename.whole(body)
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete lines received so far, rewritten; a partial last line waits."""
         data = self._carry + chunk if self._carry else chunk
         cut = data.rfind(b"\n") + 1
         self._carry = data[cut:]
-        return self.whole(data[:cut])
+        return self._rename.whole(data[:cut])
 
     def flush(self) -> bytes:
         """What is left when the stream ends (a well-formed stream leaves nothing)."""
         rest, self._carry = self._carry, b""
-        return self.whole(rest)
+        return self._rename.whole(rest)
 
 
 def rewriter(served: str, public: str) -> ModelNameRewriter | None:

@@ -15,26 +15,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
-from laneway.gateway.errors import ApiError, error_body
+from laneway.gateway.errors import ApiError, error_body, unreadable_body
 from laneway.gateway.keys import (
+    ACCESS_LOG,
     CLOCK,
     DEMAND,
     METRICS,
+    POOL_TOKENIZERS,
     PREFIX_INDEX,
     PROFILE,
     REGISTRY,
     RNG,
     SESSION,
     SETTINGS,
-    TOKENIZER,
     TRACKER,
 )
+from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
@@ -60,7 +62,7 @@ from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
 from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
-from laneway.tokens import TokenBounds
+from laneway.tokens import TokenBounds, Tokenizer
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -69,6 +71,7 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+JSON_CONTENT = {"Content-Type": "application/json"}
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 
@@ -124,6 +127,9 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
     except asyncio.CancelledError:
         _client_gone(outcome)
         raise
+    except Exception:
+        outcome.status, outcome.error = 500, "internal_error"  # the middleware logs it
+        raise
     finally:
         outcome.total_ms = (clock() - started) * 1000
         _record(request.app, outcome)
@@ -135,14 +141,21 @@ async def _serve(
 ) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
-    body = await read_body(request, settings.max_body_bytes)
-    parsed = parse_request(body, endpoint)
+    body = await read_body(
+        request, settings.max_body_bytes, settings.clients.body_timeout_millis / 1000
+    )
+    if len(body) <= INLINE_COUNT_BYTES:
+        parsed = parse_request(body, endpoint)
+    else:
+        # Parsing is linear in the body, but a few MB of tiny strings still take a while.
+        parsed = await asyncio.to_thread(parse_request, body, endpoint)
     outcome.model, outcome.stream = parsed.model, parsed.stream
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
     route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
-    await admit_tenant(request, route.prefill_tokens + (parsed.max_tokens or 0))
     pool = route.pool
+    context = pool.spec.limits.max_context_tokens
+    await admit_tenant(request, parsed.charge(route.prefill_tokens, context))
     outcome.pool, outcome.lane, outcome.reason = pool.name, route.lane.value, route.reason
     try:
         registry = app[REGISTRY]
@@ -158,7 +171,11 @@ async def _serve(
         try:
             with demand.waiting(pool.key, route.prefill_tokens):
                 async with asyncio.timeout(settings.queue.timeout_millis / 1000):
-                    await gate.acquire(route.priority, tenant_name(request), route.prefill_tokens)
+                    await gate.acquire(
+                        route.priority,
+                        tenant_name(request),
+                        parsed.sequences * route.prefill_tokens,
+                    )
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
@@ -168,7 +185,7 @@ async def _serve(
             with demand.running(pool.key, route.prefill_tokens):
                 hashes = _prefix_hashes(app, parsed)
                 plan = await _plan(app, route, started, hashes)
-                exchange = _Exchange(request, parsed, plan, hashes, count, started, outcome)
+                exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
                 return await _forward(exchange)
         finally:
             gate.release()
@@ -177,18 +194,27 @@ async def _serve(
             count.cancel()
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int, deadline_s: float) -> bytes:
     too_large = ApiError(
         413, f"The request body is larger than the limit of {limit} bytes", "body_too_large"
     )
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408, f"The request body did not arrive within {deadline_s:g} s", "body_timeout"
+        ) from None
+    except web.RequestPayloadError as error:
+        # A body that claims an encoding it does not have (a gzip header on plain text).
+        raise unreadable_body(error) from None
     return b"".join(chunks)
 
 
@@ -200,19 +226,45 @@ async def _route(
     tenant: str | None,
     outcome: RequestOutcome,
 ) -> tuple[Route, asyncio.Future[int]]:
-    """Classify from bounds where they decide; the exact count follows off the loop."""
-    tokenizer, metrics, clock = app[TOKENIZER], app[METRICS], app[CLOCK]
+    """Classify from bounds where they decide; the exact count follows off the loop.
+
+    Each pool's prompt is counted with its own tokenizer (once per distinct tokenizer);
+    with one tokenizer everywhere, as by default, that is a single count.
+    """
+    metrics, clock = app[METRICS], app[CLOCK]
+    pools = app[REGISTRY].pools()
+    tokenizers = app[POOL_TOKENIZERS]
+    serving = [pool for pool in pools if parsed.model in pool.spec.public_models]
+    by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
+    distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
-        exact = parsed.count(tokenizer)
-        bounds = TokenBounds(exact, exact)
+        bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
-        bounds = parsed.bounds(tokenizer)
+        # Bounds of a big body cost milliseconds per tokenizer: off the loop.
+        bounds = await asyncio.to_thread(lambda: {id(t): parsed.bounds(t) for t in distinct})
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
-    ask = RouteRequest(parsed.model, bounds, parsed.max_tokens, pinned, tenant)
-    decision = await settle_route(ask, app[REGISTRY].pools(), lambda: _count_off_loop(app, parsed))
+    def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
+        spanning = TokenBounds(
+            min(b.low for b in counted.values()), max(b.high for b in counted.values())
+        )
+        per_pool = {key: counted[id(t)] for key, t in by_pool.items()}
+        return RouteRequest(
+            parsed.model,
+            spanning,
+            parsed.max_tokens,
+            pinned,
+            tenant,
+            pool_prompt_tokens=per_pool if len(distinct) > 1 else None,
+        )
+
+    async def exactly() -> RouteRequest:
+        counts = await asyncio.gather(*(_count_off_loop(app, parsed, t) for t in distinct))
+        return ask({id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)})
+
+    decision = await settle_route(ask(bounds), pools, exactly)
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
@@ -228,28 +280,35 @@ async def _route(
         count.set_result(decision.prompt_tokens.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
-        count = asyncio.ensure_future(_count_off_loop(app, parsed))
+        tokenizer = by_pool[decision.pool.key]
+        count = asyncio.ensure_future(_count_off_loop(app, parsed, tokenizer))
     return decision, count
 
 
 async def settle_route(
     ask: RouteRequest,
     pools: Sequence[InferencePool],
-    count_exactly: Callable[[], Awaitable[int]],
+    exactly: Callable[[], Awaitable[RouteRequest]],
 ) -> Decision:
-    """Classify `ask` by its token bounds; where they do not decide, count and classify again."""
+    """Classify `ask` by its token bounds; where they do not decide, count and classify again.
+
+    `exactly` counts the prompt and returns `ask` with exact counts in place of the bounds.
+    """
     decision = classify(ask, pools)
     if isinstance(decision, NeedsExactCount):
-        exact = await count_exactly()
-        decision = classify(replace(ask, prompt_tokens=TokenBounds(exact, exact)), pools)
+        decision = classify(await exactly(), pools)
     return decision
 
 
-async def _count_off_loop(app: web.Application, parsed: ParsedRequest) -> int:
+def _exact(count: int) -> TokenBounds:
+    return TokenBounds(count, count)
+
+
+async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
     clock = app[CLOCK]
     begun = clock()
     loop = asyncio.get_running_loop()
-    count = await loop.run_in_executor(None, parsed.count, app[TOKENIZER])
+    count = await loop.run_in_executor(None, parsed.count, tokenizer)
     app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
     return count
 
@@ -346,6 +405,7 @@ class _Exchange:
 
     request: web.Request
     parsed: ParsedRequest
+    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
     prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
@@ -360,7 +420,12 @@ class _Exchange:
 async def _forward(exchange: _Exchange) -> web.StreamResponse:
     app, outcome, plan = exchange.app, exchange.outcome, exchange.plan
     metrics = app[METRICS]
-    payload = {**exchange.parsed.payload, "model": plan.pool.spec.served_model_name}
+    served = plan.pool.spec.served_model_name
+    body = (
+        exchange.body
+        if served == exchange.parsed.model
+        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    )
     failures = []
     for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
         outcome.endpoint = candidate.url
@@ -369,9 +434,9 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         if exchange.prefix_hashes:
             app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
-            return await _attempt(exchange, candidate, payload)
+            return await _attempt(exchange, candidate, served, body)
         except UpstreamFailed as failure:
-            _note_failure(app, candidate.url, str(failure))
+            await _note_failure(app, candidate.url, str(failure), failure.kind == "timeout")
             metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
             failures.append(f"{candidate.url}: {failure}")
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
@@ -379,30 +444,25 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
 
 
 async def _attempt(
-    exchange: _Exchange, endpoint: PlannedEndpoint, payload: dict[str, Any]
+    exchange: _Exchange, endpoint: PlannedEndpoint, served: str, body: bytes
 ) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome, url = exchange.app, exchange.outcome, endpoint.url
-    limits = app[SETTINGS].upstream
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=limits.connect_timeout_millis / 1000,
-        sock_read=limits.read_timeout_millis / 1000,
-    )
     tracker = app[TRACKER]
     lease = await tracker.start(url, exchange.plan.prefill_tokens)
     progress = _Progress()
     sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
+        # The session's default timeout is the upstream one (see app.py): built once.
         async with app[SESSION].post(
-            f"{url}{exchange.parsed.endpoint.value}", json=payload, timeout=timeout
+            f"{url}{exchange.parsed.endpoint.value}", data=body, headers=JSON_CONTENT
         ) as upstream:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
-                if rename := rewriter(payload["model"], exchange.parsed.model):
+                if rename := rewriter(served, exchange.parsed.model):
                     body = rename.whole(body)
                 app[REGISTRY].record_success(url)
                 outcome.prompt_tokens = await exchange.count
@@ -414,7 +474,7 @@ async def _attempt(
                     headers=outcome.routing_headers(),
                 )
             app[REGISTRY].record_success(url)
-            rename = rewriter(payload["model"], exchange.parsed.model)
+            rename = rewriter(served, exchange.parsed.model)
             return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
     except (aiohttp.ClientError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
@@ -470,7 +530,8 @@ async def _relay_stream(
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as error:
-            _note_failure(app, lease.endpoint, f"mid-stream: {type(error).__name__}: {error}")
+            why = f"mid-stream: {type(error).__name__}: {error}"
+            await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
             metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
             outcome.error = "upstream_failed_mid_stream"
             await _end_with_error(client, error, rename.flush() if rename else b"", written)
@@ -500,23 +561,38 @@ async def _relay_stream(
             chunk = rename.feed(chunk)
             if not chunk:
                 continue
-        try:
-            await client.write(chunk)
-        except ConnectionError:
+        if not await _write_or_drop(exchange, client, chunk):
             # The client went away: closing the upstream response tells the engine.
-            _client_gone(outcome)
             upstream.close()
             return client
         written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
         outcome.complete = outcome.complete or STREAM_END in written
-    try:
-        if rename and (rest := rename.flush()):
-            await client.write(rest)
+    rest = rename.flush() if rename else b""
+    if not rest or await _write_or_drop(exchange, client, rest):
         outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
-        await client.write_eof()
-    except ConnectionError:
-        _client_gone(outcome)
+        await _write_or_drop(exchange, client, b"")
     return client
+
+
+async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk: bytes) -> bool:
+    """Write `chunk` (the end of the stream when empty); False when the client is gone.
+
+    A client that reads nothing fills the socket's buffer and then blocks the write: after
+    the write deadline it is cut off, so it holds neither the engine nor the pool's slot.
+    """
+    deadline = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
+    try:
+        async with asyncio.timeout(deadline):
+            await (client.write(chunk) if chunk else client.write_eof())
+    except ConnectionError:
+        _client_gone(exchange.outcome)
+        return False
+    except TimeoutError:
+        exchange.outcome.status, exchange.outcome.error = CLIENT_CLOSED, "client_not_reading"
+        if (transport := exchange.request.transport) is not None:
+            transport.abort()  # close() would wait for the buffer to drain, which it never does
+        return False
+    return True
 
 
 def _client_gone(outcome: RequestOutcome) -> None:
@@ -548,7 +624,16 @@ async def _end_with_error(
         return
 
 
-def _note_failure(app: web.Application, url: str, why: str) -> None:
+async def _note_failure(app: web.Application, url: str, why: str, timed_out: bool) -> None:
+    """Count a failure against the endpoint, unless it was only slow.
+
+    A read timeout is what a long generation and a hung engine have in common: the engine
+    answering its health probe tells them apart, so a slow answer never ejects it.
+    """
+    if timed_out:
+        limit = aiohttp.ClientTimeout(total=app[SETTINGS].upstream.health_timeout_millis / 1000)
+        if await probe_health(app[SESSION], url, limit):
+            return
     if app[REGISTRY].record_failure(url):
         log.warning(json.dumps({"event": "endpoint_ejected", "endpoint": url, "after": why}))
 
@@ -567,4 +652,4 @@ def _record(app: web.Application, outcome: RequestOutcome) -> None:
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
         if key in record:
             record[key] = round(record[key], 2)
-    log.info(json.dumps(record))
+    app[ACCESS_LOG].write(record)

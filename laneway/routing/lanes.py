@@ -20,7 +20,7 @@ deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from laneway.api import InferencePool, Lane
@@ -34,6 +34,20 @@ class RouteRequest:
     max_tokens: int | None  # the request's completion cap; None: the engine decides
     pinned_lane: Lane | None = None  # from the x-laneway-lane header
     tenant: str | None = None  # the API key's tenant; None: unauthenticated
+    # Pools that count with a tokenizer of their own: pool key -> the count as it counts.
+    # `prompt_tokens` then spans them all (it names the count in a NoFit message).
+    pool_prompt_tokens: Mapping[str, TokenBounds] | None = None
+
+    def prompt_tokens_for(self, pool: InferencePool) -> TokenBounds:
+        if self.pool_prompt_tokens is None:
+            return self.prompt_tokens
+        return self.pool_prompt_tokens.get(pool.key, self.prompt_tokens)
+
+    @property
+    def exact(self) -> bool:
+        if self.pool_prompt_tokens is None:
+            return self.prompt_tokens.exact
+        return all(b.exact for b in self.pool_prompt_tokens.values())
 
 
 @dataclass(frozen=True)
@@ -144,23 +158,26 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
     eligible: list[_Eligible] = []
     for pool in candidates:
         pinnable = request.pinned_lane is pool.spec.lane and pool.spec.routing.allow_lane_header
-        fits = _settled(prompt_interval(pool, request.max_tokens, pinnable), request.prompt_tokens)
+        interval = prompt_interval(pool, request.max_tokens, pinnable)
+        fits = _settled(interval, request.prompt_tokens_for(pool))
         if fits is None:
             return NeedsExactCount()
         if fits:
             eligible.append(_Eligible(pool, pinnable, bool(pool.spec.routing.tenants)))
 
     if not eligible:
-        if not request.prompt_tokens.exact:
-            return NeedsExactCount()  # the error message names the exact count
+        # The error message names the exact count, unless even the lower bound cannot fit:
+        # then counting megabytes of text would only make the refusal slower.
+        if not request.exact and not _surely_too_long(request, candidates):
+            return NeedsExactCount()
         return _no_fit(request, candidates)
 
     best = min(eligible, key=lambda e: e.rank)
     return Route(
         best.pool,
         priority=best.pool.spec.lane,
-        prompt_tokens=request.prompt_tokens,
-        prefill_tokens=prefill_estimate(request.prompt_tokens),
+        prompt_tokens=request.prompt_tokens_for(best.pool),
+        prefill_tokens=prefill_estimate(request.prompt_tokens_for(best.pool)),
         reason=_reason(best, eligible, request),
     )
 
@@ -179,12 +196,19 @@ def _preference(pool: InferencePool) -> tuple[int, bool, str]:
     return (-pool.spec.routing.priority, pool.spec.lane is not Lane.INTERACTIVE, pool.key)
 
 
+def _surely_too_long(request: RouteRequest, candidates: Sequence[InferencePool]) -> bool:
+    largest = max(p.spec.limits.max_context_tokens for p in candidates)
+    return request.prompt_tokens.low + completion_reserve(request.max_tokens) > largest
+
+
 def _no_fit(request: RouteRequest, candidates: Sequence[InferencePool]) -> NoFit:
-    tokens = request.prompt_tokens.high
+    bounds = request.prompt_tokens
+    tokens = bounds.high if bounds.exact else bounds.low
     reserve = completion_reserve(request.max_tokens)
     largest = max(p.spec.limits.max_context_tokens for p in candidates)
     if tokens + reserve > largest:
-        wanted = f"{tokens} prompt tokens" + (
+        at_least = "" if bounds.exact else "at least "
+        wanted = f"{at_least}{tokens} prompt tokens" + (
             f" + {request.max_tokens} max_tokens" if request.max_tokens else ""
         )
         return NoFit(

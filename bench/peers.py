@@ -1,0 +1,404 @@
+"""`laneway bench gateway --against PEER,...`: laneway beside Rust routers in one run.
+
+The same zero-service-time `laneway sim` engines behind every router, the same closed-loop
+clients, every router pinned to the same one CPU (engines and clients on the others), one
+router measured at a time. For each of a non-streaming and a streaming request it reports
+requests/s, the latency each router adds over going straight to the engines (P50/P99), and
+the CPU milliseconds the router process spent per request, with the ratio to laneway's.
+
+The peers are Python packages with Rust cores: they are installed on demand into a virtual
+environment of their own (`--peers-venv`), never as a dependency of laneway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import itertools
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from laneway.bench.gateway import (
+    ENGINE_ARGS,
+    MODEL,
+    in_closed_loop,
+    machine_description,
+    pin,
+    pool_documents,
+    progress,
+)
+from laneway.bench.loadgen import Distribution, PromptFactory, stream_request
+from laneway.bench.procs import ChildProcess, Children
+from laneway.errors import UsageError
+from laneway.tables import format_table
+from laneway.tokens import default_tokenizer
+
+# The console script of each peer and the words before its flags; both take the same flags.
+PEER_COMMANDS = {
+    "sglang-router": ("sglang-router", "launch"),
+    "vllm-router": ("vllm-router",),
+}
+DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
+LANEWAY = "laneway"
+READY_LINE = "peer router starting: "
+ROUNDS = 2  # per router and mode, the order reversed in the second
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    stream: bool
+    output_tokens: int
+
+
+MODES = (Mode("non-streaming", False, 16), Mode("streaming", True, 64))
+
+
+@dataclass(frozen=True)
+class AgainstOptions:
+    peers: tuple[str, ...]
+    venv: Path
+    concurrency: int = 64
+    requests: int = 3000  # per router, mode and round
+    engines: int = 4
+    prompt_tokens: int = 200
+    seed: int = 0
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    peers = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [peer for peer in peers if peer not in PEER_COMMANDS]
+    if not peers or unknown:
+        known = ", ".join(PEER_COMMANDS)
+        raise UsageError(f"--against takes one or more of {known}; got {text!r}")
+    return peers
+
+
+def check_against(options: AgainstOptions) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        raise UsageError("--against needs at least 2 CPUs: one for the routers, one for the rest")
+    if options.concurrency < 1 or options.requests < 1:
+        raise UsageError("--against needs a positive concurrency and number of requests")
+
+
+# -- results (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouterRun:
+    """One router (or the direct path) in one mode, its rounds added up."""
+
+    router: str
+    mode: str
+    requests: int
+    errors: int
+    wall_s: float
+    cpu_s: float  # of the router process; 0 on the direct path
+    e2e: Distribution | None  # successful requests
+
+    @property
+    def requests_per_s(self) -> float:
+        return (self.requests - self.errors) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_ms_per_request(self) -> float | None:
+        ok = self.requests - self.errors
+        return self.cpu_s * 1000 / ok if ok and self.router != DIRECT else None
+
+
+@dataclass(frozen=True)
+class AgainstReport:
+    machine: str
+    date: str
+    command: str
+    placement: str
+    load_average: float
+    versions: tuple[tuple[str, str], ...]
+    runs: tuple[RouterRun, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        for run, data in zip(self.runs, document["runs"], strict=True):
+            data["requests_per_s"] = run.requests_per_s
+            data["cpu_ms_per_request"] = run.cpu_ms_per_request
+        return document
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f}"
+
+
+def render_against(report: AgainstReport) -> list[str]:
+    header = (
+        "mode", "router", "req/s", "p50", "p99", "added p50", "added p99",
+        "CPU ms/req", "CPU vs laneway", "errors",
+    )  # fmt: skip
+    rows = []
+    for mode in MODES:
+        runs = {run.router: run for run in report.runs if run.mode == mode.name}
+        direct, ours = runs.get(DIRECT), runs.get(LANEWAY)
+        for run in runs.values():
+            cpu = run.cpu_ms_per_request
+            base = ours.cpu_ms_per_request if ours else None
+            rows.append(
+                (
+                    f"{mode.name} ({mode.output_tokens} tokens)",
+                    run.router,
+                    f"{run.requests_per_s:.0f}",
+                    _ms(run.e2e.p50 if run.e2e else None),
+                    _ms(run.e2e.p99 if run.e2e else None),
+                    _ms(_added(run, direct, "p50")),
+                    _ms(_added(run, direct, "p99")),
+                    "-" if cpu is None else f"{cpu:.3f}",
+                    f"{cpu / base:.2f}x" if cpu is not None and base else "-",
+                    str(run.errors),
+                )
+            )
+    versions = ", ".join(f"{name} {version}" for name, version in report.versions)
+    return [
+        f"laneway beside other routers ({report.machine}; load average "
+        f"{report.load_average:.2f} at the start; {report.placement}; {versions})",
+        *format_table(header, rows),
+    ]
+
+
+def _added(run: RouterRun, direct: RouterRun | None, which: str) -> float | None:
+    if run.router == DIRECT or direct is None or run.e2e is None or direct.e2e is None:
+        return None
+    return float(getattr(run.e2e, which)) - float(getattr(direct.e2e, which))
+
+
+# -- the peers' environment -------------------------------------------------------------------
+
+
+def ensure_peers(venv: Path, peers: Sequence[str]) -> dict[str, str]:
+    """Install missing peers into `venv` (created if absent); their versions by name."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        progress(f"creating {venv} for the peer routers")
+        subprocess.run([sys.executable, "-P", "-m", "venv", str(venv)], check=True)
+    missing = [peer for peer in peers if not (venv / "bin" / PEER_COMMANDS[peer][0]).exists()]
+    if missing:
+        progress(f"installing {', '.join(missing)} into {venv}")
+        install = [str(python), "-P", "-m", "pip", "install", "-q", *missing]
+        done = subprocess.run(install, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise UsageError(f"cannot install {', '.join(missing)}: {done.stderr[-2000:]}")
+    return {peer: _installed_version(python, peer) for peer in peers}
+
+
+def _installed_version(python: Path, package: str) -> str:
+    shown = subprocess.run(
+        [str(python), "-P", "-m", "pip", "show", package],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for line in shown.stdout.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def start_peer(
+    children: Children, venv: Path, peer: str, workers: Sequence[str], cpu: int
+) -> ChildProcess:
+    """The peer, born pinned to `cpu` (so its runtime sizes its threads to one core)."""
+    port = _free_port()
+    script, *words = PEER_COMMANDS[peer]
+    flags = [
+        "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+        "--policy", "round_robin", "--log-level", "error",
+        "--prometheus-port", str(_free_port()),
+    ]  # fmt: skip
+    # taskset execs the router, so the pid measured is the router's own.
+    argv = ["taskset", "-c", str(cpu), str(venv / "bin" / script), *words, *flags]
+    announce = f"echo '{READY_LINE}http://127.0.0.1:{port}'; exec \"$@\""
+    return children.start(peer, ["sh", "-c", announce, "sh", *argv], READY_LINE)
+
+
+async def wait_serving(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    """Poll until the router answers a completion (it may still be probing its workers)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+                if response.status == 200:
+                    await response.read()
+                    return
+        except aiohttp.ClientError:
+            pass
+        if time.monotonic() > deadline:
+            raise UsageError(f"the router at {url} answered no completion within 60 s")
+        await asyncio.sleep(0.5)
+
+
+def _fixed(url: str) -> Callable[[], str]:
+    return lambda: url
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Result:
+    ok: bool
+    e2e_s: float
+
+
+async def _complete(
+    session: aiohttp.ClientSession, next_url: Callable[[], str], body: dict[str, Any]
+) -> _Result:
+    begun = time.perf_counter()
+    async with session.post(next_url(), json=body) as response:
+        data = await response.read()
+    ok = response.status == 200 and b'"choices"' in data
+    return _Result(ok, time.perf_counter() - begun)
+
+
+async def _stream(
+    session: aiohttp.ClientSession, next_url: Callable[[], str], body: dict[str, Any]
+) -> _Result:
+    result = await stream_request(session, next_url(), body)
+    return _Result(result.status == 200 and result.error is None, result.e2e_s)
+
+
+Target = tuple[Callable[[], str], ChildProcess | None]  # the next URL to send to; the router
+
+
+async def measure(options: AgainstOptions, targets: dict[str, Target]) -> list[RouterRun]:
+    content = PromptFactory(default_tokenizer()).chat_content(
+        random.Random(options.seed), options.prompt_tokens
+    )
+    runs = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for mode in MODES:
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": mode.output_tokens,
+                "stream": mode.stream,
+            }
+            send = _stream if mode.stream else _complete
+            progress(f"{mode.name}: warming up every router")
+            for next_url, _ in targets.values():
+                await in_closed_loop(functools.partial(send, session, next_url, body), 16, 200)
+            totals: dict[str, tuple[list[_Result], list[float]]] = {
+                name: ([], [0.0, 0.0]) for name in targets
+            }
+            for round_index in range(ROUNDS):
+                order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
+                for name in order:
+                    progress(f"{mode.name}: {name}, round {round_index + 1} of {ROUNDS}")
+                    next_url, child = targets[name]
+                    results, sums = totals[name]
+                    cpu_before = child.cpu_seconds() if child else 0.0
+                    begun = time.perf_counter()
+                    results += await in_closed_loop(
+                        functools.partial(send, session, next_url, body),
+                        options.concurrency,
+                        options.requests,
+                    )
+                    sums[0] += time.perf_counter() - begun
+                    sums[1] += (child.cpu_seconds() - cpu_before) if child else 0.0
+            for name, (results, (wall_s, cpu_s)) in totals.items():
+                ok = [r.e2e_s for r in results if r.ok]
+                runs.append(
+                    RouterRun(
+                        router=name,
+                        mode=mode.name,
+                        requests=len(results),
+                        errors=len(results) - len(ok),
+                        wall_s=wall_s,
+                        cpu_s=cpu_s,
+                        e2e=Distribution.of(ok),
+                    )
+                )
+    return runs
+
+
+async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
+    load_average = os.getloadavg()[0]
+    versions = await asyncio.to_thread(ensure_peers, options.venv, options.peers)
+    cpus = sorted(os.sched_getaffinity(0))
+    router_cpu, other_cpus = cpus[-1], cpus[:-1]
+    with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
+        async with Children() as children:
+            progress(f"starting {options.engines} zero-service-time engines")
+            engines = [
+                await children.start_laneway_async("sim", ENGINE_ARGS, name=f"engine {i}")
+                for i in range(options.engines)
+            ]
+            urls = [engine.url for engine in engines]
+            for pid in (*(engine.pid for engine in engines), os.getpid()):
+                pin(pid, other_cpus)
+            documents = pool_documents(urls[0], 8192 * 16)
+            for document in documents:
+                document["status"]["endpoints"] = urls
+            queue = {"maxWaiting": 100_000, "timeoutMillis": 120_000}
+            config = Path(workdir) / "gateway.yaml"
+            config.write_text(
+                yaml.safe_dump_all(
+                    [{"apiVersion": documents[0]["apiVersion"], "kind": "GatewayConfig",
+                      "spec": {"queue": queue}}, *documents],
+                    sort_keys=False,
+                )
+            )  # fmt: skip
+            progress("starting the laneway gateway and the peers, each pinned to one CPU")
+            gateway = await children.start_laneway_async(
+                "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
+            )
+            pin(gateway.pid, [router_cpu])
+            peers = {
+                peer: await asyncio.to_thread(
+                    start_peer, children, options.venv, peer, urls, router_cpu
+                )
+                for peer in options.peers
+            }
+            probe = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                     "max_tokens": 1}  # fmt: skip
+            async with aiohttp.ClientSession() as session:
+                for child in peers.values():
+                    await wait_serving(session, child.url, probe)
+            cycle = itertools.cycle(urls)
+            path = "/v1/chat/completions"
+            targets: dict[str, Target] = {
+                DIRECT: (lambda: next(cycle) + path, None),
+                **{
+                    name: (_fixed(child.url + path), child)
+                    for name, child in {LANEWAY: gateway, **peers}.items()
+                },
+            }
+            runs = await children.watch(measure(options, targets))
+    return AgainstReport(
+        machine=machine_description(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        command=command,
+        placement=(
+            f"every router alone in turn on CPU {router_cpu}, engines and client on "
+            f"{','.join(map(str, other_cpus))}"
+        ),
+        load_average=load_average,
+        versions=tuple(sorted(versions.items())),
+        runs=tuple(runs),
+    )

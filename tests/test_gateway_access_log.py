@@ -1,0 +1,74 @@
+"""The request log: every line written, as JSON, batched, and silenced by its logger."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from laneway.gateway.access_log import FLUSH_AT_LINES, AccessLog
+
+REQUESTS = logging.getLogger("laneway.gateway.requests")
+
+
+@pytest.fixture(autouse=True)
+def requests_logged() -> Iterator[None]:
+    """As `laneway gateway` configures logging; pytest's root logger says WARNING."""
+    level = REQUESTS.level
+    REQUESTS.setLevel(logging.INFO)  # setLevel, not the attribute: it clears the cache
+    yield
+    REQUESTS.setLevel(level)
+
+
+class _CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.written = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        self.written.set()
+        return super().write(text)
+
+
+async def test_lines_written_in_one_batch_after_the_requests_end() -> None:
+    stream = _CountingStream()
+    access = AccessLog(stream)
+    for index in range(20):
+        access.write({"path": "/v1/completions", "status": 200, "n": index})
+    assert stream.getvalue() == ""  # nothing written on the request's own turn of the loop
+    await asyncio.wait_for(stream.written.wait(), 30)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["n"] for line in lines] == list(range(20))
+    assert lines[0] == {"path": "/v1/completions", "status": 200, "n": 0}
+    assert stream.writes == 1
+
+
+async def test_a_full_batch_is_written_at_once_and_flush_writes_the_rest() -> None:
+    stream = io.StringIO()
+    access = AccessLog(stream)
+    for index in range(FLUSH_AT_LINES + 3):
+        access.write({"n": index})
+    assert len(stream.getvalue().splitlines()) == FLUSH_AT_LINES
+    access.flush()
+    assert len(stream.getvalue().splitlines()) == FLUSH_AT_LINES + 3
+
+
+def test_without_a_running_loop_lines_are_written_at_once() -> None:
+    stream = io.StringIO()
+    AccessLog(stream).write({"status": 404})
+    assert json.loads(stream.getvalue()) == {"status": 404}
+
+
+def test_the_requests_logger_switches_it_off() -> None:
+    REQUESTS.setLevel(logging.WARNING)
+    stream = io.StringIO()
+    access = AccessLog(stream)
+    access.write({"status": 200})
+    access.flush()
+    assert stream.getvalue() == ""
