@@ -65,7 +65,6 @@ def create_app(
     app[SETTINGS] = settings
     app[REGISTRY] = registry
     app[DEMAND] = demand_book = DemandBook(clock)
-    app[METRICS] = GatewayMetrics(registry, demand_book)
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
@@ -73,6 +72,7 @@ def create_app(
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
+    app[METRICS] = GatewayMetrics(registry, demand_book, app[PREFIX_INDEX])
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
@@ -123,7 +123,10 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
         registry, settings, session = app[REGISTRY], app[SETTINGS], app[SESSION]
         tasks = [
             asyncio.create_task(source.run(registry.update), name="pool-source"),
-            asyncio.create_task(scrape_forever(registry, session, settings), name="scrape"),
+            asyncio.create_task(
+                scrape_forever(registry, session, settings, _cache_reset_handler(app)),
+                name="scrape",
+            ),
             asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
@@ -134,6 +137,13 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
         await asyncio.gather(*tasks, return_exceptions=True)
 
     return run
+
+
+def _cache_reset_handler(app: web.Application) -> Callable[[str], None] | None:
+    """An engine whose prefix counter went back restarted empty: forget what went there."""
+    if not app[SETTINGS].picking.prefix.forget_on_engine_restart:
+        return None
+    return app[PREFIX_INDEX].forget
 
 
 def _source_ended(app: web.Application, task: asyncio.Task[None]) -> None:

@@ -234,13 +234,18 @@ def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
 
 def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
     path = "spec.picking.prefix"
-    _reject_unknown(reader, data, path, ("blockChars", "maxBlocks", "capacityBlocks"))
+    _reject_unknown(
+        reader, data, path, ("blockChars", "maxBlocks", "capacityBlocks", "forgetOnEngineRestart")
+    )
     default = PrefixSettings()
     return PrefixSettings(
         block_chars=reader.integer(data, "blockChars", path, default.block_chars, minimum=16),
         max_blocks=reader.integer(data, "maxBlocks", path, default.max_blocks, minimum=1),
         capacity_blocks=reader.integer(
             data, "capacityBlocks", path, default.capacity_blocks, minimum=1
+        ),
+        forget_on_engine_restart=reader.boolean(
+            data, "forgetOnEngineRestart", path, default.forget_on_engine_restart
         ),
     )
 

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.state.demand import DemandBook
+from laneway.routing.prefix_index import PrefixIndex
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 # About 1.3x apart up to 2 s, so a percentile estimated from the buckets lands near the
@@ -23,7 +24,9 @@ TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 
 class GatewayMetrics:
-    def __init__(self, pools: PoolRegistry, demand: DemandBook) -> None:
+    def __init__(
+        self, pools: PoolRegistry, demand: DemandBook, prefix_index: PrefixIndex | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
         by_pool_lane = ("pool", "lane")
         self.requests = Counter(
@@ -94,15 +97,18 @@ class GatewayMetrics:
             ("pool", "lane", "met"),
             registry=self.registry,
         )
-        self.registry.register(_PoolStateCollector(pools, demand))
+        self.registry.register(_PoolStateCollector(pools, demand, prefix_index))
 
 
 class _PoolStateCollector(Collector):
     """Queue depth, running requests, demand and endpoint health, read at scrape."""
 
-    def __init__(self, pools: PoolRegistry, demand: DemandBook) -> None:
+    def __init__(
+        self, pools: PoolRegistry, demand: DemandBook, prefix_index: PrefixIndex | None
+    ) -> None:
         self._pools = pools
         self._demand = demand
+        self._prefix_index = prefix_index
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting = GaugeMetricFamily(
@@ -145,6 +151,11 @@ class _PoolStateCollector(Collector):
         )
         pools = self._pools.pools()
         counts = self._demand.snapshot([pool.key for pool in pools])
+        index_blocks = GaugeMetricFamily(
+            "laneway_gateway_prefix_index_blocks",
+            "Prompt-prefix blocks the gateway's prefix index holds for each endpoint",
+            labels=["pool", "endpoint"],
+        )
         for pool in pools:
             queued_tokens.add_metric([pool.name], counts[pool.key].queued_prompt_tokens)
             running_tokens.add_metric([pool.name], counts[pool.key].in_flight_prompt_tokens)
@@ -161,5 +172,9 @@ class _PoolStateCollector(Collector):
                     engine_kv.add_metric([pool.name, url], sample.kv_usage)
                 rate = self._pools.prefill_rate(url).ms_per_token
                 prefill_rate.add_metric([pool.name, url], rate / 1000)
+                if self._prefix_index is not None:
+                    index_blocks.add_metric([pool.name, url], self._prefix_index.blocks_of(url))
         yield from (waiting, active, endpoints, engine_waiting, engine_kv, prefill_rate)
         yield from (queued_tokens, running_tokens)
+        if self._prefix_index is not None:
+            yield index_blocks

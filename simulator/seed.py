@@ -34,6 +34,7 @@ SEED_PICKING = PickingSettings(
         "prefillTokens": 4,
         "ttftSlo": 0,
         "prefixAffinity": 0,  # the seed's prompts share no prefixes
+        "sessionHash": 0,
     }
 )
 # How often the gateway reads each engine's /metrics in the seed experiment (live mode's

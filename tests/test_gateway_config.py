@@ -118,6 +118,16 @@ BAD = [
         "spec.picking.prefix.blockChars: must be >= 16, got 4",
     ),
     (
+        "the restart switch must be a boolean",
+        [
+            POOL,
+            GATEWAY.replace(
+                "kvCacheUsage: 0}}", "kvCacheUsage: 0}, prefix: {forgetOnEngineRestart: sometimes}}"
+            ),
+        ],
+        "spec.picking.prefix.forgetOnEngineRestart: must be true or false",
+    ),
+    (
         "huggingface without a path",
         [POOL, GATEWAY.replace("{kind: tiktoken, encoding: cl100k_base}", "{kind: huggingface}")],
         "spec.tokenizer.path: is required",

@@ -74,6 +74,8 @@ CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs 
 JSON_CONTENT = {"Content-Type": "application/json"}
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
+# Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
+SESSION_HEADER = "x-laneway-session"
 
 
 @dataclass
@@ -184,7 +186,8 @@ async def _serve(
         try:
             with demand.running(pool.key, route.prefill_tokens):
                 hashes = _prefix_hashes(app, parsed)
-                plan = await _plan(app, route, started, hashes)
+                session = request.headers.get(SESSION_HEADER, "").strip() or None
+                plan = await _plan(app, route, started, hashes, session)
                 exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
                 return await _forward(exchange)
         finally:
@@ -362,7 +365,11 @@ def _refused(
 
 
 async def _plan(
-    app: web.Application, route: Route, started: float, prefix_hashes: tuple[int, ...]
+    app: web.Application,
+    route: Route,
+    started: float,
+    prefix_hashes: tuple[int, ...],
+    session_key: str | None,
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot."""
     registry = app[REGISTRY]
@@ -382,6 +389,7 @@ async def _plan(
             )
             if prefix_hashes
             else None,
+            session_key=session_key,
         )
         for url in available
     ]
