@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
 from laneway.errors import UsageError
 from laneway.outputs import check_output_folder, write_json
@@ -87,13 +88,12 @@ def arrivals(day: DayScenario) -> list[Arrival]:
     chat = poisson_arrivals(
         rng, lambda t: diurnal_rate(t, day.day_s, day.peak_rps, trough), day.peak_rps, day.day_s
     )
-    found = [
-        Arrival(at, 0, rng.randint(*PROMPT_TOKENS), rng.randint(*OUTPUT_TOKENS)) for at in chat
-    ]
+    found = [Arrival(at, rng.randint(*PROMPT_TOKENS), rng.randint(*OUTPUT_TOKENS)) for at in chat]
     for _ in range(day.jobs):
         at = rng.uniform(*JOB_WINDOW) * day.day_s
         found += [
-            Arrival(at, 1, DOCUMENT_TOKENS, DOCUMENT_OUTPUT_TOKENS)
+            # Batches API items: the dispatcher pins them to the batch lane.
+            Arrival(at, DOCUMENT_TOKENS, DOCUMENT_OUTPUT_TOKENS, Lane.BATCH)
             for _ in range(day.documents_per_job)
         ]
     return sorted(found, key=lambda a: a.at_s)
@@ -146,13 +146,16 @@ def configs(day: DayScenario, sized: Plan) -> dict[str, tuple[ElasticPool, ...]]
         scale_down_window_s=300,
     )
     chat, batch = sized.interactive_engine, sized.batch_engine
+    chat_range = REALTIME_MAX_PROMPT  # the seed's realtime lane: longer prompts go to batch
     return {
         "static": (
-            ElasticPool("interactive", True, chat, sized.interactive_replicas, None),
+            ElasticPool("interactive", True, chat, sized.interactive_replicas, None, chat_range),
             ElasticPool("batch", False, batch, day.batch_replicas, None),
         ),
         "elastic": (
-            ElasticPool("interactive", True, chat, sized.interactive_replicas, chat_policy),
+            ElasticPool(
+                "interactive", True, chat, sized.interactive_replicas, chat_policy, chat_range
+            ),
             ElasticPool("batch", False, batch, 0, batch_policy),
         ),
     }
@@ -165,6 +168,7 @@ def summary(result: ElasticResult, day: DayScenario) -> dict[str, Any]:
     completion = [o.finished_s - o.arrival_s for o in batch]
     return {
         "gpu_hours": round(result.gpu_seconds / 3600, 3),
+        "unrouted": result.unrouted,  # requests no pool took: 0 unless the pools are wrong
         "interactive": {
             "requests": len(chat),
             "slo_attainment": round(met / len(chat), 5) if chat else 1.0,

@@ -12,7 +12,7 @@ request carries `x-laneway-session`, which only the sticky picker's scorer reads
 
 Measured where a user would: TTFT at the client (first content token, in model time); hit
 rate, prefill tokens and busy time from the engines' own /metrics (`vllm:prefix_cache_*`,
-`laneway:engine_busy_seconds`), as deltas over the run.
+`laneway_engine_busy_seconds`), as deltas over the run.
 """
 
 from __future__ import annotations

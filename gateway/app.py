@@ -13,12 +13,15 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.autoscale import DEMAND_PATH
 from laneway.gateway.access_log import AccessLog
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
+    DEMAND,
+    DEMAND_SHARE,
     METRICS,
     POOL_TOKENIZERS,
     PREFIX_INDEX,
@@ -41,6 +44,7 @@ from laneway.gateway.serving.arrival import stamp_arrival
 from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
+from laneway.gateway.state.demand import DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.gateway.state.shared import routing_tenant
 from laneway.routing.lanes import serves_tenant
@@ -63,6 +67,7 @@ def create_app(
     registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
     app[REGISTRY] = registry
+    app[DEMAND] = demand_book = DemandBook(clock)
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
@@ -70,7 +75,7 @@ def create_app(
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
-    app[METRICS] = GatewayMetrics(registry, app[PREFIX_INDEX])
+    app[METRICS] = GatewayMetrics(registry, demand_book, app[PREFIX_INDEX])
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
@@ -85,6 +90,7 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get(DEMAND_PATH, demand)
     return app
 
 
@@ -195,6 +201,17 @@ async def readyz(request: web.Request) -> web.Response:
     if not request.app[REGISTRY].ready():
         return web.json_response({"status": "no pool has an available endpoint"}, status=503)
     return web.json_response({"status": "ready"})
+
+
+async def demand(request: web.Request) -> web.Response:
+    """Each pool's demand for the operator's scaler: this replica's, or with Redis every
+    replica's summed."""
+    app = request.app
+    local = app[DEMAND].snapshot([pool.key for pool in app[REGISTRY].pools()])
+    share = app.get(DEMAND_SHARE)
+    counts, replicas = (local, 1) if share is None else await share.total(local)
+    pools = {key: count.to_wire() for key, count in sorted(counts.items())}
+    return web.json_response({"object": "laneway.demand", "replicas": replicas, "pools": pools})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.serving.counting import PoolTokenizers
+from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
@@ -29,6 +30,7 @@ SETTINGS = web.AppKey("settings", GatewaySettings)
 REGISTRY = web.AppKey("registry", PoolRegistry)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACKER = web.AppKey("tracker", LoadTracker)
+DEMAND = web.AppKey("demand", DemandBook)  # each pool's queued and running work, for scaling
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)  # the default, for pools that name none
 POOL_TOKENIZERS = web.AppKey("pool_tokenizers", PoolTokenizers)
 PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
@@ -50,6 +52,7 @@ FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
 FILE_QUOTA = web.AppKey("file_quota", FileQuota)  # for tenants whose entry sets none
 BATCH_TOKEN_LIMIT = web.AppKey("batch_token_limit", int)  # the same
 STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
+DEMAND_SHARE = web.AppKey("demand_share", RedisDemandShare)  # absent: no Redis
 
 
 class Loopback:

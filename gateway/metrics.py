@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.state.demand import DemandBook
 from laneway.routing.prefix_index import PrefixIndex
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
@@ -23,7 +24,9 @@ TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 
 class GatewayMetrics:
-    def __init__(self, pools: PoolRegistry, prefix_index: PrefixIndex | None = None) -> None:
+    def __init__(
+        self, pools: PoolRegistry, demand: DemandBook, prefix_index: PrefixIndex | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
         by_pool_lane = ("pool", "lane")
         self.requests = Counter(
@@ -94,14 +97,17 @@ class GatewayMetrics:
             ("pool", "lane", "met"),
             registry=self.registry,
         )
-        self.registry.register(_PoolStateCollector(pools, prefix_index))
+        self.registry.register(_PoolStateCollector(pools, demand, prefix_index))
 
 
 class _PoolStateCollector(Collector):
-    """Queue depth, running requests and endpoint health, read from the registry at scrape."""
+    """Queue depth, running requests, demand and endpoint health, read at scrape."""
 
-    def __init__(self, pools: PoolRegistry, prefix_index: PrefixIndex | None) -> None:
+    def __init__(
+        self, pools: PoolRegistry, demand: DemandBook, prefix_index: PrefixIndex | None
+    ) -> None:
         self._pools = pools
+        self._demand = demand
         self._prefix_index = prefix_index
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -127,17 +133,32 @@ class _PoolStateCollector(Collector):
             labels=["pool", "endpoint"],
         )
         prefill_rate = GaugeMetricFamily(
-            "laneway_gateway_endpoint_prefill_ms_per_token",
+            "laneway_gateway_endpoint_prefill_seconds_per_token",
             "Each endpoint's learned time to first token per prompt token of prefill backlog "
-            "(the prior until streams have been observed)",
+            "(the prior until streams have been observed), in seconds (Prometheus' base unit)",
             labels=["pool", "endpoint"],
         )
+        queued_tokens = GaugeMetricFamily(
+            "laneway_gateway_queued_prompt_tokens",
+            "Prompt tokens of the requests waiting in the gateway's line (a pool at zero's "
+            "backlog): what the operator scales batch pools on",
+            labels=["pool"],
+        )
+        running_tokens = GaugeMetricFamily(
+            "laneway_gateway_in_flight_prompt_tokens",
+            "Prompt tokens of the admitted requests not yet finished",
+            labels=["pool"],
+        )
+        pools = self._pools.pools()
+        counts = self._demand.snapshot([pool.key for pool in pools])
         index_blocks = GaugeMetricFamily(
             "laneway_gateway_prefix_index_blocks",
             "Prompt-prefix blocks the gateway's prefix index holds for each endpoint",
             labels=["pool", "endpoint"],
         )
-        for pool in self._pools.pools():
+        for pool in pools:
+            queued_tokens.add_metric([pool.name], counts[pool.key].queued_prompt_tokens)
+            running_tokens.add_metric([pool.name], counts[pool.key].in_flight_prompt_tokens)
             gate = self._pools.gate(pool)
             waiting.add_metric([pool.name], gate.waiting)
             active.add_metric([pool.name], gate.active)
@@ -150,9 +171,10 @@ class _PoolStateCollector(Collector):
                     engine_waiting.add_metric([pool.name, url], sample.waiting)
                     engine_kv.add_metric([pool.name, url], sample.kv_usage)
                 rate = self._pools.prefill_rate(url).ms_per_token
-                prefill_rate.add_metric([pool.name, url], rate)
+                prefill_rate.add_metric([pool.name, url], rate / 1000)
                 if self._prefix_index is not None:
                     index_blocks.add_metric([pool.name, url], self._prefix_index.blocks_of(url))
         yield from (waiting, active, endpoints, engine_waiting, engine_kv, prefill_rate)
+        yield from (queued_tokens, running_tokens)
         if self._prefix_index is not None:
             yield index_blocks

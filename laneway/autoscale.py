@@ -67,6 +67,65 @@ class LaneDemand:
         return self.queued_requests + self.in_flight_requests
 
 
+# Where each gateway replica serves its pools' demand (open like /metrics), as a JSON
+# document {"pools": {"namespace/name": {wire name: count}}, "replicas": n}.
+DEMAND_PATH = "/laneway/demand"
+# The wire names of `DemandCount`'s fields.
+_WIRE_FIELDS = {
+    "queuedRequests": "queued_requests",
+    "queuedPromptTokens": "queued_prompt_tokens",
+    "inFlightRequests": "in_flight_requests",
+    "inFlightPromptTokens": "in_flight_prompt_tokens",
+    "ttftMet": "ttft_met",
+    "ttftMissed": "ttft_missed",
+}
+
+
+@dataclass(frozen=True)
+class DemandCount:
+    """One gateway replica's counts for one pool, in the form that adds up across replicas
+    (attainment does not add; the counts it comes from do). The gateway serves it, the
+    operator sums and reads it."""
+
+    queued_requests: int = 0
+    queued_prompt_tokens: int = 0
+    in_flight_requests: int = 0
+    in_flight_prompt_tokens: int = 0
+    ttft_met: int = 0  # streamed requests over the recent window whose TTFT met the SLO
+    ttft_missed: int = 0
+
+    def plus(self, other: DemandCount) -> DemandCount:
+        return DemandCount(
+            *(getattr(self, name) + getattr(other, name) for name in _WIRE_FIELDS.values())
+        )
+
+    def lane_demand(self) -> LaneDemand:
+        measured = self.ttft_met + self.ttft_missed
+        return LaneDemand(
+            self.queued_requests,
+            self.queued_prompt_tokens,
+            self.in_flight_requests,
+            self.in_flight_prompt_tokens,
+            self.ttft_met / measured if measured else None,
+        )
+
+    def to_wire(self) -> dict[str, int]:
+        return {wire: getattr(self, name) for wire, name in _WIRE_FIELDS.items()}
+
+    @classmethod
+    def from_wire(cls, document: object) -> DemandCount:
+        """Raise ValueError, saying which field, on anything but counts."""
+        if not isinstance(document, dict):
+            raise ValueError(f"a pool's demand must be an object, not {document!r}")
+        values = {}
+        for wire, name in _WIRE_FIELDS.items():
+            value = document.get(wire, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{wire} must be a count (an integer >= 0), not {value!r}")
+            values[name] = value
+        return cls(**values)
+
+
 @dataclass(frozen=True)
 class Recommendation:
     at_s: float

@@ -12,6 +12,8 @@ from typing import Any
 from laneway.api import KIND, EngineKind, InferencePool, SpecError, check_pool_set, parse_pool
 from laneway.errors import UsageError
 
+GATEWAY_URL_ENV = "LANEWAY_GATEWAY_URL"
+
 
 def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
@@ -46,6 +48,21 @@ def register(
         type=int,
         default=8081,
         help="port of the liveness endpoint /healthz (default 8081)",
+    )
+    operator.add_argument(
+        "--gateway-url",
+        default=os.environ.get(GATEWAY_URL_ENV) or None,
+        metavar="URL",
+        help="the gateway's base URL (its Service), read every --demand-interval for each "
+        "pool's demand: SLO attainment in the status, and spec.autoscaling applied "
+        f"(default ${GATEWAY_URL_ENV}; unset: no autoscaling, no attainment)",
+    )
+    operator.add_argument(
+        "--demand-interval",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often to read the gateway's demand and scale (default 15)",
     )
     add_image_flag(operator)
     operator.set_defaults(handler=run_operator)
@@ -146,6 +163,13 @@ def run_operator(args: argparse.Namespace) -> int:
 
     if not 0 < args.health_port < 65536:
         raise UsageError(f"--health-port {args.health_port}: must be 1-65535")
+    if not 1.0 <= args.demand_interval <= 3600:
+        raise UsageError(f"--demand-interval {args.demand_interval}: must be 1-3600 seconds")
+    if args.gateway_url is not None and not args.gateway_url.startswith(("http://", "https://")):
+        raise UsageError(
+            f"--gateway-url {args.gateway_url!r}: must start with http:// or https:// "
+            "(e.g. http://laneway-gateway.laneway-system:8080)"
+        )
     options = RenderOptions(images=parse_images(args.image, os.environ.get("LANEWAY_IMAGE")))
     try:
         cluster = KubeApi.from_environment()
@@ -158,6 +182,14 @@ def run_operator(args: argparse.Namespace) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-        memo=kopf.Memo(state=OperatorState(cluster=cluster, options=options)),
+        memo=kopf.Memo(
+            state=OperatorState(
+                cluster=cluster,
+                options=options,
+                gateway_url=args.gateway_url,
+                demand_interval_s=args.demand_interval,
+                namespaces=tuple(args.namespace),
+            )
+        ),
     )
     return 0

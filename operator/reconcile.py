@@ -174,6 +174,7 @@ async def reconcile(
         endpoints=ready_endpoint_urls(slices.items),
         engine_args=rendered.engine.argv,
         selector=selector_string(pool),
+        autoscaled=pool.spec.autoscaling is not None,
     )
     conditions = list(serving_conditions(observed))
     conflict = await _routing_conflict(pool, cluster)

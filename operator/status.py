@@ -30,6 +30,7 @@ class Observed:
     endpoints: tuple[str, ...]  # ready engine base URLs
     engine_args: tuple[str, ...]
     selector: str
+    autoscaled: bool = False  # spec.autoscaling is set: the operator moves spec.replicas
 
 
 def problem_conditions(reason: str, message: str) -> tuple[Condition, ...]:
@@ -63,9 +64,13 @@ def serving_conditions(observed: Observed) -> tuple[Condition, ...]:
     desired = observed.desired_replicas
     rollout = _rollout(observed.deployment, desired)
     if desired == 0:
-        readiness = Condition(
-            "Ready", False, "ScaledToZero", "spec.replicas is 0: raise it to serve requests"
+        zero = (
+            "scaled to zero for want of demand: the gateway holds this pool's requests in "
+            "line, and the operator wakes it when they arrive"
+            if observed.autoscaled
+            else "spec.replicas is 0: raise it to serve requests"
         )
+        readiness = Condition("Ready", False, "ScaledToZero", zero)
     elif ready:
         readiness = Condition("Ready", True, "EndpointsReady", f"{ready}/{desired} replicas ready")
     else:
@@ -150,29 +155,44 @@ def status_document(
         "endpoints": list(observed.endpoints),
         "engineArgs": list(observed.engine_args),
         "conditions": _conditions(conditions, previous, observed.generation, now),
+        # Written by the demand loop (operator/autoscaler.py); kept so a pass that changes
+        # nothing else writes nothing.
+        **{key: previous[key] for key in DEMAND_KEYS if key in previous},
     }
+
+
+DEMAND_KEYS = ("sloAttainment", "autoscaling")
+
+
+def with_condition(
+    previous: Mapping[str, Any], condition: Condition, generation: int, now: str
+) -> list[dict[str, Any]]:
+    """The status's conditions with `condition` set, the others unchanged."""
+    return _conditions([condition], previous, generation, now)
 
 
 def _conditions(
     conditions: Sequence[Condition], previous: Mapping[str, Any], generation: int, now: str
 ) -> list[dict[str, Any]]:
-    before = {c.get("type"): c for c in previous.get("conditions") or ()}
-    rendered = []
+    """`conditions` rendered in the previous order, new types last; previous ones of other
+    types (SloMet, which the demand loop writes) kept as they were."""
+    earlier = [dict(c) for c in previous.get("conditions") or ()]
+    before = {c.get("type"): c for c in earlier}
+    fresh = {}
     for condition in conditions:
         status = "True" if condition.status else "False"
         old = before.get(condition.type) or {}
         since = old.get("lastTransitionTime") if old.get("status") == status else None
-        rendered.append(
-            {
-                "type": condition.type,
-                "status": status,
-                "reason": condition.reason,
-                "message": condition.message,
-                "observedGeneration": generation,
-                "lastTransitionTime": since or now,
-            }
-        )
-    return rendered
+        fresh[condition.type] = {
+            "type": condition.type,
+            "status": status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "observedGeneration": generation,
+            "lastTransitionTime": since or now,
+        }
+    kept = [fresh.pop(str(c.get("type")), c) for c in earlier]
+    return kept + list(fresh.values())
 
 
 def problem_status(

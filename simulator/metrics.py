@@ -85,7 +85,9 @@ NAMES: dict[MetricsFlavor, MetricNames] = {
 
 # Not an engine metric: the simulated GPU time spent in steps, so a benchmark can report
 # how busy the simulated GPUs were. The same name in both flavors.
-BUSY_SECONDS = "laneway:engine_busy_seconds"
+# Ours, so no colon: Prometheus keeps colons for recording rules (the engines' own names,
+# mirrored above, have them).
+BUSY_SECONDS = "laneway_engine_busy_seconds"
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,22 @@ class FakeCluster:
         self._record("patch", kind, "status")
         _merge(self.objects[(kind, namespace, name)].setdefault("status", {}), status)
 
+    async def create_object(self, manifest: Manifest) -> Manifest:
+        """`KubeApi.create`: a POST, which takes generateName."""
+        self._record("create", manifest["kind"])
+        obj = copy.deepcopy(dict(manifest))
+        metadata = obj["metadata"]
+        metadata.setdefault("name", f"{metadata.get('generateName', 'x-')}{next(self._counter)}")
+        self.objects[(obj["kind"], metadata["namespace"], metadata["name"])] = obj
+        return copy.deepcopy(obj)
+
+    async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
+        self._record("patch", kind, "scale")
+        live = self.objects[(kind, namespace, name)]
+        if live["spec"].get("replicas") != replicas:
+            live["spec"]["replicas"] = replicas
+            live["metadata"]["generation"] += 1
+
     # --- what a test (or another actor in the cluster) does ---
 
     def _new(self, manifest: Mapping[str, Any]) -> Manifest:

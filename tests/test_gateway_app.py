@@ -11,7 +11,7 @@ from simulated_pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.app import create_app
-from laneway.gateway.config import GatewaySettings
+from laneway.gateway.config import GatewaySettings, QueueSettings
 from laneway.gateway.pools.sources import PoolUpdate
 
 
@@ -43,7 +43,7 @@ async def model_ids(client: TestClient[Any, Any]) -> list[str]:
 
 async def test_pools_appear_change_and_go_through_the_source() -> None:
     source = QueueSource()
-    app = create_app(GatewaySettings(), source)
+    app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=100)), source)
     async with TestClient(TestServer(app)) as client:
         assert (await client.get("/readyz")).status == 503  # nothing delivered yet
         assert (await client.get("/healthz")).status == 200
@@ -63,7 +63,8 @@ async def test_pools_appear_change_and_go_through_the_source() -> None:
             while await model_ids(client) != ["llama", "llama-chat", "mistral"]:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
 
-        # A pool without endpoints answers 503 with Retry-After, not a hang.
+        # A pool without endpoints (at zero) holds a request for the queue timeout, then
+        # answers 503 with Retry-After, not a hang.
         response = await client.post(
             "/v1/completions", json={"model": "mistral", "prompt": "hi", "max_tokens": 2}
         )

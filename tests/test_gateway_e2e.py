@@ -402,11 +402,11 @@ async def test_slo_attainment_and_learned_prefill_rates(
         met = total(samples, f"laneway_gateway_slo_{slo}_total", met="true", **by_pool)
         within = total(samples, f"laneway_gateway_{histogram}_bucket", le=edge, **by_pool)
         assert met == within
-    learned = samples["laneway_gateway_endpoint_prefill_ms_per_token"]
-    assert {labels["pool"] for labels, _ in learned} == {"realtime", "batch"}
-    realtime_rate = total(samples, "laneway_gateway_endpoint_prefill_ms_per_token", pool="realtime")
-    assert realtime_rate > 0
-    assert realtime_rate != PRIOR_MS_PER_TOKEN  # learned from the streams above
+    rate_metric = "laneway_gateway_endpoint_prefill_seconds_per_token"
+    assert {labels["pool"] for labels, _ in samples[rate_metric]} == {"realtime", "batch"}
+    realtime_s = total(samples, rate_metric, pool="realtime")
+    assert realtime_s > 0
+    assert realtime_s != PRIOR_MS_PER_TOKEN / 1000  # learned from the streams above
 
 
 async def test_both_engine_flavors_are_scraped(lanes: ChildProcess) -> None:

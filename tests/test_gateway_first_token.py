@@ -254,7 +254,8 @@ async def test_ttft_its_slo_count_and_the_learned_rate_wait_for_output(
     assert total(samples, "laneway_gateway_slo_ttft_total", met="true", **pool) == 0
     # The prior counts as one observation; the first stream's TTFT per backlog token is the
     # other half, and that TTFT is at least FIRST_TOKEN_AFTER_S.
-    learned = total(samples, "laneway_gateway_endpoint_prefill_ms_per_token", pool=framing)
+    learned_s = total(samples, "laneway_gateway_endpoint_prefill_seconds_per_token", pool=framing)
+    learned = learned_s * 1000
     assert prompt_tokens >= 256
     assert learned >= (PRIOR_MS_PER_TOKEN + FIRST_TOKEN_AFTER_S * 1000 / prompt_tokens) / 2
 

@@ -93,3 +93,19 @@ def test_operator_without_a_cluster_says_so(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("laneway operator: error: no Kubernetes configuration")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gateway-url", "laneway-gateway:8080"], "must start with http:// or https://"),
+        (["--demand-interval", "0.1"], "--demand-interval 0.1: must be 1-3600 seconds"),
+    ],
+)
+def test_operator_rejects_bad_demand_loop_flags(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["operator", *args]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("laneway operator: error: ")
+    assert message in error

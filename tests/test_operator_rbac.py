@@ -13,7 +13,9 @@ from operator_fakes import FakeCluster, pool_document
 from rbac_rules import granted_rules
 
 from laneway.api import KIND
-from laneway.operator.handlers import OperatorState, child_changed
+from laneway.autoscale import DemandCount
+from laneway.operator.autoscaler import Demand
+from laneway.operator.handlers import OperatorState, child_changed, demand_pass
 from laneway.operator.reconcile import reconcile
 from laneway.operator.render import RenderOptions
 
@@ -49,7 +51,8 @@ def no_event_posting() -> Iterator[None]:
 
 
 async def life_cycle(cluster: FakeCluster) -> None:
-    """Create, autoscale, change, drift, switch to adopted pods, report status."""
+    """Create, autoscale (the demand loop), change, drift, switch to adopted pods, report
+    status."""
     memo = kopf.Memo(state=OperatorState(cluster=cluster, options=RenderOptions()))
     spec = {"lane": "batch", "model": "m", "engine": {"kind": "sglang"}}
     pool = cluster.create(pool_document("p", spec))
@@ -70,6 +73,13 @@ async def life_cycle(cluster: FakeCluster) -> None:
 
     await once()
     cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(autoscaling={"maxReplicas": 3}))
+    await once()
+
+    async def demand() -> Demand:  # enough queued prompt tokens for three replicas
+        return {"serving/p": DemandCount(queued_prompt_tokens=700_000)}
+
+    await demand_pass(memo["state"], demand, now_s=0.0)
+    assert cluster.pool("serving", "p")["spec"]["replicas"] == 3
     await once()
     cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(autoscaling={"maxReplicas": 5}))
     cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(prefill={"chunkSize": 512}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
 from laneway.bench.autoscale import DayScenario, arrivals
 from laneway.cli import main
@@ -26,7 +27,7 @@ BATCH_AT_ZERO = ScalePolicy(
 
 
 def run(cold_start_s: float) -> tuple[list[float], list[int], float]:
-    documents = [Arrival(100.0, 0, 32768, 64) for _ in range(2)]
+    documents = [Arrival(100.0, 32768, 64, Lane.BATCH) for _ in range(2)]
     pool = ElasticPool("batch", False, ENGINE, 0, BATCH_AT_ZERO)
     result = ElasticCluster([pool], PROFILE, documents, 600.0, SLO, cold_start_s).run()
     assert result.unfinished == 0
@@ -56,11 +57,11 @@ def test_a_longer_cold_start_costs_gpu_time_and_latency() -> None:
 def test_the_day_has_a_diurnal_curve_and_batch_only_in_working_hours() -> None:
     day = DayScenario(day_s=3600.0, peak_rps=4.0, peak_to_trough=4.0, jobs=2)
     found = arrivals(day)
-    chat = [a.at_s for a in found if a.pool == 0]
+    chat = [a.at_s for a in found if a.pinned is None]
     night = sum(1 for t in chat if t < 360 or t > 3240)
     noon = sum(1 for t in chat if 1440 < t < 2160)
     assert noon >= 3 * night  # equal spans; peak/trough 4, less the Poisson noise
-    batch = [a.at_s for a in found if a.pool == 1]
+    batch = [a.at_s for a in found if a.pinned is Lane.BATCH]
     assert len(batch) == 2 * day.documents_per_job
     assert all(0.3 * 3600 <= t <= 0.75 * 3600 for t in batch)
 

@@ -27,6 +27,7 @@ from laneway.gateway.keys import (
     ACCESS_LOG,
     ARRIVED,
     CLOCK,
+    DEMAND,
     METRICS,
     POOL_TOKENIZERS,
     PREFIX_INDEX,
@@ -201,26 +202,33 @@ async def _serve(
         registry = app[REGISTRY]
         if registry.current(pool) is None:
             raise _no_endpoint(app, pool, "the pool was removed while the request was routed")
-        if not registry.available(pool):
-            raise _no_endpoint(app, pool, "every endpoint is ejected or none is known")
-        gate = registry.gate(pool)
+        # A pool with no endpoint at all is at zero or starting: its gate admits nobody, so
+        # the request waits in line (and counts as demand) for a first replica. One whose
+        # endpoints all failed is broken, not scaling: that is said at once.
+        if pool.endpoints and not registry.available(pool):
+            raise _no_endpoint(app, pool, "every endpoint is ejected")
+        gate, demand = registry.gate(pool), app[DEMAND]
         waiting_since = app[CLOCK]()
         try:
-            async with asyncio.timeout(settings.queue.timeout_millis / 1000):
-                await gate.acquire(
-                    route.priority, tenant_name(request), parsed.sequences * route.prefill_tokens
-                )
+            with demand.waiting(pool.key, route.prefill_tokens):
+                async with asyncio.timeout(settings.queue.timeout_millis / 1000):
+                    await gate.acquire(
+                        route.priority,
+                        tenant_name(request),
+                        parsed.sequences * route.prefill_tokens,
+                    )
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
-            hashes = _prefix_hashes(app, parsed)
-            session = request.headers.get(SESSION_HEADER, "").strip() or None
-            plan = await _plan(app, route, started, hashes, session)
-            exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
-            return await _forward(exchange)
+            with demand.running(pool.key, route.prefill_tokens):
+                hashes = _prefix_hashes(app, parsed)
+                session = request.headers.get(SESSION_HEADER, "").strip() or None
+                plan = await _plan(app, route, started, hashes, session)
+                exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
+                return await _forward(exchange)
         finally:
             gate.release()
     finally:
@@ -367,8 +375,14 @@ def _refused(
     active: int,
     waiting: int,
 ) -> ApiError:
+    waited_ms = app[SETTINGS].queue.timeout_millis
+    now = app[REGISTRY].current(pool)
+    if isinstance(refused, TimeoutError) and now is not None and not now.endpoints:
+        return _no_endpoint(
+            app, pool, f"no replica is ready (scaled to zero or starting) after {waited_ms} ms"
+        )
     if isinstance(refused, TimeoutError):
-        why = f"no slot freed within {app[SETTINGS].queue.timeout_millis} ms"
+        why = f"no slot freed within {waited_ms} ms"
     elif refused.reason == "pool_removed":
         return _no_endpoint(app, pool, "the pool was removed while the request waited")
     elif refused.reason == "shutting_down":
@@ -615,8 +629,9 @@ async def _note_first_token(
     labels = (plan.pool.name, plan.lane.value)
     ttft = written_at - exchange.started
     app[METRICS].ttft.labels(*labels).observe(ttft)
-    met = "true" if within_slo(ttft, plan.pool.spec.slo.ttft_millis) else "false"
-    app[METRICS].ttft_slo.labels(*labels, met).inc()
+    met = within_slo(ttft, plan.pool.spec.slo.ttft_millis)
+    app[METRICS].ttft_slo.labels(*labels, "true" if met else "false").inc()
+    app[DEMAND].record_ttft(plan.pool.key, met)
     exchange.outcome.ttft_ms = ttft * 1000
     progress.first_token = True
     await app[TRACKER].prefill_done(lease)

@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from redis.asyncio import Redis
 
+from laneway.autoscale import DEMAND_PATH, DemandCount
 from laneway.errors import UsageError
 from laneway.gateway.batch.api import add_routes
 from laneway.gateway.batch.batches import BatchStore
@@ -38,6 +39,8 @@ from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     BATCH_STORE,
     BATCH_TOKEN_LIMIT,
+    DEMAND,
+    DEMAND_SHARE,
     DISPATCHING,
     FILE_QUOTA,
     FILE_SIZE_LIMIT,
@@ -47,6 +50,7 @@ from laneway.gateway.keys import (
     LIMITER,
     LOOPBACK,
     METRICS,
+    REGISTRY,
     SESSION,
     SETTINGS,
     STATE_METRICS,
@@ -55,6 +59,7 @@ from laneway.gateway.keys import (
     TRACKER,
     Loopback,
 )
+from laneway.gateway.state.demand import RedisDemandShare
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import (
     DEFAULT_LEASE_S,
@@ -80,7 +85,7 @@ from laneway.gateway.state.tenants import (
 )
 
 TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", DEMAND_PATH})
 DEFAULT_FILE_QUOTA = FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
 
 
@@ -124,6 +129,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[FILE_STORE] = files
     app[BATCH_STORE] = BatchStore(redis, files, prefix)
     app[DISPATCHING] = []
+    app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))
     app.cleanup_ctx.append(_background(redis, tracker, options))
     # Stop claiming batch items as soon as shutdown begins: this replica's listener has
     # closed, so an item that needs another try goes to the other replicas instead.
@@ -162,6 +168,10 @@ def _reload_tenants(
     return run
 
 
+def _local_demand(app: web.Application) -> dict[str, DemandCount]:
+    return app[DEMAND].snapshot([pool.key for pool in app[REGISTRY].pools()])
+
+
 def announce_listening(app: web.Application, host: str, port: int) -> None:
     if LOOPBACK in app:
         local = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -191,7 +201,11 @@ def _background(
         )
         dispatching = asyncio.create_task(dispatcher.run(), name="batch-dispatcher")
         app[DISPATCHING].append((dispatcher, dispatching))
-        tasks = [asyncio.create_task(tracker.run(), name="load-heartbeat"), dispatching]
+        tasks = [
+            asyncio.create_task(tracker.run(), name="load-heartbeat"),
+            asyncio.create_task(app[DEMAND_SHARE].run(), name="demand-publish"),
+            dispatching,
+        ]
         yield
         for task in tasks:
             task.cancel()
@@ -199,6 +213,7 @@ def _background(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await tracker.leave()
+        await app[DEMAND_SHARE].leave()
         await redis.aclose()
 
     return run

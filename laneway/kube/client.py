@@ -1,5 +1,6 @@
 """A small asyncio client for the Kubernetes REST API: what the operator and the gateway's
-discovery need (get, list, server-side apply, delete, status patch, watch) and no more.
+discovery need (get, list, create, server-side apply, delete, status patch, scale, watch)
+and no more.
 
 Both run inside asyncio (kopf, aiohttp), so this speaks HTTP with aiohttp instead of the
 blocking `kubernetes` client; that package is used only to read the in-cluster service
@@ -44,6 +45,7 @@ RESOURCE_TYPES = {
         ResourceType("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
         ResourceType("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
         ResourceType("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+        ResourceType("v1", "Event", "events"),
         ResourceType(API_VERSION, KIND, PLURAL),
     )
 }
@@ -221,6 +223,28 @@ class KubeApi:
             body={"status": status},
             content_type="application/merge-patch+json",
         )
+
+    async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
+        """Set spec.replicas through the scale subresource, the way `kubectl scale` does."""
+        await self._request(
+            "PATCH",
+            RESOURCE_TYPES[kind].path(namespace, name) + "/scale",
+            body={"spec": {"replicas": replicas}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def create_object(self, manifest: Manifest) -> Manifest:
+        """POST a new object (e.g. an Event with a generateName)."""
+        namespace = manifest["metadata"]["namespace"]
+        created = await self._request(
+            "POST",
+            RESOURCE_TYPES[manifest["kind"]].path(namespace),
+            body=manifest,
+            content_type="application/json",
+        )
+        if created is None:
+            raise KubeError(404, f"{manifest['kind']} in {namespace}: the namespace is gone")
+        return created
 
     async def watch(
         self,
