@@ -67,6 +67,14 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+def set_unreleased(changelog: Path, entries: str) -> None:
+    """The copy's [Unreleased] section holds `entries` alone, whatever the real one holds."""
+    text = changelog.read_text()
+    start = text.index("## [Unreleased]\n")
+    end = text.index("\n## [", start + 1)
+    changelog.write_text(text[:start] + "## [Unreleased]\n" + entries + text[end:])
+
+
 # --- the workflows ----------------------------------------------------------------------
 
 
@@ -172,7 +180,7 @@ def test_a_tag_must_name_the_version(repo: Path) -> None:
 
 
 def test_bump_moves_every_place_and_the_unreleased_entries(repo: Path) -> None:
-    edit(repo / "CHANGELOG.md", "## [Unreleased]\n", "## [Unreleased]\n\n### Fixed\n\n- A bug.\n")
+    set_unreleased(repo / "CHANGELOG.md", "\n### Fixed\n\n- A bug.\n")
     result = release("bump", "0.2.0", "--date", "2027-01-02", root=repo)
     assert result.returncode == 0, result.stderr
     assert release("version", "--tag", "v0.2.0", root=repo).stdout.strip() == "0.2.0"
@@ -191,6 +199,7 @@ def test_bump_moves_every_place_and_the_unreleased_entries(repo: Path) -> None:
 
 
 def test_bump_refuses_an_empty_unreleased_section(repo: Path) -> None:
+    set_unreleased(repo / "CHANGELOG.md", "")
     result = release("bump", "0.2.0", root=repo)
     assert result.returncode == 1
     assert "nothing to release" in result.stderr
