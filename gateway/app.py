@@ -19,6 +19,7 @@ from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
+    COUNTER,
     METRICS,
     POOL_TOKENIZERS,
     PREFIX_INDEX,
@@ -37,7 +38,7 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
-from laneway.gateway.serving.counting import PoolTokenizers
+from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
@@ -65,6 +66,8 @@ def create_app(
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
     app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
+    app[COUNTER] = OffLoopCounter()
+    app.on_cleanup.append(_stop_counter)
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
@@ -90,6 +93,10 @@ def _completion(endpoint: Endpoint) -> Handler:
         return await handle_completion(request, endpoint)
 
     return handler
+
+
+async def _stop_counter(app: web.Application) -> None:
+    app[COUNTER].close()
 
 
 async def _flush_access_log(app: web.Application) -> None:

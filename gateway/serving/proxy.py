@@ -25,6 +25,7 @@ from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
+    COUNTER,
     METRICS,
     POOL_TOKENIZERS,
     PREFIX_INDEX,
@@ -276,8 +277,7 @@ def _exact(count: int) -> TokenBounds:
 async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
     clock = app[CLOCK]
     begun = clock()
-    loop = asyncio.get_running_loop()
-    count = await loop.run_in_executor(None, parsed.count, tokenizer)
+    count = await app[COUNTER].count(parsed, tokenizer)
     app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
     return count
 
