@@ -482,9 +482,8 @@ async def _relay_stream(
     )
     await client.prepare(exchange.request)
     outcome.status = 200
-    tbt = metrics.tbt.labels(*labels)
+    gaps = metrics.tbt.labels(*labels)
     slo = exchange.plan.pool.spec.slo
-    tbt_met, tbt_missed = (metrics.tbt_slo.labels(*labels, met) for met in ("true", "false"))
     first_token = FirstTokenWatch()
     last_event: float | None = None
     # The end of what the client has: enough to tell an event boundary and the end marker.
@@ -515,8 +514,7 @@ async def _relay_stream(
             last_event = now
         elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
             gap = now - last_event
-            tbt.observe(gap)
-            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+            gaps.observe(gap, within_slo(gap, slo.tbt_millis))
             last_event = now
         if rename:
             chunk = rename.feed(chunk)
