@@ -110,6 +110,7 @@ def register(
     gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     gateway.set_defaults(handler=run_bench_gateway)
     register_bench_redis(bench)
+    register_bench_hostile(bench)
     register_bench_seed(bench)
     register_bench_autoscale(bench)
     register_bench_prefix(bench)
@@ -147,6 +148,44 @@ def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:
     redis.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
     redis.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     redis.set_defaults(handler=run_bench_redis)
+
+
+def register_bench_hostile(bench: argparse._SubParsersAction[Any]) -> None:
+    hostile = bench.add_parser(
+        "hostile",
+        help="/healthz latency while hostile request bodies arrive",
+        description="Start a simulated engine and a gateway; probe /healthz on the quiet "
+        "gateway, then while senders post bodies shaped to cost the gateway work (huge "
+        "prompt lists, a megabytes-long role, many tiny messages, deep nesting, huge "
+        "integers), all shapes together and each alone; report the probe's latency per "
+        "phase against the quiet one.",
+    )
+    hostile.add_argument(
+        "--seconds", type=float, default=5.0, help="length of each phase (default 5)"
+    )
+    hostile.add_argument(
+        "--senders", type=int, default=3, help="concurrent hostile senders (default 3)"
+    )
+    hostile.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    hostile.set_defaults(handler=run_bench_hostile)
+
+
+def run_bench_hostile(args: argparse.Namespace) -> int:
+    import sys
+
+    from laneway.bench.hostile import render, run_bench
+    from laneway.errors import UsageError
+    from laneway.outputs import check_output_folder, write_json
+
+    if args.seconds <= 0 or args.senders < 1:
+        raise UsageError("--seconds must be positive and --senders at least 1")
+    check_output_folder(args.json, "--json")
+    command = " ".join(["laneway", *sys.argv[1:]])
+    report = run_async(run_bench(args.seconds, args.senders, command))
+    print("\n".join(render(report)))
+    if args.json:
+        write_json(args.json, report.to_json())
+    return 0
 
 
 def run_async(main: Coroutine[Any, Any, T]) -> T:

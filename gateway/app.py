@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.gateway.access_log import AccessLog
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.errors import ApiError
+from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
@@ -156,6 +156,9 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except ApiError as error:
         return error.response()
+    except web.RequestPayloadError as error:
+        # Raised while reading a body: a gzip header on plain text, a bad chunk size.
+        return unreadable_body(error).response()
     except web.HTTPException as error:
         if error.status < 400:
             raise

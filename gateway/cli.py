@@ -16,8 +16,12 @@ from laneway.errors import UsageError, cannot_listen
 from laneway.gateway.state.settings import (
     BATCH_CONCURRENCY,
     BATCH_LEASE_S,
+    FILE_TTL_S,
     MAX_FILE_BYTES,
     REDIS_URL_ENV,
+    TENANT_BATCH_TOKENS,
+    TENANT_FILE_BYTES,
+    TENANT_FILES,
     TENANTS_ENV,
 )
 
@@ -152,7 +156,7 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     """Serve until SIGTERM, SIGINT or a fatal failure, then drain open streams; exit code."""
     from aiohttp import web
 
-    from laneway.gateway.keys import STOP
+    from laneway.gateway.keys import SETTINGS, STOP
     from laneway.gateway.state.shared import announce_listening
 
     runner = web.AppRunner(
@@ -161,6 +165,9 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
         handler_cancellation=True,  # a client that disconnects cancels its upstream call
         shutdown_timeout=drain_seconds,
         access_log=None,  # the gateway logs one structured line per request itself
+        # aiohttp closes a connection that sends no whole request head this long after it
+        # connects or after its last answer: idle keep-alive and slow headers alike.
+        keepalive_timeout=app[SETTINGS].clients.idle_timeout_millis / 1000,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -215,4 +222,35 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         default=MAX_FILE_BYTES,
         metavar="BYTES",
         help=f"largest batch input file accepted (default {MAX_FILE_BYTES})",
+    )
+    parser.add_argument(
+        "--tenant-files",
+        type=int,
+        default=TENANT_FILES,
+        metavar="N",
+        help="files a tenant may keep at once, unless its tenants entry sets maxFiles "
+        f"(default {TENANT_FILES})",
+    )
+    parser.add_argument(
+        "--tenant-file-bytes",
+        type=int,
+        default=TENANT_FILE_BYTES,
+        metavar="BYTES",
+        help="bytes of files a tenant may keep at once, unless its tenants entry sets "
+        f"maxFileBytes (default {TENANT_FILE_BYTES})",
+    )
+    parser.add_argument(
+        "--tenant-batch-tokens",
+        type=int,
+        default=TENANT_BATCH_TOKENS,
+        metavar="N",
+        help="estimated tokens of a tenant's batch items not yet run, unless its tenants "
+        f"entry sets maxBatchTokens (default {TENANT_BATCH_TOKENS})",
+    )
+    parser.add_argument(
+        "--file-ttl",
+        type=int,
+        default=FILE_TTL_S,
+        metavar="SECONDS",
+        help=f"files expire this long after they are made (default {FILE_TTL_S}, 30 days)",
     )

@@ -31,7 +31,7 @@ from laneway.routing.prefix_index import PrefixSettings
 GATEWAY_CONFIG_KIND = "GatewayConfig"
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
 SPEC_FIELDS = (
-    *("picking", "scrape", "health", "queue", "tokenizer", "upstream"),
+    *("picking", "scrape", "health", "queue", "tokenizer", "upstream", "clients"),
     *("maxBodyBytes", "drainTimeoutMillis"),
 )
 
@@ -71,6 +71,20 @@ class UpstreamSettings:
 
 
 @dataclass(frozen=True)
+class ClientSettings:
+    """Bounds on what a slow or silent client can hold."""
+
+    # An open connection must send a whole request head within this long of connecting or
+    # of its last answer, else it is closed: both the idle keep-alive limit and the header
+    # deadline (a head sent a byte at a time).
+    idle_timeout_millis: int = 15000
+    body_timeout_millis: int = 60000  # the longest a request body may take to arrive (408)
+    # The longest a streamed answer may wait for a client that reads nothing before the
+    # gateway drops it, ending the engine's work and freeing the pool's slot.
+    write_timeout_millis: int = 30000
+
+
+@dataclass(frozen=True)
 class GatewaySettings:
     picking: PickingSettings = field(default_factory=PickingSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
@@ -78,6 +92,7 @@ class GatewaySettings:
     queue: QueueSettings = field(default_factory=QueueSettings)
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    clients: ClientSettings = field(default_factory=ClientSettings)
     max_body_bytes: int = 4 * 1024 * 1024  # a 128k-token prompt is about 512 KB of text
     drain_timeout_millis: int = 30000  # how long shutdown waits for open streams
 
@@ -178,6 +193,7 @@ def parse_settings(document: Mapping[str, Any]) -> GatewaySettings:
         queue=_queue(reader, reader.mapping(spec, "queue", "spec")),
         tokenizer=_tokenizer(reader, reader.mapping(spec, "tokenizer", "spec")),
         upstream=_upstream(reader, reader.mapping(spec, "upstream", "spec")),
+        clients=_clients(reader, reader.mapping(spec, "clients", "spec")),
         max_body_bytes=reader.integer(
             spec, "maxBodyBytes", "spec", GatewaySettings.max_body_bytes, minimum=1024
         ),
@@ -285,6 +301,24 @@ def _tokenizer(reader: _Reader, data: Mapping[str, Any]) -> TokenizerSettings:
     if settings.kind == "huggingface" and settings.path is None:
         reader.fail(f"{path}.path", "is required for kind huggingface (a tokenizer.json)")
     return settings
+
+
+def _clients(reader: _Reader, data: Mapping[str, Any]) -> ClientSettings:
+    path = "spec.clients"
+    known = ("idleTimeoutMillis", "bodyTimeoutMillis", "writeTimeoutMillis")
+    _reject_unknown(reader, data, path, known)
+    default = ClientSettings()
+    return ClientSettings(
+        idle_timeout_millis=reader.integer(
+            data, "idleTimeoutMillis", path, default.idle_timeout_millis, minimum=100
+        ),
+        body_timeout_millis=reader.integer(
+            data, "bodyTimeoutMillis", path, default.body_timeout_millis, minimum=100
+        ),
+        write_timeout_millis=reader.integer(
+            data, "writeTimeoutMillis", path, default.write_timeout_millis, minimum=100
+        ),
+    )
 
 
 def _upstream(reader: _Reader, data: Mapping[str, Any]) -> UpstreamSettings:

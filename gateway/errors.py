@@ -12,6 +12,7 @@ ERROR_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -67,6 +68,12 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request", param)
+
+
+def unreadable_body(error: Exception) -> ApiError:
+    """A body the HTTP layer could not read: a gzip header on plain text, a bad chunk."""
+    detail = " ".join(str(error).split())
+    return ApiError(400, f"The request body cannot be read: {detail}"[:300], "invalid_body")
 
 
 def not_found(kind: str, ident: str) -> ApiError:

@@ -12,7 +12,7 @@ from aiohttp import web
 from laneway.gateway.access_log import AccessLog
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import Dispatcher
-from laneway.gateway.batch.files import FileStore
+from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
@@ -48,6 +48,8 @@ INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof o
 FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
 BATCH_STORE = web.AppKey("batch_store", BatchStore)
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
+FILE_QUOTA = web.AppKey("file_quota", FileQuota)  # for tenants whose entry sets none
+BATCH_TOKEN_LIMIT = web.AppKey("batch_token_limit", int)  # the same
 STATE_METRICS = web.AppKey("state_metrics", StateMetrics)
 
 

@@ -20,7 +20,7 @@ from laneway.gateway.batch.dispatcher import (
     Dispatcher,
     DispatchSettings,
 )
-from laneway.gateway.batch.files import FileStore, file_object, new_file_id
+from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.request_body import LANE_HEADER
 
@@ -70,7 +70,7 @@ class Harness:
     url: str
     url_of_redis: str
 
-    async def submit(self, tenant: str, texts: list[str]) -> str:
+    async def submit(self, tenant: str, texts: list[str], token_limit: int = 10**9) -> str:
         lines = [
             json.dumps(
                 {
@@ -83,10 +83,10 @@ class Harness:
             for i, text in enumerate(texts)
         ]
         content = "\n".join(lines).encode()
-        file = file_object(new_file_id(), len(content), "in.jsonl", "batch", tenant)
-        await self.files.put(file, content)
+        file = self.files.new_file(len(content), "in.jsonl", "batch", tenant)
+        await self.files.put(file, content, FileQuota(files=100, bytes=10**9))
         request = CreateRequest(file.id, "/v1/chat/completions", None)
-        batch = await self.store.create(request, tenant, now=0.0)
+        batch = await self.store.create(request, tenant, now=0.0, token_limit=token_limit)
         return str(batch["id"])
 
     async def wait_finished(self, batch_id: str, tenant: str) -> dict[str, object]:
@@ -117,7 +117,7 @@ async def harness(redis_server: LocalRedis) -> AsyncIterator[Harness]:
     await site.start()
     port = runner.addresses[0][1]
     redis = Redis.from_url(redis_server.url)
-    files = FileStore(redis, "laneway")
+    files = FileStore(redis, "laneway", ttl_s=3600)
     yield Harness(
         BatchStore(redis, files, "laneway"),
         files,
@@ -229,6 +229,32 @@ async def test_cancel_stops_the_rest_and_keeps_what_finished(
     assert len(output) == counts["completed"] == len(harness.lane.calls)
     again = await harness.store.cancel(batch_id, "c", now=2.0)
     assert again["status"] == "cancelled"  # cancelling twice is harmless
+
+
+async def enqueued(harness: Harness, tenant: str) -> int:
+    return int(await harness.store._redis.get(harness.store.enqueued_key(tenant)) or 0)
+
+
+async def test_the_batch_queue_quota_holds_until_items_settle(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    texts = [f"item {i}" for i in range(10)]
+    first = await harness.submit("q", texts)
+    held = await enqueued(harness, "q")
+    assert held > 0
+    limit = held + held // 2  # room for one such batch, not two
+    with pytest.raises(ApiError) as refused:
+        await harness.submit("q", texts, token_limit=limit)
+    assert (refused.value.status, refused.value.code) == (429, "batch_queue_full")
+    assert await enqueued(harness, "q") == held  # a refused batch reserves nothing
+    # Cancelled items give their tokens back as they settle, skipped or not.
+    await harness.store.cancel(first, "q", now=1.0)
+    await start(harness, run_dispatcher, concurrency=2)
+    await harness.wait_finished(first, "q")
+    assert await enqueued(harness, "q") == 0
+    second = await harness.submit("q", texts, token_limit=limit)
+    assert (await harness.wait_finished(second, "q"))["status"] == "completed"
+    assert await enqueued(harness, "q") == 0
 
 
 async def test_a_dispatcher_that_stops_cleanly_hands_its_items_over(

@@ -253,7 +253,9 @@ async def test_context_too_long_names_the_count_and_the_cap(api: openai.AsyncOpe
         await api.completions.create(model="llama", prompt=document, max_tokens=4)
     assert error.value.status_code == 400
     assert error.value.code == "context_length_exceeded"
-    assert f"{default_tokenizer().count(document)} prompt tokens" in error.value.message
+    # Its lower bound alone is past every context: refused without counting it exactly.
+    at_least = error.value.message.split("at least ", 1)[1].split()[0]
+    assert 131072 < int(at_least) <= default_tokenizer().count(document)
     assert "131072" in error.value.message
 
 
@@ -543,10 +545,12 @@ async def test_shutdown_drains_open_streams(children: Children, tmp_path: Path) 
 async def test_shutdown_refuses_requests_still_waiting_for_a_slot(
     children: Children, tmp_path: Path
 ) -> None:
+    # Real time and a long answer: the holder must still hold the slot when the drain
+    # begins, however slowly a loaded machine gets the second request into the line.
     _, gateway = start_single_pool(
         children,
         tmp_path,
-        time_scale="4",
+        time_scale="1",
         name="narrow",
         limits={"maxConcurrentRequests": 1},
         # Only the drain can end this wait: the queue timeout is far beyond the test.
@@ -554,7 +558,7 @@ async def test_shutdown_refuses_requests_still_waiting_for_a_slot(
     )
     chat: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "go"}]}
     async with client(gateway) as api, client(gateway) as holder_api:
-        holder = await holder_api.chat.completions.create(**chat, max_tokens=120, stream=True)
+        holder = await holder_api.chat.completions.create(**chat, max_tokens=1500, stream=True)
         await anext(aiter(holder))
         waiting = asyncio.create_task(api.chat.completions.create(**chat, max_tokens=2))
         await one_waits_in_line(gateway, "the second request to wait in the gateway's line")

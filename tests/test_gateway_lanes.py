@@ -140,11 +140,16 @@ def test_routes(
     assert decision.priority is priority
 
 
-@pytest.mark.parametrize(
-    "bounds", [TokenBounds(1500, 2500), TokenBounds(100000, 140000), TokenBounds(140000, 600000)]
-)
+@pytest.mark.parametrize("bounds", [TokenBounds(1500, 2500), TokenBounds(100000, 140000)])
 def test_straddling_or_rejecting_bounds_ask_for_an_exact_count(bounds: TokenBounds) -> None:
     assert isinstance(classify(request(bounds), SPLIT), NeedsExactCount)
+
+
+def test_bounds_past_every_context_refuse_without_an_exact_count() -> None:
+    decision = classify(request(TokenBounds(140000, 600000)), SPLIT)
+    assert isinstance(decision, NoFit)
+    assert decision.context_exceeded
+    assert "at least 140000 prompt tokens" in decision.message
 
 
 def test_unknown_model_lists_the_known_ones() -> None:

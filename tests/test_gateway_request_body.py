@@ -61,6 +61,46 @@ BAD = [
         "prompt",
     ),
     ("negative token ids", Endpoint.COMPLETIONS, body({"model": "m", "prompt": [1, -2]}), "prompt"),
+    ("nested past the recursion limit", Endpoint.CHAT, b"[" * 20_000 + b"]" * 20_000, None),
+    (
+        "nested deeper than the gateway forwards",
+        Endpoint.CHAT,
+        body({**CHAT, "x": json.loads("[" * 200 + "]" * 200)}),
+        None,
+    ),
+    (
+        "an integer of 5000 digits",
+        Endpoint.CHAT,
+        b'{"model": "m", "n": ' + b"9" * 5000 + b"}",
+        None,
+    ),
+    ("n zero", Endpoint.CHAT, body({**CHAT, "n": 0}), "n"),
+    ("tools not a list", Endpoint.CHAT, body({**CHAT, "tools": {"a": 1}}), "tools"),
+    (
+        "a name not a string",
+        Endpoint.CHAT,
+        body({**CHAT, "messages": [{"role": "user", "content": "x", "name": 3}]}),
+        "messages[0].name",
+    ),
+    (
+        "tool call arguments not a string",
+        Endpoint.CHAT,
+        body(
+            {
+                **CHAT,
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}
+                ],
+            }
+        ),
+        "messages[0].tool_calls",
+    ),
+    (
+        "suffix a number",
+        Endpoint.COMPLETIONS,
+        body({"model": "m", "prompt": "x", "suffix": 1}),
+        "suffix",
+    ),
 ]
 
 
@@ -123,3 +163,68 @@ def test_lane_header(value: str | None, lane: Lane | None) -> None:
 def test_an_unknown_lane_header_is_400() -> None:
     with pytest.raises(ApiError, match="must be one of interactive, batch"):
         parse_lane("urgent")
+
+
+WORDS = " ".join(f"word{i}" for i in range(2000))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "payload"),
+    [
+        (
+            Endpoint.CHAT,
+            {
+                **CHAT,
+                "tools": [{"type": "function", "function": {"name": "f", "description": WORDS}}],
+            },
+        ),
+        (
+            Endpoint.CHAT,
+            {
+                **CHAT,
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": WORDS}}],
+                    }
+                ],
+            },
+        ),
+        (Endpoint.CHAT, {**CHAT, "messages": [{"role": "user", "content": "", "name": WORDS}]}),
+        (Endpoint.CHAT, {**CHAT, "messages": [{"role": WORDS, "content": ""}]}),
+        (Endpoint.COMPLETIONS, {"model": "m", "prompt": "x", "suffix": WORDS}),
+    ],
+    ids=["tool definitions", "tool call arguments", "a name", "a role", "a suffix"],
+)
+def test_every_text_the_engine_tokenizes_is_counted(
+    endpoint: Endpoint, payload: dict[str, object]
+) -> None:
+    tokenizer = default_tokenizer()
+    parsed = parse_request(body(payload), endpoint)
+    words = tokenizer.count(WORDS)
+    assert parsed.count(tokenizer) >= words
+    bounds = parsed.bounds(tokenizer)
+    assert bounds.low <= parsed.count(tokenizer) <= bounds.high
+    assert bounds.low >= 2000  # every word is at least one token
+
+
+def test_a_request_is_charged_every_sequence_and_the_context_it_may_fill() -> None:
+    capped = parse_request(
+        body({"model": "m", "prompt": ["a", "b", "c"], "max_tokens": 10, "n": 2}),
+        Endpoint.COMPLETIONS,
+    )
+    assert capped.sequences == 3
+    assert capped.charge(prompt_tokens=5, context_tokens=4096) == 3 * (5 + 2 * 10)
+    # Without max_tokens the engine may generate until the context is full.
+    uncapped = parse_request(body(CHAT), Endpoint.CHAT)
+    assert uncapped.charge(prompt_tokens=100, context_tokens=4096) == 4096
+    # max_tokens past the context cannot be generated, so it is not charged either.
+    huge = parse_request(body({**CHAT, "max_tokens": 10**9}), Endpoint.CHAT)
+    assert huge.charge(prompt_tokens=100, context_tokens=4096) == 4096
+
+
+def test_a_body_of_too_many_json_values_is_refused_before_parsing() -> None:
+    many = body({"model": "m", "messages": [{"role": "user"}] * 40_000})
+    with pytest.raises(ApiError) as error:
+        parse_request(many, Endpoint.CHAT)
+    assert (error.value.status, error.value.code) == (413, "too_many_json_values")

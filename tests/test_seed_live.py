@@ -21,11 +21,14 @@ from laneway.simulator.profiles import PROFILES
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario, seed_configs
 
 BENCH = [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", "--quick"]
+# Only a guard against a hang, under pytest-timeout's 300 s: a loaded machine may take its
+# time, and a test must not fail for it.
+HANG_S = 240
 
 
 def wait_for_children(bench: subprocess.Popen[str], count: int) -> list[int]:
     """The bench's children once at least `count` are running (engines, then the gateway)."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         assert bench.poll() is None, "the benchmark ended before its children started"
         found = children_of(bench.pid)
@@ -67,41 +70,43 @@ def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
 
 
 def test_a_crashed_engine_ends_the_run_and_every_child(tmp_path: Path) -> None:
-    bench = subprocess.Popen(
+    with subprocess.Popen(
         [*BENCH, "--configs", "split"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        children = wait_for_children(bench, 5)  # 4 engines and the gateway
-        victim = children[0]
-        os.kill(victim, signal.SIGKILL)
-        _, err = bench.communicate(timeout=120)
-    finally:
-        if bench.poll() is None:
+    ) as bench:
+        try:
+            children = wait_for_children(bench, 5)  # 4 engines and the gateway
+            victim = children[0]
+            os.kill(victim, signal.SIGKILL)
+            _, err = bench.communicate(timeout=HANG_S)
+        finally:
             bench.kill()
-            bench.wait()
     assert bench.returncode == 1
     assert "a child process failed" in err
     assert "Traceback" not in err
-    time.sleep(0.5)
-    assert [pid for pid in children if alive(pid)] == []
+    assert_all_gone(children)
 
 
 def test_ctrl_c_stops_every_child() -> None:
-    bench = subprocess.Popen(
+    with subprocess.Popen(
         [*BENCH, "--configs", "laneway"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        children = wait_for_children(bench, 5)
-        bench.send_signal(signal.SIGINT)
-        _, err = bench.communicate(timeout=120)
-    finally:
-        if bench.poll() is None:
+    ) as bench:
+        try:
+            children = wait_for_children(bench, 5)
+            bench.send_signal(signal.SIGINT)
+            _, err = bench.communicate(timeout=HANG_S)
+        finally:
             bench.kill()
-            bench.wait()
     assert bench.returncode == 130, err[-2000:]
     assert "interrupted" in err
-    time.sleep(0.5)
-    assert [pid for pid in children if alive(pid)] == []
+    assert_all_gone(children)
+
+
+def assert_all_gone(children: list[int]) -> None:
+    """The children die with their parent; a loaded machine may take a moment to reap."""
+    deadline = time.monotonic() + HANG_S
+    while survivors := [pid for pid in children if alive(pid)]:
+        assert time.monotonic() < deadline, f"still running: {survivors}"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ from laneway.tokens import (
     ChatMessage,
     chat_bounds,
     count_chat,
+    count_texts,
     default_tokenizer,
     load_tokenizer,
+    texts_bounds,
 )
 
 ALPHABET = [
@@ -35,6 +37,22 @@ def test_bounds_contain_the_exact_count_for_varied_text() -> None:
         bounds = tokenizer.bounds(text)
         count = tokenizer.count(text)
         assert bounds.low <= count <= bounds.high, text
+
+
+def test_bounds_of_many_texts_contain_their_summed_count() -> None:
+    tokenizer = default_tokenizer()
+    rng = random.Random(11)
+    for _ in range(100):
+        texts = [random_text(rng, rng.randint(0, 60)) for _ in range(rng.randint(1, 20))]
+        bounds = texts_bounds(tokenizer, texts)
+        assert bounds.low <= count_texts(tokenizer, texts) <= bounds.high, texts
+
+
+def test_a_run_without_spaces_cannot_hide_its_length() -> None:
+    tokenizer = default_tokenizer()
+    run = "x" * 1_000_000
+    # Not one word but at least a token per 128 bytes: a 1 MB run cannot fit an 8k context.
+    assert tokenizer.bounds(run).low >= 1_000_000 // 128
 
 
 def test_bounds_are_tight_enough_to_decide_on_prose() -> None:

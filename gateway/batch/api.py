@@ -8,9 +8,16 @@ import time
 from aiohttp import web
 
 from laneway.gateway.batch.batches import BatchStore, parse_create
-from laneway.gateway.batch.files import FileStore, file_object, new_file_id, read_upload
+from laneway.gateway.batch.files import FileQuota, FileStore, read_upload
 from laneway.gateway.errors import ApiError, bad_request
-from laneway.gateway.keys import BATCH_STORE, FILE_SIZE_LIMIT, FILE_STORE, TENANT
+from laneway.gateway.keys import (
+    BATCH_STORE,
+    BATCH_TOKEN_LIMIT,
+    FILE_QUOTA,
+    FILE_SIZE_LIMIT,
+    FILE_STORE,
+    TENANT,
+)
 from laneway.gateway.state.redis_store import needs_redis
 
 DEFAULT_PAGE = 20
@@ -53,8 +60,11 @@ def _batches(request: web.Request) -> BatchStore:
 async def upload_file(request: web.Request) -> web.Response:
     store = _files(request)
     purpose, filename, content = await read_upload(request, request.app[FILE_SIZE_LIMIT])
-    file = file_object(new_file_id(), len(content), filename, purpose, _owner(request))
-    await store.put(file, content)
+    tenant = request[TENANT]
+    file = store.new_file(len(content), filename, purpose, tenant.name)
+    defaults = request.app[FILE_QUOTA]
+    quota = FileQuota(tenant.max_files or defaults.files, tenant.max_file_bytes or defaults.bytes)
+    await store.put(file, content, quota)
     return web.json_response(file.to_json())
 
 
@@ -84,11 +94,13 @@ async def create_batch(request: web.Request) -> web.Response:
     store = _batches(request)
     try:
         payload = json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:
         raise ApiError(
-            400, f"The request body is not valid JSON: {error}", "invalid_json"
+            400, f"The request body is not valid JSON: {error}"[:300], "invalid_json"
         ) from None
-    batch = await store.create(parse_create(payload), _owner(request), time.time())
+    tenant = request[TENANT]
+    limit = tenant.max_batch_tokens or request.app[BATCH_TOKEN_LIMIT]
+    batch = await store.create(parse_create(payload), tenant.name, time.time(), limit)
     return web.json_response(batch)
 
 

@@ -40,6 +40,7 @@ from laneway.gateway.batch.files import (
     as_text,
     list_json,
     page_start,
+    valid_id,
 )
 from laneway.gateway.errors import ApiError, bad_request, not_found
 from laneway.gateway.serving.request_body import Endpoint
@@ -111,14 +112,22 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
     where = f"line {index + 1}"
     try:
         line = json.loads(raw)
-    except json.JSONDecodeError as error:
-        return LineError(index, None, "invalid_json", f"{where}: not valid JSON: {error}")
+        # The line's body is encoded again to be sent: what cannot be is refused here.
+        json.dumps(line)
+    except (ValueError, RecursionError) as error:
+        message = f"{where}: not valid JSON: {error}"[:300]
+        return LineError(index, None, "invalid_json", message)
     if not isinstance(line, dict):
         return LineError(index, None, "invalid_request", f"{where}: must be a JSON object")
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return LineError(
             index, None, "missing_custom_id", f"{where}: 'custom_id' must be a non-empty string"
+        )
+    if not _is_utf8(custom_id):
+        # A lone surrogate (JSON allows "\ud800") cannot be stored or written back out.
+        return LineError(
+            index, None, "invalid_custom_id", f"{where}: 'custom_id' is not valid Unicode"
         )
 
     def fail(code: str, message: str) -> LineError:
@@ -137,6 +146,14 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
     if body.get("stream"):
         return fail("invalid_body", "'stream' is not supported in a batch")
     return Item(index, custom_id, body)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def request_id(batch_id: str, index: int) -> str:
@@ -235,9 +252,10 @@ def parse_create(payload: object) -> CreateRequest:
 
 # ---- Redis ----
 
-# KEYS: result key, batch key. ARGV: encoded result, outcome counter field.
-# Writes the result only if none exists and the batch is still open, and counts it in the
-# same step. Returns {written (0/1), settled, total}.
+# KEYS: result key, batch key, the owner's enqueued tokens. ARGV: encoded result, outcome
+# counter field, the item's token estimate. Writes the result only if none exists and the
+# batch is still open, counts it and gives its tokens back to the owner's queue quota in
+# the same step. Returns {written (0/1), settled, total}.
 SETTLE_LUA = """
 local status = redis.call('HGET', KEYS[2], 'status')
 if not status then return {0, 0, 0} end
@@ -249,8 +267,19 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   return {0, 0, 0}
 end
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+redis.call('DECRBY', KEYS[3], ARGV[3])
 local settled = redis.call('HINCRBY', KEYS[2], 'settled', 1)
 return {1, settled, tonumber(redis.call('HGET', KEYS[2], 'total'))}
+"""
+
+
+# KEYS: the tenant's enqueued tokens. ARGV: a new batch's tokens, the tenant's limit.
+# Reserves them when they fit; returns -1, or the tokens already enqueued when they do not.
+RESERVE_TOKENS_LUA = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return used end
+redis.call('INCRBY', KEYS[1], ARGV[1])
+return -1
 """
 
 
@@ -278,8 +307,12 @@ class QueuedItem:
 
     @property
     def cost(self) -> int:
-        """A token estimate for fair share: about four bytes of JSON per token."""
-        return max(1, len(self.body) // 4)
+        return item_cost(self.body)
+
+
+def item_cost(body: bytes) -> int:
+    """An item's token estimate, for fair share and the queue quota: ~4 bytes of JSON each."""
+    return max(1, len(body) // 4)
 
 
 class BatchStore:
@@ -289,6 +322,11 @@ class BatchStore:
         self._prefix = prefix
         self._settle = redis.register_script(SETTLE_LUA)
         self._cancel = redis.register_script(CANCEL_LUA)
+        self._reserve_tokens = redis.register_script(RESERVE_TOKENS_LUA)
+
+    def enqueued_key(self, tenant: str) -> str:
+        """The token estimates of a tenant's batch items not yet settled."""
+        return f"{self._prefix}:batch:enqueued:{tenant}"
 
     def batch_key(self, batch_id: str) -> str:
         return f"{self._prefix}:batch:{batch_id}"
@@ -307,7 +345,11 @@ class BatchStore:
     def active_key(self) -> str:
         return f"{self._prefix}:batches:active"
 
-    async def create(self, request: CreateRequest, tenant: str, now: float) -> dict[str, object]:
+    async def create(
+        self, request: CreateRequest, tenant: str, now: float, token_limit: int
+    ) -> dict[str, object]:
+        """Queue a batch; 429 when its items would take the tenant's enqueued tokens past
+        `token_limit` (OpenAI's batch queue limit)."""
         source = await self._files.get(request.input_file_id, tenant)
         if source.purpose != "batch":
             raise bad_request(
@@ -331,6 +373,40 @@ class BatchStore:
             "expires_at": created + WINDOW_SECONDS,
             "owner": tenant,
         }
+        bodies = [json.dumps(item.body).encode() for item in items]
+        tokens = sum(item_cost(body) for body in bodies)
+        enqueued = await self._reserve_tokens(
+            keys=[self.enqueued_key(tenant)], args=[tokens, token_limit]
+        )
+        if int(enqueued) >= 0:
+            raise ApiError(
+                429,
+                f"Tenant {tenant}'s batch queue holds about {enqueued} tokens; this batch "
+                f"adds about {tokens}, over its limit of {token_limit}: wait for batches "
+                "to finish",
+                "batch_queue_full",
+            )
+        try:
+            await self._write_batch(request, tenant, now, meta, items, bodies, errors)
+        except BaseException:
+            await self._redis.decrby(self.enqueued_key(tenant), tokens)
+            raise
+        if not items:
+            await self.finalize(batch_id, now)
+        return await self.get(batch_id, tenant)
+
+    async def _write_batch(
+        self,
+        request: CreateRequest,
+        tenant: str,
+        now: float,
+        meta: Mapping[str, Any],
+        items: Sequence[Item],
+        bodies: Sequence[bytes],
+        errors: Sequence[LineError],
+    ) -> None:
+        batch_id, created = str(meta["id"]), int(meta["created_at"])
+        total = len(items) + len(errors)
         queue = self.queue_key(tenant)
         await self._ensure_group(queue)
         async with self._redis.pipeline(transaction=True) as tx:
@@ -353,7 +429,7 @@ class BatchStore:
             for error in errors:
                 result = Result(ItemOutcome.FAILED, error_line(batch_id, error))
                 tx.set(self.result_key(batch_id, error.index), result.encode())
-            for item in items:
+            for item, body in zip(items, bodies, strict=True):
                 tx.xadd(
                     queue,
                     {
@@ -361,16 +437,13 @@ class BatchStore:
                         "index": item.index,
                         "custom_id": item.custom_id,
                         "endpoint": request.endpoint,
-                        "body": json.dumps(item.body),
+                        "body": body,
                     },
                 )
             tx.sadd(self.queues_key, tenant)
             tx.sadd(self.active_key, batch_id)
             tx.zadd(f"{self._prefix}:batches:{tenant}", {batch_id: now})
             await tx.execute()
-        if not items:
-            await self.finalize(batch_id, now)
-        return await self.get(batch_id, tenant)
 
     async def _ensure_group(self, queue: str) -> None:
         try:
@@ -381,7 +454,7 @@ class BatchStore:
 
     async def get(self, batch_id: str, tenant: str) -> dict[str, object]:
         """The batch object in OpenAI's shape; ApiError 404 when unknown or another tenant's."""
-        record = await self._record(batch_id)
+        record = await self._record(valid_id("batch", batch_id))
         if record is None or record["meta"]["owner"] != tenant:
             raise not_found("batch", batch_id)
         return batch_json(record)
@@ -437,8 +510,12 @@ class BatchStore:
     async def settle(self, item: QueuedItem, result: Result, now: float) -> bool:
         """Write an item's result once; False when it already had one (or the batch closed)."""
         written, settled, total = await self._settle(
-            keys=[self.result_key(item.batch_id, item.index), self.batch_key(item.batch_id)],
-            args=[result.encode(), result.outcome.value],
+            keys=[
+                self.result_key(item.batch_id, item.index),
+                self.batch_key(item.batch_id),
+                self.enqueued_key(item.tenant),
+            ],
+            args=[result.encode(), result.outcome.value, item.cost],
         )
         if written and settled >= total:
             await self.finalize(item.batch_id, now)
@@ -501,6 +578,7 @@ class BatchStore:
                     filename=f"{batch_id}_{kind}.jsonl",
                     purpose=OUTPUT_PURPOSE,
                     owner=meta["owner"],
+                    expires_at=int(now) + self._files.ttl_s,
                 )
                 self._files.put_in(tx, file, content)
                 fields["output_file_id" if kind == "output" else "error_file_id"] = file.id

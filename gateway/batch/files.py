@@ -2,15 +2,22 @@
 
 A file is one hash, `{prefix}:file:{id}`: its metadata fields and its bytes. Each tenant
 sees only its own files; another tenant's id answers 404 like an unknown one.
+
+Every file expires (Redis drops its hash) a fixed time after it was made. A tenant's index
+(`{prefix}:files:{owner}`, ids scored by creation time) and sizes (`{prefix}:filebytes:
+{owner}`) are pruned of expired ids by the same script that checks the tenant's quota of
+files and bytes before an upload is stored, so the check holds across replicas.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
+import aiohttp
 from aiohttp import BodyPartReader, web
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -21,6 +28,17 @@ INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
 READ_CHUNK = 256 * 1024
 LIST_CHUNK = 100  # file ids read per round trip when listing
+# The only ids this gateway hands out; anything else is refused before it becomes a Redis
+# key, so no string a client sends can reach another kind of key or fail to encode.
+ID_PATTERNS = {"file": re.compile(r"file-[0-9a-f]{32}"), "batch": re.compile(r"batch_[0-9a-f]{32}")}
+
+
+@dataclass(frozen=True)
+class FileQuota:
+    """What one tenant may store at once."""
+
+    files: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -31,6 +49,7 @@ class FileObject:
     filename: str
     purpose: str
     owner: str  # the tenant; not part of OpenAI's shape
+    expires_at: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -38,12 +57,19 @@ class FileObject:
             "object": "file",
             "bytes": self.bytes,
             "created_at": self.created_at,
-            "expires_at": None,
+            "expires_at": self.expires_at,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
             "status_details": None,
         }
+
+
+def valid_id(kind: str, value: str) -> str:
+    """`value` when it is an id of `kind` ("file" or "batch"); else the 404 of an unknown id."""
+    if ID_PATTERNS[kind].fullmatch(value) is None:
+        raise not_found(kind, value[:80].encode("utf-8", "backslashreplace").decode())
+    return value
 
 
 def new_file_id() -> str:
@@ -54,6 +80,7 @@ async def page_start(redis: Redis, index: str, after: str | None, kind: str) -> 
     """Where a newest-first page of `index` begins: just past `after`, the last id seen."""
     if after is None:
         return 0
+    valid_id(kind, after)
     rank = await redis.zrevrank(index, after)
     if not isinstance(rank, int):
         raise not_found(kind, after)
@@ -71,26 +98,86 @@ def list_json(page: list[dict[str, object]], has_more: bool) -> dict[str, object
     }
 
 
+# KEYS: the tenant's index, its sizes. ARGV: the newest creation time (whole seconds)
+# that has expired, the quota's files and bytes, then the new file's id, size and creation
+# time. Redis expires a file up to a second after that: the quota counts it gone first.
+RESERVE_LUA = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(expired) do
+  redis.call('HDEL', KEYS[2], id)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local count = redis.call('ZCARD', KEYS[1])
+if count + 1 > tonumber(ARGV[2]) then
+  return {'files', count}
+end
+local used = 0
+for _, size in ipairs(redis.call('HVALS', KEYS[2])) do
+  used = used + tonumber(size)
+end
+if used + tonumber(ARGV[5]) > tonumber(ARGV[3]) then
+  return {'bytes', used}
+end
+redis.call('ZADD', KEYS[1], ARGV[6], ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+return {'ok', 0}
+"""
+
+
 class FileStore:
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis, prefix: str, ttl_s: int) -> None:
         self._redis = redis
         self._prefix = prefix
+        self.ttl_s = ttl_s
+        self._reserve = redis.register_script(RESERVE_LUA)
 
     def key(self, file_id: str) -> str:
         return f"{self._prefix}:file:{file_id}"
 
-    async def put(self, file: FileObject, content: bytes) -> None:
+    async def put(self, file: FileObject, content: bytes, quota: FileQuota) -> None:
+        """Store an upload; ApiError 429 when it would take its owner past `quota`."""
+        keys = [self._index(file.owner), self._sizes(file.owner)]
+        args = [file.created_at - self.ttl_s, quota.files, quota.bytes]
+        verdict, used = await self._reserve(
+            keys=keys, args=[*args, file.id, file.bytes, file.created_at]
+        )
+        if as_text(verdict) != "ok":
+            over = (
+                f"{used} files of {quota.files}"
+                if as_text(verdict) == "files"
+                else f"{used} + {file.bytes} bytes, over {quota.bytes}"
+            )
+            raise ApiError(
+                429,
+                f"Tenant {file.owner}'s file storage is full ({over}): delete files first",
+                "file_quota_exceeded",
+            )
         async with self._redis.pipeline(transaction=True) as pipe:
             self.put_in(pipe, file, content)
             await pipe.execute()
 
     def put_in(self, pipe: Pipeline, file: FileObject, content: bytes) -> None:
-        """Queue the write on a transaction (a batch's output files go with its status)."""
-        pipe.hset(self.key(file.id), mapping={"meta": json.dumps(asdict(file)), "content": content})
+        """Queue the write on a transaction (a batch's output files go with its status).
+
+        Output files skip the quota (a batch must be able to finish) but count in it.
+        """
+        key = self.key(file.id)
+        pipe.hset(key, mapping={"meta": json.dumps(asdict(file)), "content": content})
+        pipe.expire(key, self.ttl_s)
         pipe.zadd(self._index(file.owner), {file.id: file.created_at})
+        pipe.hset(self._sizes(file.owner), file.id, file.bytes)
 
     def _index(self, owner: str) -> str:
         return f"{self._prefix}:files:{owner}"
+
+    def _sizes(self, owner: str) -> str:
+        return f"{self._prefix}:filebytes:{owner}"
+
+    def new_file(self, size: int, filename: str, purpose: str, owner: str) -> FileObject:
+        created = int(time.time())
+        return FileObject(
+            new_file_id(), size, created, filename, purpose, owner, created + self.ttl_s
+        )
 
     async def list_page(
         self, owner: str, after: str | None, limit: int, purpose: str | None
@@ -121,12 +208,13 @@ class FileStore:
         async with self._redis.pipeline(transaction=True) as tx:
             tx.delete(self.key(file_id))
             tx.zrem(self._index(owner), file_id)
+            tx.hdel(self._sizes(owner), file_id)
             await tx.execute()
         return {"id": file_id, "object": "file", "deleted": True}
 
     async def get(self, file_id: str, owner: str) -> FileObject:
         """The file's metadata; ApiError 404 when unknown or another tenant's."""
-        meta = as_bytes(await self._redis.hget(self.key(file_id), "meta"))
+        meta = as_bytes(await self._redis.hget(self.key(valid_id("file", file_id)), "meta"))
         file = None if meta is None else FileObject(**json.loads(meta))
         if file is None or file.owner != owner:
             raise not_found("file", file_id)
@@ -162,6 +250,34 @@ async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, b
         raise bad_request("Upload a file as multipart/form-data")
     if request.content_length is not None and request.content_length > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
+    try:
+        purpose, filename, content = await _read_parts(request, max_bytes)
+    except (ValueError, AssertionError, RuntimeError, aiohttp.ClientPayloadError) as error:
+        # aiohttp's multipart reader raises these on a missing boundary, a part that never
+        # ends, or text that does not decode (UnicodeDecodeError is a ValueError).
+        raise bad_request(f"The multipart upload is malformed: {error}"[:300]) from None
+    if content is None:
+        raise bad_request("The upload has no 'file' part", "file")
+    if purpose != INPUT_PURPOSE:
+        given = "none was given" if purpose is None else f"got {purpose[:80]!r}"
+        raise bad_request(
+            f"'purpose' must be {INPUT_PURPOSE!r} (only batch input files are stored here); "
+            + given,
+            "purpose",
+        )
+    if not content.strip():
+        raise bad_request("The file is empty", "file")
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise bad_request(f"The file is not UTF-8 text: {error}", "file") from None
+    assert filename is not None
+    return purpose, filename, content
+
+
+async def _read_parts(
+    request: web.Request, max_bytes: int
+) -> tuple[str | None, str | None, bytes | None]:
     reader = await request.multipart()
     purpose: str | None = None
     filename: str | None = None
@@ -176,21 +292,6 @@ async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, b
             content = await _read_limited(part, max_bytes)
         else:
             await part.release()
-    if content is None:
-        raise bad_request("The upload has no 'file' part", "file")
-    if purpose != INPUT_PURPOSE:
-        raise bad_request(
-            f"'purpose' must be {INPUT_PURPOSE!r} (only batch input files are stored here), "
-            f"got {purpose!r}",
-            "purpose",
-        )
-    if not content.strip():
-        raise bad_request("The file is empty", "file")
-    try:
-        content.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise bad_request(f"The file is not UTF-8 text: {error}", "file") from None
-    assert filename is not None
     return purpose, filename, content
 
 
@@ -207,7 +308,3 @@ async def _read_limited(part: BodyPartReader, max_bytes: int) -> bytes:
         if len(data) > max_bytes:
             raise too_large(max_bytes)
     return bytes(data)
-
-
-def file_object(file_id: str, size: int, filename: str, purpose: str, owner: str) -> FileObject:
-    return FileObject(file_id, size, int(time.time()), filename, purpose, owner)

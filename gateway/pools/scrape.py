@@ -46,7 +46,7 @@ async def probe_forever(
     while True:
         await asyncio.sleep(settings.health.check_interval_millis / 1000)
         ejected = registry.ejected()
-        results = await asyncio.gather(*(_probe(session, url, timeout) for url in ejected))
+        results = await asyncio.gather(*(probe_health(session, url, timeout) for url in ejected))
         for url, passed in zip(ejected, results, strict=True):
             registry.record_probe(url, passed)
             if passed:
@@ -55,7 +55,9 @@ async def probe_forever(
                 )
 
 
-async def _probe(session: aiohttp.ClientSession, url: str, limits: aiohttp.ClientTimeout) -> bool:
+async def probe_health(
+    session: aiohttp.ClientSession, url: str, limits: aiohttp.ClientTimeout
+) -> bool:
     try:
         async with session.get(f"{url}/health", timeout=limits) as response:
             return response.status == 200

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
-from laneway.gateway.errors import ApiError, error_body
+from laneway.gateway.errors import ApiError, error_body, unreadable_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
@@ -36,6 +36,7 @@ from laneway.gateway.keys import (
     SETTINGS,
     TRACKER,
 )
+from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
@@ -126,6 +127,9 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
     except asyncio.CancelledError:
         _client_gone(outcome)
         raise
+    except Exception:
+        outcome.status, outcome.error = 500, "internal_error"  # the middleware logs it
+        raise
     finally:
         outcome.total_ms = (clock() - started) * 1000
         _record(request.app, outcome)
@@ -137,14 +141,21 @@ async def _serve(
 ) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
-    body = await read_body(request, settings.max_body_bytes)
-    parsed = parse_request(body, endpoint)
+    body = await read_body(
+        request, settings.max_body_bytes, settings.clients.body_timeout_millis / 1000
+    )
+    if len(body) <= INLINE_COUNT_BYTES:
+        parsed = parse_request(body, endpoint)
+    else:
+        # Parsing is linear in the body, but a few MB of tiny strings still take a while.
+        parsed = await asyncio.to_thread(parse_request, body, endpoint)
     outcome.model, outcome.stream = parsed.model, parsed.stream
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
     route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
-    await admit_tenant(request, route.prefill_tokens + (parsed.max_tokens or 0))
     pool = route.pool
+    context = pool.spec.limits.max_context_tokens
+    await admit_tenant(request, parsed.charge(route.prefill_tokens, context))
     outcome.pool, outcome.lane, outcome.reason = pool.name, route.lane.value, route.reason
     try:
         registry = app[REGISTRY]
@@ -156,7 +167,9 @@ async def _serve(
         waiting_since = app[CLOCK]()
         try:
             async with asyncio.timeout(settings.queue.timeout_millis / 1000):
-                await gate.acquire(route.priority, tenant_name(request), route.prefill_tokens)
+                await gate.acquire(
+                    route.priority, tenant_name(request), parsed.sequences * route.prefill_tokens
+                )
         except (AdmissionRefused, TimeoutError) as refused:
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
@@ -174,18 +187,27 @@ async def _serve(
             count.cancel()
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int, deadline_s: float) -> bytes:
     too_large = ApiError(
         413, f"The request body is larger than the limit of {limit} bytes", "body_too_large"
     )
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408, f"The request body did not arrive within {deadline_s:g} s", "body_timeout"
+        ) from None
+    except web.RequestPayloadError as error:
+        # A body that claims an encoding it does not have (a gzip header on plain text).
+        raise unreadable_body(error) from None
     return b"".join(chunks)
 
 
@@ -213,7 +235,8 @@ async def _route(
         bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
-        bounds = {id(t): parsed.bounds(t) for t in distinct}
+        # Bounds of a big body cost milliseconds per tokenizer: off the loop.
+        bounds = await asyncio.to_thread(lambda: {id(t): parsed.bounds(t) for t in distinct})
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
@@ -399,7 +422,7 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         try:
             return await _attempt(exchange, candidate, served, body)
         except UpstreamFailed as failure:
-            _note_failure(app, candidate.url, str(failure))
+            await _note_failure(app, candidate.url, str(failure), failure.kind == "timeout")
             metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
             failures.append(f"{candidate.url}: {failure}")
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
@@ -492,7 +515,8 @@ async def _relay_stream(
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as error:
-            _note_failure(app, lease.endpoint, f"mid-stream: {type(error).__name__}: {error}")
+            why = f"mid-stream: {type(error).__name__}: {error}"
+            await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
             metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
             outcome.error = "upstream_failed_mid_stream"
             await _end_with_error(client, error, rename.flush() if rename else b"", written)
@@ -520,23 +544,38 @@ async def _relay_stream(
             chunk = rename.feed(chunk)
             if not chunk:
                 continue
-        try:
-            await client.write(chunk)
-        except ConnectionError:
+        if not await _write_or_drop(exchange, client, chunk):
             # The client went away: closing the upstream response tells the engine.
-            _client_gone(outcome)
             upstream.close()
             return client
         written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
         outcome.complete = outcome.complete or STREAM_END in written
-    try:
-        if rename and (rest := rename.flush()):
-            await client.write(rest)
+    rest = rename.flush() if rename else b""
+    if not rest or await _write_or_drop(exchange, client, rest):
         outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
-        await client.write_eof()
-    except ConnectionError:
-        _client_gone(outcome)
+        await _write_or_drop(exchange, client, b"")
     return client
+
+
+async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk: bytes) -> bool:
+    """Write `chunk` (the end of the stream when empty); False when the client is gone.
+
+    A client that reads nothing fills the socket's buffer and then blocks the write: after
+    the write deadline it is cut off, so it holds neither the engine nor the pool's slot.
+    """
+    deadline = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
+    try:
+        async with asyncio.timeout(deadline):
+            await (client.write(chunk) if chunk else client.write_eof())
+    except ConnectionError:
+        _client_gone(exchange.outcome)
+        return False
+    except TimeoutError:
+        exchange.outcome.status, exchange.outcome.error = CLIENT_CLOSED, "client_not_reading"
+        if (transport := exchange.request.transport) is not None:
+            transport.abort()  # close() would wait for the buffer to drain, which it never does
+        return False
+    return True
 
 
 def _client_gone(outcome: RequestOutcome) -> None:
@@ -568,7 +607,16 @@ async def _end_with_error(
         return
 
 
-def _note_failure(app: web.Application, url: str, why: str) -> None:
+async def _note_failure(app: web.Application, url: str, why: str, timed_out: bool) -> None:
+    """Count a failure against the endpoint, unless it was only slow.
+
+    A read timeout is what a long generation and a hung engine have in common: the engine
+    answering its health probe tells them apart, so a slow answer never ejects it.
+    """
+    if timed_out:
+        limit = aiohttp.ClientTimeout(total=app[SETTINGS].upstream.health_timeout_millis / 1000)
+        if await probe_health(app[SESSION], url, limit):
+            return
     if app[REGISTRY].record_failure(url):
         log.warning(json.dumps({"event": "endpoint_ejected", "endpoint": url, "after": why}))
 

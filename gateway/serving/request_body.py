@@ -1,10 +1,16 @@
 """Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on.
 
 Pure: bytes in, a `ParsedRequest` out, or an ApiError(400) that names the field.
+
+Every text an engine tokenizes is kept for counting: message contents, roles, names, tool
+calls' arguments, the tool definitions a chat template renders into the prompt, a
+completion's suffix and every prompt of a list. Work is linear in the body's size; the
+caller runs big bodies off the event loop.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -13,10 +19,27 @@ from typing import Any
 import orjson
 
 from laneway.api import Lane
-from laneway.gateway.errors import bad_request
-from laneway.tokens import ChatMessage, TokenBounds, Tokenizer, chat_bounds, count_chat
+from laneway.gateway.errors import ApiError, bad_request
+from laneway.tokens import (
+    ChatMessage,
+    TokenBounds,
+    Tokenizer,
+    chat_bounds,
+    count_chat,
+    count_texts,
+    texts_bounds,
+)
 
 LANE_HEADER = "x-laneway-lane"
+# Deeper bodies are refused before anything recurses over them (the JSON encoder that
+# forwards them would); real requests, JSON schemas included, nest a few dozen levels.
+MAX_NESTING = 64
+# Parsing holds the interpreter lock for its whole run, in a worker thread too, and its cost
+# is the number of JSON values: 200k tiny messages in 4 MB hold it for ~160 ms, a 4 MB
+# prompt for ~10 ms. Bodies with more containers or string elements than this are refused
+# before parsing (~25 ms of parse at most); a real request has a few hundred, and so many
+# braces inside prompt text would be far past any model's context.
+MAX_JSON_VALUES = 32_768
 
 
 class Endpoint(StrEnum):
@@ -35,15 +58,27 @@ class ParsedRequest:
     # completions: text prompts, or prompts already tokenized (their counts are exact)
     prompts: tuple[str, ...] = ()
     token_prompt_lengths: tuple[int, ...] = ()
+    # Prompt text outside messages and prompts: tool definitions, a completion's suffix.
+    extra_texts: tuple[str, ...] = ()
+    choices: int = 1  # completions generated per prompt (`n`, or `best_of` when larger)
+
+    @property
+    def sequences(self) -> int:
+        """Prompts the engine runs: one per chat, one per prompt of a completions list."""
+        if self.endpoint is Endpoint.CHAT:
+            return 1
+        return len(self.prompts) + len(self.token_prompt_lengths)
 
     def bounds(self, tokenizer: Tokenizer) -> TokenBounds:
+        """Bounds on the longest sequence's prompt: what must fit one engine's context."""
+        extra = texts_bounds(tokenizer, self.extra_texts)
         if self.endpoint is Endpoint.CHAT:
-            return chat_bounds(tokenizer, self.messages)
+            return chat_bounds(tokenizer, self.messages) + extra
         # Several prompts run as separate sequences: the longest one decides fit.
         bounds = [tokenizer.bounds(p) for p in self.prompts] + [
             TokenBounds(n, n) for n in self.token_prompt_lengths
         ]
-        return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds))
+        return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds)) + extra
 
     def prefix_text(self) -> str:
         """The prompt as one string whose prefixes are the prompt's prefixes (for affinity):
@@ -53,30 +88,64 @@ class ParsedRequest:
         return self.prompts[0] if len(self.prompts) == 1 else ""
 
     def count(self, tokenizer: Tokenizer) -> int:
+        """The longest sequence's prompt tokens."""
+        extra = count_texts(tokenizer, self.extra_texts)
         if self.endpoint is Endpoint.CHAT:
-            return count_chat(tokenizer, self.messages)
-        return max([tokenizer.count(p) for p in self.prompts] + list(self.token_prompt_lengths))
+            return count_chat(tokenizer, self.messages) + extra
+        return extra + max(
+            [tokenizer.count(p) for p in self.prompts] + list(self.token_prompt_lengths)
+        )
+
+    def charge(self, prompt_tokens: int, context_tokens: int) -> int:
+        """Tokens the engine may really process for this request, `prompt_tokens` being the
+        longest sequence's: every sequence's prompt and every completion, each completion
+        up to `max_tokens` or, without it, up to the context that remains."""
+        room = max(context_tokens - prompt_tokens, 1)
+        completion = min(self.max_tokens, room) if self.max_tokens else room
+        return self.sequences * (prompt_tokens + self.choices * completion)
 
 
 def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
+    values = sum(body.count(mark) for mark in (b"{", b"[", b'","', b'", "'))
+    if values > MAX_JSON_VALUES:
+        raise ApiError(
+            413,
+            f"The request body holds about {values} JSON objects, lists or list items, "
+            f"more than the limit of {MAX_JSON_VALUES}",
+            "too_many_json_values",
+        )
     try:
         payload = orjson.loads(body)
-    except orjson.JSONDecodeError as error:  # invalid UTF-8 lands here too
-        raise bad_request(f"The request body is not valid JSON: {error}") from None
+    except (ValueError, RecursionError) as error:
+        # orjson's JSONDecodeError is a ValueError: malformed JSON, bad UTF-8, numbers out of
+        # range, nesting past its own limit.
+        raise bad_request(f"The request body is not valid JSON: {_short(error)}") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object")
+    if _too_deep(payload, MAX_NESTING):
+        raise bad_request(f"The request body nests JSON deeper than {MAX_NESTING} levels")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a non-empty string", "model")
     stream = payload.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
-        raise bad_request(f"'stream' must be a boolean, got {stream!r}", "stream")
+        raise bad_request(f"'stream' must be a boolean, got {_short(stream)}", "stream")
     max_tokens = _max_tokens(payload, endpoint)
     if endpoint is Endpoint.CHAT:
         return ParsedRequest(
-            endpoint, payload, model, bool(stream), max_tokens, messages=_messages(payload)
+            endpoint,
+            payload,
+            model,
+            bool(stream),
+            max_tokens,
+            messages=_messages(payload),
+            extra_texts=_tool_texts(payload),
+            choices=_positive(payload, "n"),
         )
     prompts, token_lengths = _prompts(payload)
+    suffix = payload.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad_request("'suffix' must be a string", "suffix")
     return ParsedRequest(
         endpoint,
         payload,
@@ -85,6 +154,8 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
         max_tokens,
         prompts=prompts,
         token_prompt_lengths=token_lengths,
+        extra_texts=(suffix,) if suffix else (),
+        choices=max(_positive(payload, "n"), _positive(payload, "best_of")),
     )
 
 
@@ -107,9 +178,54 @@ def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad_request(f"'{name}' must be a positive integer, got {value!r}", name)
+            raise bad_request(f"'{name}' must be a positive integer, got {_short(value)}", name)
         return value
     return None
+
+
+def _positive(payload: Mapping[str, Any], name: str) -> int:
+    value = payload.get(name)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"'{name}' must be a positive integer, got {_short(value)}", name)
+    return value
+
+
+def _short(value: object) -> str:
+    """A value for an error message: its repr, cut short (never a digit conversion)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "an integer that large"
+    text = repr(value) if not isinstance(value, BaseException) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _too_deep(value: dict[str, Any], limit: int) -> bool:
+    """Whether JSON containers nest more than `limit` levels; one pass, no recursion."""
+    level: list[dict[str, Any] | list[Any]] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def _tool_texts(payload: Mapping[str, Any]) -> tuple[str, ...]:
+    """Tool definitions, as a chat template renders them into the prompt (as JSON)."""
+    texts = []
+    for name in ("tools", "functions"):
+        value = payload.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            raise bad_request(f"'{name}' must be a list", name)
+        texts.append(json.dumps(value, ensure_ascii=False))
+    return tuple(texts)
 
 
 def _messages(payload: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
@@ -124,8 +240,35 @@ def _messages(payload: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise bad_request(f"'{param}.role' must be a non-empty string", f"{param}.role")
-        parsed.append(ChatMessage(role, _content_text(message.get("content"), param)))
+        texts = [_content_text(message.get("content"), param)]
+        for field in ("name", "tool_call_id"):
+            value = message.get(field)
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"'{param}.{field}' must be a string", f"{param}.{field}")
+            texts.append(value or "")
+        texts.extend(_tool_call_texts(message.get("tool_calls"), param))
+        parsed.append(ChatMessage(role, "\n".join(t for t in texts if t)))
     return tuple(parsed)
+
+
+def _tool_call_texts(tool_calls: object, param: str) -> list[str]:
+    """The function names and arguments of an assistant message's tool calls."""
+    if tool_calls is None:
+        return []
+    where = f"{param}.tool_calls"
+    if not isinstance(tool_calls, list):
+        raise bad_request(f"'{where}' must be a list", where)
+    texts = []
+    for index, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise bad_request(f"'{where}[{index}].function' must be an object", where)
+        for field in ("name", "arguments"):
+            value = function.get(field)
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"'{where}[{index}].function.{field}' must be a string", where)
+            texts.append(value or "")
+    return texts
 
 
 def _content_text(content: object, param: str) -> str:

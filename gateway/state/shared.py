@@ -33,11 +33,13 @@ from laneway.gateway.batch.dispatcher import (
     Dispatcher,
     DispatchSettings,
 )
-from laneway.gateway.batch.files import FileStore
+from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     BATCH_STORE,
+    BATCH_TOKEN_LIMIT,
     DISPATCHING,
+    FILE_QUOTA,
     FILE_SIZE_LIMIT,
     FILE_STORE,
     INTERNAL,
@@ -61,7 +63,13 @@ from laneway.gateway.state.redis_store import (
     connect,
     redis_settings,
 )
-from laneway.gateway.state.settings import MAX_FILE_BYTES
+from laneway.gateway.state.settings import (
+    FILE_TTL_S,
+    MAX_FILE_BYTES,
+    TENANT_BATCH_TOKENS,
+    TENANT_FILE_BYTES,
+    TENANT_FILES,
+)
 from laneway.gateway.state.tenants import (
     ANONYMOUS_TENANT,
     InMemoryRateLimiter,
@@ -73,6 +81,7 @@ from laneway.gateway.state.tenants import (
 
 TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+DEFAULT_FILE_QUOTA = FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,11 @@ class SharedStateOptions:
     tenants_reload_s: float = TENANTS_RELOAD_S
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     max_file_bytes: int = MAX_FILE_BYTES
+    file_quota: FileQuota = field(
+        default_factory=lambda: FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
+    )
+    file_ttl_s: int = FILE_TTL_S
+    batch_tokens: int = TENANT_BATCH_TOKENS
     load_lease_s: float = DEFAULT_LEASE_S
 
 
@@ -89,6 +103,8 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
     app[LOOPBACK] = Loopback()
     app[FILE_SIZE_LIMIT] = options.max_file_bytes
+    app[FILE_QUOTA] = options.file_quota
+    app[BATCH_TOKEN_LIMIT] = options.batch_tokens
     app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
     if options.tenants is not None:
         app[TENANTS] = options.tenants
@@ -101,7 +117,7 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
     redis = connect(options.redis)
     prefix = options.redis.prefix
     tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
-    files = FileStore(redis, prefix)
+    files = FileStore(redis, prefix, options.file_ttl_s)
     app[TRACKER] = tracker
     metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
@@ -188,6 +204,11 @@ def _background(
     return run
 
 
+def _same_secret(given: str, secret: str) -> bool:
+    # compare_digest refuses non-ASCII str, and any header a client sends must get a 401.
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
+
+
 @web.middleware
 async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who is asking: the key's tenant, 401 without a valid key when auth is on."""
@@ -195,7 +216,7 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     app = request.app
     internal = request.headers.get(INTERNAL_HEADER)
-    if internal is not None and hmac.compare_digest(internal, app[INTERNAL_SECRET]):
+    if internal is not None and _same_secret(internal, app[INTERNAL_SECRET]):
         request[INTERNAL] = True
         request[TENANT] = _named(app, request.headers.get(TENANT_HEADER, ""))
     elif TENANTS in app:
@@ -269,13 +290,23 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         raise UsageError(f"--batch-concurrency must be at least 1, got {args.batch_concurrency}")
     if args.batch_lease < 1:
         raise UsageError(f"--batch-lease must be at least 1 second, got {args.batch_lease:g}")
-    if args.max_file_bytes < 1:
-        raise UsageError(f"--max-file-bytes must be at least 1, got {args.max_file_bytes}")
+    for flag, value in (
+        ("--max-file-bytes", args.max_file_bytes),
+        ("--tenant-files", args.tenant_files),
+        ("--tenant-file-bytes", args.tenant_file_bytes),
+        ("--file-ttl", args.file_ttl),
+        ("--tenant-batch-tokens", args.tenant_batch_tokens),
+    ):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     return SharedStateOptions(
         redis=redis_settings(args.redis_url),
         tenants=TenantKeys(args.tenants) if args.tenants else None,
         dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
         max_file_bytes=args.max_file_bytes,
+        file_quota=FileQuota(args.tenant_files, args.tenant_file_bytes),
+        file_ttl_s=args.file_ttl,
+        batch_tokens=args.tenant_batch_tokens,
         # A replica's load outlives it by one lease; batch items wait as long.
         load_lease_s=min(DEFAULT_LEASE_S, args.batch_lease),
     )

@@ -9,6 +9,9 @@ holds one file per key of the Secret):
         requestsPerMinute: 600      # optional; absent: unlimited
         tokensPerMinute: 200000     # optional; prompt tokens + max_tokens, charged up front
         weight: 2                   # optional; the tenant's share in the batch lane
+        maxFiles: 100               # optional; files kept at once (default: the gateway's)
+        maxFileBytes: 1073741824    # optional; their bytes together (default: the gateway's)
+        maxBatchTokens: 50000000    # optional; tokens of batch items not yet run (same)
 
 Limits are token buckets that refill continuously: a bucket holds at most one minute's
 allowance and refills at allowance/60 per second. One request takes one unit from the
@@ -47,6 +50,9 @@ class Tenant:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
+    max_files: int | None = None  # None: the gateway's default quota
+    max_file_bytes: int | None = None
+    max_batch_tokens: int | None = None
 
 
 ANONYMOUS_TENANT = Tenant(ANONYMOUS)
@@ -153,7 +159,10 @@ def _read_tenants_file(file: Path) -> list[tuple[str, Tenant]]:
     return pairs
 
 
-KNOWN_FIELDS = ("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight")
+KNOWN_FIELDS = (
+    *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight"),
+    *("maxFiles", "maxFileBytes", "maxBatchTokens"),
+)
 
 
 def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
@@ -182,6 +191,9 @@ def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
         requests_per_minute=_optional_limit(entry, "requestsPerMinute", where),
         tokens_per_minute=_optional_limit(entry, "tokensPerMinute", where),
         weight=float(weight),
+        max_files=_optional_limit(entry, "maxFiles", where),
+        max_file_bytes=_optional_limit(entry, "maxFileBytes", where),
+        max_batch_tokens=_optional_limit(entry, "maxBatchTokens", where),
     )
     return tenant, list(keys)
 

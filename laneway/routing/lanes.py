@@ -166,8 +166,10 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
             eligible.append(_Eligible(pool, pinnable, bool(pool.spec.routing.tenants)))
 
     if not eligible:
-        if not request.exact:
-            return NeedsExactCount()  # the error message names the exact count
+        # The error message names the exact count, unless even the lower bound cannot fit:
+        # then counting megabytes of text would only make the refusal slower.
+        if not request.exact and not _surely_too_long(request, candidates):
+            return NeedsExactCount()
         return _no_fit(request, candidates)
 
     best = min(eligible, key=lambda e: e.rank)
@@ -194,12 +196,19 @@ def _preference(pool: InferencePool) -> tuple[int, bool, str]:
     return (-pool.spec.routing.priority, pool.spec.lane is not Lane.INTERACTIVE, pool.key)
 
 
+def _surely_too_long(request: RouteRequest, candidates: Sequence[InferencePool]) -> bool:
+    largest = max(p.spec.limits.max_context_tokens for p in candidates)
+    return request.prompt_tokens.low + completion_reserve(request.max_tokens) > largest
+
+
 def _no_fit(request: RouteRequest, candidates: Sequence[InferencePool]) -> NoFit:
-    tokens = request.prompt_tokens.high
+    bounds = request.prompt_tokens
+    tokens = bounds.high if bounds.exact else bounds.low
     reserve = completion_reserve(request.max_tokens)
     largest = max(p.spec.limits.max_context_tokens for p in candidates)
     if tokens + reserve > largest:
-        wanted = f"{tokens} prompt tokens" + (
+        at_least = "" if bounds.exact else "at least "
+        wanted = f"{at_least}{tokens} prompt tokens" + (
             f" + {request.max_tokens} max_tokens" if request.max_tokens else ""
         )
         return NoFit(

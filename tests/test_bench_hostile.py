@@ -1,0 +1,28 @@
+"""`laneway bench hostile` runs end to end and every hostile body gets a 4xx."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
+    out = tmp_path / "hostile.json"
+    args = ["bench", "hostile", "--seconds", "0.5", "--senders", "1", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "laneway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "p99/quiet" in done.stdout
+    report = json.loads(out.read_text())
+    names = [phase["name"] for phase in report["phases"]]
+    assert names[0] == "quiet"
+    assert len(names) == 7
+    for phase in report["phases"][1:]:
+        assert phase["hostile_sent"] >= 1, phase
+        assert all(400 <= int(status) < 500 for status in phase["statuses"]), phase
