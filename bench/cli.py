@@ -19,13 +19,24 @@ def register(
     commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
 ) -> None:
     """Add `demo` and the benchmarks."""
+    register_demo(commands)
+    register_bench_gateway(bench)
+    register_bench_redis(bench)
+    register_bench_hostile(bench)
+    register_bench_seed(bench)
+    register_bench_autoscale(bench)
+    register_bench_prefix(bench)
+
+
+def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
     demo = commands.add_parser(
         "demo",
         help="simulated pools + the gateway on this machine, a mixed workload, a live table",
         description="Start two interactive and two batch simulated engines and the gateway "
         "on localhost (no files needed), send chat sessions and a few long documents through "
-        "it, and show per-lane TTFT/TBT percentiles and where requests went. With --serve, "
-        "keep everything running afterwards for curl or an OpenAI client, until Ctrl-C.",
+        "it, and show per-lane TTFT/TBT percentiles, where requests went and a verdict against "
+        "the SLOs. With --serve, keep everything running afterwards for curl or an OpenAI "
+        "client, until Ctrl-C (with --duration 0: at once, without the workload).",
     )
     demo.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
@@ -33,7 +44,8 @@ def register(
         "--duration",
         type=float,
         default=40.0,
-        help="seconds during which chat sessions send turns (default 40)",
+        help="seconds during which chat sessions send turns (default 40); 0 with --serve: "
+        "serve at once, without the workload",
     )
     demo.add_argument("--sessions", type=int, default=16, help="chat sessions (default 16)")
     demo.add_argument(
@@ -58,6 +70,8 @@ def register(
     )
     demo.set_defaults(handler=run_demo)
 
+
+def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     gateway = bench.add_parser(
         "gateway",
         help="the gateway's own overhead: direct to an engine vs through the gateway",
@@ -109,11 +123,6 @@ def register(
     )
     gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     gateway.set_defaults(handler=run_bench_gateway)
-    register_bench_redis(bench)
-    register_bench_hostile(bench)
-    register_bench_seed(bench)
-    register_bench_autoscale(bench)
-    register_bench_prefix(bench)
 
 
 def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:

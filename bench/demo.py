@@ -4,12 +4,14 @@ Everything comes from embedded defaults: two interactive engines (context capped
 short prompts only) and two batch engines (128k context, chunked prefill), one public model
 name for both lanes, and the gateway in front. Chat sessions and a few long documents go
 through the gateway while a table of per-lane TTFT/TBT percentiles and per-pool request
-counts refreshes; `--serve` then keeps it all running for curl or an OpenAI client.
+counts refreshes, and a verdict against the SLOs ends it; `--serve` then keeps it all running
+for curl or an OpenAI client (`--serve --duration 0`: at once, without the workload).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from laneway.api import API_VERSION, KIND, Lane
+from laneway.api import Lane, SLOSpec
 from laneway.bench.loadgen import (
     EXPECTED_LANE,
     LaneSummary,
@@ -31,47 +33,29 @@ from laneway.bench.loadgen import (
 )
 from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError, cannot_listen
+from laneway.simulator.profiles import DEFAULT_PROFILE
+from laneway.simulator.scheduler import SchedulerConfig
+from laneway.simulator.seed import PUBLIC_MODEL, SimPool
 from laneway.tables import format_table
-
-PUBLIC_MODEL = "llama3-8b"
-PROFILE = "h200-llama3-8b"
-
-
-@dataclass(frozen=True)
-class DemoPool:
-    name: str
-    lane: Lane
-    served_model: str
-    replicas: int
-    scheduler: str  # the simulator's --scheduler
-    max_context: int
-    min_prompt_tokens: int
-    max_prompt_tokens: int
-    token_budget: int = 2048
-    chunk_size: int = 1024
-
 
 DEMO_POOLS = (
     # Long prompts never reach this lane, so whole-prompt prefill is short here.
-    DemoPool(
+    SimPool(
         name="chat",
         lane=Lane.INTERACTIVE,
-        served_model="llama3-8b-chat",
-        replicas=2,
-        scheduler="full",
-        max_context=8192,
-        min_prompt_tokens=0,
         max_prompt_tokens=4096,
+        max_context_tokens=8192,
+        replicas=2,
+        engine=SchedulerConfig(kind="full", max_context=8192),
     ),
-    DemoPool(
+    SimPool(
         name="documents",
         lane=Lane.BATCH,
-        served_model="llama3-8b-long",
-        replicas=2,
-        scheduler="chunked",
-        max_context=131072,
-        min_prompt_tokens=4097,
         max_prompt_tokens=131072 - 1024,
+        max_context_tokens=131072,
+        replicas=2,
+        engine=SchedulerConfig(kind="chunked", max_context=131072),
+        min_prompt_tokens=4097,
     ),
 )
 
@@ -80,7 +64,7 @@ DEMO_POOLS = (
 class DemoOptions:
     host: str = "127.0.0.1"
     port: int = 8080
-    duration_s: float = 40.0  # model time during which chat sessions start turns
+    duration_s: float = 40.0  # model time during which chat sessions start turns; 0: none
     sessions: int = 16
     long_documents: int = 4
     time_scale: float = 1.0
@@ -94,11 +78,13 @@ def check_options(options: DemoOptions) -> None:
     """UsageError naming the flag when the options cannot work."""
     if not 0 <= options.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {options.port}")
-    if options.duration_s <= 0:
-        raise UsageError(f"--duration must be above 0 seconds, got {options.duration_s:g}")
+    if options.duration_s < 0:
+        raise UsageError(f"--duration must be 0 seconds or more, got {options.duration_s:g}")
+    if options.duration_s == 0 and not options.serve:
+        raise UsageError("--duration 0 sends no workload: add --serve to only serve")
     if options.sessions < 0 or options.long_documents < 0:
         raise UsageError("--sessions and --long-documents must be 0 or more")
-    if options.sessions == 0 and options.long_documents == 0:
+    if options.sessions == 0 and options.long_documents == 0 and options.duration_s > 0:
         raise UsageError("nothing to send: give --sessions or --long-documents above 0")
     if options.time_scale <= 0:
         raise UsageError(f"--time-scale must be above 0, got {options.time_scale:g}")
@@ -130,48 +116,9 @@ def demo_workload(options: DemoOptions) -> Workload:
     )
 
 
-def sim_args(pool: DemoPool, time_scale: float) -> list[str]:
-    return [
-        "--host", "127.0.0.1", "--port", "0",
-        "--model", pool.served_model,
-        "--profile", PROFILE,
-        "--scheduler", pool.scheduler,
-        "--token-budget", str(pool.token_budget),
-        "--chunk-size", str(pool.chunk_size),
-        "--max-context", str(pool.max_context),
-        "--time-scale", f"{time_scale:g}",
-    ]  # fmt: skip
-
-
 def config_documents(endpoints: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
     """The gateway's config: one InferencePool per demo pool, with its engines' URLs."""
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": pool.name, "namespace": "demo"},
-            "spec": {
-                "lane": pool.lane.value,
-                "model": "meta-llama/Meta-Llama-3-8B-Instruct",
-                "servedModelName": pool.served_model,
-                "engine": {"kind": "simulator"},
-                "replicas": pool.replicas,
-                "routing": {
-                    "models": [PUBLIC_MODEL],
-                    "minPromptTokens": pool.min_prompt_tokens,
-                    "maxPromptTokens": pool.max_prompt_tokens,
-                },
-                "prefill": {
-                    "chunkedPrefill": pool.scheduler == "chunked",
-                    "chunkSize": pool.chunk_size,
-                    "tokenBudget": pool.token_budget,
-                },
-                "limits": {"maxContextTokens": pool.max_context},
-            },
-            "status": {"endpoints": list(endpoints[pool.name])},
-        }
-        for pool in DEMO_POOLS
-    ]
+    return [pool.document(endpoints[pool.name], namespace="demo") for pool in DEMO_POOLS]
 
 
 # -- the table (pure) ---------------------------------------------------------------------
@@ -214,6 +161,40 @@ def render_table(
     return lines
 
 
+def slo_verdict(summaries: Sequence[LaneSummary], slo: SLOSpec) -> str:
+    """One line: each lane's P99s against the SLO, and whether every request succeeded.
+
+    TBT is held in every lane (chunked prefill keeps a long prefill from stalling anyone's
+    decode); TTFT only in the interactive lane, since a long document's first token waits
+    for the prefill of its whole prompt, seconds by design.
+    """
+    ttft_s, tbt_s = slo.ttft_millis / 1000, slo.tbt_millis / 1000
+    parts, missed = [], False
+    for summary in summaries:
+        checks = []
+        if summary.lane == Lane.INTERACTIVE.value and summary.ttft is not None:
+            checks.append(("TTFT", summary.ttft.p99, ttft_s))
+        if summary.tbt is not None:
+            checks.append(("TBT", summary.tbt.p99, tbt_s))
+        words = []
+        for name, value, target in checks:
+            held = value <= target
+            missed = missed or not held
+            words.append(f"{name} p99 {_ms(value)} {'<=' if held else '>'} {_ms(target)}")
+        if summary.failed:
+            missed = True
+            words.append(f"{summary.failed} failed")
+        parts.append(f"{summary.lane} " + (", ".join(words) or "no tokens"))
+    if not summaries:
+        return "verdict: no requests finished"
+    return f"verdict: SLOs {'MISSED' if missed else 'met'}: " + "; ".join(parts)
+
+
+def screen_rows(lines: Sequence[str], columns: int) -> int:
+    """Terminal rows `lines` fill once a terminal `columns` wide wraps each of them."""
+    return sum(max(1, -(-len(line) // max(columns, 1))) for line in lines)
+
+
 def in_flight_by_lane(generator: LoadGenerator) -> dict[str, int]:
     return {
         "interactive": generator.in_flight["interactive"],
@@ -225,34 +206,67 @@ def in_flight_by_lane(generator: LoadGenerator) -> dict[str, int]:
 
 
 class LiveView:
-    """Redraws the table in place on a terminal; elsewhere prints it now and then."""
+    """Redraws the table in place on a terminal it fits; elsewhere appends it now and then.
+
+    In place means: up to the first row drawn last time, then clear to the end of the screen.
+    The rows are counted after the terminal wraps long lines, at its width now, so a narrow
+    terminal leaves no old frames behind; a frame taller than the terminal cannot be reached
+    from its last row, so it is appended instead, as to a file or a pipe.
+    """
 
     def __init__(self, stream: TextIO, refresh_s: float, plain_every: int = 5) -> None:
         self._stream = stream
         self._refresh_s = refresh_s
         self._tty = stream.isatty()
         self._plain_every = plain_every
-        self._drawn = 0
+        self._frame: list[str] = []  # the lines drawn in place last, still on screen
 
     async def run(self, generator: LoadGenerator, duration_s: float) -> None:
         ticks = 0
         while True:
             await asyncio.sleep(self._refresh_s)
             ticks += 1
-            if self._tty or ticks % self._plain_every == 0:
-                self.draw(generator, duration_s)
+            self.draw(generator, duration_s, plain=ticks % self._plain_every == 0)
 
-    def draw(self, generator: LoadGenerator, duration_s: float) -> None:
+    def draw(self, generator: LoadGenerator, duration_s: float, plain: bool) -> None:
         elapsed = generator.elapsed_s()
         phase = "sending" if elapsed < duration_s else "finishing"
         heading = f"[{elapsed:5.1f} s / {duration_s:g} s, {phase}]"
         lines = render_table(summarize(generator.records), in_flight_by_lane(generator), heading)
-        if self._tty and self._drawn:
-            # Up to the first line drawn last time, then clear to the end of the screen.
-            self._stream.write(f"\x1b[{self._drawn}F\x1b[J")
+        self.show(lines, plain)
+
+    def show(self, lines: list[str], plain: bool) -> None:
+        """In place where it fits; else appended, when `plain` (every few refreshes)."""
+        size = self._terminal_size()
+        if size is not None and screen_rows(lines, size.columns) < size.lines:
+            self._erase(size.columns)
+            self._frame = lines
+        elif plain:
+            self._frame = []
+        else:
+            return
         self._stream.write("\n".join(lines) + "\n")
         self._stream.flush()
-        self._drawn = len(lines)
+
+    def clear(self) -> None:
+        """Take the last in-place frame off the screen (the final report follows)."""
+        size = self._terminal_size()
+        if size is not None:
+            self._erase(size.columns)
+            self._stream.flush()
+
+    def _erase(self, columns: int) -> None:
+        if self._frame:
+            self._stream.write(f"\x1b[{screen_rows(self._frame, columns)}F\x1b[J")
+            self._frame = []
+
+    def _terminal_size(self) -> os.terminal_size | None:
+        if not self._tty:
+            return None
+        try:
+            return os.get_terminal_size(self._stream.fileno())
+        except (OSError, ValueError):
+            return None
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -275,11 +289,13 @@ async def start_everything(
 ) -> ChildProcess:
     """Start every engine (in parallel), then the gateway configured with their URLs."""
     replicas = [(pool, index) for pool in DEMO_POOLS for index in range(pool.replicas)]
-    say(f"starting {len(replicas)} simulated engines ({PROFILE}) and the gateway ...")
+    say(f"starting {len(replicas)} simulated engines ({DEFAULT_PROFILE}) and the gateway ...")
     started = await asyncio.gather(
         *(
             children.start_laneway_async(
-                "sim", sim_args(pool, options.time_scale), name=f"engine {pool.name}-{index}"
+                "sim",
+                pool.sim_args(DEFAULT_PROFILE, options.time_scale),
+                name=f"engine {pool.name}-{index}",
             )
             for pool, index in replicas
         )
@@ -299,8 +315,8 @@ async def start_everything(
     for pool in DEMO_POOLS:
         say(
             f"pool {pool.name} ({pool.lane.value}): prompts {pool.min_prompt_tokens:,}-"
-            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context:,}, "
-            f"{pool.scheduler} prefill: {', '.join(endpoints[pool.name])}"
+            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context_tokens:,}, "
+            f"{pool.engine.kind} prefill: {', '.join(endpoints[pool.name])}"
         )
     say(f"gateway: {gateway.url}")
     return gateway
@@ -326,6 +342,8 @@ async def drive(options: DemoOptions, gateway_url: str, children: Children) -> L
     finally:
         drawing.cancel()
         await asyncio.gather(drawing, return_exceptions=True)
+    if sys.stdout.isatty():
+        view.clear()  # the final report shows the same table on the same terminal
     return generator
 
 
@@ -343,6 +361,7 @@ def final_report(generator: LoadGenerator) -> list[str]:
         lines.extend(f"{summary.lane}: {count} x {message}" for message, count in summary.errors)
     misrouted = sum(1 for r in records if r.lane is not None and r.lane != EXPECTED_LANE[r.kind])
     lines.append(f"requests outside their lane: {misrouted}")
+    lines.append(slo_verdict(summaries, SLOSpec()))
     return lines
 
 
@@ -370,8 +389,9 @@ async def run_demo(options: DemoOptions) -> int:
     with tempfile.TemporaryDirectory(prefix="laneway-demo-") as config_dir:
         async with Children() as children:
             gateway = await start_everything(children, options, Path(config_dir))
-            generator = await drive(options, gateway.url, children)
-            print("\n".join(final_report(generator)), flush=True)
+            if options.duration_s > 0:
+                generator = await drive(options, gateway.url, children)
+                print("\n".join(final_report(generator)), flush=True)
             if options.serve:
                 say("\n".join(serve_instructions(gateway.url)))
                 await children.watch(asyncio.Event().wait())

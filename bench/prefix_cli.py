@@ -9,7 +9,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.errors import UsageError
 from laneway.outputs import check_output_folder, write_json
@@ -17,9 +17,15 @@ from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
 from laneway.stats import percentile
 from laneway.tables import format_table
 
+if TYPE_CHECKING:
+    from laneway.simulator.prefix_experiment import PrefixScenario
+
 INDEX_SESSIONS = 100_000
 INDEX_ENDPOINTS = 8
 REQUEST_CHARS = 4096 * 4  # a 4k-token prompt
+
+
+LIVE_TIME_SCALE = 1.0
 
 
 def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
@@ -32,14 +38,31 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
         description="Multi-turn chat sessions (shared system prompts, growing histories) and "
         "document sessions (several questions over one long document, batch lane) on "
         "engines with automatic prefix caching, under three pickers on the same GPUs: none "
-        "(the default scorers without prefixAffinity), laneway (with it) and sticky (every "
-        "session on one replica: an oracle for hit rate). Then the prefix index's memory "
-        "for 100,000 sessions and its CPU per 4k-token request.",
+        "(the default scorers without prefixAffinity), laneway (the defaults) and sticky "
+        "(the sessionHash scorer alone: every session on one replica, an oracle for hit "
+        "rate). --mode virtual routes with the routing library in virtual time; --mode live "
+        "runs the same workload through laneway gateway and laneway sim processes, the "
+        "gateway configured with each picker. Then the prefix index's memory for 100,000 "
+        "sessions and its CPU per 4k-token request.",
+    )
+    prefix.add_argument(
+        "--mode",
+        choices=("virtual", "live"),
+        default="virtual",
+        help="virtual (default): discrete-event simulation; live: real processes over HTTP",
     )
     prefix.add_argument("--seed", type=int, default=full.seed, help="workload random seed")
-    prefix.add_argument("--duration", type=float, default=full.duration_s, help="seconds")
+    prefix.add_argument(
+        "--duration", type=float, default=full.duration_s, help="seconds of sessions (model time)"
+    )
     prefix.add_argument(
         "--chat-sessions", type=int, default=full.chat_sessions, help="closed-loop chat sessions"
+    )
+    prefix.add_argument(
+        "--document-sessions",
+        type=int,
+        default=full.document_sessions,
+        help="closed-loop document sessions (batch lane)",
     )
     prefix.add_argument(
         "--document-tokens",
@@ -48,34 +71,63 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
         help="prompt tokens of each shared document",
     )
     prefix.add_argument(
+        "--interactive-replicas",
+        type=int,
+        default=full.interactive_replicas,
+        help="replicas (GPUs) of the chat pool",
+    )
+    prefix.add_argument(
+        "--batch-replicas",
+        type=int,
+        default=full.batch_replicas,
+        help="replicas (GPUs) of the document pool",
+    )
+    prefix.add_argument(
         "--profile",
         choices=sorted(PROFILES),
         default=DEFAULT_PROFILE,
         help="hardware/model profile of every simulated GPU",
     )
+    prefix.add_argument(
+        "--time-scale",
+        type=float,
+        help=f"live mode: engines run this many times faster than real time "
+        f"(default {LIVE_TIME_SCALE:g})",
+    )
     prefix.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     prefix.set_defaults(handler=run_bench_prefix)
 
 
-def run_bench_prefix(args: argparse.Namespace) -> int:
-    from laneway.routing.picker import PickingSettings
-    from laneway.simulator.prefix_experiment import (
-        PICKERS,
-        PrefixScenario,
-        run_prefix,
-        scenario_problems,
-    )
+def _scenario_from(args: argparse.Namespace) -> tuple[PrefixScenario, float]:
+    """The scenario and the live time scale the flags ask for; UsageError naming each bad one."""
+    from laneway.simulator.prefix_experiment import PrefixScenario, scenario_problems
 
     scenario = dataclasses.replace(
         PrefixScenario(),
         seed=args.seed,
         duration_s=args.duration,
         chat_sessions=args.chat_sessions,
+        document_sessions=args.document_sessions,
         document_tokens=args.document_tokens,
+        interactive_replicas=args.interactive_replicas,
+        batch_replicas=args.batch_replicas,
     )
     problems = scenario_problems(scenario)
+    time_scale = LIVE_TIME_SCALE if args.time_scale is None else args.time_scale
+    if args.time_scale is not None and args.mode == "virtual":
+        problems.append("--time-scale applies to --mode live only")
+    if not time_scale > 0:
+        problems.append(f"--time-scale must be above 0, got {args.time_scale}")
     if problems:
         raise UsageError("; ".join(problems))
+    return scenario, time_scale
+
+
+def run_bench_prefix(args: argparse.Namespace) -> int:
+    from laneway.routing.picker import PickingSettings
+    from laneway.simulator.prefix_experiment import PICKERS, PickerResult, run_prefix
+
+    scenario, time_scale = _scenario_from(args)
     check_output_folder(args.json, "--json")
     picking = PickingSettings()
     profile = PROFILES[args.profile]
@@ -83,8 +135,16 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
     pickers: dict[str, dict[str, Any]] = {}
     rows = []
     for picker in PICKERS:
-        print(f"  {picker} ...", file=sys.stderr)
-        result = run_prefix(scenario, profile, picker, picking.weights, picking.prefix)
+        print(f"  {picker} ...", file=sys.stderr, flush=True)
+        result: PickerResult
+        if args.mode == "live":
+            import asyncio
+
+            from laneway.bench.prefix_live import run_live_picker
+
+            result = asyncio.run(run_live_picker(scenario, profile, picker, picking, time_scale))
+        else:
+            result = run_prefix(scenario, profile, picker, picking)
         p50, p99 = (percentile(result.ttft_s, q) * 1000 for q in (50, 99))
         pickers[picker] = {
             "hit_rate": result.hit_rate,
@@ -92,34 +152,41 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
             "interactive": {"ttft_ms": {"p50": p50, "p99": p99}},
             "batch": {"makespan_s": result.batch_makespan_s},
             "load_imbalance": result.load_imbalance,
+            "load_imbalance_by_pool": dict(result.pool_imbalance),
+            "requests": result.requests,
         }
         rows.append(
             [picker, f"{result.hit_rate:.3f}", f"{result.prefill_tokens:,}", f"{p50:.0f}",
-             f"{p99:.0f}", f"{result.batch_makespan_s:.1f}", f"{result.load_imbalance:.3f}",
+             f"{p99:.0f}", f"{result.batch_makespan_s:.1f}",
+             " / ".join(f"{value:.3f}" for _, value in result.pool_imbalance),
              str(result.requests)]
         )  # fmt: skip
     wall_s = time.perf_counter() - started
     sticky = pickers["sticky"]["hit_rate"]
+    mode = "virtual time" if args.mode == "virtual" else f"live, time scale {time_scale:g}"
     print(
-        f"prefix affinity, virtual time: {scenario.interactive_replicas} interactive + "
+        f"prefix affinity, {mode}: {scenario.interactive_replicas} interactive + "
         f"{scenario.batch_replicas} batch x {profile.name}, {scenario.chat_sessions} chat "
         f"sessions, {scenario.document_sessions} x {scenario.document_tokens}-token documents, "
         f"{scenario.duration_s:g} s, seed {scenario.seed}; {wall_s:.1f} s wall"
     )
     header = ["picker", "hit rate", "prefill tok", "TTFT p50 ms", "TTFT p99 ms",
-              "batch makespan s", "imbalance", "requests"]  # fmt: skip
+              "batch makespan s", "imbalance chat / documents", "requests"]  # fmt: skip
     print("\n".join(format_table(header, rows, rule=True)))
     if sticky:
         print(f"laneway's hit rate is {pickers['laneway']['hit_rate'] / sticky:.1%} of sticky's")
-    index = index_cost(picking.prefix.block_chars, picking.prefix.max_blocks,
-                       picking.prefix.capacity_blocks)  # fmt: skip
-    print(
-        f"prefix index: {index['memory_mb']:.1f} MB for {INDEX_SESSIONS:,} sessions on "
-        f"{INDEX_ENDPOINTS} endpoints ({index['blocks']:,} blocks kept); "
-        f"{index['cpu_us_per_request']:.0f} us CPU per 4k-token request"
-    )
+    output: dict[str, Any] = {"mode": args.mode, "pickers": pickers, "wall_s": wall_s}
+    if args.mode == "virtual":
+        index = index_cost(picking.prefix.block_chars, picking.prefix.max_blocks,
+                           picking.prefix.capacity_blocks)  # fmt: skip
+        print(
+            f"prefix index: {index['memory_mb']:.1f} MB for {INDEX_SESSIONS:,} sessions on "
+            f"{INDEX_ENDPOINTS} endpoints ({index['blocks']:,} blocks kept); "
+            f"{index['cpu_us_per_request']:.0f} us CPU per 4k-token request"
+        )
+        output["index"] = index
     if args.json is not None:
-        write_json(args.json, {"pickers": pickers, "index": index, "wall_s": wall_s})
+        write_json(args.json, output)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

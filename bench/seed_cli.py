@@ -86,6 +86,13 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         help="comma-separated subset of configurations to run",
     )
     seed.add_argument(
+        "--picking",
+        choices=("seed", "gateway"),
+        default="seed",
+        help="endpoint picking: seed (default: the seed's prompt-token profile) or gateway "
+        "(the gateway's default weights, prefixAffinity included)",
+    )
+    seed.add_argument(
         "--sweep",
         action="store_true",
         help="virtual mode: run the configurations over a grid, one knob at a time (long "
@@ -151,6 +158,8 @@ def run_seed(args: argparse.Namespace) -> int:
         problems.append("--sweep runs in --mode virtual only")
     if args.sweep and args.plot is not None:
         problems.append("--sweep draws no plot: drop --plot")
+    if args.sweep and args.picking != "seed":
+        problems.append("--sweep runs the seed's picking only: drop --picking")
     if problems:
         raise UsageError("; ".join(problems))
     wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
@@ -167,6 +176,10 @@ def run_seed(args: argparse.Namespace) -> int:
     if args.sweep:
         return _run_sweep(scenario, profile, wanted, args.json)
     configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
+    if args.picking == "gateway":
+        from laneway.routing.picker import PickingSettings
+
+        configs = [dataclasses.replace(c, picking=PickingSettings()) for c in configs]
     started = time.perf_counter()
     results: list[RunResult] = []
     for config in configs:

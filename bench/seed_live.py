@@ -38,7 +38,6 @@ from laneway.simulator.seed import (
     TTFT_SLO_S,
     ClusterConfig,
     SeedScenario,
-    SimPool,
 )
 
 DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the duration
@@ -68,22 +67,6 @@ class LiveRun:
     issued: int
     cpu: CpuUse
     gateway_ttft: Histogram  # what the gateway's own TTFT histogram recorded during the run
-
-
-def sim_args(pool: SimPool, profile: Profile, time_scale: float) -> list[str]:
-    engine = pool.engine
-    return [
-        "--host", "127.0.0.1", "--port", "0",
-        "--model", pool.served_model,
-        "--profile", profile.name,
-        "--scheduler", engine.kind,
-        "--token-budget", str(engine.token_budget),
-        "--chunk-size", str(engine.chunk_size),
-        "--max-context", str(engine.max_context),
-        "--max-num-seqs", str(engine.max_num_seqs),
-        "--max-partial-prefills", str(engine.max_partial_prefills),
-        "--time-scale", f"{time_scale:g}",
-    ]  # fmt: skip
 
 
 def gateway_documents(
@@ -256,7 +239,7 @@ async def run_live_config(
                 *(
                     children.start_laneway_async(
                         "sim",
-                        sim_args(pool, profile, time_scale),
+                        pool.sim_args(profile.name, time_scale),
                         name=f"engine {pool.name}-{index}",
                     )
                     for pool, index in replicas

@@ -250,7 +250,7 @@ def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_
         and ("status", "200") in labels
     )
     assert answered >= 3
-    expected = {f"{NAMESPACE}/{p['metadata']['name']}": p["spec"]["replicas"] for p in pools}
+    expected = {p["metadata"]["name"]: p["spec"]["replicas"] for p in pools}
 
     def every_endpoint_available() -> bool:
         available = {
@@ -290,9 +290,7 @@ def test_a_deleted_pool_drains_from_the_gateway(gateway_url: str) -> None:
         )
     eventually(
         "the pool's endpoints leave the gateway's metrics",
-        lambda: (
-            not any(("pool", f"{NAMESPACE}/{name}") in labels for _, labels in scrape(gateway_url))
-        ),
+        lambda: not any(("pool", name) in labels for _, labels in scrape(gateway_url)),
     )
     eventually(
         "the pool's engine Deployment is garbage-collected with it",

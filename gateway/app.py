@@ -38,10 +38,13 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving.arrival import stamp_arrival
 from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
+from laneway.gateway.state.shared import routing_tenant
+from laneway.routing.lanes import serves_tenant
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
@@ -57,11 +60,10 @@ def create_app(
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
-    app = web.Application(middlewares=[openai_errors])
+    app = web.Application(middlewares=[stamp_arrival, openai_errors])
     registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
     app[REGISTRY] = registry
-    app[METRICS] = GatewayMetrics(registry)
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
@@ -71,6 +73,7 @@ def create_app(
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
+    app[METRICS] = GatewayMetrics(registry, app[PREFIX_INDEX])
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
@@ -124,7 +127,10 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
         registry, settings, session = app[REGISTRY], app[SETTINGS], app[SESSION]
         tasks = [
             asyncio.create_task(source.run(registry.update), name="pool-source"),
-            asyncio.create_task(scrape_forever(registry, session, settings), name="scrape"),
+            asyncio.create_task(
+                scrape_forever(registry, session, settings, _cache_reset_handler(app)),
+                name="scrape",
+            ),
             asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
@@ -135,6 +141,13 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
         await asyncio.gather(*tasks, return_exceptions=True)
 
     return run
+
+
+def _cache_reset_handler(app: web.Application) -> Callable[[str], None] | None:
+    """An engine whose prefix counter went back restarted empty: forget what went there."""
+    if not app[SETTINGS].picking.prefix.forget_on_engine_restart:
+        return None
+    return app[PREFIX_INDEX].forget
 
 
 def _source_ended(app: web.Application, task: asyncio.Task[None]) -> None:
@@ -171,7 +184,10 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 async def models(request: web.Request) -> web.Response:
-    names = sorted({m for pool in request.app[REGISTRY].pools() for m in pool.spec.public_models})
+    """The models this caller may reach: the open pools' and its own tenant's."""
+    tenant = routing_tenant(request)
+    pools = [pool for pool in request.app[REGISTRY].pools() if serves_tenant(pool, tenant)]
+    names = sorted({model for pool in pools for model in pool.spec.public_models})
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "laneway"} for name in names]
     return web.json_response({"object": "list", "data": data})
 

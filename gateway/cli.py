@@ -156,7 +156,8 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     """Serve until SIGTERM, SIGINT or a fatal failure, then drain open streams; exit code."""
     from aiohttp import web
 
-    from laneway.gateway.keys import SETTINGS, STOP
+    from laneway.gateway.keys import CLOCK, SETTINGS, STOP
+    from laneway.gateway.serving.arrival import listen
     from laneway.gateway.state.shared import announce_listening
 
     runner = web.AppRunner(
@@ -170,13 +171,14 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
         keepalive_timeout=app[SETTINGS].clients.idle_timeout_millis / 1000,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    assert runner.server is not None  # set up above
     try:
-        await site.start()
+        # Not a TCPSite: the listener wraps each connection to note when requests arrive.
+        listener = await listen(runner.server, host, port, app[CLOCK])
     except OSError as error:
         await runner.cleanup()
         raise cannot_listen(host, port, error) from None
-    bound_port = runner.addresses[0][1]
+    bound_port = listener.sockets[0].getsockname()[1]
     announce_listening(app, host, bound_port)
     print(f"laneway gateway: listening on http://{host}:{bound_port}", flush=True)
     stop = app[STOP]
@@ -187,6 +189,7 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     if stop.failure is not None:
         print(f"laneway gateway: error: {stop.failure}", file=sys.stderr, flush=True)
     print(f"laneway gateway: draining for up to {drain_seconds:g} s", file=sys.stderr, flush=True)
+    listener.close()  # no new connections; runner.cleanup() drains the open ones
     await runner.cleanup()
     return 0 if stop.failure is None else 1
 

@@ -180,12 +180,7 @@ def parse_settings(document: Mapping[str, Any]) -> GatewaySettings:
     if document.get("apiVersion") != API_VERSION:
         reader.fail("apiVersion", f"must be {API_VERSION}, got {document.get('apiVersion')!r}")
     spec = reader.mapping(document, "spec", "")
-    _reject_unknown(
-        reader,
-        spec,
-        "spec",
-        SPEC_FIELDS,
-    )
+    reader.known_fields(spec, "spec", SPEC_FIELDS)
     settings = GatewaySettings(
         picking=_picking(reader, reader.mapping(spec, "picking", "spec")),
         scrape=_scrape(reader, reader.mapping(spec, "scrape", "spec")),
@@ -207,20 +202,12 @@ def parse_settings(document: Mapping[str, Any]) -> GatewaySettings:
     return settings
 
 
-def _reject_unknown(
-    reader: _Reader, data: Mapping[str, Any], path: str, known: Sequence[str]
-) -> None:
-    for key in data:
-        if key not in known:
-            reader.fail(f"{path}.{key}", f"is not a known field; known: {', '.join(known)}")
-
-
 def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
     path = "spec.picking"
-    _reject_unknown(reader, data, path, ("policy", "weights", "prefix"))
+    reader.known_fields(data, path, ("policy", "weights", "prefix"))
     policy = reader.choice(data, "policy", path, PICKING_POLICIES) if "policy" in data else None
     weights_data = reader.mapping(data, "weights", path)
-    _reject_unknown(reader, weights_data, f"{path}.weights", SCORER_NAMES)
+    reader.known_fields(weights_data, f"{path}.weights", SCORER_NAMES)
     default = PickingSettings().weights
     weights = {
         name: reader.integer(weights_data, name, f"{path}.weights", default[name], maximum=100)
@@ -234,7 +221,8 @@ def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
 
 def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
     path = "spec.picking.prefix"
-    _reject_unknown(reader, data, path, ("blockChars", "maxBlocks", "capacityBlocks"))
+    fields = ("blockChars", "maxBlocks", "capacityBlocks", "forgetOnEngineRestart")
+    reader.known_fields(data, path, fields)
     default = PrefixSettings()
     return PrefixSettings(
         block_chars=reader.integer(data, "blockChars", path, default.block_chars, minimum=16),
@@ -242,12 +230,15 @@ def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
         capacity_blocks=reader.integer(
             data, "capacityBlocks", path, default.capacity_blocks, minimum=1
         ),
+        forget_on_engine_restart=reader.boolean(
+            data, "forgetOnEngineRestart", path, default.forget_on_engine_restart
+        ),
     )
 
 
 def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:
     path = "spec.scrape"
-    _reject_unknown(reader, data, path, ("intervalMillis", "staleAfterMillis", "timeoutMillis"))
+    reader.known_fields(data, path, ("intervalMillis", "staleAfterMillis", "timeoutMillis"))
     default = ScrapeSettings()
     interval = reader.integer(data, "intervalMillis", path, default.interval_millis, minimum=50)
     # Unset, staleness follows a slowed-down interval: a few missed scrapes, never all.
@@ -264,7 +255,7 @@ def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:
 
 def _health(reader: _Reader, data: Mapping[str, Any]) -> HealthSettings:
     path = "spec.health"
-    _reject_unknown(reader, data, path, ("failuresToEject", "checkIntervalMillis"))
+    reader.known_fields(data, path, ("failuresToEject", "checkIntervalMillis"))
     default = HealthSettings()
     return HealthSettings(
         failures_to_eject=reader.integer(
@@ -278,7 +269,7 @@ def _health(reader: _Reader, data: Mapping[str, Any]) -> HealthSettings:
 
 def _queue(reader: _Reader, data: Mapping[str, Any]) -> QueueSettings:
     path = "spec.queue"
-    _reject_unknown(reader, data, path, ("maxWaiting", "timeoutMillis", "retryAfterSeconds"))
+    reader.known_fields(data, path, ("maxWaiting", "timeoutMillis", "retryAfterSeconds"))
     default = QueueSettings()
     return QueueSettings(
         max_waiting=reader.integer(data, "maxWaiting", path, default.max_waiting),
@@ -291,7 +282,7 @@ def _queue(reader: _Reader, data: Mapping[str, Any]) -> QueueSettings:
 
 def _tokenizer(reader: _Reader, data: Mapping[str, Any]) -> TokenizerSettings:
     path = "spec.tokenizer"
-    _reject_unknown(reader, data, path, ("kind", "encoding", "path"))
+    reader.known_fields(data, path, ("kind", "encoding", "path"))
     kind = reader.choice(data, "kind", path, TOKENIZER_KINDS) if "kind" in data else None
     settings = TokenizerSettings(
         kind=kind or TokenizerSettings.kind,
@@ -306,7 +297,7 @@ def _tokenizer(reader: _Reader, data: Mapping[str, Any]) -> TokenizerSettings:
 def _clients(reader: _Reader, data: Mapping[str, Any]) -> ClientSettings:
     path = "spec.clients"
     known = ("idleTimeoutMillis", "bodyTimeoutMillis", "writeTimeoutMillis")
-    _reject_unknown(reader, data, path, known)
+    reader.known_fields(data, path, known)
     default = ClientSettings()
     return ClientSettings(
         idle_timeout_millis=reader.integer(
@@ -324,7 +315,7 @@ def _clients(reader: _Reader, data: Mapping[str, Any]) -> ClientSettings:
 def _upstream(reader: _Reader, data: Mapping[str, Any]) -> UpstreamSettings:
     path = "spec.upstream"
     known = ("connectTimeoutMillis", "readTimeoutMillis", "healthTimeoutMillis")
-    _reject_unknown(reader, data, path, known)
+    reader.known_fields(data, path, known)
     default = UpstreamSettings()
     return UpstreamSettings(
         connect_timeout_millis=reader.integer(

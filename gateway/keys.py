@@ -65,5 +65,7 @@ LOOPBACK = web.AppKey("loopback", Loopback)  # where the dispatcher reaches the 
 DISPATCHING = web.AppKey("dispatching", list[tuple[Dispatcher, asyncio.Task[None]]])
 
 TENANT = web.RequestKey("tenant", Tenant)
+# When the request's first bytes were read (the CLOCK's time; serving/arrival.py).
+ARRIVED = web.RequestKey("arrived", float)
 # Set by the dispatcher's own calls: batch items are paced by it, not by per-minute limits.
 INTERNAL = web.RequestKey("internal", bool)

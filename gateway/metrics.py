@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from laneway.gateway.pools.registry import PoolRegistry
+from laneway.routing.prefix_index import PrefixIndex
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 # About 1.3x apart up to 2 s, so a percentile estimated from the buckets lands near the
@@ -25,7 +26,7 @@ TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 
 class GatewayMetrics:
-    def __init__(self, pools: PoolRegistry) -> None:
+    def __init__(self, pools: PoolRegistry, prefix_index: PrefixIndex | None = None) -> None:
         self.registry = CollectorRegistry()
         by_pool_lane = ("pool", "lane")
         self.requests = Counter(
@@ -85,7 +86,7 @@ class GatewayMetrics:
             ("pool", "lane", "met"),
             registry=self.registry,
         )
-        self.registry.register(_PoolStateCollector(pools))
+        self.registry.register(_PoolStateCollector(pools, prefix_index))
 
 
 @dataclass
@@ -152,8 +153,9 @@ def _bound_label(bound: float) -> str:
 class _PoolStateCollector(Collector):
     """Queue depth, running requests and endpoint health, read from the registry at scrape."""
 
-    def __init__(self, pools: PoolRegistry) -> None:
+    def __init__(self, pools: PoolRegistry, prefix_index: PrefixIndex | None) -> None:
         self._pools = pools
+        self._prefix_index = prefix_index
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting = GaugeMetricFamily(
@@ -183,6 +185,11 @@ class _PoolStateCollector(Collector):
             "(the prior until streams have been observed)",
             labels=["pool", "endpoint"],
         )
+        index_blocks = GaugeMetricFamily(
+            "laneway_gateway_prefix_index_blocks",
+            "Prompt-prefix blocks the gateway's prefix index holds for each endpoint",
+            labels=["pool", "endpoint"],
+        )
         for pool in self._pools.pools():
             gate = self._pools.gate(pool)
             waiting.add_metric([pool.name], gate.waiting)
@@ -197,4 +204,8 @@ class _PoolStateCollector(Collector):
                     engine_kv.add_metric([pool.name, url], sample.kv_usage)
                 rate = self._pools.prefill_rate(url).ms_per_token
                 prefill_rate.add_metric([pool.name, url], rate)
+                if self._prefix_index is not None:
+                    index_blocks.add_metric([pool.name, url], self._prefix_index.blocks_of(url))
         yield from (waiting, active, endpoints, engine_waiting, engine_kv, prefill_rate)
+        if self._prefix_index is not None:
+            yield index_blocks

@@ -420,120 +420,19 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     lane = reader.choice(spec, "lane", path, [lane.value for lane in Lane])
     model = reader.required_string(spec, "model", path)
     served = reader.string(spec, "servedModelName", path, model) or model
-
-    engine_data = reader.mapping(
-        spec, "engine", path, ("kind", "image", "args", "env", "resources", "simulator")
-    )
-    engine_kind = reader.choice(
-        engine_data, "kind", f"{path}.engine", [k.value for k in EngineKind]
-    )
-    simulator = None
-    if "simulator" in engine_data:
-        sim_data = reader.mapping(
-            engine_data, "simulator", f"{path}.engine", ("profile", "timeScale", "metricsFlavor")
-        )
-        sub = f"{path}.engine.simulator"
-        flavor = (
-            reader.choice(sim_data, "metricsFlavor", sub, [f.value for f in MetricsFlavor])
-            if "metricsFlavor" in sim_data
-            else None
-        )
-        simulator = SimulatorSpec(
-            profile=reader.string(sim_data, "profile", sub, "h200-llama3-8b") or "h200-llama3-8b",
-            time_scale=reader.number(sim_data, "timeScale", sub, 1.0, 0.0, MAX_TIME_SCALE),
-            metrics_flavor=MetricsFlavor(flavor or MetricsFlavor.VLLM),
-        )
-    engine = EngineSpec(
-        kind=EngineKind(engine_kind or EngineKind.SIMULATOR),
-        image=reader.string(engine_data, "image", f"{path}.engine"),
-        args=reader.string_list(engine_data, "args", f"{path}.engine"),
-        env=reader.object_list(engine_data, "env", f"{path}.engine"),
-        resources=reader.mapping(engine_data, "resources", f"{path}.engine"),
-        simulator=simulator,
-    )
-
+    engine = _parse_engine(reader, spec)
     autoscaling = (
         _parse_autoscaling(reader, spec, lane)
         if "autoscaling" in spec and spec["autoscaling"] is not None
         else None
     )
-
-    routing_data = reader.mapping(
-        spec,
-        "routing",
-        path,
-        (
-            "models",
-            "minPromptTokens",
-            "maxPromptTokens",
-            "priority",
-            "allowLaneHeader",
-            "tenants",
-        ),
-    )
-    sub = f"{path}.routing"
-    routing = RoutingSpec(
-        models=reader.string_list(routing_data, "models", sub),
-        min_prompt_tokens=reader.integer(routing_data, "minPromptTokens", sub, 0, 0, MAX_TOKENS),
-        max_prompt_tokens=reader.optional_integer(
-            routing_data, "maxPromptTokens", sub, 1, MAX_TOKENS
-        ),
-        priority=reader.integer(routing_data, "priority", sub, 0, minimum=-1000, maximum=1000),
-        allow_lane_header=reader.boolean(routing_data, "allowLaneHeader", sub, True),
-        tenants=reader.string_list(routing_data, "tenants", sub),
-    )
-
-    prefill_data = reader.mapping(
-        spec, "prefill", path, ("chunkedPrefill", "chunkSize", "tokenBudget", "maxPartialPrefills")
-    )
-    sub = f"{path}.prefill"
-    prefill = PrefillSpec(
-        chunked_prefill=reader.boolean(prefill_data, "chunkedPrefill", sub, True),
-        chunk_size=reader.integer(prefill_data, "chunkSize", sub, 1024, 16, MAX_TOKENS),
-        token_budget=reader.integer(prefill_data, "tokenBudget", sub, 2048, 16, MAX_TOKENS),
-        max_partial_prefills=reader.integer(
-            prefill_data, "maxPartialPrefills", sub, 1, 1, MAX_PARTIAL_PREFILLS
-        ),
-    )
-
-    limits_data = reader.mapping(
-        spec, "limits", path, ("maxContextTokens", "maxConcurrentRequests")
-    )
-    sub = f"{path}.limits"
-    limits = LimitsSpec(
-        max_context_tokens=reader.integer(
-            limits_data, "maxContextTokens", sub, 8192, 16, MAX_TOKENS
-        ),
-        max_concurrent_requests=reader.integer(
-            limits_data, "maxConcurrentRequests", sub, 256, 1, MAX_CONCURRENT_REQUESTS
-        ),
-    )
-
-    slo_data = reader.mapping(spec, "slo", path, ("ttftMillis", "tbtMillis"))
-    slo = SLOSpec(
-        ttft_millis=reader.integer(slo_data, "ttftMillis", f"{path}.slo", 300, 1, 600_000),
-        tbt_millis=reader.integer(slo_data, "tbtMillis", f"{path}.slo", 30, 1, 60_000),
-    )
-
+    routing = _parse_routing(reader, spec)
+    prefill = _parse_prefill(reader, spec)
+    limits = _parse_limits(reader, spec)
+    slo = _parse_slo(reader, spec)
     tokenizer = _parse_tokenizer(reader, spec, path)
-    scheduling_data = reader.mapping(spec, "scheduling", path, ("policy",))
-    policies = [policy.value for policy in SchedulingPolicy]
-    policy = (
-        reader.choice(scheduling_data, "policy", f"{path}.scheduling", policies)
-        if scheduling_data.get("policy") is not None
-        else None
-    )
-    scheduling = SchedulingSpec(SchedulingPolicy(policy or SchedulingPolicy.FCFS))
-
-    selector_data = reader.mapping(spec, "selector", path, ("matchLabels",))
-    selector = (
-        reader.string_map(selector_data, "matchLabels", f"{path}.selector")
-        if selector_data
-        else None
-    )
-    if selector_data and not selector:
-        reader.fail(f"{path}.selector.matchLabels", "must name at least one label to adopt pods")
-
+    scheduling = _parse_scheduling(reader, spec)
+    selector = _parse_selector(reader, spec)
     replicas = reader.integer(spec, "replicas", path, 1, minimum=0, maximum=MAX_REPLICAS)
     port = reader.integer(spec, "port", path, 8000, minimum=1, maximum=65535)
     node_selector = reader.string_map(spec, "nodeSelector", path)
@@ -562,6 +461,127 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
     )
     reader.errors.extend(check_spec(pool_spec))
     return pool_spec
+
+
+def _parse_engine(reader: _Reader, spec: Mapping[str, Any]) -> EngineSpec:
+    path = "spec.engine"
+    engine_data = reader.mapping(
+        spec, "engine", "spec", ("kind", "image", "args", "env", "resources", "simulator")
+    )
+    engine_kind = reader.choice(engine_data, "kind", path, [k.value for k in EngineKind])
+    simulator = _parse_simulator(reader, engine_data) if "simulator" in engine_data else None
+    return EngineSpec(
+        kind=EngineKind(engine_kind or EngineKind.SIMULATOR),
+        image=reader.string(engine_data, "image", path),
+        args=reader.string_list(engine_data, "args", path),
+        env=reader.object_list(engine_data, "env", path),
+        resources=reader.mapping(engine_data, "resources", path),
+        simulator=simulator,
+    )
+
+
+def _parse_simulator(reader: _Reader, engine_data: Mapping[str, Any]) -> SimulatorSpec:
+    sub = "spec.engine.simulator"
+    sim_data = reader.mapping(
+        engine_data, "simulator", "spec.engine", ("profile", "timeScale", "metricsFlavor")
+    )
+    flavor = (
+        reader.choice(sim_data, "metricsFlavor", sub, [f.value for f in MetricsFlavor])
+        if "metricsFlavor" in sim_data
+        else None
+    )
+    return SimulatorSpec(
+        profile=reader.string(sim_data, "profile", sub, "h200-llama3-8b") or "h200-llama3-8b",
+        time_scale=reader.number(sim_data, "timeScale", sub, 1.0, 0.0, MAX_TIME_SCALE),
+        metrics_flavor=MetricsFlavor(flavor or MetricsFlavor.VLLM),
+    )
+
+
+_ROUTING_FIELDS = (
+    "models",
+    "minPromptTokens",
+    "maxPromptTokens",
+    "priority",
+    "allowLaneHeader",
+    "tenants",
+)
+
+
+def _parse_routing(reader: _Reader, spec: Mapping[str, Any]) -> RoutingSpec:
+    routing_data = reader.mapping(spec, "routing", "spec", _ROUTING_FIELDS)
+    sub = "spec.routing"
+    return RoutingSpec(
+        models=reader.string_list(routing_data, "models", sub),
+        min_prompt_tokens=reader.integer(routing_data, "minPromptTokens", sub, 0, 0, MAX_TOKENS),
+        max_prompt_tokens=reader.optional_integer(
+            routing_data, "maxPromptTokens", sub, 1, MAX_TOKENS
+        ),
+        priority=reader.integer(routing_data, "priority", sub, 0, minimum=-1000, maximum=1000),
+        allow_lane_header=reader.boolean(routing_data, "allowLaneHeader", sub, True),
+        tenants=reader.string_list(routing_data, "tenants", sub),
+    )
+
+
+def _parse_prefill(reader: _Reader, spec: Mapping[str, Any]) -> PrefillSpec:
+    prefill_data = reader.mapping(
+        spec,
+        "prefill",
+        "spec",
+        ("chunkedPrefill", "chunkSize", "tokenBudget", "maxPartialPrefills"),
+    )
+    sub = "spec.prefill"
+    return PrefillSpec(
+        chunked_prefill=reader.boolean(prefill_data, "chunkedPrefill", sub, True),
+        chunk_size=reader.integer(prefill_data, "chunkSize", sub, 1024, 16, MAX_TOKENS),
+        token_budget=reader.integer(prefill_data, "tokenBudget", sub, 2048, 16, MAX_TOKENS),
+        max_partial_prefills=reader.integer(
+            prefill_data, "maxPartialPrefills", sub, 1, 1, MAX_PARTIAL_PREFILLS
+        ),
+    )
+
+
+def _parse_limits(reader: _Reader, spec: Mapping[str, Any]) -> LimitsSpec:
+    limits_data = reader.mapping(
+        spec, "limits", "spec", ("maxContextTokens", "maxConcurrentRequests")
+    )
+    sub = "spec.limits"
+    return LimitsSpec(
+        max_context_tokens=reader.integer(
+            limits_data, "maxContextTokens", sub, 8192, 16, MAX_TOKENS
+        ),
+        max_concurrent_requests=reader.integer(
+            limits_data, "maxConcurrentRequests", sub, 256, 1, MAX_CONCURRENT_REQUESTS
+        ),
+    )
+
+
+def _parse_slo(reader: _Reader, spec: Mapping[str, Any]) -> SLOSpec:
+    slo_data = reader.mapping(spec, "slo", "spec", ("ttftMillis", "tbtMillis"))
+    return SLOSpec(
+        ttft_millis=reader.integer(slo_data, "ttftMillis", "spec.slo", 300, 1, 600_000),
+        tbt_millis=reader.integer(slo_data, "tbtMillis", "spec.slo", 30, 1, 60_000),
+    )
+
+
+def _parse_scheduling(reader: _Reader, spec: Mapping[str, Any]) -> SchedulingSpec:
+    scheduling_data = reader.mapping(spec, "scheduling", "spec", ("policy",))
+    policies = [policy.value for policy in SchedulingPolicy]
+    policy = (
+        reader.choice(scheduling_data, "policy", "spec.scheduling", policies)
+        if scheduling_data.get("policy") is not None
+        else None
+    )
+    return SchedulingSpec(SchedulingPolicy(policy or SchedulingPolicy.FCFS))
+
+
+def _parse_selector(reader: _Reader, spec: Mapping[str, Any]) -> dict[str, str] | None:
+    selector_data = reader.mapping(spec, "selector", "spec", ("matchLabels",))
+    if not selector_data:
+        return None
+    selector = reader.string_map(selector_data, "matchLabels", "spec.selector")
+    if not selector:
+        reader.fail("spec.selector.matchLabels", "must name at least one label to adopt pods")
+    return selector
 
 
 def _parse_tokenizer(reader: _Reader, spec: Mapping[str, Any], path: str) -> TokenizerSpec | None:
@@ -645,8 +665,16 @@ def _parse_autoscaling(
 
 def check_spec(spec: PoolSpec) -> list[FieldError]:
     """Cross-field rules: each error says what to change. The CRD's CEL rules mirror these."""
+    return [
+        *_check_chunking(spec.prefill, spec.limits),
+        *_check_prompt_range(spec.routing, spec.limits),
+        *_check_engine_flags(spec),
+        *_check_field_combinations(spec),
+    ]
+
+
+def _check_chunking(prefill: PrefillSpec, limits: LimitsSpec) -> list[FieldError]:
     errors: list[FieldError] = []
-    prefill, limits, routing = spec.prefill, spec.limits, spec.routing
     if prefill.chunked_prefill and prefill.chunk_size > prefill.token_budget:
         errors.append(
             FieldError(
@@ -663,6 +691,11 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                 f"({limits.max_context_tokens}): a chunk longer than any prompt never splits one",
             )
         )
+    return errors
+
+
+def _check_prompt_range(routing: RoutingSpec, limits: LimitsSpec) -> list[FieldError]:
+    errors: list[FieldError] = []
     if routing.max_prompt_tokens is not None:
         if routing.max_prompt_tokens > limits.max_context_tokens:
             errors.append(
@@ -688,6 +721,13 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                 f"limits.maxContextTokens ({limits.max_context_tokens})",
             )
         )
+    return errors
+
+
+def _check_engine_flags(spec: PoolSpec) -> list[FieldError]:
+    """What each engine refuses at start-up, caught before a pod crash-loops on it."""
+    errors: list[FieldError] = []
+    prefill, limits = spec.prefill, spec.limits
     if spec.engine.kind is EngineKind.VLLM:
         # vLLM refuses to start when one step cannot hold one token per running sequence,
         # or, without chunking, one whole prompt of the maximum length.
@@ -726,6 +766,11 @@ def check_spec(spec: PoolSpec) -> list[FieldError]:
                 f"got {prefill.max_partial_prefills}",
             )
         )
+    return errors
+
+
+def _check_field_combinations(spec: PoolSpec) -> list[FieldError]:
+    errors: list[FieldError] = []
     if spec.engine.simulator is not None and spec.engine.kind is not EngineKind.SIMULATOR:
         errors.append(
             FieldError(

@@ -262,18 +262,44 @@ def _resources(resources: Mapping[str, Any]) -> dict[str, Any]:
 def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptions) -> Manifest:
     spec = pool.spec
     gpu = spec.engine.kind in _GPU_ENGINES
+    container = _engine_container(pool, engine, options, gpu)
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": pod_selector(pool)},
+        # GPU clusters rarely have a spare GPU to surge into: replace one replica at a time.
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}
+            if gpu
+            else {"maxSurge": 1, "maxUnavailable": 0},
+        },
+        "progressDeadlineSeconds": 1800 if gpu else 300,
+        "revisionHistoryLimit": 3,
+        "template": {
+            "metadata": {"labels": pool_labels(pool)},
+            "spec": _pod_spec(pool, container, gpu),
+        },
+        "replicas": spec.replicas,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(pool),
+        "spec": deployment_spec,
+    }
+
+
+def _engine_container(
+    pool: InferencePool, engine: EngineCommand, options: RenderOptions, gpu: bool
+) -> dict[str, Any]:
+    spec = pool.spec
     default_resources = _GPU_DEFAULT_RESOURCES if gpu else _SIMULATOR_DEFAULT_RESOURCES
     env: list[Mapping[str, Any]] = []
-    volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if gpu:
         # Non-root engines need somewhere writable for weights and compile caches, and
-        # tensor parallelism needs a /dev/shm larger than the container default.
+        # tensor parallelism needs a /dev/shm larger than the container default (the
+        # volumes are in _pod_spec).
         env += [{"name": "HOME", "value": "/cache"}, {"name": "HF_HOME", "value": "/cache/hf"}]
-        volumes += [
-            {"name": "cache", "emptyDir": {}},
-            {"name": "shm", "emptyDir": {"medium": "Memory"}},
-        ]
         mounts += [
             {"name": "cache", "mountPath": "/cache"},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -302,6 +328,11 @@ def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptio
         container["env"] = env
     if mounts:
         container["volumeMounts"] = mounts
+    return container
+
+
+def _pod_spec(pool: InferencePool, container: dict[str, Any], gpu: bool) -> dict[str, Any]:
+    spec = pool.spec
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never call the API
         "enableServiceLinks": False,
@@ -315,31 +346,15 @@ def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptio
         },
         "containers": [container],
     }
-    if volumes:
-        pod_spec["volumes"] = volumes
+    if gpu:
+        pod_spec["volumes"] = [
+            {"name": "cache", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        ]
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
     if spec.affinity:
         pod_spec["affinity"] = dict(spec.affinity)
-    deployment_spec: dict[str, Any] = {
-        "selector": {"matchLabels": pod_selector(pool)},
-        # GPU clusters rarely have a spare GPU to surge into: replace one replica at a time.
-        "strategy": {
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}
-            if gpu
-            else {"maxSurge": 1, "maxUnavailable": 0},
-        },
-        "progressDeadlineSeconds": 1800 if gpu else 300,
-        "revisionHistoryLimit": 3,
-        "template": {"metadata": {"labels": pool_labels(pool)}, "spec": pod_spec},
-        "replicas": spec.replicas,
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _metadata(pool),
-        "spec": deployment_spec,
-    }
+    return pod_spec

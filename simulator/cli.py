@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from laneway.api import MetricsFlavor, SchedulingPolicy
 from laneway.errors import UsageError
-from laneway.simulator.metrics import METRICS_FLAVORS
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from laneway.simulator.scheduler import (
     SCHEDULER_KINDS,
-    SCHEDULING_POLICIES,
     SchedulerConfig,
     config_problems,
 )
@@ -34,8 +33,8 @@ def register(
     add_engine_flags(sim)
     sim.add_argument(
         "--metrics-flavor",
-        choices=METRICS_FLAVORS,
-        default="vllm",
+        choices=[flavor.value for flavor in MetricsFlavor],
+        default=MetricsFlavor.VLLM.value,
         help="metric names on /metrics (default vllm)",
     )
     sim.add_argument(
@@ -87,8 +86,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scheduling-policy",
-        choices=SCHEDULING_POLICIES,
-        default="fcfs",
+        choices=[policy.value for policy in SchedulingPolicy],
+        default=SchedulingPolicy.FCFS.value,
         help="waiting-queue order: fcfs (default) or priority (a request's 'priority', lower "
         "first, as vLLM's --scheduling-policy priority)",
     )
@@ -102,7 +101,7 @@ def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
         max_num_seqs=args.max_num_seqs,
         max_partial_prefills=args.max_partial_prefills,
         max_context=args.max_context,
-        scheduling_policy=args.scheduling_policy,
+        scheduling_policy=SchedulingPolicy(args.scheduling_policy),
     )
     problems = config_problems(config)
     if problems:
@@ -127,7 +126,7 @@ def run_sim(args: argparse.Namespace) -> int:
         model=args.model,
         profile=profile,
         scheduler=scheduler_config_from(args),
-        metrics_flavor=args.metrics_flavor,
+        metrics_flavor=MetricsFlavor(args.metrics_flavor),
         time_scale=args.time_scale,
     )
     tokenizer = HuggingFaceTokenizer(args.tokenizer) if args.tokenizer else None

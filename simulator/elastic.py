@@ -33,7 +33,7 @@ from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import SEED_PICKING
 
 COLD_START_S = 60.0
-SCRAPE_INTERVAL_S = 15.0  # how often the operator reads demand and decides
+DECISION_INTERVAL_S = 15.0  # how often the operator reads demand and decides
 ATTAINMENT_WINDOW_S = 60.0  # "recent" SLO attainment: requests finished this long ago
 
 EventKind = Literal["arrive", "step_done", "ready", "scale"]
@@ -173,7 +173,7 @@ class ElasticCluster:
                 self._ready(now, subject)
             elif self._requests or now < self._end_s:
                 self._scale(now)
-                self._push(now + SCRAPE_INTERVAL_S, "scale", 0)
+                self._push(now + DECISION_INTERVAL_S, "scale", 0)
         gpu_s = sum((r.released_s or now) - r.started_s for r in self._replicas)
         traces = tuple(
             PoolTrace(tuple(p.at), tuple(p.counts), tuple(p.demand), tuple(p.reasons))

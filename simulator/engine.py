@@ -54,6 +54,10 @@ class EngineCore:
         # not "used": they are evicted when a new request needs the room, as in vLLM.
         self.kv_used_blocks = 0
         self.prefix_cache = PrefixCache(KV_BLOCK_TOKENS)
+        # The share of prompt tokens found cached among the prompts admitted by the latest
+        # step that admitted any: what SGLang's `sglang:cache_hit_rate` gauge shows (it is
+        # set per prefill batch, `log_prefill_stats`), where vLLM exports running counters.
+        self.last_admission_hit_rate = 0.0
         self.waiting: list[RequestState] = []
         self.running: list[RequestState] = []
 
@@ -173,6 +177,9 @@ class EngineCore:
             hits = dict(plan.cached)
             for seq in joining:
                 self._admit(seq, hits.get(seq.request_id, NO_HIT))
+            if self.config.prefix_caching:
+                hit_tokens = sum(hit.blocks for hit in hits.values()) * KV_BLOCK_TOKENS
+                self.last_admission_hit_rate = hit_tokens / sum(s.prompt_tokens for s in joining)
         states = {seq.request_id: seq for seq in self.running}
         tokens: list[str] = []
         first_tokens: list[str] = []

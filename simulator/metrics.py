@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-MetricsFlavor = Literal["vllm", "sglang"]
-METRICS_FLAVORS: tuple[MetricsFlavor, ...] = ("vllm", "sglang")
+from laneway.api import MetricsFlavor
 
 # vLLM's own histogram buckets (vllm/v1/metrics/loggers.py), so dashboards line up.
 TTFT_BUCKETS = (
@@ -45,10 +43,17 @@ class MetricNames:
     inter_token: str
     e2e: str
     queue_time: str
+    # Automatic prefix caching. vLLM: two counters in tokens (`vllm/v1/metrics/loggers.py`:
+    # "Prefix cache queries, in terms of number of queried tokens", and the hits). SGLang:
+    # one gauge, the hit rate of the latest prefill batch (`sglang/srt/metrics/collector.py`,
+    # SchedulerMetricsCollector; set in the scheduler's `log_prefill_stats`).
+    prefix_queries: str | None = None
+    prefix_hits: str | None = None
+    cache_hit_rate: str | None = None
 
 
 NAMES: dict[MetricsFlavor, MetricNames] = {
-    "vllm": MetricNames(
+    MetricsFlavor.VLLM: MetricNames(
         running="vllm:num_requests_running",
         waiting="vllm:num_requests_waiting",
         kv_usage="vllm:kv_cache_usage_perc",
@@ -59,8 +64,10 @@ NAMES: dict[MetricsFlavor, MetricNames] = {
         inter_token="vllm:inter_token_latency_seconds",
         e2e="vllm:e2e_request_latency_seconds",
         queue_time="vllm:request_queue_time_seconds",
+        prefix_queries="vllm:prefix_cache_queries",
+        prefix_hits="vllm:prefix_cache_hits",
     ),
-    "sglang": MetricNames(
+    MetricsFlavor.SGLANG: MetricNames(
         running="sglang:num_running_reqs",
         waiting="sglang:num_queue_reqs",
         kv_usage="sglang:token_usage",
@@ -71,6 +78,7 @@ NAMES: dict[MetricsFlavor, MetricNames] = {
         inter_token="sglang:inter_token_latency_seconds",
         e2e="sglang:e2e_request_latency_seconds",
         queue_time="sglang:queue_time_seconds",
+        cache_hit_rate="sglang:cache_hit_rate",
     ),
 }
 
@@ -86,6 +94,9 @@ class EngineGauges:
     waiting: int
     kv_usage: float
     busy_s: float  # simulated seconds spent in steps since start
+    prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of those, the ones found cached
+    last_batch_hit_rate: float = 0.0  # the latest admitting step's hit tokens / prompt tokens
 
 
 class _GaugeCollector(Collector):
@@ -106,11 +117,26 @@ class _GaugeCollector(Collector):
             family = GaugeMetricFamily(name, documentation, labels=list(self._labels))
             family.add_metric(list(self._labels.values()), value)
             yield family
-        busy = CounterMetricFamily(
-            BUSY_SECONDS, "Simulated GPU seconds spent in steps.", labels=list(self._labels)
-        )
-        busy.add_metric(list(self._labels.values()), gauges.busy_s)
-        yield busy
+        counters = [(BUSY_SECONDS, "Simulated GPU seconds spent in steps.", gauges.busy_s)]
+        if self._names.prefix_queries and self._names.prefix_hits:
+            counters += [
+                (self._names.prefix_queries,
+                 "Prefix cache queries, in terms of number of queried tokens.",
+                 float(gauges.prefix_query_tokens)),
+                (self._names.prefix_hits,
+                 "Prefix cache hits, in terms of number of cached tokens.",
+                 float(gauges.prefix_hit_tokens)),
+            ]  # fmt: skip
+        for name, documentation, value in counters:
+            counter = CounterMetricFamily(name, documentation, labels=list(self._labels))
+            counter.add_metric(list(self._labels.values()), value)
+            yield counter
+        if self._names.cache_hit_rate:
+            rate = GaugeMetricFamily(
+                self._names.cache_hit_rate, "The prefix cache hit rate.", labels=list(self._labels)
+            )
+            rate.add_metric(list(self._labels.values()), gauges.last_batch_hit_rate)
+            yield rate
 
 
 class SimulatorMetrics:

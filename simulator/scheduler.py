@@ -24,14 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from laneway.api import SchedulingPolicy
 from laneway.simulator.prefix_cache import DEFAULT_BLOCK_SIZE, NO_HIT, PrefixHit
 
 KV_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 
 SchedulerKind = Literal["full", "chunked"]
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("full", "chunked")
-SchedulingPolicy = Literal["fcfs", "priority"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 @dataclass
@@ -90,7 +89,7 @@ class SchedulerConfig:
     # Automatic prefix caching: on by default in vLLM V1 (--no-enable-prefix-caching turns
     # it off) and in SGLang (its radix cache; --disable-radix-cache).
     prefix_caching: bool = True
-    scheduling_policy: SchedulingPolicy = "fcfs"  # the waiting queue's order
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS  # the waiting queue's order
 
 
 def config_problems(config: SchedulerConfig) -> list[str]:
@@ -98,8 +97,9 @@ def config_problems(config: SchedulerConfig) -> list[str]:
     problems: list[str] = []
     if config.kind not in SCHEDULER_KINDS:
         problems.append(f"scheduler must be one of {', '.join(SCHEDULER_KINDS)}")
-    if config.scheduling_policy not in SCHEDULING_POLICIES:
-        problems.append(f"scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}")
+    policies = [policy.value for policy in SchedulingPolicy]
+    if config.scheduling_policy not in policies:
+        problems.append(f"scheduling-policy must be one of {', '.join(policies)}")
     for name in ("token_budget", "chunk_size", "max_num_seqs", "max_partial_prefills"):
         if getattr(config, name) < 1:
             problems.append(f"{name.replace('_', '-')} must be at least 1")

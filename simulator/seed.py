@@ -34,6 +34,7 @@ SEED_PICKING = PickingSettings(
         "prefillTokens": 4,
         "ttftSlo": 0,
         "prefixAffinity": 0,  # the seed's prompts share no prefixes
+        "sessionHash": 0,
     }
 )
 # How often the gateway reads each engine's /metrics in the seed experiment (live mode's
@@ -94,21 +95,25 @@ class SimPool:
     max_context_tokens: int
     replicas: int
     engine: SchedulerConfig
+    min_prompt_tokens: int = 0
 
     @property
     def served_model(self) -> str:
         return f"{PUBLIC_MODEL}-{self.name}"
 
-    def document(self, endpoints: Sequence[str]) -> dict[str, Any]:
+    def document(self, endpoints: Sequence[str], namespace: str = "seed") -> dict[str, Any]:
         """The InferencePool the gateway is configured with, its engines at `endpoints`."""
         engine = self.engine
-        routing: dict[str, Any] = {"models": [PUBLIC_MODEL], "minPromptTokens": 0}
+        routing: dict[str, Any] = {
+            "models": [PUBLIC_MODEL],
+            "minPromptTokens": self.min_prompt_tokens,
+        }
         if self.max_prompt_tokens is not None:
             routing["maxPromptTokens"] = self.max_prompt_tokens
         return {
             "apiVersion": API_VERSION,
             "kind": KIND,
-            "metadata": {"name": self.name, "namespace": "seed"},
+            "metadata": {"name": self.name, "namespace": namespace},
             "spec": {
                 "lane": self.lane.value,
                 "model": "meta-llama/Meta-Llama-3-8B-Instruct",
@@ -132,6 +137,22 @@ class SimPool:
 
     def inference_pool(self, endpoints: Sequence[str]) -> InferencePool:
         return parse_pool(self.document(endpoints))
+
+    def sim_args(self, profile: str, time_scale: float) -> list[str]:
+        """`laneway sim` flags for one of this pool's engines, on a free loopback port."""
+        engine = self.engine
+        return [
+            "--host", "127.0.0.1", "--port", "0",
+            "--model", self.served_model,
+            "--profile", profile,
+            "--scheduler", engine.kind,
+            "--token-budget", str(engine.token_budget),
+            "--chunk-size", str(engine.chunk_size),
+            "--max-context", str(engine.max_context),
+            "--max-num-seqs", str(engine.max_num_seqs),
+            "--max-partial-prefills", str(engine.max_partial_prefills),
+            "--time-scale", f"{time_scale:g}",
+        ]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -15,18 +15,21 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.api import MetricsFlavor
 from laneway.errors import cannot_listen
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
-from laneway.simulator.metrics import EngineGauges, MetricsFlavor, SimulatorMetrics
+from laneway.simulator.metrics import EngineGauges, SimulatorMetrics
+from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
-from laneway.simulator.scheduler import SchedulerConfig
+from laneway.simulator.prompt_ids import chat_token_ids
+from laneway.simulator.scheduler import KV_BLOCK_TOKENS, SchedulerConfig
 from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
@@ -34,7 +37,7 @@ CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt is about 0.6 MB; leave room
 T = TypeVar("T")
 
-OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized in a worker thread
+OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized (and hashed) in a thread
 MAX_LAG_S = 0.01  # wall seconds the step clock may fall behind before it resets
 OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
 
@@ -46,7 +49,7 @@ class SimSettings:
     model: str
     profile: Profile
     scheduler: SchedulerConfig
-    metrics_flavor: MetricsFlavor = "vllm"
+    metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
     time_scale: float = 1.0
 
 
@@ -66,7 +69,8 @@ class OpenAIError(Exception):
         self.param = param
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+# The error "type" vLLM's server sends (the exception's name), not OpenAI's types.
+VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
                413: "RequestEntityTooLarge", 500: "InternalServerError"}  # fmt: skip
 
 
@@ -74,7 +78,7 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
     body = {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "BadRequestError"),
+            "type": VLLM_ERROR_TYPES.get(status, "BadRequestError"),
             "param": param,
             "code": status,
         }
@@ -108,15 +112,29 @@ class RealTimeEngine:
         return (asyncio.get_running_loop().time() - self._origin) * self.time_scale
 
     def _gauges(self) -> EngineGauges:
+        core = self.core
         return EngineGauges(
-            len(self.core.running), len(self.core.waiting), self.core.kv_usage, self.busy_s
+            len(core.running),
+            len(core.waiting),
+            core.kv_usage,
+            self.busy_s,
+            core.prefix_cache.query_tokens,
+            core.prefix_cache.hit_tokens,
+            core.last_admission_hit_rate,
         )
 
     def submit(
-        self, request_id: str, prompt_tokens: int, max_tokens: int, priority: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        priority: int = 0,
+        prompt_block_hashes: tuple[int, ...] = (),
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
-        self.core.submit(request_id, prompt_tokens, max_tokens, priority=priority)
+        self.core.submit(
+            request_id, prompt_tokens, max_tokens, prompt_block_hashes, priority=priority
+        )
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
         self._wake.set()
@@ -188,6 +206,9 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     priority: int = 0  # vLLM's extra request field; lower is more urgent
+    # The prompt's token ids in prefix-cache blocks (prefix_cache.block_hashes): what lets
+    # a repeated prefix skip its prefill, as automatic prefix caching does.
+    block_hashes: tuple[int, ...] = ()
 
 
 def _priority(body: dict[str, Any]) -> int:
@@ -265,6 +286,16 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
+@dataclass(frozen=True)
+class _PromptTokens:
+    count: int
+    block_hashes: tuple[int, ...]
+
+
+def _prompt_tokens(ids: Sequence[int]) -> _PromptTokens:
+    return _PromptTokens(len(ids), block_hashes(ids, KV_BLOCK_TOKENS))
+
+
 async def _count(length: int, count: Callable[[], T]) -> T:
     """Count on the loop when cheap, in a worker thread when a long prompt would stall it."""
     if length > OFF_LOOP_CHARS:
@@ -299,22 +330,28 @@ async def parse_generation(
     if endpoint == "completions":
         prompt = _completion_prompt(body)
         if isinstance(prompt, list):
-            prompt_tokens = len(prompt)
+            tokens = _prompt_tokens(prompt)
         else:
             text = prompt
-            prompt_tokens = await _count(len(text), lambda: tokenizer.count(text))
+            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode(text)))
         max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
     else:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        prompt_tokens = await _count(length, lambda: count_chat(tokenizer, messages))
+        tokens = await _count(length, lambda: _prompt_tokens(chat_token_ids(tokenizer, messages)))
         max_tokens = (
             _positive_int(body, "max_completion_tokens")
             or _positive_int(body, "max_tokens")
-            or max(1, min(CHAT_DEFAULT_MAX_TOKENS, settings.scheduler.max_context - prompt_tokens))
+            or max(1, min(CHAT_DEFAULT_MAX_TOKENS, settings.scheduler.max_context - tokens.count))
         )
     return GenerationRequest(
-        endpoint, max(1, prompt_tokens), max_tokens, stream, include_usage, _priority(body)
+        endpoint,
+        max(1, tokens.count),
+        max_tokens,
+        stream,
+        include_usage,
+        _priority(body),
+        tokens.block_hashes,
     )
 
 
@@ -421,7 +458,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     reply = _Reply(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), settings.model, parsed)
     try:
         events = engine.submit(
-            reply.request_id, parsed.prompt_tokens, parsed.max_tokens, parsed.priority
+            reply.request_id,
+            parsed.prompt_tokens,
+            parsed.max_tokens,
+            parsed.priority,
+            parsed.block_hashes,
         )
     except RequestRejected as error:
         raise OpenAIError(400, str(error)) from None

@@ -1,9 +1,9 @@
 """What an API server does with the InferencePool CRD's schema, done offline for tests.
 
-No kube-apiserver runs on these machines, so this stands in for its three steps on a
-custom resource: structural defaulting, OpenAPI schema validation (through `jsonschema`),
-and the CEL rules in `x-kubernetes-validations` (through `cel-python`, with Kubernetes'
-`self` binding).
+A fast, offline stand-in for a real API server's three steps on a custom resource (the
+real one judges the same cases in tests/test_cluster_crd.py): structural defaulting,
+OpenAPI schema validation (through `jsonschema`), and the CEL rules in
+`x-kubernetes-validations` (through `cel-python`, with Kubernetes' `self` binding).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""A scripted Kubernetes API server over real HTTP on loopback, for the watch client and
-for running kopf itself.
+"""A scripted Kubernetes API server over real HTTP on loopback, for the watch client.
 
-No kube-apiserver can run on these machines. This one serves what `KubeApi` and kopf
-speak: discovery documents, list (with resourceVersion), watch streams of newline-delimited
-JSON events, 410 Gone for a resourceVersion older than the compacted history, connections
-that drop, merge patches (status subresource included), server-side apply as
-create-or-merge, creates, and deletes with garbage collection by owner reference. Every
-request is recorded so tests can check what the client asked for.
+The real one (tests/kube_cluster.py) shows what the gateway's discovery does in a cluster;
+this one makes the rare moments of a watch happen on cue: list (with resourceVersion), watch
+streams of newline-delimited JSON events, 410 Gone for a resourceVersion older than the
+compacted history (as a status and as an ERROR event), connections that drop, and canned
+answers for the client's single requests. Every request is recorded so tests can check what
+the client asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import asyncio
 import copy
 import json
 from collections import defaultdict
-from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +52,6 @@ class FakeApiServer:
         self.responses: dict[tuple[str, str], tuple[int, Manifest]] = {}  # canned answers
         self._watchers: dict[str, list[asyncio.Queue[Any]]] = defaultdict(list)
         self._watch_started = asyncio.Condition()
-        self._changed = asyncio.Condition()  # notified on every write
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -131,9 +128,6 @@ class FakeApiServer:
         for queue in self._watchers[path]:
             queue.put_nowait(_Expire())
 
-    def watching(self, path: str) -> int:
-        return len(self._watchers[path])
-
     async def until_watched(self, *paths: str) -> None:
         async with self._watch_started:
             await self._watch_started.wait_for(lambda: all(self._watchers[p] for p in paths))
@@ -141,47 +135,6 @@ class FakeApiServer:
     def _notify(self, path: str, event: Manifest) -> None:
         for queue in self._watchers[path]:
             queue.put_nowait(copy.deepcopy(event))
-
-    def serve_discovery(
-        self, resources: list[tuple[str, str, str, str]], cluster_scoped: Collection[str] = ()
-    ) -> None:
-        """Discovery documents for (group, version, kind, plural) resources, each with a
-        status subresource, plus an empty collection per resource: in namespace `serving`,
-        or cluster-wide for the plurals in `cluster_scoped`."""
-        by_group_version: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for group, version, kind, plural in resources:
-            by_group_version[(group, version)] += [
-                {
-                    "name": plural,
-                    "singularName": kind.lower(),
-                    "namespaced": plural not in cluster_scoped,
-                    "kind": kind,
-                    "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-                },
-                {"name": f"{plural}/status", "singularName": "", "namespaced": True, "kind": kind},
-            ]
-            prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
-            where = "" if plural in cluster_scoped else "/namespaces/serving"
-            self.collections.setdefault(f"{prefix}{where}/{plural}", {})
-        self.responses[("GET", "/version")] = (200, {"major": "1", "minor": "37"})
-        self.responses[("GET", "/api")] = (200, {"versions": ["v1"]})
-        groups = []
-        for (group, version), listed in by_group_version.items():
-            path = f"/apis/{group}/{version}" if group else f"/api/{version}"
-            self.responses[("GET", path)] = (200, {"groupVersion": version, "resources": listed})
-            if group:
-                entry = {"groupVersion": f"{group}/{version}", "version": version}
-                groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
-        self.responses[("GET", "/apis")] = (200, {"groups": groups})
-
-    async def until(self, check: Callable[[], bool]) -> None:
-        """Wait until `check()` holds; it is tried after every write."""
-        async with self._changed:
-            await self._changed.wait_for(check)
-
-    def find(self, collection: str, name: str) -> Manifest | None:
-        found = self.collections[collection].get(name)
-        return copy.deepcopy(found) if found is not None else None
 
     def _locate(self, path: str) -> tuple[str, str | None, str | None] | None:
         """(collection, name, subresource) that `path` addresses, if it is served."""
@@ -195,63 +148,6 @@ class FakeApiServer:
             return grandparent, owner, name
         return None
 
-    async def _write(self, request: web.Request, body: str) -> web.StreamResponse:
-        located = self._locate(request.path)
-        if located is None:
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
-        collection, name, subresource = located
-        document: Any = json.loads(body) if body else {}
-        if request.method == "POST" and name is None:
-            self.revision += 1
-            metadata = document.setdefault("metadata", {})
-            metadata.setdefault("name", f"{metadata.get('generateName', 'x-')}{self.revision}")
-            metadata["resourceVersion"] = str(self.revision)
-            self.collections[collection][_name(document)] = document
-            await self._wrote()
-            return web.json_response(document, status=201)
-        assert name is not None
-        live = self.collections[collection].get(name)
-        if request.method == "DELETE":
-            if live is None:
-                return web.json_response({"kind": "Status", "code": 404}, status=404)
-            self._collect(collection, name)
-            await self._wrote()
-            return web.json_response({"kind": "Status", "status": "Success"})
-        created = live is None
-        if live is None:
-            if request.content_type != "application/apply-patch+yaml":
-                return web.json_response({"kind": "Status", "code": 404}, status=404)
-            self.revision += 1
-            live = {"metadata": {"uid": f"uid-{self.revision}", "generation": 1}}
-        before = copy.deepcopy(live.get("spec"))
-        if request.content_type == "application/json-patch+json":
-            _json_patch(live, document)
-        else:
-            if subresource == "status":
-                document = {"status": document.get("status")}
-            _merge_patch(live, document)
-        if not created and live.get("spec") != before:
-            live["metadata"]["generation"] = live["metadata"].get("generation", 1) + 1
-        self.put(collection, live, "ADDED" if created else "MODIFIED")
-        await self._wrote()
-        return web.json_response(self.collections[collection][name])
-
-    def _collect(self, collection: str, name: str) -> None:
-        """Delete, then garbage-collect whatever the object owned."""
-        self.revision += 1
-        gone = self.collections[collection].pop(name)
-        gone["metadata"]["resourceVersion"] = str(self.revision)
-        self._notify(collection, {"type": "DELETED", "object": gone})
-        for other, objects in self.collections.items():
-            for child, obj in list(objects.items()):
-                owners = obj.get("metadata", {}).get("ownerReferences") or ()
-                if any(ref.get("uid") == gone["metadata"].get("uid") for ref in owners):
-                    self._collect(other, child)
-
-    async def _wrote(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
     # --- HTTP ---
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -263,7 +159,9 @@ class FakeApiServer:
         if canned is not None:
             return web.json_response(canned[1], status=canned[0])
         if request.method != "GET":
-            return await self._write(request, body)
+            # Writes are answered only as a test scripts them (responses): the real API
+            # server in tests/kube_cluster.py is where writes have their real effects.
+            return web.json_response({"kind": "Status", "code": 405}, status=405)
         if request.query.get("watch") == "true":
             return await self._watch(request)
         located = self._locate(request.path)
@@ -305,37 +203,6 @@ class FakeApiServer:
             self._watchers[request.path].remove(queue)
         await response.write_eof()
         return response
-
-
-def _merge_patch(target: Manifest, patch: Manifest) -> None:
-    """RFC 7386 JSON merge patch, which server-side apply approximates here too."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            _merge_patch(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
-
-
-def _json_patch(target: Manifest, operations: list[Manifest]) -> None:
-    """RFC 6902 JSON patch: the add, replace, remove and test operations kopf sends."""
-    for operation in operations:
-        *parents, last = [
-            part.replace("~1", "/").replace("~0", "~") for part in operation["path"][1:].split("/")
-        ]
-        node: Any = target
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-        key: Any = int(last) if isinstance(node, list) and last != "-" else last
-        if operation["op"] == "remove":
-            del node[key]
-        elif operation["op"] == "test":
-            continue
-        elif isinstance(node, list) and (key == "-" or operation["op"] == "add"):
-            node.insert(len(node) if key == "-" else key, operation["value"])
-        else:
-            node[key] = operation["value"]
 
 
 def _name(obj: Manifest) -> str:

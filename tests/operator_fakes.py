@@ -1,6 +1,7 @@
 """A recording stand-in for the Kubernetes API server, for the operator's tests.
 
-No API server can run on these machines. `FakeCluster` keeps objects in memory with the
+Fast and exact about every call, beside tests/test_cluster_operator.py, which runs the
+operator against a real API server. `FakeCluster` keeps objects in memory with the
 behaviour the operator relies on: server-side apply creates or merges, generation rises
 when a spec changes, deleting an owner lets the garbage collector remove what it owns, and
 every call is recorded as the RBAC verb and resource it needs.

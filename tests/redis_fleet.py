@@ -14,10 +14,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION
-from laneway.bench.demo import DEMO_POOLS, config_documents, sim_args
+from laneway.bench.demo import DEMO_POOLS, config_documents
 from laneway.bench.procs import ChildProcess, Children
+from laneway.simulator.profiles import DEFAULT_PROFILE
+from laneway.simulator.seed import PUBLIC_MODEL
 
-PUBLIC_MODEL = "llama3-8b"
 # Picks from the gateways' own in-flight accounting alone, so that what one replica sees of
 # another's load comes through Redis and not through the engines' scraped metrics.
 IN_FLIGHT_ONLY = {
@@ -43,7 +44,9 @@ def start_engines(
     engines: dict[str, list[ChildProcess]] = {}
     for pool in DEMO_POOLS:
         engines[pool.name] = [
-            children.start_laneway("sim", sim_args(pool, time_scale), name=f"{pool.name}-{i}")
+            children.start_laneway(
+                "sim", pool.sim_args(DEFAULT_PROFILE, time_scale), name=f"{pool.name}-{i}"
+            )
             for i in range(replicas.get(pool.name, 1))
         ]
     return engines

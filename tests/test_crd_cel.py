@@ -1,6 +1,7 @@
 """Every CEL rule of the CRD, evaluated with cel-python on specs it must pass and specs it
-must reject, side by side with laneway.api.check_spec: the API server (standing in here,
-since none runs on these machines) and parse_pool must accept and reject the same specs."""
+must reject, side by side with laneway.api.check_spec: the API server (stood in for here;
+tests/test_cluster_crd.py sends the same table to a real one) and parse_pool must accept
+and reject the same specs."""
 
 from __future__ import annotations
 

@@ -83,12 +83,12 @@ BAD = [
     (
         "a misspelt GatewayConfig field",
         [POOL, GATEWAY.replace("timeoutMillis: 750", "timeoutMilis: 750")],
-        "spec.queue.timeoutMilis: is not a known field",
+        "spec.queue.timeoutMilis: is not a field; did you mean timeoutMillis?",
     ),
     (
         "an unknown scorer",
         [POOL, GATEWAY.replace("queueDepth: 3", "latency: 3")],
-        "spec.picking.weights.latency: is not a known field",
+        "spec.picking.weights.latency: is not a field",
     ),
     (
         "staleness shorter than the scrape interval",
@@ -116,6 +116,16 @@ BAD = [
             ),
         ],
         "spec.picking.prefix.blockChars: must be >= 16, got 4",
+    ),
+    (
+        "the restart switch must be a boolean",
+        [
+            POOL,
+            GATEWAY.replace(
+                "kvCacheUsage: 0}}", "kvCacheUsage: 0}, prefix: {forgetOnEngineRestart: sometimes}}"
+            ),
+        ],
+        "spec.picking.prefix.forgetOnEngineRestart: must be true or false",
     ),
     (
         "huggingface without a path",

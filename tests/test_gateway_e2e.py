@@ -203,6 +203,44 @@ async def test_chat_streams_chunk_by_chunk(api: openai.AsyncOpenAI) -> None:
     assert {chunk.model for chunk in chunks} == {"llama"}
 
 
+def request_lines(gateway: ChildProcess) -> list[dict[str, Any]]:
+    """The gateway's per-request log lines among the last lines of its stderr."""
+    lines = [line for line in gateway.stderr_tail().splitlines() if line.startswith('{"ts"')]
+    return [record for record in map(json.loads, lines) if "path" in record]
+
+
+async def test_each_request_leaves_one_log_line_of_its_route_and_plan(
+    lanes: ChildProcess, api: openai.AsyncOpenAI
+) -> None:
+    raw = await api.chat.completions.with_raw_response.create(
+        model="llama",
+        messages=[{"role": "user", "content": "Where is the parcel I sent on Monday?"}],
+        max_tokens=6,
+        stream=True,
+    )
+    assert [chunk async for chunk in raw.parse()]
+    prompt_tokens = int(raw.headers["x-laneway-prompt-tokens"])
+
+    def mine() -> list[dict[str, Any]]:
+        return [r for r in request_lines(lanes) if r.get("prompt_tokens") == prompt_tokens]
+
+    # The line is written as the handler returns, which may be after the client has all.
+    async def logged() -> bool:
+        return bool(mine())
+
+    await eventually(logged, "the request's log line", within=30)
+    record = mine()[-1]
+    assert record["path"] == "/v1/chat/completions"
+    assert (record["status"], record["model"], record["stream"]) == (200, "llama", True)
+    assert (record["pool"], record["lane"]) == ("realtime", "interactive")
+    assert record["reason"]  # which rule chose the pool
+    assert record["endpoint"].startswith("http://127.0.0.1:")
+    assert record["attempts"] == 1
+    assert record["predicted_ttft_ms"] > 0
+    assert 0 < record["ttft_ms"] <= record["total_ms"]
+    assert "error" not in record
+
+
 async def test_completions_stream_and_not(api: openai.AsyncOpenAI) -> None:
     completion = await api.completions.create(model="llama", prompt="Once upon", max_tokens=5)
     assert completion.usage is not None

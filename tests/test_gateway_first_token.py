@@ -24,12 +24,15 @@ from aiohttp import web
 from test_gateway_e2e import gateway_doc, pool_doc, scrape, total
 
 from laneway.bench.procs import ChildProcess, Children
+from laneway.gateway.serving.arrival import ArrivalStamps
 from laneway.gateway.serving.first_token import FirstTokenWatch, carries_output
 from laneway.routing.slo import PRIOR_MS_PER_TOKEN
 
 in_the_rigs_loop = pytest.mark.asyncio(loop_scope="module")
 
 FIRST_TOKEN_AFTER_S = 0.4  # above the pools' default 300 ms TTFT SLO
+HEAD_PAUSE_S = 1.0  # a client that sends its request's head in two parts waits this between
+IDLE_S = 3.0  # a keep-alive connection rests this long between two requests
 # About 600 prompt tokens: enough backlog for the gateway to learn a prefill rate from.
 QUESTION = "Which of the parcels in my last order left the warehouse, and when? " * 40
 
@@ -78,6 +81,35 @@ def test_the_watch_names_the_chunk_that_completes_the_first_token_wherever_it_sp
         verdicts = [watch.feed(stream[:cut]), watch.feed(stream[cut:])]
         # The token's line ends at first_end - 2 (its "\n\n" follows).
         assert verdicts == ([True, False] if cut >= first_end - 1 else [False, True]), cut
+
+
+class RecordingProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.received.append(data)
+
+
+def test_a_request_is_stamped_with_its_first_bytes_and_only_those() -> None:
+    now = [0.0]
+    inner = RecordingProtocol()
+    stamps = ArrivalStamps(inner, lambda: now[0])
+    assert stamps.claim() is None  # nothing read yet
+    stamps.release()
+    for at, data in ((1.0, b"POST / HT"), (2.0, b"TP/1.1\r\n")):
+        now[0] = at
+        stamps.data_received(data)
+    assert stamps.claim() == 1.0  # the head's first bytes, not its last
+    now[0] = 3.0
+    stamps.data_received(b"the rest of the body")  # read while the request is handled
+    stamps.release()
+    assert stamps.claim() is None  # the body's bytes started no request
+    stamps.release()
+    now[0] = 9.0
+    stamps.data_received(b"GET /healthz")  # the next request on the connection
+    assert stamps.claim() == 9.0
+    assert inner.received == [b"POST / HT", b"TP/1.1\r\n", b"the rest of the body", b"GET /healthz"]
 
 
 # --- through the gateway --------------------------------------------------------------------
@@ -131,6 +163,9 @@ async def stalls_mid_answer(response: web.StreamResponse) -> None:
 SCRIPTS: dict[str, Script] = {
     "role-on-arrival": role_on_arrival,
     "role-with-first-token": role_with_the_first_token,
+    # Pools of their own for the tests of where the clock starts: each counts its streams.
+    "slow-head": role_with_the_first_token,
+    "after-idle": role_with_the_first_token,
     "tool-call-first": tool_call_first,
     "completions": completions,
     "lingers": lingers_after_done,
@@ -256,3 +291,58 @@ async def test_a_client_that_leaves_after_the_end_marker_is_no_499(rig: Rig) -> 
 @in_the_rigs_loop
 async def test_a_client_that_leaves_mid_answer_is_a_499(rig: Rig) -> None:
     assert await leave_after(rig, "stalls", b"lorem") == {"499": 1}
+
+
+async def ttft_seconds(gateway: ChildProcess, pool: str) -> tuple[float, float]:
+    """The gateway's TTFT histogram count and sum for one pool."""
+    samples = await scrape(gateway.url)
+    labels = {"pool": pool, "lane": "interactive"}
+    return (
+        total(samples, "laneway_gateway_ttft_seconds_count", **labels),
+        total(samples, "laneway_gateway_ttft_seconds_sum", **labels),
+    )
+
+
+@in_the_rigs_loop
+async def test_the_clock_starts_when_the_request_s_first_bytes_arrive(rig: Rig) -> None:
+    """A head sent in two parts: the handler starts after the second, the client's clock
+    (and the gateway's) at the first."""
+    payload = json.dumps(body("slow-head")).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    host, port = rig.gateway.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head[:16])
+        await writer.drain()
+        await asyncio.sleep(HEAD_PAUSE_S)
+        writer.write(head[16:] + payload)
+        await writer.drain()
+        async with asyncio.timeout(60):
+            answer = await reader.readuntil(b"[DONE]")
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    count, seconds = await ttft_seconds(rig.gateway, "slow-head")
+    assert count == 1
+    assert seconds >= HEAD_PAUSE_S + FIRST_TOKEN_AFTER_S
+
+
+@in_the_rigs_loop
+async def test_a_request_after_an_idle_keep_alive_is_timed_from_its_own_bytes(rig: Rig) -> None:
+    """A stamp left by an earlier request on the connection would add the idle time."""
+    connector = aiohttp.TCPConnector(limit=1)  # one connection: the second request reuses it
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(f"{rig.gateway.url}/healthz") as health:
+            assert health.status == 200
+        await asyncio.sleep(IDLE_S)
+        async with session.post(
+            f"{rig.gateway.url}{path_of('after-idle')}", json=body("after-idle")
+        ) as response:
+            assert response.status == 200
+            await response.read()
+    count, seconds = await ttft_seconds(rig.gateway, "after-idle")
+    assert count == 1
+    assert FIRST_TOKEN_AFTER_S <= seconds < IDLE_S

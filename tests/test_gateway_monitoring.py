@@ -14,6 +14,7 @@ from laneway.routing.engine_metrics import (
     EngineMetrics,
     EngineMetricsError,
     parse_engine_metrics,
+    prefix_cache_reset,
 )
 from laneway.routing.health import Health, after_failure, after_probe, after_success
 
@@ -29,6 +30,8 @@ vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
 vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42
 # TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{model_name="llama"} 12345.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 9000.0
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 4.0
 """
@@ -49,9 +52,9 @@ OLD_VLLM = VLLM.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (VLLM, EngineMetrics(waiting=3.0, running=7.0, kv_usage=0.42)),
+        (VLLM, EngineMetrics(waiting=3.0, running=7.0, kv_usage=0.42, prefix_queries=9000.0)),
         (SGLANG, EngineMetrics(waiting=1.0, running=5.0, kv_usage=0.5)),  # labels summed
-        (OLD_VLLM, EngineMetrics(waiting=3.0, running=7.0, kv_usage=0.42)),
+        (OLD_VLLM, EngineMetrics(waiting=3.0, running=7.0, kv_usage=0.42, prefix_queries=9000.0)),
     ],
     ids=["vllm", "sglang", "vllm-before-v1"],
 )
@@ -70,6 +73,22 @@ def test_engine_metrics_from_either_engine(text: str, expected: EngineMetrics) -
 def test_unusable_metrics_are_an_error(text: str, complaint: str) -> None:
     with pytest.raises(EngineMetricsError, match=complaint):
         parse_engine_metrics(text)
+
+
+@pytest.mark.parametrize(
+    ("case", "before", "after", "reset"),
+    [
+        ("the first sample", None, 10.0, False),
+        ("the counter grew", 10.0, 25.0, False),
+        ("the counter went back: a restart", 25.0, 3.0, True),
+        ("an engine without the counter (SGLang)", None, None, False),
+    ],
+)
+def test_a_prefix_counter_going_back_means_the_cache_was_reset(
+    case: str, before: float | None, after: float | None, reset: bool
+) -> None:
+    previous = None if before is None else EngineMetrics(0, 0, 0, prefix_queries=before)
+    assert prefix_cache_reset(previous, EngineMetrics(0, 0, 0, prefix_queries=after)) is reset, case
 
 
 def test_health_ejects_after_consecutive_failures_and_only_a_probe_readmits() -> None:

@@ -1,7 +1,8 @@
 """`spec.routing.tenants` through the gateway: two tenants' keys, real engines, the openai client.
 
 Pools (one `laneway sim` each): `open-chat` for everyone; `acme-chat` for acme only over the
-same prompt range; `beta-chat` for beta only, for prompts up to 64 tokens. The same config
+same prompt range; `beta-chat` for beta only, for prompts up to 64 tokens. The two tenants'
+pools also answer to a model name of their own (`llama-acme`, `llama-beta`). The same config
 behind a gateway without a keys file shows that an unauthenticated request never reaches a
 tenant's pool.
 """
@@ -54,14 +55,14 @@ def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateways]:
                 "interactive",
                 "served-acme-chat",
                 [engines["acme-chat"].url],
-                {**chat, "tenants": ["acme"]},
+                {**chat, "tenants": ["acme"], "models": ["llama", "llama-acme"]},
             ),
             pool_doc(
                 "beta-chat",
                 "interactive",
                 "served-beta-chat",
                 [engines["beta-chat"].url],
-                {"maxPromptTokens": 64, "tenants": ["beta"]},
+                {"maxPromptTokens": 64, "tenants": ["beta"], "models": ["llama", "llama-beta"]},
             ),
             gateway_doc(),
         ]
@@ -106,3 +107,17 @@ def test_unauthenticated_requests_never_reach_a_tenants_pool(gateways: Gateways)
         pool_for(gateways.with_keys, "sk-unknown", 10)
     # Without a keys file every request is anonymous: only the open pool serves them.
     assert {pool_for(gateways.without_keys, "unused", 10) for _ in range(5)} == {"open-chat"}
+
+
+def listed_models(gateway: ChildProcess, key: str) -> set[str]:
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0) as api:
+        return {model.id for model in api.models.list()}
+
+
+def test_models_lists_only_what_the_caller_may_reach(gateways: Gateways) -> None:
+    assert listed_models(gateways.with_keys, "sk-acme") == {"llama", "llama-acme"}
+    assert listed_models(gateways.with_keys, "sk-beta") == {"llama", "llama-beta"}
+    assert listed_models(gateways.with_keys, "sk-gamma") == {"llama"}
+    with pytest.raises(openai.AuthenticationError):
+        listed_models(gateways.with_keys, "sk-unknown")
+    assert listed_models(gateways.without_keys, "unused") == {"llama"}

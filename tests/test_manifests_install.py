@@ -129,7 +129,9 @@ def test_install_manifests_run_this_versions_image() -> None:
     assert images == {f"laneway:{__version__}"}
 
 
-@pytest.mark.parametrize("script", ["scripts/gen-manifests.sh", "e2e/kind.sh"])
+@pytest.mark.parametrize(
+    "script", ["scripts/gen-manifests.sh", "e2e/kind.sh", "scripts/controlplane.sh"]
+)
 def test_shell_scripts_pass_shellcheck(script: str) -> None:
     shellcheck = shutil.which("shellcheck") or shutil.which(
         "shellcheck", path=str(Path(sys.executable).parent)

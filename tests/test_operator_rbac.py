@@ -17,9 +17,9 @@ from laneway.operator.handlers import OperatorState, child_changed
 from laneway.operator.reconcile import reconcile
 from laneway.operator.render import RenderOptions
 
-# What kopf itself does besides the operator's calls (tests/test_operator_kopf.py watches
-# it do so): watch what it serves (including the children the drift handler follows), keep
-# progress in annotations, post events.
+# What kopf itself does besides the operator's calls (tests/test_cluster_operator.py runs
+# it under this role in a real cluster): watch what it serves (including the children the
+# drift handler follows), keep progress in annotations, post events.
 KOPF_CALLS = {
     ("laneway.io", "inferencepools", "watch"),
     ("laneway.io", "inferencepools", "list"),

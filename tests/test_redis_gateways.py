@@ -17,7 +17,6 @@ import openai
 import pytest
 import redis
 from redis_fleet import (
-    PUBLIC_MODEL,
     chat_line,
     finished_requests,
     http,
@@ -31,6 +30,7 @@ from redis_fleet import (
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.bench.redis_server import LocalRedis
+from laneway.simulator.seed import PUBLIC_MODEL
 
 TENANTS = """
 tenants:

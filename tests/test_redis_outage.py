@@ -10,7 +10,6 @@ from pathlib import Path
 import openai
 import pytest
 from redis_fleet import (
-    PUBLIC_MODEL,
     chat_line,
     metric,
     start_engines,
@@ -22,6 +21,7 @@ from redis_fleet import (
 from laneway.bench.procs import Children
 from laneway.bench.redis_server import LocalRedis
 from laneway.gateway.state.redis_store import OutageLog
+from laneway.simulator.seed import PUBLIC_MODEL
 
 
 class ChatTraffic:

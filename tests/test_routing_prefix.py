@@ -129,3 +129,23 @@ def test_prefix_affinity_scores(
 ) -> None:
     assert PrefixAffinityScorer().score(endpoints) == pytest.approx(expected), case
     assert isinstance(SCORERS["prefixAffinity"], PrefixAffinityScorer)
+
+
+def _sticky_pick(session: str | None, urls: list[str]) -> str:
+    views = [EndpointView(url, 0, 0, None, session_key=session) for url in urls]
+    scores = SCORERS["sessionHash"].score(views)
+    return urls[max(range(len(urls)), key=lambda i: scores[i])]
+
+
+def test_session_hash_keeps_a_session_on_one_endpoint_and_spreads_sessions() -> None:
+    urls = [f"http://10.0.0.{i}:8000" for i in range(4)]
+    picks = {f"session-{n}": _sticky_pick(f"session-{n}", urls) for n in range(200)}
+    assert all(_sticky_pick(s, list(reversed(urls))) == url for s, url in picks.items())
+    per_endpoint = [list(picks.values()).count(url) for url in urls]
+    assert min(per_endpoint) >= 25, per_endpoint  # about 50 each
+    # An endpoint leaving moves its own sessions only (rendezvous hashing).
+    survivors = urls[1:]
+    moved = [s for s, url in picks.items() if url != urls[0] and _sticky_pick(s, survivors) != url]
+    assert moved == []
+    no_session = [EndpointView(url, 0, 0, None) for url in urls]
+    assert SCORERS["sessionHash"].score(no_session) == [0.5] * 4

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from laneway.routing.picker import PickingSettings
-from laneway.routing.prefix_index import PrefixSettings
 from laneway.simulator.prefix_experiment import PrefixScenario, run_prefix
 from laneway.simulator.profiles import PROFILES
 
@@ -14,9 +13,8 @@ SMALL = PrefixScenario(
 
 
 def test_affinity_and_stickiness_hit_more_than_no_affinity() -> None:
-    weights = PickingSettings().weights
     results = {
-        picker: run_prefix(SMALL, PROFILES["h200-llama3-8b"], picker, weights, PrefixSettings())
+        picker: run_prefix(SMALL, PROFILES["h200-llama3-8b"], picker, PickingSettings())
         for picker in ("none", "laneway", "sticky")
     }
     none, laneway, sticky = results["none"], results["laneway"], results["sticky"]

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from laneway.api import SchedulingPolicy
 from laneway.simulator.engine import EngineCore, RequestRejected
 from laneway.simulator.profiles import GIB, PROFILES, Profile
 from laneway.simulator.scheduler import (
@@ -268,7 +269,7 @@ def test_memory_reserve_leaves_the_rest_for_kv() -> None:
 # rule); `AS_V1` lifts the partial limit as vLLM V1 does.
 SMALL_STEP = SchedulerConfig("chunked", token_budget=600, chunk_size=512, max_num_seqs=8,
                              max_partial_prefills=1, max_context=8192)  # fmt: skip
-PRIORITY = dataclasses.replace(SMALL_STEP, scheduling_policy="priority")
+PRIORITY = dataclasses.replace(SMALL_STEP, scheduling_policy=SchedulingPolicy.PRIORITY)
 AS_V1 = dataclasses.replace(PRIORITY, max_partial_prefills=64)
 
 

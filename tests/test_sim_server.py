@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_fleet import wait_for
 
 from laneway.bench.procs import ChildProcess, Children
-from laneway.tokens import default_tokenizer
+from laneway.simulator.prompt_ids import chat_token_ids
+from laneway.tokens import ChatMessage, count_chat, default_tokenizer
 
 MODEL = "sim-test-model"
 
@@ -224,6 +225,73 @@ def test_sglang_flavor_uses_sglang_names(
         assert name in samples
     assert samples["sglang:generation_tokens_total"] == 4
     assert not any(name.startswith("vllm:") for name in samples)
+
+
+def _system_prompt(topic: str) -> str:
+    return " ".join(f"{topic} policy clause {i} applies to every order." for i in range(120))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def test_chat_token_ids_are_what_count_chat_counts() -> None:
+    tokenizer = default_tokenizer()
+    messages = [ChatMessage("system", _system_prompt("refund")), ChatMessage("user", "Hi?")]
+    ids = chat_token_ids(tokenizer, messages)
+    assert len(ids) == count_chat(tokenizer, messages)
+    longer = chat_token_ids(tokenizer, [*messages, ChatMessage("assistant", "Hello.")])
+    assert _common_prefix(ids, longer) >= len(ids) - 3  # all but the reply priming
+
+
+def test_a_repeated_prefix_skips_prefill_and_vllm_counts_it(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    tokenizer = default_tokenizer()
+    system = _system_prompt("shipping")
+    questions = ["Where is my parcel?", "Can I change the address?"]
+    turns = [[ChatMessage("system", system), ChatMessage("user", q)] for q in questions]
+    deltas = []
+    for question in questions:
+        before = scrape(vllm_sim)
+        vllm_client.chat.completions.create(
+            model=MODEL,
+            messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+            max_tokens=2,
+        )
+        after = scrape(vllm_sim)
+        deltas.append(
+            {
+                name: after[name] - before.get(name, 0.0)
+                for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+            }
+        )
+    first, second = (chat_token_ids(tokenizer, messages) for messages in turns)
+    # Queries count every prompt token; hits the whole 16-token blocks the prompts share.
+    assert deltas[0]["vllm:prefix_cache_queries_total"] == len(first)
+    assert deltas[0]["vllm:prefix_cache_hits_total"] == 0
+    assert deltas[1]["vllm:prefix_cache_queries_total"] == len(second)
+    shared_blocks = _common_prefix(first, second) // 16
+    assert shared_blocks > 50
+    assert deltas[1]["vllm:prefix_cache_hits_total"] == shared_blocks * 16
+
+
+def test_sglang_flavor_reports_the_latest_batchs_cache_hit_rate(
+    sglang_sim: ChildProcess, sglang_client: openai.OpenAI
+) -> None:
+    prompt = _system_prompt("warranty")
+    for _ in range(2):
+        sglang_client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    tokens = default_tokenizer().count(prompt)
+    # The whole prompt is cached but its last token is always recomputed (vLLM and SGLang).
+    expected = (tokens - 1) // 16 * 16 / tokens
+    assert scrape(sglang_sim)["sglang:cache_hit_rate"] == pytest.approx(expected)
+    assert "vllm:prefix_cache_hits_total" not in scrape(sglang_sim)
 
 
 def test_bad_flags_exit_2_with_one_line() -> None:

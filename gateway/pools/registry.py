@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.serving.admission import PoolGate
-from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.engine_metrics import EngineMetrics, prefix_cache_reset
 from laneway.routing.health import Health, after_failure, after_probe, after_success
 from laneway.routing.slo import PrefillRate
 
@@ -96,9 +96,13 @@ class PoolRegistry:
             self._health[url] = after_probe(self._health[url], passed)
             self._refresh_limits()
 
-    def record_scrape(self, url: str, metrics: EngineMetrics) -> None:
+    def record_scrape(self, url: str, metrics: EngineMetrics) -> bool:
+        """Keep the sample; True when it shows the engine's prefix cache was reset."""
+        previous = self._scrapes.get(url)
+        reset = prefix_cache_reset(previous.metrics if previous else None, metrics)
         if url in self._health:
             self._scrapes[url] = Scrape(metrics, self._clock())
+        return reset
 
     def record_first_token(self, url: str, backlog_tokens: int, ttft_ms: float) -> None:
         """A stream's first token came `ttft_ms` after it joined `backlog_tokens` there."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 
 import aiohttp
 
@@ -13,12 +14,18 @@ from laneway.routing.engine_metrics import EngineMetricsError, parse_engine_metr
 
 
 async def scrape_forever(
-    registry: PoolRegistry, session: aiohttp.ClientSession, settings: GatewaySettings
+    registry: PoolRegistry,
+    session: aiohttp.ClientSession,
+    settings: GatewaySettings,
+    on_cache_reset: Callable[[str], None] | None = None,
 ) -> None:
+    """Scrape forever; `on_cache_reset(url)` when an engine's prefix counter went back."""
     timeout = aiohttp.ClientTimeout(total=settings.scrape.timeout_millis / 1000)
     while True:
         urls = [url for url in registry.endpoints() if url not in registry.ejected()]
-        await asyncio.gather(*(_scrape(registry, session, url, timeout) for url in urls))
+        await asyncio.gather(
+            *(_scrape(registry, session, url, timeout, on_cache_reset) for url in urls)
+        )
         await asyncio.sleep(settings.scrape.interval_millis / 1000)
 
 
@@ -27,6 +34,7 @@ async def _scrape(
     session: aiohttp.ClientSession,
     url: str,
     limits: aiohttp.ClientTimeout,
+    on_cache_reset: Callable[[str], None] | None,
 ) -> None:
     # A failed scrape only lets the last sample go stale; live requests decide ejection.
     try:
@@ -34,7 +42,9 @@ async def _scrape(
             if response.status != 200:
                 return
             text = await response.text()
-        registry.record_scrape(url, parse_engine_metrics(text))
+        reset = registry.record_scrape(url, parse_engine_metrics(text))
+        if reset and on_cache_reset is not None:
+            on_cache_reset(url)
     except (aiohttp.ClientError, TimeoutError, EngineMetricsError, UnicodeDecodeError):
         return
 

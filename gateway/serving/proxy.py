@@ -3,8 +3,9 @@
 The decisions are the routing library's, made once each as data: `lanes.classify` gives the
 request's `Route` (pool, queue class, prefill estimate, reason) before it joins the pool's
 line, and `plan.make_plan` its `RoutingPlan` (the endpoints best first, each with its
-predicted TTFT) once it holds a slot. This module executes them and keeps one
-`RequestOutcome` per request for the metrics and the one structured log line.
+predicted TTFT) once it holds a slot. This module executes them, notes what it sees as it
+goes (`_Outcome`: a client that leaves mid-way still gets its line), and at the end builds
+the request's one `RequestLog` for the metrics and the structured log line.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body, unreadable_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
+    ARRIVED,
     CLOCK,
     COUNTER,
     METRICS,
@@ -74,14 +76,43 @@ CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs 
 JSON_CONTENT = {"Content-Type": "application/json"}
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
+# Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
+SESSION_HEADER = "x-laneway-session"
 
 
 @dataclass
-class RequestOutcome:
-    """What happened to one request, filled in as it goes; becomes its log line."""
+class _Outcome:
+    """What the shell has seen of one request so far: the decisions as they were made (by
+    reference, never copied) and what executing them showed."""
+
+    parsed: ParsedRequest | None = None
+    route: Route | None = None
+    tried: PlannedEndpoint | None = None  # the endpoint tried last
+    attempts: int = 0
+    prompt_tokens: int | None = None  # the exact count, once known
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    status: int = 0
+    error: str | None = None
+    # The client has the whole response: a client that leaves after this is no 499.
+    complete: bool = False
+
+    def routing_headers(self) -> dict[str, str]:
+        if self.route is None:
+            return {}
+        headers = {"x-laneway-pool": self.route.pool.name, "x-laneway-lane": self.route.lane.value}
+        if self.prompt_tokens is not None:
+            headers["x-laneway-prompt-tokens"] = str(self.prompt_tokens)
+        return headers
+
+
+@dataclass(frozen=True)
+class RequestLog:
+    """One request as its log line and metrics tell it, built once when it ends."""
 
     path: str
-    status: int = 0
+    status: int
+    total_ms: float
     model: str = ""
     pool: str = ""
     lane: str = ""
@@ -93,18 +124,28 @@ class RequestOutcome:
     queue_ms: float | None = None
     predicted_ttft_ms: float | None = None  # on the endpoint tried last, when it was picked
     ttft_ms: float | None = None
-    total_ms: float | None = None
     error: str | None = None
-    # The client has the whole response: a client that leaves after this is no 499.
-    complete: bool = False
 
-    def routing_headers(self) -> dict[str, str]:
-        if not self.pool:
-            return {}
-        headers = {"x-laneway-pool": self.pool, "x-laneway-lane": self.lane}
-        if self.prompt_tokens is not None:
-            headers["x-laneway-prompt-tokens"] = str(self.prompt_tokens)
-        return headers
+    @classmethod
+    def of(cls, endpoint: Endpoint, outcome: _Outcome, total_ms: float) -> RequestLog:
+        parsed, route, tried = outcome.parsed, outcome.route, outcome.tried
+        return cls(
+            path=endpoint.value,
+            status=outcome.status,
+            total_ms=total_ms,
+            model=parsed.model if parsed else "",
+            pool=route.pool.name if route else "",
+            lane=route.lane.value if route else "",
+            reason=route.reason if route else "",
+            endpoint=tried.url if tried else "",
+            prompt_tokens=outcome.prompt_tokens,
+            stream=parsed.stream if parsed else False,
+            attempts=outcome.attempts,
+            queue_ms=outcome.queue_ms,
+            predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
+            ttft_ms=outcome.ttft_ms,
+            error=outcome.error,
+        )
 
 
 class UpstreamFailed(Exception):
@@ -117,8 +158,8 @@ class UpstreamFailed(Exception):
 
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     clock = request.app[CLOCK]
-    started = clock()
-    outcome = RequestOutcome(path=endpoint.value)
+    started = request[ARRIVED]  # when its first bytes were read, as the client's clock runs
+    outcome = _Outcome()
     try:
         response = await _serve(request, endpoint, started, outcome)
     except ApiError as error:
@@ -131,13 +172,13 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
         outcome.status, outcome.error = 500, "internal_error"  # the middleware logs it
         raise
     finally:
-        outcome.total_ms = (clock() - started) * 1000
-        _record(request.app, outcome)
+        total_ms = (clock() - started) * 1000
+        _record(request.app, RequestLog.of(endpoint, outcome, total_ms))
     return response
 
 
 async def _serve(
-    request: web.Request, endpoint: Endpoint, started: float, outcome: RequestOutcome
+    request: web.Request, endpoint: Endpoint, started: float, outcome: _Outcome
 ) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
@@ -149,14 +190,14 @@ async def _serve(
     else:
         # Parsing is linear in the body, but a few MB of tiny strings still take a while.
         parsed = await asyncio.to_thread(parse_request, body, endpoint)
-    outcome.model, outcome.stream = parsed.model, parsed.stream
+    outcome.parsed = parsed
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
     route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
     pool = route.pool
     context = pool.spec.limits.max_context_tokens
     await admit_tenant(request, parsed.charge(route.prefill_tokens, context))
-    outcome.pool, outcome.lane, outcome.reason = pool.name, route.lane.value, route.reason
+    outcome.route = route
     try:
         registry = app[REGISTRY]
         if registry.current(pool) is None:
@@ -177,7 +218,8 @@ async def _serve(
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
             hashes = _prefix_hashes(app, parsed)
-            plan = await _plan(app, route, started, hashes)
+            session = request.headers.get(SESSION_HEADER, "").strip() or None
+            plan = await _plan(app, route, started, hashes, session)
             exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
             return await _forward(exchange)
         finally:
@@ -217,7 +259,7 @@ async def _route(
     body_bytes: int,
     pinned: Lane | None,
     tenant: str | None,
-    outcome: RequestOutcome,
+    outcome: _Outcome,
 ) -> tuple[Route, asyncio.Future[int]]:
     """Classify from bounds where they decide; the exact count follows off the loop.
 
@@ -348,7 +390,11 @@ def _refused(
 
 
 async def _plan(
-    app: web.Application, route: Route, started: float, prefix_hashes: tuple[int, ...]
+    app: web.Application,
+    route: Route,
+    started: float,
+    prefix_hashes: tuple[int, ...],
+    session_key: str | None,
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot."""
     registry = app[REGISTRY]
@@ -368,6 +414,7 @@ async def _plan(
             )
             if prefix_hashes
             else None,
+            session_key=session_key,
         )
         for url in available
     ]
@@ -396,7 +443,7 @@ class _Exchange:
     prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
     started: float
-    outcome: RequestOutcome
+    outcome: _Outcome
 
     @property
     def app(self) -> web.Application:
@@ -414,9 +461,8 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     )
     failures = []
     for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
-        outcome.endpoint = candidate.url
+        outcome.tried = candidate
         outcome.attempts += 1
-        outcome.predicted_ttft_ms = candidate.predicted_ttft_ms
         if exchange.prefix_hashes:
             app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
         try:
@@ -491,8 +537,8 @@ async def _relay_stream(
     rename: ModelNameRewriter | None,
 ) -> web.StreamResponse:
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
-    app, outcome, started = exchange.app, exchange.outcome, exchange.started
-    clock, metrics, tracker = app[CLOCK], app[METRICS], app[TRACKER]
+    app, outcome = exchange.app, exchange.outcome
+    clock, metrics = app[CLOCK], app[METRICS]
     labels = (exchange.plan.pool.name, exchange.plan.lane.value)
     outcome.prompt_tokens = await exchange.count
     client = web.StreamResponse(
@@ -523,31 +569,26 @@ async def _relay_stream(
             return client
         if not chunk:
             break
-        now = clock()
-        if first_token.feed(chunk):
-            ttft = now - started
-            metrics.ttft.labels(*labels).observe(ttft)
-            met = "true" if within_slo(ttft, slo.ttft_millis) else "false"
-            metrics.ttft_slo.labels(*labels, met).inc()
-            outcome.ttft_ms = ttft * 1000
-            progress.first_token = True
-            await tracker.prefill_done(lease)
-            app[REGISTRY].record_first_token(
-                lease.endpoint, sent.backlog_tokens, (now - sent.at) * 1000
-            )
-            last_event = now
-        elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
-            gap = now - last_event
-            gaps.observe(gap, within_slo(gap, slo.tbt_millis))
-            last_event = now
+        first = first_token.feed(chunk)
+        read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
         if rename:
-            chunk = rename.feed(chunk)
+            chunk = rename.feed(chunk)  # whole lines: the first token's is among them
             if not chunk:
                 continue
+        events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
         if not await _write_or_drop(exchange, client, chunk):
             # The client went away: closing the upstream response tells the engine.
             upstream.close()
             return client
+        # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
+        now = clock()
+        if first:
+            await _note_first_token(exchange, lease, progress, sent, read_at, now)
+            last_event = now
+        elif events and last_event is not None:
+            gap = now - last_event
+            gaps.observe(gap, within_slo(gap, slo.tbt_millis))
+            last_event = now
         written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
         outcome.complete = outcome.complete or STREAM_END in written
     rest = rename.flush() if rename else b""
@@ -555,6 +596,31 @@ async def _relay_stream(
         outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await _write_or_drop(exchange, client, b"")
     return client
+
+
+async def _note_first_token(
+    exchange: _Exchange,
+    lease: Lease,
+    progress: _Progress,
+    sent: _Sent,
+    read_at: float,
+    written_at: float,
+) -> None:
+    """The stream's first content token: its TTFT against the SLO (written to the client, as
+    the client's clock runs), the endpoint's prefill backlog released, and the endpoint's
+    prefill rate learned from it (read from the engine, as the engine's clock runs)."""
+    app, plan = exchange.app, exchange.plan
+    labels = (plan.pool.name, plan.lane.value)
+    ttft = written_at - exchange.started
+    app[METRICS].ttft.labels(*labels).observe(ttft)
+    met = "true" if within_slo(ttft, plan.pool.spec.slo.ttft_millis) else "false"
+    app[METRICS].ttft_slo.labels(*labels, met).inc()
+    exchange.outcome.ttft_ms = ttft * 1000
+    progress.first_token = True
+    await app[TRACKER].prefill_done(lease)
+    app[REGISTRY].record_first_token(
+        lease.endpoint, sent.backlog_tokens, (read_at - sent.at) * 1000
+    )
 
 
 async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk: bytes) -> bool:
@@ -578,7 +644,7 @@ async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk:
     return True
 
 
-def _client_gone(outcome: RequestOutcome) -> None:
+def _client_gone(outcome: _Outcome) -> None:
     """The client closed its connection: a 499 unless it already had the whole response."""
     if not outcome.complete:
         outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
@@ -621,18 +687,18 @@ async def _note_failure(app: web.Application, url: str, why: str, timed_out: boo
         log.warning(json.dumps({"event": "endpoint_ejected", "endpoint": url, "after": why}))
 
 
-def _record(app: web.Application, outcome: RequestOutcome) -> None:
+def _record(app: web.Application, record: RequestLog) -> None:
     metrics = app[METRICS]
-    metrics.requests.labels(outcome.pool, outcome.lane, str(outcome.status)).inc()
-    if outcome.pool and outcome.status == 200 and outcome.total_ms is not None:
-        metrics.e2e.labels(outcome.pool, outcome.lane).observe(outcome.total_ms / 1000)
-    if outcome.lane and outcome.prompt_tokens is not None:
-        metrics.prompt_tokens.labels(outcome.lane).observe(outcome.prompt_tokens)
-    record = {
+    metrics.requests.labels(record.pool, record.lane, str(record.status)).inc()
+    if record.pool and record.status == 200:
+        metrics.e2e.labels(record.pool, record.lane).observe(record.total_ms / 1000)
+    if record.lane and record.prompt_tokens is not None:
+        metrics.prompt_tokens.labels(record.lane).observe(record.prompt_tokens)
+    line = {
         "ts": round(time.time(), 3),
-        **{k: v for k, v in vars(outcome).items() if v is not None and v != ""},
+        **{k: v for k, v in vars(record).items() if v is not None and v != ""},
     }
     for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
-        if key in record:
-            record[key] = round(record[key], 2)
-    app[ACCESS_LOG].write(record)
+        if key in line:
+            line[key] = round(line[key], 2)
+    app[ACCESS_LOG].write(line)

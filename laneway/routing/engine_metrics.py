@@ -1,8 +1,9 @@
 """What an engine's /metrics says about its load, read from vLLM's or SGLang's metric names.
 
-Pure: `parse_engine_metrics` turns Prometheus text into an `EngineMetrics`; the scrape loop
-in `monitor.py` does the HTTP and keeps the time each sample was taken, so that stale samples
-can be ignored instead of steering traffic by a picture that no longer holds.
+Pure: `parse_engine_metrics` turns Prometheus text into an `EngineMetrics`; the gateway's
+scrape loop (`gateway/pools/scrape.py`) does the HTTP and keeps the time each sample was
+taken, so that stale samples can be ignored instead of steering traffic by a picture that no
+longer holds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+# vLLM's prefix-cache query counter (tokens), current then pre-V1 name. It only grows while
+# the engine lives, so a drop means a restart with an empty cache. SGLang exports a hit-rate
+# gauge instead, which says nothing about restarts.
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,7 @@ class EngineMetrics:
     waiting: float  # requests queued inside the engine
     running: float  # sequences in the running batch
     kv_usage: float  # fraction of KV cache blocks in use, 0-1
+    prefix_queries: float | None = None  # the prefix-cache query counter; None: not exported
 
 
 class EngineMetricsError(ValueError):
@@ -40,7 +46,16 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         waiting=first(WAITING),
         running=first(RUNNING),
         kv_usage=min(max(first(KV_USAGE), 0.0), 1.0),
+        prefix_queries=next((totals[n] for n in PREFIX_QUERIES if n in totals), None),
     )
+
+
+def prefix_cache_reset(previous: EngineMetrics | None, current: EngineMetrics) -> bool:
+    """True when the engine's prefix-cache counter went backwards: it restarted, and its
+    cache is empty whatever the gateway routed there before."""
+    if previous is None or previous.prefix_queries is None or current.prefix_queries is None:
+        return False
+    return current.prefix_queries < previous.prefix_queries
 
 
 def _wanted_samples(text: str) -> dict[str, float]:
@@ -66,5 +81,5 @@ def _wanted_samples(text: str) -> dict[str, float]:
     return totals
 
 
-_WANTED = frozenset(WAITING + RUNNING + KV_USAGE)
+_WANTED = frozenset(WAITING + RUNNING + KV_USAGE + PREFIX_QUERIES)
 _PREFIXES = tuple({name.split(":", 1)[0] + ":" for name in _WANTED})

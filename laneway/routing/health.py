@@ -1,6 +1,7 @@
 """Endpoint health: eject after consecutive failures, re-admit after a passing /health probe.
 
-Pure transitions on a frozen `Health`; the registry stores them and `monitor.py` probes.
+Pure transitions on a frozen `Health`; the gateway's registry stores them and
+`gateway/pools/scrape.py` probes.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class PickingSettings:
             "prefillTokens": 2,
             "ttftSlo": 2,
             "prefixAffinity": 6,
+            "sessionHash": 0,  # session stickiness, blind to load: a baseline, off
         }
     )
     # The prefix index behind the prefixAffinity scorer (laneway/routing/prefix_index.py).

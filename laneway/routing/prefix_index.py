@@ -50,6 +50,9 @@ class PrefixSettings:
     block_chars: int = 256  # characters per index block (about 64 tokens of prose)
     max_blocks: int = 128  # a prompt's leading blocks that are hashed, at most
     capacity_blocks: int = 16384  # blocks remembered per endpoint, least recent dropped
+    # Forget an endpoint's blocks when its engine's prefix-cache counter goes backwards
+    # (vLLM's vllm:prefix_cache_queries: the engine restarted with an empty cache).
+    forget_on_engine_restart: bool = True
 
 
 class PrefixIndex:
@@ -118,6 +121,10 @@ class PrefixIndex:
     @property
     def blocks(self) -> int:
         return sum(len(lru) for lru in self._lru.values())
+
+    def blocks_of(self, url: str) -> int:
+        lru = self._lru.get(url)
+        return len(lru) if lru is not None else 0
 
 
 def estimated_cached_tokens(matched: int, hashed: int, prompt_tokens: int) -> int:

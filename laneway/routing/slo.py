@@ -2,7 +2,7 @@
 
 First-order model: before an engine sends a request's first token it works through the
 prompt tokens ahead of it and its own, which the gateway knows as the endpoint's prefill
-backlog (prompt tokens sent whose first token has not come back, `state.py`) plus the
+backlog (prompt tokens sent whose first token has not come back, `gateway/state/`) plus the
 request's prompt. Each endpoint's rate, milliseconds per backlog token, is learned from the
 first tokens of the streams it serves: the TTFT seen from the moment the request was sent,
 divided by the backlog it joined. Learning and predicting from the same quantity keeps the

@@ -8,6 +8,7 @@ from laneway.routing.scorers.kv_usage import KVUsageScorer
 from laneway.routing.scorers.prefill_tokens import PrefillTokensScorer
 from laneway.routing.scorers.prefix_affinity import PrefixAffinityScorer
 from laneway.routing.scorers.queue_depth import QueueDepthScorer
+from laneway.routing.scorers.session_hash import SessionHashScorer
 from laneway.routing.scorers.ttft_slo import TtftSloScorer
 
 # Config name (GatewayConfig spec.picking.weights) -> scorer.
@@ -18,6 +19,7 @@ SCORERS: dict[str, Scorer] = {
     "prefillTokens": PrefillTokensScorer(),
     "ttftSlo": TtftSloScorer(),
     "prefixAffinity": PrefixAffinityScorer(),
+    "sessionHash": SessionHashScorer(),
 }
 
 __all__ = ["SCORERS", "EndpointView", "Scorer"]

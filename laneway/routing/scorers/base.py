@@ -25,6 +25,7 @@ class EndpointView:
     predicted_ttft_ms: float | None = None  # this request's first token here (slo.py)
     ttft_slo_ms: int | None = None  # the pool's slo.ttftMillis
     cached_prompt_tokens: int | None = None  # of this prompt, estimated in its prefix cache
+    session_key: str | None = None  # the request's session (x-laneway-session), if it has one
 
 
 class Scorer(Protocol):

@@ -1,0 +1,132 @@
+"""laneway's own processes against the test cluster, as the ServiceAccounts the chart creates:
+install a release, get a kubeconfig holding a token the API server issued to the release's
+operator or gateway account, and run `laneway operator` / `laneway gateway --kubernetes` with
+it, so every call they make passes through that account's RBAC."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kube_cluster import Cluster, die_with_parent
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "laneway"
+LANEWAY = Path(sys.executable).parent / "laneway"
+
+
+def helm(kube: Cluster, *args: str) -> str:
+    binary = shutil.which("helm") or str(ROOT / ".tools" / "bin" / "helm")
+    result = subprocess.run(
+        [binary, "--kubeconfig", str(kube.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def helm_available() -> bool:
+    return shutil.which("helm") is not None or (ROOT / ".tools" / "bin" / "helm").exists()
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    service_accounts: dict[str, str]  # component (operator, gateway) -> ServiceAccount name
+
+
+def install_release(kube: Cluster, name: str, namespace: str, *flags: str) -> Release:
+    """`helm install` the chart (without example pools) and name its ServiceAccounts."""
+    helm(
+        kube,
+        "install",
+        name,
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "examplePools.enabled=false",
+        *flags,
+    )
+    manifest = [
+        d for d in yaml.safe_load_all(helm(kube, "get", "manifest", name, "-n", namespace)) if d
+    ]
+    accounts = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["metadata"]["name"]
+        for d in manifest
+        if d["kind"] == "ServiceAccount"
+    }
+    return Release(name, namespace, accounts)
+
+
+@dataclass
+class Laneway:
+    """One `laneway ...` process with its own kubeconfig; output in a log file."""
+
+    args: list[str]
+    kubeconfig: Path
+    log: Path
+    wrap: Callable[[list[str]], list[str]] = list  # e.g. run inside a network namespace
+    popen: subprocess.Popen[bytes] | None = None
+    _offset: int = 0  # where the current run's output starts in the log
+
+    def start(self) -> None:
+        self._offset = self.log.stat().st_size if self.log.exists() else 0
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        # Not in a pod: no in-cluster configuration may be picked up from the environment.
+        for variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+            env.pop(variable, None)
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                self.wrap([str(LANEWAY), *self.args]),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=30)
+        self.popen = None
+
+    def output(self) -> str:
+        """What the latest run wrote."""
+        if not self.log.exists():
+            return ""
+        with self.log.open("rb") as log:
+            log.seek(self._offset)
+            return log.read().decode(errors="replace")
+
+
+def condition(pool: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The status condition of type `kind`, or {} when there is none yet."""
+    for c in pool.get("status", {}).get("conditions", []):
+        if c["type"] == kind:
+            found: dict[str, Any] = c
+            return found
+    return {}

@@ -1,0 +1,112 @@
+"""The Helm chart installed into a real cluster with every values set of charts/laneway/ci/:
+the API server admits every rendered object (schemas, RBAC escalation checks, admission), and
+`helm uninstall` leaves nothing of the release behind. tests/test_chart_helm.py checks the
+rendered objects offline; this is the install a user runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kube_cluster import Cluster, eventually
+from kube_laneway import CHART, helm, helm_available
+
+pytestmark = pytest.mark.cluster
+
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+RELEASE = "lw"
+INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
+
+# The production values ask for a Prometheus Operator ServiceMonitor. That operator is not
+# part of this cluster, so its kind is registered with an open schema: enough for the API
+# server to store what the chart renders.
+SERVICE_MONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {
+            "kind": "ServiceMonitor",
+            "plural": "servicemonitors",
+            "listKind": "ServiceMonitorList",
+            "singular": "servicemonitor",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prerequisites(kube: Cluster) -> None:
+    if not helm_available():
+        pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
+    kube.install_crds()
+    # Never over a real one (a cluster with the Prometheus Operator).
+    if not kube.exists("crd", SERVICE_MONITOR_CRD["metadata"]["name"]):
+        kube.apply([SERVICE_MONITOR_CRD])
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=120s",
+        "crd/servicemonitors.monitoring.coreos.com", timeout=150,
+    )  # fmt: skip
+
+
+def release_objects(kube: Cluster, namespace: str) -> list[str]:
+    """Every object labelled as the release's, namespaced (in `namespace`) or cluster-wide."""
+    found = []
+    for namespaced in ("true", "false"):
+        kinds = kube.kubectl(
+            "api-resources", "--verbs=list", f"--namespaced={namespaced}", "-o", "name"
+        ).stdout.split()
+        scope = ["-n", namespace] if namespaced == "true" else []
+        listed = kube.kubectl(
+            "get", ",".join(kinds), *scope, "-l", INSTANCE, "-o", "name", "--ignore-not-found"
+        ).stdout.split()
+        found += listed
+    return found
+
+
+@pytest.mark.parametrize(
+    "values", [None, *CI_VALUES], ids=["default", *(p.name for p in CI_VALUES)]
+)
+def test_chart_installs_into_a_real_cluster_and_uninstalls_cleanly(
+    kube: Cluster, kube_namespace: str, values: Path | None
+) -> None:
+    flags = ["-f", str(values)] if values else []
+    helm(kube, "install", RELEASE, str(CHART), "-n", kube_namespace, *flags)
+
+    manifest = [
+        d
+        for d in yaml.safe_load_all(helm(kube, "get", "manifest", RELEASE, "-n", kube_namespace))
+        if d
+    ]
+    assert manifest
+    for obj in manifest:
+        # kubectl ignores -n for cluster-scoped kinds.
+        assert kube.exists(obj["kind"], obj["metadata"]["name"], "-n", kube_namespace), obj
+    assert release_objects(kube, kube_namespace)
+
+    helm(kube, "uninstall", RELEASE, "-n", kube_namespace, "--wait", "--timeout=180s")
+    eventually(
+        "nothing of the release is left",
+        lambda: release_objects(kube, kube_namespace) == [],
+        180,
+    )
+    for obj in manifest:
+        assert not kube.exists(obj["kind"], obj["metadata"]["name"], "-n", kube_namespace), obj
+    assert "lw" not in helm(kube, "list", "-n", kube_namespace, "-q").split()
