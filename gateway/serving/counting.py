@@ -3,12 +3,15 @@
 Each distinct `spec.tokenizer` is loaded once (a tokenizer.json takes milliseconds to load
 and megabytes to hold) and shared by every pool that names it.
 
-Long prompts are counted in a worker process, not a thread. The encoders release the GIL
-while they merge, but not while they turn 128k token ids into a Python list, and a thread
-that wants the GIL back takes it from the event loop for up to a switch interval (5 ms) at
-a time: measured under `laneway bench gateway`, a 128k count in the default executor held
-the loop up 20-30 ms, in a process a few ms (docs/BENCHMARKS.md). The worker gets what the
-count needs (the prompt's text, not the whole body) and loads each tokenizer once.
+Long prompts are counted in a worker process, not a thread. The encoders merge without the
+interpreter lock but build their list of ids (128k of them) with it, and a thread that wants
+the lock back takes it from the event loop for up to a switch interval at a time; a process
+shares no lock with the loop, and runs niced so that where CPUs are short the kernel runs
+the loop first. On the loaded 2-core machine the stall either way was close to the loop's
+own scheduling noise (docs/BENCHMARKS.md). One worker: concurrent long counts queue behind
+each other (a 128k count is ~0.1 s) rather than each holding a tokenizer's memory. The
+worker gets what the count needs (the prompt's text, not the whole body) and loads each
+tokenizer once.
 """
 
 from __future__ import annotations
