@@ -20,6 +20,7 @@ from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
+    COUNTER,
     DEMAND,
     DEMAND_SHARE,
     METRICS,
@@ -41,7 +42,7 @@ from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.arrival import stamp_arrival
-from laneway.gateway.serving.counting import PoolTokenizers
+from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.demand import DemandBook
@@ -72,6 +73,8 @@ def create_app(
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
     app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
+    app[COUNTER] = OffLoopCounter()
+    app.on_cleanup.append(_stop_counter)
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
@@ -99,6 +102,10 @@ def _completion(endpoint: Endpoint) -> Handler:
         return await handle_completion(request, endpoint)
 
     return handler
+
+
+async def _stop_counter(app: web.Application) -> None:
+    app[COUNTER].close()
 
 
 async def _flush_access_log(app: web.Application) -> None:

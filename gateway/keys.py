@@ -17,7 +17,7 @@ from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
-from laneway.gateway.serving.counting import PoolTokenizers
+from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
 from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
@@ -33,6 +33,7 @@ TRACKER = web.AppKey("tracker", LoadTracker)
 DEMAND = web.AppKey("demand", DemandBook)  # each pool's queued and running work, for scaling
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)  # the default, for pools that name none
 POOL_TOKENIZERS = web.AppKey("pool_tokenizers", PoolTokenizers)
+COUNTER = web.AppKey("counter", OffLoopCounter)  # long prompts' exact counts, off the loop
 PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
 RNG = web.AppKey("rng", random.Random)
 PREFIX_INDEX = web.AppKey("prefix_index", PrefixIndex)  # what was routed where, by prefix

@@ -52,9 +52,21 @@ class ChatMessage:
     content: str
 
 
+@dataclass(frozen=True)
+class TokenizerRecipe:
+    """What loads a tokenizer again in another process (see `load_tokenizer`)."""
+
+    kind: str
+    encoding: str | None = None
+    path: str | None = None
+
+
 class Tokenizer(Protocol):
     @property
     def name(self) -> str: ...
+
+    @property
+    def recipe(self) -> TokenizerRecipe: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -75,11 +87,16 @@ class TiktokenTokenizer:
                 f"tiktoken encoding {encoding!r} is not available offline: {error}"
             ) from None
         self._name = f"tiktoken/{encoding}"
+        self._recipe = TokenizerRecipe("tiktoken", encoding)
         self._longest_token_bytes = max(len(t) for t in self._encoding.token_byte_values())
 
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def recipe(self) -> TokenizerRecipe:
+        return self._recipe
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
@@ -110,10 +127,15 @@ class HuggingFaceTokenizer:
         except Exception as error:  # the Rust loader raises plain Exception on bad files
             raise UsageError(f"cannot load tokenizer {path}: {error}") from None
         self._name = f"huggingface/{Path(path).name}"
+        self._recipe = TokenizerRecipe("huggingface", path=str(path))
 
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def recipe(self) -> TokenizerRecipe:
+        return self._recipe
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
 from test_gateway_e2e import client, gateway_doc, pool_doc, start_gateway, start_sim
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from laneway.bench.procs import Children
+from laneway.gateway.serving.counting import OffLoopCounter
+from laneway.gateway.serving.request_body import Endpoint, parse_request
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer
 
 WORDS = [
@@ -163,3 +166,24 @@ async def test_a_pool_whose_tokenizer_file_is_missing_answers_503(tmp_path: Path
     assert response.status == 503
     assert body["error"]["code"] == "tokenizer_unavailable"
     assert "absent.json" in body["error"]["message"]
+
+
+async def test_the_worker_process_counts_long_prompts_as_the_loop_would(
+    tokenizer_json: Path,
+) -> None:
+    chat = parse_request(
+        orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": p} for p in prompts()]}
+        ),
+        Endpoint.CHAT,
+    )
+    completion = parse_request(
+        orjson.dumps({"model": "m", "prompt": prompts(), "stream": True}), Endpoint.COMPLETIONS
+    )
+    counter = OffLoopCounter()
+    try:
+        for tokenizer in (default_tokenizer(), HuggingFaceTokenizer(tokenizer_json)):
+            for parsed in (chat, completion):
+                assert await counter.count(parsed, tokenizer) == parsed.count(tokenizer)
+    finally:
+        counter.close()

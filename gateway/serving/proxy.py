@@ -27,6 +27,7 @@ from laneway.gateway.keys import (
     ACCESS_LOG,
     ARRIVED,
     CLOCK,
+    COUNTER,
     DEMAND,
     METRICS,
     POOL_TOKENIZERS,
@@ -349,8 +350,7 @@ def _exact(count: int) -> TokenBounds:
 async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
     clock = app[CLOCK]
     begun = clock()
-    loop = asyncio.get_running_loop()
-    count = await loop.run_in_executor(None, parsed.count, tokenizer)
+    count = await app[COUNTER].count(parsed, tokenizer)
     app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
     return count
 
@@ -565,9 +565,8 @@ async def _relay_stream(
     )
     await client.prepare(exchange.request)
     outcome.status = 200
-    tbt = metrics.tbt.labels(*labels)
+    gaps = metrics.tbt.labels(*labels)
     slo = exchange.plan.pool.spec.slo
-    tbt_met, tbt_missed = (metrics.tbt_slo.labels(*labels, met) for met in ("true", "false"))
     first_token = FirstTokenWatch()
     last_event: float | None = None
     # The end of what the client has: enough to tell an event boundary and the end marker.
@@ -602,8 +601,7 @@ async def _relay_stream(
             last_event = now
         elif events and last_event is not None:
             gap = now - last_event
-            tbt.observe(gap)
-            (tbt_met if within_slo(gap, slo.tbt_millis) else tbt_missed).inc()
+            gaps.observe(gap, within_slo(gap, slo.tbt_millis))
             last_event = now
         written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
         outcome.complete = outcome.complete or STREAM_END in written
