@@ -105,7 +105,7 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class CpuUse:
+class PhaseCpu:
     """CPU seconds each process spent during one phase."""
 
     client: float  # this process: the load generator
@@ -122,7 +122,7 @@ class PathResult:
     e2e: Distribution | None  # successful requests
     ttft: Distribution | None
     wall_s: float
-    cpu: CpuUse
+    cpu: PhaseCpu
 
     @property
     def requests_per_s(self) -> float:
@@ -133,7 +133,7 @@ class PathResult:
         return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def path_result(results: Sequence[StreamResult], wall_s: float, cpu: CpuUse) -> PathResult:
+def path_result(results: Sequence[StreamResult], wall_s: float, cpu: PhaseCpu) -> PathResult:
     ok = [r for r in results if r.status == 200 and r.error is None]
     return PathResult(
         requests=len(results),
@@ -501,7 +501,7 @@ class _Phase:
     gateway_s: float = 0.0
 
     def result(self) -> PathResult:
-        cpu = CpuUse(self.client_s, self.engine_s, self.gateway_s)
+        cpu = PhaseCpu(self.client_s, self.engine_s, self.gateway_s)
         return path_result(self.results, self.wall_s, cpu)
 
 

@@ -48,7 +48,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class CpuUse:
+class RunCpu:
     """CPU seconds used during a run, and the wall seconds it took."""
 
     generator_s: float
@@ -65,7 +65,7 @@ class LiveRun:
     result: RunResult
     records: tuple[RequestRecord, ...]
     issued: int
-    cpu: CpuUse
+    cpu: RunCpu
     gateway_ttft: Histogram  # what the gateway's own TTFT histogram recorded during the run
 
 
@@ -275,7 +275,7 @@ async def run_live_config(
         finally:
             progress.cancel()
             await asyncio.gather(progress, return_exceptions=True)
-        cpu = CpuUse(
+        cpu = RunCpu(
             generator_s=time.process_time() - cpu_before[0],
             gateway_s=gateway.cpu_seconds() - cpu_before[1],
             engines_s=sum(e.cpu_seconds() for e in engines) - cpu_before[2],

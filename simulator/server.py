@@ -41,7 +41,7 @@ OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized (and hashed) i
 MAX_LAG_S = 0.01  # wall seconds the step clock may fall behind before it resets
 OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
 
-Endpoint = Literal["completions", "chat"]
+ApiRoute = Literal["completions", "chat"]
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class RealTimeEngine:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    endpoint: Endpoint
+    endpoint: ApiRoute
     prompt_tokens: int
     max_tokens: int
     stream: bool
@@ -304,7 +304,7 @@ async def _count(length: int, count: Callable[[], T]) -> T:
 
 
 async def parse_generation(
-    request: web.Request, endpoint: Endpoint, settings: SimSettings, tokenizer: Tokenizer
+    request: web.Request, endpoint: ApiRoute, settings: SimSettings, tokenizer: Tokenizer
 ) -> GenerationRequest:
     raw = await request.read()
     try:
@@ -450,7 +450,7 @@ async def _stream(
     return response
 
 
-async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+async def _generate(request: web.Request, endpoint: ApiRoute) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     engine = request.app[ENGINE]
     parsed = await parse_generation(request, endpoint, settings, request.app[TOKENIZER])

@@ -16,8 +16,8 @@ from marked_processes import marked_environment, processes_marked
 from laneway.bench.gateway import (
     BenchOptions,
     BenchReport,
-    CpuUse,
     LevelResult,
+    PhaseCpu,
     check_options,
     parse_concurrency,
     path_result,
@@ -30,7 +30,7 @@ from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.tables import format_table
 
-NO_CPU = CpuUse(0.0, 0.0, 0.0)
+NO_CPU = PhaseCpu(0.0, 0.0, 0.0)
 # Pinning the gateway to a CPU of its own needs two.
 OWN_CORE = ["--own-core"] if len(os.sched_getaffinity(0)) >= 2 else []
 # Only a guard against a hang, under pytest-timeout's 300 s: a loaded machine may take its
@@ -52,8 +52,8 @@ def test_a_path_result_counts_errors_and_keeps_them_out_of_the_latencies() -> No
 
 
 def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_core() -> None:
-    direct = path_result([result(0.010)] * 99 + [result(0.030)], 1.0, CpuUse(0.6, 0.4, 0.0))
-    gateway = path_result([result(0.012)] * 99 + [result(0.040)], 2.0, CpuUse(0.8, 0.4, 0.5))
+    direct = path_result([result(0.010)] * 99 + [result(0.030)], 1.0, PhaseCpu(0.6, 0.4, 0.0))
+    gateway = path_result([result(0.012)] * 99 + [result(0.040)], 2.0, PhaseCpu(0.8, 0.4, 0.5))
     level = LevelResult(50, direct, gateway)
     assert level.added_p50_s == pytest.approx(0.002)
     assert direct.e2e is not None
@@ -169,7 +169,7 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
 def test_render_lists_every_level_in_order() -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
     classification = asyncio.run(time_classification(options, time.perf_counter))
-    direct = path_result([result(0.01)], 1.0, CpuUse(0.1, 0.1, 0.1))
+    direct = path_result([result(0.01)], 1.0, PhaseCpu(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
     report = BenchReport(
         "a machine", "today", "laneway bench gateway", "shared", 0.5, levels, classification

@@ -47,7 +47,7 @@ from laneway.gateway.serving.request_body import Endpoint
 
 COMPLETION_WINDOW = "24h"
 WINDOW_SECONDS = 24 * 3600
-GROUP = "dispatchers"
+CONSUMER_GROUP = "dispatchers"
 MAX_METADATA_PAIRS = 16
 RESULT_CHUNK = 500  # result keys read per round trip when finalizing
 
@@ -447,7 +447,7 @@ class BatchStore:
 
     async def _ensure_group(self, queue: str) -> None:
         try:
-            await self._redis.xgroup_create(queue, GROUP, id="0", mkstream=True)
+            await self._redis.xgroup_create(queue, CONSUMER_GROUP, id="0", mkstream=True)
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
@@ -598,7 +598,7 @@ class BatchStore:
             return []
         streams: dict[KeyT, StreamIdT] = {self.queue_key(t): ">" for t in tenants}
         try:
-            reply: Any = await self._redis.xreadgroup(GROUP, consumer, streams, count=1)
+            reply: Any = await self._redis.xreadgroup(CONSUMER_GROUP, consumer, streams, count=1)
         except ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
@@ -613,7 +613,9 @@ class BatchStore:
         """Items whose consumer has been silent for `idle_ms`: a replica that died holding them."""
         queue = self.queue_key(tenant)
         try:
-            reply = await self._redis.xautoclaim(queue, GROUP, consumer, idle_ms, "0-0", count)
+            reply = await self._redis.xautoclaim(
+                queue, CONSUMER_GROUP, consumer, idle_ms, "0-0", count
+            )
         except ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
@@ -627,11 +629,13 @@ class BatchStore:
         for item in items:
             by_stream.setdefault(item.stream, []).append(item.entry_id)
         for stream, ids in by_stream.items():
-            await self._redis.xclaim(stream, GROUP, consumer, 0, ids, idle=idle_ms, justid=True)
+            await self._redis.xclaim(
+                stream, CONSUMER_GROUP, consumer, 0, ids, idle=idle_ms, justid=True
+            )
 
     async def ack(self, item: QueuedItem) -> None:
         async with self._redis.pipeline(transaction=True) as tx:
-            tx.xack(item.stream, GROUP, item.entry_id)
+            tx.xack(item.stream, CONSUMER_GROUP, item.entry_id)
             tx.xdel(item.stream, item.entry_id)
             await tx.execute()
 
