@@ -36,7 +36,7 @@ from laneway.gateway.keys import (
     TOKENIZER,
     TRACKER,
 )
-from laneway.gateway.lifecycle import Stop
+from laneway.gateway.lifecycle import Stop, background
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
@@ -47,7 +47,7 @@ from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.demand import DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.gateway.state.shared import routing_tenant
+from laneway.gateway.state.shared import SharedStateOptions, install, routing_tenant
 from laneway.routing.lanes import serves_tenant
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
@@ -63,7 +63,10 @@ def create_app(
     tracker: LoadTracker | None = None,
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.monotonic,
+    shared: SharedStateOptions | None = None,
 ) -> web.Application:
+    """The whole gateway app; with `shared`, its state layer too (tenants, limits, Redis,
+    the Files and Batches API)."""
     app = web.Application(middlewares=[stamp_arrival, openai_errors])
     registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
@@ -94,6 +97,8 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get(DEMAND_PATH, demand)
+    if shared is not None:
+        install(app, shared)
     return app
 
 
@@ -140,11 +145,8 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
             asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
-        yield
-        for task in tasks:
-            task.cancel()
-        # Failures were reported when they happened; here they only need collecting.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        async with background(*tasks):
+            yield
 
     return run
 

@@ -84,7 +84,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     from laneway.gateway.app import create_app
     from laneway.gateway.config import GatewaySettings, load_config
     from laneway.gateway.pools.sources import PoolSource, StaticPoolSource
-    from laneway.gateway.state.shared import install, options_from_args
+    from laneway.gateway.state.shared import options_from_args
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
@@ -113,8 +113,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.config}: holds no InferencePool document to route to")
         source = StaticPoolSource(loaded.pools)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    app = create_app(settings, source)
-    install(app, shared)
+    app = create_app(settings, source, shared=shared)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
 

@@ -22,7 +22,7 @@ from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings, QueueSettings
 from laneway.gateway.pools.sources import PoolUpdate
 from laneway.gateway.state.redis_store import RedisSettings
-from laneway.gateway.state.shared import SharedStateOptions, announce_listening, install
+from laneway.gateway.state.shared import SharedStateOptions, announce_listening
 
 DOCS = "default/docs"
 
@@ -126,8 +126,11 @@ async def test_with_redis_the_demand_is_every_replicas_sum(redis_server: LocalRe
     apps, sources = [], []
     for _ in range(2):
         source = QueueSource()
-        app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=8_000)), source)
-        install(app, SharedStateOptions(redis=RedisSettings(url=redis_server.url)))
+        app = create_app(
+            GatewaySettings(queue=QueueSettings(timeout_millis=8_000)),
+            source,
+            shared=SharedStateOptions(redis=RedisSettings(url=redis_server.url)),
+        )
         apps.append(app)
         sources.append(source)
     async with TestClient(TestServer(apps[0])) as one, TestClient(TestServer(apps[1])) as two:
@@ -155,8 +158,11 @@ async def test_batch_items_for_a_pool_at_zero_wait_count_and_complete_once_it_wa
     redis_server: LocalRedis,
 ) -> None:
     source = QueueSource()
-    app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=120_000)), source)
-    install(app, SharedStateOptions(redis=RedisSettings(url=redis_server.url)))
+    app = create_app(
+        GatewaySettings(queue=QueueSettings(timeout_millis=120_000)),
+        source,
+        shared=SharedStateOptions(redis=RedisSettings(url=redis_server.url)),
+    )
     async with (
         TestClient(TestServer(app)) as client,
         Children() as children,
@@ -207,8 +213,11 @@ async def test_batch_items_for_a_pool_at_zero_wait_count_and_complete_once_it_wa
 
 async def test_without_redis_a_replica_reports_its_own_demand(redis_server: LocalRedis) -> None:
     source = QueueSource()
-    app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=5_000)), source)
-    install(app, SharedStateOptions(redis=RedisSettings(url=redis_server.url)))
+    app = create_app(
+        GatewaySettings(queue=QueueSettings(timeout_millis=5_000)),
+        source,
+        shared=SharedStateOptions(redis=RedisSettings(url=redis_server.url)),
+    )
     async with TestClient(TestServer(app)) as client:
         source.sets.put_nowait([docs_pool([])])
         waiting = asyncio.create_task(

@@ -24,7 +24,7 @@ from laneway.bench.procs import Children
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.sources import StaticPoolSource
-from laneway.gateway.state.shared import SharedStateOptions, install
+from laneway.gateway.state.shared import SharedStateOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"
@@ -73,8 +73,7 @@ async def gateway_metric_families() -> set[str]:
             "spec": {"lane": "interactive", "model": "m", "engine": {"kind": "simulator"}},
         }
     )
-    app = create_app(GatewaySettings(), StaticPoolSource([pool]))
-    install(app, SharedStateOptions())
+    app = create_app(GatewaySettings(), StaticPoolSource([pool]), shared=SharedStateOptions())
     async with TestClient(TestServer(app)) as client:
         text = await (await client.get("/metrics")).text()
     return {f.name for f in text_string_to_metric_families(text)}

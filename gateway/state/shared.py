@@ -1,6 +1,6 @@
 """The state layer plugged into a gateway app: tenants, limits, shared load, files, batches.
 
-`install(app, options)` is the one call that adds it to an app built by `create_app`:
+`create_app(..., shared=options)` adds it through `install(app, options)`:
 the tenant middleware (401 for a missing or unknown key when a keys file is given), the
 Files and Batches routes, and, with Redis, the shared load tracker, the shared limiter and
 the batch dispatcher as background tasks. Without Redis, limits are kept in memory and the
@@ -59,6 +59,7 @@ from laneway.gateway.keys import (
     TRACKER,
     Loopback,
 )
+from laneway.gateway.lifecycle import background
 from laneway.gateway.state.demand import RedisDemandShare
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import (
@@ -206,12 +207,8 @@ def _background(
             asyncio.create_task(app[DEMAND_SHARE].run(), name="demand-publish"),
             dispatching,
         ]
-        yield
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        async with background(*tasks):
+            yield
         await tracker.leave()
         await app[DEMAND_SHARE].leave()
         await redis.aclose()
