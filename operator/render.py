@@ -66,7 +66,9 @@ _GPU_SCRATCH_ENV: tuple[Mapping[str, str], ...] = (
     {"name": "HF_HOME", "value": "/cache/hf"},
     {"name": "USER", "value": "engine"},
 )
-_TMP_SIZE = "1Gi"  # sockets and compiled kernels; weights go to /cache
+# The simulator writes nothing; a GPU engine's /tmp holds compiled kernels of a size no one
+# bounds, and an emptyDir over its sizeLimit gets the pod evicted, so only it is unbounded.
+_SIMULATOR_TMP: Mapping[str, str] = {"sizeLimit": "64Mi"}
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,7 @@ def _pod_spec(pool: InferencePool, container: dict[str, Any], gpu: bool) -> dict
         },
         "containers": [container],
     }
-    pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": _TMP_SIZE}}]
+    pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {} if gpu else dict(_SIMULATOR_TMP)}]
     if gpu:
         pod_spec["volumes"] += [
             {"name": "cache", "emptyDir": {}},
