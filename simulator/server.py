@@ -30,7 +30,14 @@ from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
 from laneway.simulator.prompt_ids import chat_token_ids
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS, SchedulerConfig
-from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
+from laneway.tokens import (
+    ChatMessage,
+    ChatTemplateError,
+    Tokenizer,
+    count_chat,
+    default_tokenizer,
+    template_chat,
+)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
@@ -286,6 +293,24 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
+def _chat_ids(
+    tokenizer: Tokenizer, body: dict[str, Any], messages: Sequence[ChatMessage]
+) -> list[int]:
+    """A chat's prompt ids: the model's chat template rendered and tokenized where the engine
+    has one (as vLLM and SGLang do), else the simulator's own framing (prompt_ids.py)."""
+    template = tokenizer.chat_template
+    if template is None:
+        return chat_token_ids(tokenizer, messages)
+    tools = body.get("tools")
+    chat = template_chat(
+        body["messages"], [m.content for m in messages], tools if isinstance(tools, list) else None
+    )
+    try:
+        return tokenizer.encode(template.render(chat))
+    except ChatTemplateError as error:
+        raise OpenAIError(400, str(error), "messages") from None
+
+
 @dataclass(frozen=True)
 class _PromptTokens:
     count: int
@@ -338,7 +363,7 @@ async def parse_generation(
     else:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        tokens = await _count(length, lambda: _prompt_tokens(chat_token_ids(tokenizer, messages)))
+        tokens = await _count(length, lambda: _prompt_tokens(_chat_ids(tokenizer, body, messages)))
         max_tokens = (
             _positive_int(body, "max_completion_tokens")
             or _positive_int(body, "max_tokens")
@@ -504,8 +529,10 @@ async def tokenize(request: web.Request) -> web.Response:
 
     vLLM takes `prompt` (a string) or `messages` (framed as for a chat completion); SGLang
     takes `prompt` as a string or a list of strings, and answers a list per string. Both
-    answer `count`, `tokens` and `max_model_len`. Chat framing here is the simulator's own
-    count (no template is rendered), so a chat answer carries the count without token ids.
+    answer `count`, `tokens` and `max_model_len`. A chat is rendered through the model's chat
+    template when the simulator has one (`--chat-template`), with the generation prompt, as
+    vLLM's default `add_generation_prompt` does; without one its framing is the simulator's
+    own count (no text to tokenize), and the answer carries the count without token ids.
     """
     try:
         body = await request.json()
@@ -518,8 +545,11 @@ async def tokenize(request: web.Request) -> web.Response:
     if "messages" in body:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        count = await _count(length, lambda: count_chat(tokenizer, messages))
-        return web.json_response({"count": count, "max_model_len": max_model_len})
+        if tokenizer.chat_template is None:
+            count = await _count(length, lambda: count_chat(tokenizer, messages))
+            return web.json_response({"count": count, "max_model_len": max_model_len})
+        ids = await _count(length, lambda: _chat_ids(tokenizer, body, messages))
+        return web.json_response({"count": len(ids), "tokens": ids, "max_model_len": max_model_len})
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         tokens = await _count(len(prompt), lambda: tokenizer.encode(prompt))
