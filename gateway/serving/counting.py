@@ -63,6 +63,8 @@ ENGINE_FRAMING_PER_MESSAGE = 16
 # A completion prompt gets the tokenizer's post-processor specials (BOS, maybe EOS).
 ENGINE_SPECIALS_PER_PROMPT = 2
 UNBOUNDED = 1 << 62
+# Prompt text this short is counted on the event loop in well under a millisecond.
+INLINE_COUNT_CHARS = 16 * 1024
 # Distinct prompts whose engine counts are kept: a client retrying, or a pool's bounds
 # undecided for the same prompt again, does not ask twice.
 ENGINE_COUNT_CACHE_ENTRIES = 4096
@@ -83,6 +85,10 @@ class PromptCounter(Protocol):
 
     async def count(self, parsed: ParsedRequest) -> int:
         """The exact count, without holding the event loop."""
+
+    @property
+    def once_routed(self) -> PromptCounter:
+        """What counts a prompt the bounds have already routed (for its header and metrics)."""
 
 
 class PoolTokenizers:
@@ -139,10 +145,16 @@ class LocalCount:
         return _refused_chat_is_bad_request(parsed.bounds, self.tokenizer)
 
     async def count(self, parsed: ParsedRequest) -> int:
+        if parsed.text_chars <= INLINE_COUNT_CHARS:
+            return _refused_chat_is_bad_request(parsed.count, self.tokenizer)
         try:
             return await self.worker.count(parsed, self.tokenizer)
         except ChatTemplateError as error:
             raise bad_request(str(error), "messages") from None
+
+    @property
+    def once_routed(self) -> PromptCounter:
+        return self
 
 
 T = TypeVar("T")
@@ -173,6 +185,12 @@ class EngineCount:
 
     async def count(self, parsed: ParsedRequest) -> int:
         return await self.engine.count(self.pool, parsed, self.fallback)
+
+    @property
+    def once_routed(self) -> PromptCounter:
+        # The engine is asked only where its count decides the route; a routed prompt's
+        # header and metrics take the gateway's own count.
+        return self.fallback
 
 
 def tokenizer_free_bounds(parsed: ParsedRequest) -> TokenBounds:

@@ -323,7 +323,8 @@ async def _route(
         count.set_result(decision.prompt_tokens.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
-        count = asyncio.ensure_future(_count_exactly(app, parsed, by_pool[decision.pool.key]))
+        counter = by_pool[decision.pool.key].once_routed
+        count = asyncio.ensure_future(_count_exactly(app, parsed, counter))
     return decision, count
 
 

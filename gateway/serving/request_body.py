@@ -74,6 +74,14 @@ class ParsedRequest:
             return 1
         return len(self.prompts) + len(self.token_prompt_lengths)
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of prompt text, all sequences together: what counting it costs."""
+        texts = sum(len(t) for t in self.extra_texts)
+        if self.endpoint is Endpoint.CHAT:
+            return texts + sum(len(m.role) + len(m.content) for m in self.messages)
+        return texts + sum(len(p) for p in self.prompts)
+
     def template_chat(self) -> TemplateChat:
         """The chat as the engine's chat template sees it (the payload's messages and tools)."""
         return template_chat(self.payload["messages"], self.contents, self.payload.get("tools"))
