@@ -261,7 +261,10 @@ class EngineTokenize:
 
     async def _ask(self, pool: InferencePool, question: dict[str, Any]) -> int:
         body = orjson.dumps({"model": pool.spec.served_model_name, **question})
-        key = hashlib.blake2b(body, digest_size=16, key=pool.key.encode()[:64]).digest()
+        digest = hashlib.blake2b(pool.key.encode(), digest_size=16)
+        digest.update(b"\0")
+        digest.update(body)
+        key = digest.digest()
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
