@@ -316,6 +316,13 @@ async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decid
             short = await send(api_client, "lane gateway")
             assert short.pool == "short"
             assert await asked() == before, "a chat the bounds route needs no engine count"
+            for text in prompts():
+                expected = await engine_count(session, engine, text)
+                before = await asked()
+                routed = await send(api_client, text)
+                assert routed.pool == expected_route(expected, threshold, cap), (text, expected)
+                if await asked() > before:
+                    assert routed.header_count == routed.usage_count == expected, text
             for text in near_edges:
                 expected = await engine_count(session, engine, text)
                 before = await asked()
