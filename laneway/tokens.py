@@ -195,6 +195,15 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A completion prompt's ids: the text's with the special tokens the tokenizer puts
+        around a prompt (a BOS), as engines tokenize `/v1/completions` (vLLM's
+        `add_special_tokens` is true there; a chat template writes its own)."""
+
+    @property
+    def prompt_specials(self) -> int:
+        """How many tokens `encode_prompt` adds to `encode`'s."""
+
     def count(self, text: str) -> int: ...
 
     def bounds(self, text: str) -> TokenBounds: ...
@@ -230,6 +239,13 @@ class TiktokenTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    @property
+    def prompt_specials(self) -> int:
+        return 0
+
     def count(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
 
@@ -255,6 +271,10 @@ class HuggingFaceTokenizer:
             self._tokenizer = HFTokenizer.from_file(str(path))
         except Exception as error:  # the Rust loader raises plain Exception on bad files
             raise UsageError(f"cannot load tokenizer {path}: {error}") from None
+        processor = self._tokenizer.post_processor
+        self._prompt_specials: int = (
+            processor.num_special_tokens_to_add(False) if processor is not None else 0
+        )
         self._template = ChatTemplate(chat_template) if chat_template else None
         self._name = f"huggingface/{Path(path).name}"
         self._recipe = TokenizerRecipe(
@@ -276,6 +296,16 @@ class HuggingFaceTokenizer:
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=True).ids
+        return ids
+
+    @property
+    def prompt_specials(self) -> int:
+        # A post-processor (TemplateProcessing, as Llama 3's adds its BOS) puts the same
+        # tokens around every single text.
+        return self._prompt_specials
 
     def count(self, text: str) -> int:
         return len(self.encode(text))

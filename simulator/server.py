@@ -236,10 +236,10 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise OpenAIError(400, f"'{name}' must be true or false, got {value!r}", name)
     return value
@@ -358,7 +358,7 @@ async def parse_generation(
             tokens = _prompt_tokens(prompt)
         else:
             text = prompt
-            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode(text)))
+            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode_prompt(text)))
         max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
     else:
         messages = _chat_messages(body)
@@ -551,14 +551,18 @@ async def tokenize(request: web.Request) -> web.Response:
         ids = await _count(length, lambda: _chat_ids(tokenizer, body, messages))
         return web.json_response({"count": len(ids), "tokens": ids, "max_model_len": max_model_len})
     prompt = body.get("prompt")
+    # Both engines add the prompt's special tokens (a BOS) unless told not to, as on
+    # /v1/completions.
+    specials = _flag(body, "add_special_tokens", default=True)
+    encode = tokenizer.encode_prompt if specials else tokenizer.encode
     if isinstance(prompt, str):
-        tokens = await _count(len(prompt), lambda: tokenizer.encode(prompt))
+        tokens = await _count(len(prompt), lambda: encode(prompt))
         return web.json_response(
             {"count": len(tokens), "tokens": tokens, "max_model_len": max_model_len}
         )
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         length = sum(len(p) for p in prompt)
-        each = await _count(length, lambda: [tokenizer.encode(p) for p in prompt])
+        each = await _count(length, lambda: [encode(p) for p in prompt])
         return web.json_response(
             {"count": [len(t) for t in each], "tokens": each, "max_model_len": max_model_len}
         )

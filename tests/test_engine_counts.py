@@ -30,7 +30,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import CollectorRegistry, Counter
 from test_gateway_e2e import client, gateway_doc, pool_doc, scrape, start_gateway, start_sim, total
 from test_pool_tokenizer import WORDS, prompts
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from laneway import api
 from laneway.bench.procs import ChildProcess, Children
@@ -93,6 +93,12 @@ def model_files(tmp_path: Path) -> ModelFiles:
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer)
+    # Llama 3's tokenizer.json puts a BOS before every text it encodes with special tokens:
+    # a completion prompt's, not a rendered chat's (whose template writes its own).
+    bos = SPECIALS[0]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
     files = ModelFiles(tmp_path / "tokenizer.json", tmp_path / "tokenizer_config.json")
     tokenizer.save(str(files.tokenizer))
     config = {
@@ -265,6 +271,21 @@ async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
                 differs_from_openai_rule += count_chat(cl100k, [ChatMessage("user", text)]) != (
                     expected
                 )
+            # A completion's prompt gets the tokenizer's BOS, at the gateway as at the engine.
+            for text in prompts()[:4]:
+                raw = await api_client.completions.with_raw_response.create(
+                    model="llama", prompt=text, max_tokens=MAX_TOKENS
+                )
+                completion = raw.parse()
+                assert completion.usage is not None
+                async with session.post(
+                    f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
+                ) as response:
+                    tokenized = await response.json()
+                assert tokenized["tokens"][0] == ours.encode_prompt("")[0]
+                assert tokenized["count"] == ours.count(text) + 1
+                header = int(raw.headers["x-laneway-prompt-tokens"])
+                assert header == completion.usage.prompt_tokens == tokenized["count"], text
             # The template's own refusal reaches the client as the engine's would: a 400.
             with pytest.raises(openai.BadRequestError, match="roles must alternate"):
                 await api_client.chat.completions.create(
@@ -336,6 +357,20 @@ async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decid
                     continue
                 assert routed.header_count == routed.usage_count == expected, text
                 assert routed.pool == route, (text, expected)
+            # A completion's prompt, BOS and all, near the threshold.
+            for text in straddling(lambda t: len(ours.encode_prompt(t)), threshold, seed=5):
+                async with session.post(
+                    f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
+                ) as response:
+                    expected = (await response.json())["count"]
+                raw = await api_client.completions.with_raw_response.create(
+                    model="llama", prompt=text, max_tokens=MAX_TOKENS
+                )
+                completion = raw.parse()
+                assert completion.usage is not None
+                header = int(raw.headers["x-laneway-prompt-tokens"])
+                assert header == completion.usage.prompt_tokens == expected, text
+                assert raw.headers["x-laneway-pool"] == expected_route(expected, threshold, cap)
             # The same prompt again is answered from the gateway's cache.
             await send(api_client, near_edges[0])
             samples = await scrape(gateway.url)

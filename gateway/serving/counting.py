@@ -244,7 +244,11 @@ class EngineTokenize:
                 return await self._ask(pool, _chat_question(parsed))
             # A list of prompts runs as separate sequences: the longest one decides, as in
             # ParsedRequest.count; each text is asked for alone (vLLM takes one string).
-            asked = [self._ask(pool, {"prompt": p}) for p in (*parsed.prompts, *parsed.extra_texts)]
+            asked = [self._ask(pool, {"prompt": p}) for p in parsed.prompts] + [
+                # A suffix gets no BOS of its own.
+                self._ask(pool, {"prompt": text, "add_special_tokens": False})
+                for text in parsed.extra_texts
+            ]
             counts = await asyncio.gather(*asked)
             prompts = counts[: len(parsed.prompts)] + list(parsed.token_prompt_lengths)
             return sum(counts[len(parsed.prompts) :]) + max(prompts)

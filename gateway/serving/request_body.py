@@ -96,7 +96,8 @@ class ParsedRequest:
         if self.endpoint is Endpoint.CHAT:
             return chat_bounds(tokenizer, self.messages) + extra
         # Several prompts run as separate sequences: the longest one decides fit.
-        bounds = [tokenizer.bounds(p) for p in self.prompts] + [
+        specials = TokenBounds(tokenizer.prompt_specials, tokenizer.prompt_specials)
+        bounds = [tokenizer.bounds(p) + specials for p in self.prompts] + [
             TokenBounds(n, n) for n in self.token_prompt_lengths
         ]
         return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds)) + extra
@@ -116,8 +117,9 @@ class ParsedRequest:
         extra = count_texts(tokenizer, self.extra_texts)
         if self.endpoint is Endpoint.CHAT:
             return count_chat(tokenizer, self.messages) + extra
+        specials = tokenizer.prompt_specials
         return extra + max(
-            [tokenizer.count(p) for p in self.prompts] + list(self.token_prompt_lengths)
+            [tokenizer.count(p) + specials for p in self.prompts] + list(self.token_prompt_lengths)
         )
 
     def charge(self, prompt_tokens: int, context_tokens: int) -> int:
