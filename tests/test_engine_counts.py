@@ -37,7 +37,12 @@ from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.registry import PoolRegistry
-from laneway.gateway.serving.counting import EngineTokenize, LocalCount, OffLoopCounter
+from laneway.gateway.serving.counting import (
+    EngineTokenize,
+    LocalCount,
+    OffLoopCounter,
+    tokenizer_free_bounds,
+)
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
 from laneway.tokens import (
     ChatMessage,
@@ -220,6 +225,40 @@ def test_a_config_without_a_template_is_a_clear_error(tmp_path: Path) -> None:
     config.write_text(json.dumps({"chat_template": "{% for m in messages %}"}))
     with pytest.raises(UsageError, match="does not compile"):
         ChatTemplate(config)
+    # Named templates (a tool-use one beside the default): the default frames chats.
+    named = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "{{ messages[0]['content'] }}"},
+    ]
+    config.write_text(json.dumps({"chat_template": named}))
+    assert ChatTemplate(config).render(TemplateChat(({"role": "user", "content": "hi"},))) == "hi"
+
+
+def test_bounds_without_a_tokenizer_hold_for_the_engines_count(model_files: ModelFiles) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+    chats: list[list[ChatCompletionMessageParam]] = [user(text) for text in prompts()]
+    chats.append(
+        [
+            {"role": "system", "content": "  Be brief. "},
+            {"role": "user", "content": "naïve café — 東京 🚀"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "x" * 300},
+        ]
+    )
+    for messages in chats:
+        parsed = chat_request(messages)
+        bounds = tokenizer_free_bounds(parsed)
+        assert bounds.low <= parsed.count(ours) <= bounds.high, messages
+    completion = parse_request(
+        orjson.dumps({"model": "llama", "prompt": ["", "naïve café", "x" * 300]}),
+        Endpoint.COMPLETIONS,
+    )
+    assert tokenizer_free_bounds(completion).high >= completion.count(ours) == 301
+    tools = chat_request(user("hi"))
+    with_tools = parse_request(
+        orjson.dumps({**tools.payload, "tools": [{"type": "function"}]}), Endpoint.CHAT
+    )
+    assert tokenizer_free_bounds(with_tools).high > 2**60, "a template renders tools its way"
 
 
 async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
@@ -286,6 +325,21 @@ async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
                 assert tokenized["count"] == ours.count(text) + 1
                 header = int(raw.headers["x-laneway-prompt-tokens"])
                 assert header == completion.usage.prompt_tokens == tokenized["count"], text
+            # Tools reach the template as sent, here and at the engine.
+            tools: list[Any] = [{"type": "function", "function": {"name": "route_lane"}}]
+            raw_chat = await api_client.chat.completions.with_raw_response.create(
+                model="llama", messages=user("lane"), tools=tools, max_tokens=MAX_TOKENS
+            )
+            answer = raw_chat.parse()
+            assert answer.usage is not None
+            async with session.post(
+                f"{engine.url}/tokenize",
+                json={"model": "tiny", "messages": user("lane"), "tools": tools},
+            ) as response:
+                with_tools = (await response.json())["count"]
+            assert with_tools > await engine_count(session, engine, "lane")
+            header = int(raw_chat.headers["x-laneway-prompt-tokens"])
+            assert header == answer.usage.prompt_tokens == with_tools
             # The template's own refusal reaches the client as the engine's would: a 400.
             with pytest.raises(openai.BadRequestError, match="roles must alternate"):
                 await api_client.chat.completions.create(
