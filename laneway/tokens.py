@@ -346,13 +346,45 @@ def load_tokenizer(
 def template_chat(
     messages: Sequence[Mapping[str, Any]], contents: Sequence[str], tools: Sequence[Any] | None
 ) -> TemplateChat:
-    """The chat a template renders: each message as sent, its content replaced by its text
-    (`contents`, one string per message: vLLM's "string" content format joins a list of
-    text parts with newlines)."""
+    """The chat a template renders, each message as vLLM hands it over (chat_utils.py): its
+    role; its content as one string (`contents`: vLLM's "string" content format joins text
+    parts with newlines); an assistant's tool calls with their arguments parsed from JSON
+    (transformers' templates take them as objects; none or empty is `{}`) and dropped when
+    empty; a tool message's `tool_call_id`; a `name`. Other fields are not the template's."""
     return TemplateChat(
-        tuple({**m, "content": c} for m, c in zip(messages, contents, strict=True)),
+        tuple(_template_message(m, c) for m, c in zip(messages, contents, strict=True)),
         tuple(tools) if tools is not None else None,
     )
+
+
+def _template_message(message: Mapping[str, Any], content: str) -> dict[str, Any]:
+    role = message["role"]
+    rendered: dict[str, Any] = {"role": role, "content": content}
+    calls = message.get("tool_calls")
+    if role == "assistant" and isinstance(calls, list) and calls:
+        rendered["tool_calls"] = [_parsed_arguments(call) for call in calls]
+    if role == "tool" and "tool_call_id" in message:
+        rendered["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str):
+        rendered["name"] = message["name"]
+    return rendered
+
+
+def _parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        return dict(call)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise ChatTemplateError(
+                f"A tool call's arguments are not JSON: {arguments[:80]!r}"
+            ) from None
+    elif not arguments:
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def count_rendered_chat(tokenizer: Tokenizer, template: ChatTemplate, chat: TemplateChat) -> int:

@@ -302,10 +302,12 @@ def _chat_ids(
     if template is None:
         return chat_token_ids(tokenizer, messages)
     tools = body.get("tools")
-    chat = template_chat(
-        body["messages"], [m.content for m in messages], tools if isinstance(tools, list) else None
-    )
     try:
+        chat = template_chat(
+            body["messages"],
+            [m.content for m in messages],
+            tools if isinstance(tools, list) else None,
+        )
         return tokenizer.encode(template.render(chat))
     except ChatTemplateError as error:
         raise OpenAIError(400, str(error), "messages") from None

@@ -52,6 +52,7 @@ from laneway.tokens import (
     TemplateChat,
     count_chat,
     default_tokenizer,
+    template_chat,
 )
 
 SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -215,6 +216,39 @@ def test_the_template_renders_as_transformers_does(model_files: ModelFiles) -> N
     refused = TemplateChat(({"role": "user", "content": "a"}, {"role": "user", "content": "b"}))
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         template.render(refused)
+
+
+def test_the_chat_reaches_the_template_as_vllm_hands_it_over() -> None:
+    sent: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi", "extra": 1},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+                {"id": "2", "type": "function", "function": {"name": "g", "arguments": ""}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "1", "content": "2", "name": "f"},
+        {"role": "assistant", "content": "done", "tool_calls": []},
+    ]
+    chat = template_chat(sent, ["hi", "", "2", "done"], None)
+    assert chat.messages == (
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}},
+                {"id": "2", "type": "function", "function": {"name": "g", "arguments": {}}},
+            ],
+        },
+        {"role": "tool", "content": "2", "tool_call_id": "1", "name": "f"},
+        {"role": "assistant", "content": "done"},
+    )
+    broken = [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{"}}]}]
+    with pytest.raises(ChatTemplateError, match="not JSON"):
+        template_chat(broken, [""], None)
 
 
 def test_a_config_without_a_template_is_a_clear_error(tmp_path: Path) -> None:
