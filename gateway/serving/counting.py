@@ -37,7 +37,12 @@ import aiohttp
 import orjson
 from prometheus_client import Counter
 
-from laneway.api import InferencePool, TokenizerKind, TokenizerSpec
+from laneway.api import (
+    DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MILLIS,
+    InferencePool,
+    TokenizerKind,
+    TokenizerSpec,
+)
 from laneway.errors import UsageError
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.pools.registry import PoolRegistry
@@ -237,6 +242,7 @@ class EngineTokenize:
         self._registry = registry
         self._outcomes = outcomes
         self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._turn = 0
 
     async def count(self, pool: InferencePool, parsed: ParsedRequest, fallback: LocalCount) -> int:
         try:
@@ -285,8 +291,12 @@ class EngineTokenize:
         endpoints = self._registry.available(pool)
         if not endpoints:
             raise EngineUnanswered("no_endpoint", "the pool has no available endpoint")
-        url = f"{endpoints[0]}/tokenize"
-        timeout_s = pool.spec.tokenizer.timeout_millis / 1000 if pool.spec.tokenizer else 0
+        # In turn, so that no one engine answers every pool's questions.
+        self._turn += 1
+        url = f"{endpoints[self._turn % len(endpoints)]}/tokenize"
+        spec = pool.spec.tokenizer
+        millis = spec.timeout_millis if spec else DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MILLIS
+        timeout_s = millis / 1000
         try:
             async with (
                 asyncio.timeout(timeout_s),
