@@ -42,7 +42,7 @@ from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.arrival import stamp_arrival
-from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
+from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.demand import DemandBook
@@ -76,14 +76,19 @@ def create_app(
     app[DEMAND] = demand_book = DemandBook(clock)
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
-    app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
-    app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
+    app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path, tok.config_path)
     app[COUNTER] = OffLoopCounter()
     app.on_cleanup.append(_stop_counter)
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[METRICS] = GatewayMetrics(registry, demand_book, app[PREFIX_INDEX])
+    app[POOL_TOKENIZERS] = PoolTokenizers(
+        app[TOKENIZER],
+        settings.queue.retry_after_seconds,
+        app[COUNTER],
+        EngineTokenize(lambda: app[SESSION], registry, app[METRICS].engine_counts),
+    )
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
