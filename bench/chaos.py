@@ -141,9 +141,10 @@ def window_of(started_s: float, starts: Mapping[str, float]) -> str:
 @dataclass(frozen=True)
 class FaultEvent:
     fault: str  # ENGINE, REDIS or GATEWAY
-    target: str  # which process: an engine's pool and index, "redis", a replica
+    target: str  # which process: an engine ("documents-1"), "redis-server", a replica
     killed_at_s: float
     back_at_s: float  # when it was serving again
+    pool: str | None = None  # a killed engine's pool
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class ChaosRecord:
 
     kind: str  # CHAT or DOCUMENT
     replica: str  # the replica that answered (or failed): "a" or "b"
+    pool: str | None  # x-laneway-pool of the answer
     failed_over: bool  # the first replica refused the connection
     started_s: float
     ended_s: float
@@ -177,7 +179,11 @@ def classify(record: ChaosRecord, faults: Sequence[FaultEvent]) -> str:
         if fault.fault == GATEWAY and record.replica == fault.target and record.status in (0, 200):
             # The connection dropped: no answer at all, or a stream cut before its end.
             return f"{IN_FLIGHT} {GATEWAY}"
-        if fault.fault == ENGINE and record.error_code in ENGINE_GONE_CODES:
+        if (
+            fault.fault == ENGINE
+            and record.pool == fault.pool
+            and record.error_code in ENGINE_GONE_CODES
+        ):
             return f"{IN_FLIGHT} {ENGINE}"
     return UNEXPECTED
 
@@ -428,6 +434,7 @@ class _Fleet:
     redis: LocalRedis
     engines: dict[str, ChildProcess]  # name -> engine, e.g. "chat-0"
     engine_args: dict[str, list[str]]
+    engine_pools: dict[str, str]  # engine name -> its pool's name
     gateways: dict[str, ChildProcess]  # replica -> process
     gateway_args: list[str]
     ports: dict[str, int]  # replica -> port
@@ -447,11 +454,12 @@ async def _start_fleet(
     server = LocalRedis(append_only_dir=directory)
     await asyncio.to_thread(server.start)
     engine_args: dict[str, list[str]] = {}
+    engine_pools: dict[str, str] = {}
     for pool in DEMO_POOLS:
         for index in range(2):
-            engine_args[f"{pool.name}-{index}"] = _engine_args(
-                pool.sim_args(DEFAULT_PROFILE, 1.0), free_port()
-            )
+            name = f"{pool.name}-{index}"
+            engine_args[name] = _engine_args(pool.sim_args(DEFAULT_PROFILE, 1.0), free_port())
+            engine_pools[name] = pool.name
     say(f"starting {len(engine_args)} engines, redis-server (AOF) and 2 gateway replicas")
     started = await asyncio.gather(
         *(
@@ -495,7 +503,9 @@ async def _start_fleet(
         )
     )
     urls = {replica: gateways[replica].url for replica in REPLICAS}
-    return _Fleet(children, server, engines, engine_args, gateways, gateway_args, ports, urls)
+    return _Fleet(
+        children, server, engines, engine_args, engine_pools, gateways, gateway_args, ports, urls
+    )
 
 
 async def _metric_samples(
@@ -607,6 +617,7 @@ class _Clients:
             ChaosRecord(
                 kind=kind,
                 replica=replica,
+                pool=result.headers.get("x-laneway-pool"),
                 failed_over=failed_over,
                 started_s=started,
                 ended_s=self._clock.now(),
@@ -622,7 +633,7 @@ class _Clients:
     ) -> None:
         self.records.append(
             ChaosRecord(
-                kind, replica, failed_over, started, self._clock.now(), 0, error, None, None
+                kind, replica, None, failed_over, started, self._clock.now(), 0, error, None, None
             )
         )
 
@@ -798,7 +809,7 @@ async def _inject(
             )
         back = clock.now()
         say(f"{back:6.1f} s  {target} serving again")
-        events.append(FaultEvent(fault, target, killed, back))
+        events.append(FaultEvent(fault, target, killed, back, fleet.engine_pools.get(target)))
     return events
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from laneway.bench.chaos import (
     CHAT,
     DOCUMENT,
@@ -28,7 +30,7 @@ from laneway.bench.chaos import (
 
 ON_ENGINE, ON_GATEWAY = "in flight on killed engine", "in flight on killed gateway"
 FAULTS = (
-    FaultEvent(ENGINE, "chat-1", killed_at_s=12.0, back_at_s=15.0),
+    FaultEvent(ENGINE, "documents-1", killed_at_s=12.0, back_at_s=15.0, pool="documents"),
     FaultEvent(REDIS, "redis-server", killed_at_s=24.0, back_at_s=27.0),
     FaultEvent(GATEWAY, "b", killed_at_s=36.0, back_at_s=40.0),
 )
@@ -42,8 +44,9 @@ def record(
     error: str | None = None,
     code: str | None = None,
     kind: str = CHAT,
+    pool: str = "chat",
 ) -> ChaosRecord:
-    return ChaosRecord(kind, replica, False, started, ended, status, error, code, 0.05)
+    return ChaosRecord(kind, replica, pool, False, started, ended, status, error, code, 0.05)
 
 
 def test_windows_split_the_run_and_each_fault_opens_its_own() -> None:
@@ -64,9 +67,14 @@ def test_only_failures_on_the_killed_process_at_the_kill_are_in_flight() -> None
         (record("b", 37.0, 37.5, 0, "ClientPayloadError"), UNEXPECTED, "sent after the kill"),
         (record("b", 30.0, 33.0, 0, "ClientPayloadError"), UNEXPECTED, "before the kill"),
         (
-            record("a", 11.0, 13.0, 200, "engine failed", "upstream_failed", DOCUMENT),
+            record("a", 11.0, 13.0, 200, "engine failed", "upstream_failed", DOCUMENT, "documents"),
             ON_ENGINE,
             "its engine died under it",
+        ),
+        (
+            record("a", 11.0, 13.0, 200, "engine failed", "upstream_failed"),
+            UNEXPECTED,
+            "an engine of a pool that lost none",
         ),
         (record("a", 11.0, 13.0, 503, "busy", "no_healthy_endpoint"), UNEXPECTED, "not the kill"),
         (record("a", 23.0, 25.0, 502, "x", "upstream_failed"), UNEXPECTED, "Redis is no engine"),
@@ -102,6 +110,7 @@ def test_the_batch_check_finds_lost_doubled_and_unknown_items() -> None:
     assert check.errors == {"batch_lane_unreachable": 1, "-": 1}
 
 
+@pytest.mark.slow
 def test_a_quick_chaos_run_loses_nothing_and_holds_nothing(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
     tools = Path(__file__).resolve().parent.parent / ".tools" / "bin"
