@@ -7,7 +7,8 @@ traffic for a bounded time: closed-loop chat streams (interactive lane), long do
 dispatchers). The run is cut into five windows; at the start of windows 2-4 one fault
 strikes and is repaired `outage_s` later:
 
-1. `engine`: the busiest engine is SIGKILLed, then restarted on its port;
+1. `engine`: the busiest engine (of one pool, with --kill-engine-in) is SIGKILLed, then
+   restarted on its port;
 2. `redis`: redis-server is SIGKILLed, then restarted from its AOF;
 3. `gateway`: replica b is SIGKILLed, then restarted on its port.
 
@@ -90,6 +91,7 @@ class ChaosOptions:
     documents: int = 2  # closed-loop long-document senders
     batch_items: int | None = None  # default: ITEMS_PER_SECOND per second of duration
     outage_s: float = 3.0  # how long each killed process stays down
+    engine_pool: str | None = None  # the pool whose busiest engine is killed; None: any
     batch_lease_s: float = 5.0  # the replicas' --batch-lease: reclaim after this silence
     settle_s: float = 180.0  # patience, after the load, for the batch and the held state
     seed: int = 0
@@ -118,6 +120,9 @@ def check_options(options: ChaosOptions) -> None:
         raise UsageError("--sessions must be at least 1 and --documents at least 0")
     if options.items < 1:
         raise UsageError(f"--batch-items must be at least 1, got {options.items}")
+    pools = [pool.name for pool in DEMO_POOLS]
+    if options.engine_pool is not None and options.engine_pool not in pools:
+        raise UsageError(f"--kill-engine-in must be one of {', '.join(pools)}")
     if options.batch_lease_s <= 0 or options.settle_s <= 0:
         raise UsageError("--batch-lease and --settle must be above 0 seconds")
 
@@ -760,10 +765,13 @@ class _Batch:
         return [json.loads(line) for line in content.decode().splitlines() if line.strip()]
 
 
-async def _busiest_engine(fleet: _Fleet, session: aiohttp.ClientSession) -> str:
-    """The engine running the most requests now: where a kill hurts most."""
+async def _busiest_engine(fleet: _Fleet, session: aiohttp.ClientSession, pool: str | None) -> str:
+    """The engine (of `pool`, or of any) running the most requests now: where a kill hurts
+    most."""
     running = {}
     for name, engine in fleet.engines.items():
+        if pool is not None and fleet.engine_pools[name] != pool:
+            continue
         samples = await _metric_samples(session, engine.url)
         running[name] = _sum_of(samples, "vllm:num_requests_running")
     return max(running, key=lambda name: (running[name], name))
@@ -781,7 +789,7 @@ async def _inject(
     for fault in FAULTS:
         await asyncio.sleep(max(0.0, starts[fault] - clock.now()))
         if fault == ENGINE:
-            target = await _busiest_engine(fleet, session)
+            target = await _busiest_engine(fleet, session, options.engine_pool)
             fleet.engines[target].kill_now()
             killed = clock.now()
             say(f"{killed:6.1f} s  SIGKILL engine {target}")

@@ -36,6 +36,11 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         "--outage", type=float, help="seconds each killed process stays down (default 3)"
     )
     chaos.add_argument(
+        "--kill-engine-in",
+        metavar="POOL",
+        help="kill the busiest engine of this pool (chat or documents; default: of any)",
+    )
+    chaos.add_argument(
         "--batch-lease",
         type=float,
         help="the replicas' --batch-lease: a killed replica's items are reclaimed after it "
@@ -69,6 +74,7 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
         "documents": args.documents,
         "batch_items": args.batch_items,
         "outage_s": args.outage,
+        "engine_pool": args.kill_engine_in,
         "batch_lease_s": args.batch_lease,
         "settle_s": args.settle,
         "seed": args.seed,

@@ -128,7 +128,7 @@ def test_a_quick_chaos_run_loses_nothing_and_holds_nothing(tmp_path: Path) -> No
     assert "in flight on killed" in done.stdout
     assert [fault["fault"] for fault in report["faults"]] == [ENGINE, REDIS, GATEWAY]
     assert [row["window"] for row in report["windows"]] == list(WINDOWS)
-    assert all(row["sent"] > 0 for row in report["windows"]), report["windows"]
+    assert sum(row["ok"] for row in report["windows"]) > 0, report["windows"]
     unexpected = [g for g in report["failures"] if g["verdict"] == UNEXPECTED]
     assert unexpected == [], unexpected
     batch = report["batch"]
