@@ -454,10 +454,8 @@ def _engine_args(args: Sequence[str], port: int) -> list[str]:
 
 
 async def _start_fleet(
-    children: Children, directory: Path, options: ChaosOptions, say: Say
+    children: Children, server: LocalRedis, directory: Path, options: ChaosOptions, say: Say
 ) -> _Fleet:
-    server = LocalRedis(append_only_dir=directory)
-    await asyncio.to_thread(server.start)
     engine_args: dict[str, list[str]] = {}
     engine_pools: dict[str, str] = {}
     for pool in DEMO_POOLS:
@@ -465,7 +463,7 @@ async def _start_fleet(
             name = f"{pool.name}-{index}"
             engine_args[name] = _engine_args(pool.sim_args(DEFAULT_PROFILE, 1.0), free_port())
             engine_pools[name] = pool.name
-    say(f"starting {len(engine_args)} engines, redis-server (AOF) and 2 gateway replicas")
+    say(f"redis-server (AOF) is up; starting {len(engine_args)} engines and 2 gateway replicas")
     started = await asyncio.gather(
         *(
             children.start_laneway_async("sim", args, name=f"engine {name}")
@@ -888,12 +886,14 @@ async def _progress(
 
 async def run_bench(options: ChaosOptions, command: str, say: Say) -> ChaosReport:
     with tempfile.TemporaryDirectory(prefix="laneway-chaos-") as directory:
-        async with Children() as children:
-            fleet = await _start_fleet(children, Path(directory), options, say)
-            try:
+        server = LocalRedis(append_only_dir=Path(directory))
+        try:
+            await asyncio.to_thread(server.start)
+            async with Children() as children:
+                fleet = await _start_fleet(children, server, Path(directory), options, say)
                 return await _run_load(fleet, options, command, say)
-            finally:
-                fleet.redis.stop()
+        finally:
+            server.stop()
 
 
 async def _run_load(fleet: _Fleet, options: ChaosOptions, command: str, say: Say) -> ChaosReport:
