@@ -75,9 +75,9 @@ UNEXPECTED = "unexpected"
 # this error event (laneway.gateway.serving.proxy), or, before the first byte, answers 502.
 ENGINE_GONE_CODES = ("upstream_failed", "upstream_unreachable")
 
-# The default batch size: a little more than the dispatchers get through while the load
-# runs on a quiet machine (8 items at once, 256 output tokens each), so the batch is still
-# running when every fault strikes.
+# The default batch size, so that the batch is still running when the last fault strikes:
+# 8 items at once (2 replicas x BATCH_CONCURRENCY), 256 output tokens each, got through
+# 150 items in 46-62 s of a 60 s run on the loaded 2-core machine of docs/BENCHMARKS.md.
 BATCH_ITEMS_PER_SECOND = 2.5
 BATCH_CONCURRENCY = 4  # per replica
 
@@ -89,7 +89,7 @@ class ChaosOptions:
     duration_s: float = 60.0  # wall seconds of load; the faults strike within it
     sessions: int = 8  # closed-loop chat sessions
     documents: int = 2  # closed-loop long-document senders
-    batch_items: int | None = None  # default: ITEMS_PER_SECOND per second of duration
+    batch_items: int | None = None  # default: BATCH_ITEMS_PER_SECOND x duration
     outage_s: float = 3.0  # how long each killed process stays down
     engine_pool: str | None = None  # the pool whose busiest engine is killed; None: any
     batch_lease_s: float = 5.0  # the replicas' --batch-lease: reclaim after this silence
