@@ -30,6 +30,7 @@ shell that runs processes and clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -52,7 +53,7 @@ from laneway.bench.gateway import machine_description
 from laneway.bench.loadgen import PromptFactory, StreamResult, stream_request
 from laneway.bench.procs import ChildProcess, Children
 from laneway.bench.redis_server import LocalRedis, free_port
-from laneway.errors import UsageError
+from laneway.errors import ChildError, UsageError
 from laneway.gateway.batch.files import as_text
 from laneway.simulator.profiles import DEFAULT_PROFILE
 from laneway.simulator.seed import PUBLIC_MODEL
@@ -298,6 +299,22 @@ def check_batch(
         errors=dict(Counter(error_codes)),
         finished_at_s=finished_at_s,
     )
+
+
+def error_line_code(line: Mapping[str, Any]) -> str:
+    """Why an error-file line failed: the item's error code (a line the gateway could not
+    run), else the code of the error answer it got, else that answer's status."""
+    error = line.get("error")
+    if isinstance(error, Mapping) and error.get("code"):
+        return str(error["code"])
+    response = line.get("response")
+    if not isinstance(response, Mapping):
+        return "-"
+    body = response.get("body")
+    answer = body.get("error") if isinstance(body, Mapping) else None
+    if isinstance(answer, Mapping) and answer.get("code"):
+        return str(answer["code"])
+    return str(response.get("status_code", "-"))
 
 
 @dataclass(frozen=True)
@@ -675,14 +692,9 @@ class _Batch:
         self.finished_at_s: float | None = None
 
     async def _call(
-        self,
-        session: aiohttp.ClientSession,
-        method: str,
-        path: str,
-        raw: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        """One call to whichever replica answers; None while neither can (killed, Redis down)."""
+        self, session: aiohttp.ClientSession, method: str, path: str, **kwargs: Any
+    ) -> tuple[int, bytes] | None:
+        """(status, body) from the first replica that answers; None when neither does."""
         for replica in REPLICAS:
             try:
                 async with session.request(
@@ -691,31 +703,39 @@ class _Batch:
                     timeout=aiohttp.ClientTimeout(total=30),
                     **kwargs,
                 ) as reply:
-                    if reply.status == 200:
-                        return await (reply.read() if raw else reply.json())
+                    return reply.status, await reply.read()
             except (aiohttp.ClientError, TimeoutError):
                 continue
         return None
+
+    async def _ok(
+        self, session: aiohttp.ClientSession, what: str, method: str, path: str, **kwargs: Any
+    ) -> bytes:
+        """The body of a call that must succeed now; ChildError saying why it did not."""
+        answer = await self._call(session, method, path, **kwargs)
+        if answer is None:
+            raise ChildError(f"no gateway replica answered while the bench {what}")
+        status, body = answer
+        if status != 200:
+            text = body.decode("utf-8", "replace")[:300]
+            raise ChildError(f"a gateway replica answered {status} when the bench {what}: {text}")
+        return body
 
     async def create(self, session: aiohttp.ClientSession) -> None:
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
         form.add_field("file", "\n".join(self._lines).encode(), filename="chaos.jsonl")
-        uploaded = await self._call(session, "POST", "/v1/files", data=form)
-        if uploaded is None:
-            raise RuntimeError("no replica accepted the batch input file")
-        created = await self._call(
-            session,
-            "POST",
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
+        uploaded = json.loads(
+            await self._ok(session, "uploaded the batch input", "POST", "/v1/files", data=form)
         )
-        if created is None:
-            raise RuntimeError("no replica created the batch")
+        body = {
+            "input_file_id": uploaded["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
+        created = json.loads(
+            await self._ok(session, "created the batch", "POST", "/v1/batches", json=body)
+        )
         self.batch_id = created["id"]
         self.record = created
 
@@ -724,8 +744,10 @@ class _Batch:
     ) -> None:
         """Poll until the batch finishes (or `stop`), keeping the last record seen."""
         while self.finished_at_s is None and not stop.is_set():
-            record = await self._call(session, "GET", f"/v1/batches/{self.batch_id}")
-            if record is not None:
+            # No answer or not 200 (a replica killed, Redis down): ask again in a second.
+            answer = await self._call(session, "GET", f"/v1/batches/{self.batch_id}")
+            if answer is not None and answer[0] == 200:
+                record = json.loads(answer[1])
                 self.record = record
                 counts = record.get("request_counts") or {}
                 self.progress = (
@@ -735,19 +757,17 @@ class _Batch:
                 if record["status"] in ("completed", "failed", "expired", "cancelled"):
                     self.finished_at_s = clock.now()
                     return
-            with_timeout = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({with_timeout}, timeout=1.0)
-            with_timeout.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
 
     async def check(self, session: aiohttp.ClientSession) -> BatchCheck:
         output = await self._lines_of(session, self.record.get("output_file_id"))
         errors = await self._lines_of(session, self.record.get("error_file_id"))
-        codes = [str(((line.get("error") or {}).get("code")) or "-") for line in errors]
         return check_batch(
             self.custom_ids,
             [str(line.get("custom_id")) for line in output],
             [str(line.get("custom_id")) for line in errors],
-            codes,
+            [error_line_code(line) for line in errors],
             str(self.record.get("status", "unknown")),
             self.finished_at_s,
         )
@@ -757,9 +777,9 @@ class _Batch:
     ) -> list[dict[str, Any]]:
         if not file_id:
             return []
-        content = await self._call(session, "GET", f"/v1/files/{file_id}/content", raw=True)
-        if content is None:
-            raise RuntimeError(f"no replica served the batch's file {file_id}")
+        content = await self._ok(
+            session, f"read the batch's file {file_id}", "GET", f"/v1/files/{file_id}/content"
+        )
         return [json.loads(line) for line in content.decode().splitlines() if line.strip()]
 
 

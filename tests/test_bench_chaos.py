@@ -23,6 +23,7 @@ from laneway.bench.chaos import (
     FaultEvent,
     check_batch,
     classify,
+    error_line_code,
     window_of,
     window_rows,
     window_starts,
@@ -108,6 +109,22 @@ def test_the_batch_check_finds_lost_doubled_and_unknown_items() -> None:
     assert (check.completed, check.failed) == (3, 2)
     assert (check.lost, check.duplicated, check.unknown) == (2, 2, 1)  # c, d; b, a; x
     assert check.errors == {"batch_lane_unreachable": 1, "-": 1}
+
+
+@pytest.mark.slow
+def test_an_error_line_says_why_it_failed() -> None:
+    refused = {"custom_id": "a", "response": None, "error": {"code": "batch_expired"}}
+    answered = {
+        "custom_id": "b",
+        "response": {"status_code": 502, "body": {"error": {"code": "upstream_failed"}}},
+        "error": None,
+    }
+    bare = {"custom_id": "c", "response": {"status_code": 500, "body": "oops"}, "error": None}
+    assert [error_line_code(line) for line in (refused, answered, bare)] == [
+        "batch_expired",
+        "upstream_failed",
+        "500",
+    ]
 
 
 @pytest.mark.slow
