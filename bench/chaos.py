@@ -104,7 +104,9 @@ class ChaosOptions:
         return max(1, math.ceil(self.duration_s * BATCH_ITEMS_PER_SECOND))
 
 
-QUICK = ChaosOptions(duration_s=20.0, sessions=3, documents=1, batch_items=30, outage_s=1.5)
+QUICK = ChaosOptions(
+    duration_s=20.0, sessions=3, documents=1, batch_items=30, outage_s=1.5, settle_s=90.0
+)
 
 
 def check_options(options: ChaosOptions) -> None:

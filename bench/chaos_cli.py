@@ -22,7 +22,8 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
     chaos.add_argument(
         "--quick",
         action="store_true",
-        help="a short run for tests: 20 s, 3 chat sessions, 1 document sender, 30 items",
+        help="a short run for tests: 20 s, 3 chat sessions, 1 document sender, 30 items, "
+        "1.5 s outages, 90 s of patience",
     )
     chaos.add_argument("--duration", type=float, help="seconds of load (default 60)")
     chaos.add_argument("--sessions", type=int, help="closed-loop chat sessions (default 8)")
