@@ -156,7 +156,7 @@ class _Request:
     replica: str
     prompt_tokens: int
     output_tokens: int
-    prefill_estimate: int  # what routing added to the replica's prefill backlog
+    prefill_estimate: int  # what routing added to the replica's prefill backlog (uncached part)
     backlog_tokens: int  # the backlog it joined there, its own prompt included
     arrival_s: float
 
@@ -305,7 +305,7 @@ class PrefixCluster:
             best.url,
             len(prompt),
             output,
-            route.prefill_tokens,
+            best.prefill_tokens,
             best.backlog_tokens,
             now,
         )

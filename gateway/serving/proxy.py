@@ -495,7 +495,8 @@ async def _attempt(
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome, url = exchange.app, exchange.outcome, endpoint.url
     tracker = app[TRACKER]
-    lease = await tracker.start(url, exchange.plan.prefill_tokens)
+    # What this endpoint will prefill: the prompt less the prefix its cache likely holds.
+    lease = await tracker.start(url, endpoint.prefill_tokens)
     progress = _Progress()
     sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
