@@ -1,0 +1,97 @@
+"""The prefix index fed by the engines' own KV cache events: two `laneway sim` engines publish
+vLLM's events (`--kv-events-config`) to the gateway's SUB socket, and the gateway routes on
+what the engines really hold, including prefixes it never routed itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from openai.types.chat import ChatCompletionUserMessageParam
+from test_gateway_e2e import client, eventually, gateway_doc, pool_doc, scrape, start_gateway, total
+
+from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.redis_server import free_port
+from laneway.prompt_ids import chat_token_ids
+from laneway.tokens import ChatMessage, default_tokenizer
+
+DOCUMENT = " ".join(
+    f"Clause {i}: the tenant keeps the garden tidy and the gate shut." for i in range(300)
+)
+MODEL = "llama-small"
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    with Children(stop_grace=10) as started:
+        yield started
+
+
+def start_publishing_sim(children: Children, gateway_events: str, name: str) -> ChildProcess:
+    port = free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": gateway_events,
+              "topic": f"kv@127.0.0.1:{port}@{MODEL}"}  # fmt: skip
+    args = ["--host", "127.0.0.1", "--port", str(port), "--model", MODEL, "--max-context", "32768",
+            "--kv-events-config", json.dumps(config)]  # fmt: skip
+    return children.start_laneway("sim", args, name=name)
+
+
+def content(question: str) -> str:
+    return f"{DOCUMENT}\n\n{question}"
+
+
+def ask(question: str) -> list[ChatCompletionUserMessageParam]:
+    return [{"role": "user", "content": content(question)}]
+
+
+async def index_blocks(gateway: ChildProcess, engine: ChildProcess) -> float:
+    samples = await scrape(gateway.url)
+    return total(samples, "laneway_gateway_prefix_index_blocks", endpoint=engine.url)
+
+
+async def served(engine: ChildProcess) -> float:
+    return total(await scrape(engine.url), "vllm:request_success_total")
+
+
+async def test_the_gateway_routes_to_the_engine_whose_events_say_it_holds_the_prompt(
+    children: Children, tmp_path: Path
+) -> None:
+    events = f"tcp://127.0.0.1:{free_port()}"
+    engines = [start_publishing_sim(children, events, f"sim {i}") for i in range(2)]
+    gateway = start_gateway(
+        children,
+        tmp_path / "gateway.yaml",
+        [
+            pool_doc(
+                "docs", "batch", MODEL, [e.url for e in engines], limits={"maxContextTokens": 32768}
+            ),
+            gateway_doc(picking={"prefix": {"kvEvents": [{"pool": "docs", "bind": events}]}}),
+        ],
+    )
+    # The prompt as the engine renders it: its blocks are what the events will describe.
+    ids = chat_token_ids(default_tokenizer(), [ChatMessage("user", content("Who mows?"))])
+    blocks = len(ids) // 16
+
+    # Sent straight to engine 1, past the gateway: only the engine's events can tell.
+    async with aiohttp.ClientSession() as http:
+        body = {"model": MODEL, "messages": ask("Who mows?"), "max_tokens": 1}
+        async with http.post(f"{engines[1].url}/v1/chat/completions", json=body) as response:
+            assert response.status == 200
+
+    async def indexed() -> bool:
+        return await index_blocks(gateway, engines[1]) == blocks
+
+    await eventually(indexed, "engine 1's stored blocks in the gateway's index", within=60)
+    assert await index_blocks(gateway, engines[0]) == 0
+
+    # Through the gateway, the same document with another question: to engine 1, where it
+    # is cached, though this gateway never routed it anywhere.
+    async with client(gateway) as api:
+        for question in ("Who shuts the gate?", "Is the garden shared?"):
+            await api.chat.completions.create(model="llama", messages=ask(question), max_tokens=1)
+    assert [await served(e) for e in engines] == [0, 3]
+    hits = total(await scrape(engines[1].url), "vllm:prefix_cache_hits_total")
+    assert hits >= 2 * (blocks - 1) * 16, "both questions found the document cached"
