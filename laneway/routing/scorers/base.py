@@ -23,12 +23,12 @@ class EndpointView:
     prefill_tokens: int  # prompt tokens sent whose first token has not come back yet
     engine: EngineMetrics | None  # None: no fresh scrape
     predicted_ttft_ms: float | None = None  # this request's first token here (slo.py)
-    # Prompt tokens this endpoint prefills before this request's first token: its backlog
-    # plus the part of this prompt its prefix cache is not estimated to hold (plan.py).
-    backlog_tokens: int | None = None
     ttft_slo_ms: int | None = None  # the pool's slo.ttftMillis
     cached_prompt_tokens: int | None = None  # of this prompt, estimated in its prefix cache
     session_key: str | None = None  # the request's session (x-laneway-session), if it has one
+    # Prompt tokens this endpoint prefills before this request's first token: its backlog
+    # plus the part of this prompt its prefix cache is not estimated to hold (plan.py).
+    backlog_tokens: int | None = None
 
 
 class Scorer(Protocol):
