@@ -5,17 +5,25 @@ what the engines really hold, including prefixes it never routed itself."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import msgpack
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
 from test_gateway_e2e import client, eventually, gateway_doc, pool_doc, scrape, start_gateway, total
 
+from laneway.api import parse_pool
 from laneway.bench.procs import ChildProcess, Children
 from laneway.bench.redis_server import free_port
+from laneway.errors import UsageError
+from laneway.gateway.config import GatewaySettings
+from laneway.gateway.pools.kv_events import KVEventSubscriber, endpoint_of_topic
+from laneway.gateway.pools.registry import PoolRegistry
 from laneway.prompt_ids import chat_token_ids
+from laneway.routing.prefix_index import KVEventSource, PrefixIndex
 from laneway.tokens import ChatMessage, default_tokenizer
 
 DOCUMENT = " ".join(
@@ -95,3 +103,39 @@ async def test_the_gateway_routes_to_the_engine_whose_events_say_it_holds_the_pr
     assert [await served(e) for e in engines] == [0, 3]
     hits = total(await scrape(engines[1].url), "vllm:prefix_cache_hits_total")
     assert hits >= 2 * (blocks - 1) * 16, "both questions found the document cached"
+
+
+@pytest.mark.parametrize(
+    ("topic", "expected"),
+    [
+        (b"kv@127.0.0.1:8001@llama-small", "http://127.0.0.1:8001"),
+        (b"kv@127.0.0.1:8002", "http://127.0.0.1:8002"),
+        (b"kv@127.0.0.1:9999", None),  # no such endpoint in the pool
+        (b"kv-events", None),  # vLLM's example topic names no endpoint
+        (b"", None),
+    ],
+)
+def test_the_topic_names_the_endpoint(topic: bytes, expected: str | None) -> None:
+    endpoints = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert endpoint_of_topic(topic, endpoints) == expected
+
+
+def test_unreadable_messages_are_skipped_and_a_taken_address_is_a_clear_error() -> None:
+    registry = PoolRegistry(GatewaySettings(), time.monotonic)
+    registry.update([parse_pool(pool_doc("docs", "batch", MODEL, ["http://127.0.0.1:8001"]))])
+    index = PrefixIndex(capacity_blocks=100)
+    source = KVEventSource("docs", f"tcp://127.0.0.1:{free_port()}")
+    subscriber = KVEventSubscriber(source, registry, index)
+    try:
+        topic = b"kv@127.0.0.1:8001"
+        for frames in ([topic, b"\0" * 8, b"\xc1"], [topic, b"\0" * 8, msgpack.packb("x")],
+                       [b"kv@nobody:1", b"\0" * 8, b""], [topic]):  # fmt: skip
+            subscriber.receive(frames)
+        assert index.blocks == 0
+        stored = ["BlockStored", [1], None, list(range(16)), 16, None, "GPU"]
+        subscriber.receive([topic, b"\0" * 8, msgpack.packb([0.0, [stored], 0])])
+        assert index.blocks_of("http://127.0.0.1:8001") == 1
+        with pytest.raises(UsageError, match=f"pool docs cannot bind {source.bind}"):
+            KVEventSubscriber(source, registry, index)
+    finally:
+        subscriber.close()
