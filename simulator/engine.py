@@ -258,37 +258,29 @@ class EngineCore:
     def _cache_filled_blocks(self, seq: RequestState) -> None:
         """Cache the prompt blocks this step filled (vLLM caches full blocks as they fill)."""
         filled = min(seq.computed_prompt_tokens // KV_BLOCK_TOKENS, len(seq.block_hashes))
-        first = len(seq.held_blocks)
-        new: list[int] = []
-        for block_hash in seq.block_hashes[first:filled]:
+        new: list[int] = []  # indexes of the blocks no request had cached: what is published
+        for index in range(len(seq.held_blocks), filled):
+            block_hash = seq.block_hashes[index]
             if self.cache_events is not None and not self.prefix_cache.cached(block_hash):
-                new.append(block_hash)
+                new.append(index)
             # The block leaves the request's private blocks for the cache; if another
             # request cached the same block first, the two share that one.
             self.kv_used_blocks += self.prefix_cache.hold(block_hash) - 1
             seq.held_blocks.append(block_hash)
             seq.private_blocks -= 1
-        if new and self.cache_events is not None:
-            self._note_cached(seq, first, new)
+        if new:
+            self._journal_cached(seq, new)
 
-    def _note_cached(self, seq: RequestState, first: int, new: list[int]) -> None:
-        """Journal the newly cached blocks in runs of consecutive prompt blocks, each run
-        with its parent, as vLLM's BlockStored events carry them."""
+    def _journal_cached(self, seq: RequestState, new: list[int]) -> None:
+        """One entry per run of consecutive new blocks, with the hash of the block before
+        it, as vLLM's BlockStored events carry them."""
         assert self.cache_events is not None
-        start = seq.block_hashes.index(new[0], first)
-        run = [new[0]]
-        for block_hash in new[1:]:
-            if seq.block_hashes[start + len(run)] == block_hash:
-                run.append(block_hash)
-                continue
-            self._cached_run(seq, start, run)
-            start, run = seq.block_hashes.index(block_hash, start + len(run)), [block_hash]
-        self._cached_run(seq, start, run)
-
-    def _cached_run(self, seq: RequestState, start: int, run: list[int]) -> None:
-        assert self.cache_events is not None
-        parent = seq.block_hashes[start - 1] if start else None
-        self.cache_events.append(BlocksCached(seq.request_id, start, tuple(run), parent))
+        starts = [i for n, i in enumerate(new) if n == 0 or new[n - 1] != i - 1]
+        ends = [i + 1 for n, i in enumerate(new) if n == len(new) - 1 or new[n + 1] != i + 1]
+        for start, end in zip(starts, ends, strict=True):
+            parent = seq.block_hashes[start - 1] if start else None
+            run = tuple(seq.block_hashes[start:end])
+            self.cache_events.append(BlocksCached(seq.request_id, start, run, parent))
 
     def _free(self, seq: RequestState) -> None:
         freed_to_cache = self.prefix_cache.release(seq.held_blocks)
