@@ -40,7 +40,7 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
-from laneway.gateway.serving.counting import PromptCounter
+from laneway.gateway.serving.counting import LocalCount, PromptCounter
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
@@ -472,7 +472,11 @@ async def _prompt_blocks(
     # The engine's token ids, as the pool's tokenizer renders them: a chat through the
     # model's chat template where the pool has one (else the simulator's framing), a text
     # prompt with the tokenizer's specials. Matches exactly where those are the engine's own.
-    tokenizer = app[POOL_TOKENIZERS].of(pool)
+    counter = app[POOL_TOKENIZERS].of(pool)
+    if not isinstance(counter, LocalCount):
+        # Counted by the engine's /tokenize: the gateway holds no tokenizer to render with.
+        return _PromptBlocks((), source.block_size)
+    tokenizer = counter.tokenizer
 
     def keys() -> tuple[int, ...]:
         template = tokenizer.chat_template
