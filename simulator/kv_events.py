@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.errors import UsageError
+from laneway.errors import UsageError, missing_extra
 from laneway.simulator.engine import BlocksEvicted, CacheEvent
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS
 
@@ -112,8 +112,11 @@ class ZmqEventPublisher:
     """A PUB socket sending one batch per engine step, numbered from 0."""
 
     def __init__(self, config: KVEventsConfig) -> None:
-        import msgpack
-        import zmq
+        try:
+            import msgpack
+            import zmq
+        except ImportError as error:
+            raise missing_extra("--kv-events-config", "kvevents", error) from None
 
         self._pack = msgpack.packb
         self._context = zmq.Context()

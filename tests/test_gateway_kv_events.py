@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +156,11 @@ def test_unreadable_messages_are_skipped_and_a_taken_address_is_a_clear_error() 
             KVEventSubscriber(source, registry, index)
     finally:
         subscriber.close()
+
+
+def test_a_missing_kvevents_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "zmq", None)
+    registry = PoolRegistry(GatewaySettings(), time.monotonic)
+    source = KVEventSource("docs", f"tcp://127.0.0.1:{free_port()}")
+    with pytest.raises(UsageError, match=r"kvEvents needs zmq: pip install 'laneway\[kvevents\]'"):
+        KVEventSubscriber(source, registry, PrefixIndex(capacity_blocks=100))

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
-from laneway.errors import UsageError
+from laneway.errors import UsageError, missing_extra
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.routing.kv_events import EngineBlockFeed, KVEventError, parse_event_batch
 from laneway.routing.prefix_index import KVEventSource, PrefixIndex
@@ -38,10 +38,15 @@ class KVEventSubscriber:
     """One pool's SUB socket, bound at construction (a taken address fails the start)."""
 
     def __init__(self, source: KVEventSource, registry: PoolRegistry, index: PrefixIndex) -> None:
-        import zmq
-        import zmq.asyncio
+        try:
+            import msgpack
+            import zmq
+            import zmq.asyncio
+        except ImportError as error:
+            raise missing_extra("spec.picking.prefix.kvEvents", "kvevents", error) from None
 
         self.source, self._registry, self._index = source, registry, index
+        self._unpack = msgpack.unpackb
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.SUB)
         try:
@@ -61,8 +66,6 @@ class KVEventSubscriber:
             self.receive(await self._socket.recv_multipart())
 
     def receive(self, frames: Sequence[bytes]) -> None:
-        import msgpack
-
         source = self.source
         pool = next((p for p in self._registry.pools() if p.name == source.pool), None)
         url = endpoint_of_topic(frames[0], pool.endpoints if pool else ())
@@ -70,7 +73,7 @@ class KVEventSubscriber:
             log.warning("kv events on %s: skipped a message for %r", source.bind, frames[0])
             return
         try:
-            events = parse_event_batch(msgpack.unpackb(frames[2]))
+            events = parse_event_batch(self._unpack(frames[2]))
         except (KVEventError, ValueError, TypeError) as error:
             log.warning("kv events from %s: %s", url, error)
             return
