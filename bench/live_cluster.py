@@ -3,9 +3,9 @@ per replica of each pool (its engine flags, time-scaled), and the real `laneway 
 configured with those pools as InferencePools and a GatewayConfig with the run's picking
 settings; and the engines' own counters, read from their /metrics.
 
-`bench seed --mode live` (`seed_live.py`) drives it with the load generator
-(`loadgen.LoadGenerator`), `bench prefix --mode live` (`prefix_live.py`) with its session
-client; both stream through `loadgen.stream_request`.
+`bench seed --mode live` (`seed_live.py`) and `laneway demo` (`demo.py`) drive it with the
+load generator (`loadgen.LoadGenerator`), `bench prefix --mode live` (`prefix_live.py`)
+with its session client; all stream through `loadgen.stream_request`.
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ class LiveCluster:
     gateway: ChildProcess
     engines: tuple[ChildProcess, ...]
     pools: tuple[str, ...]  # each engine's pool, in the order of `engines`
+    endpoints: Mapping[str, Sequence[str]]  # pool name -> its engines' URLs
+
+
+LOOPBACK_ANY_PORT = ("--host", "127.0.0.1", "--port", "0")
 
 
 async def start_cluster(
@@ -73,8 +77,14 @@ async def start_cluster(
     profile: Profile,
     time_scale: float,
     documents: Documents,
+    gateway_args: Sequence[str] = LOOPBACK_ANY_PORT,
+    config_dir: Path | None = None,
 ) -> LiveCluster:
-    """Start every pool's engines, then the gateway configured with `documents(endpoints)`."""
+    """Start every pool's engines, then the gateway configured with `documents(endpoints)`.
+
+    The gateway's YAML goes to `config_dir` when given (a gateway that serves on keeps its
+    file); otherwise to a folder removed once the gateway has read it.
+    """
     replicas = [(pool, index) for pool in pools for index in range(pool.replicas)]
     engines = await asyncio.gather(
         *(
@@ -88,12 +98,12 @@ async def start_cluster(
     for (pool, _), engine in zip(replicas, engines, strict=True):
         endpoints[pool.name].append(engine.url)
     with tempfile.TemporaryDirectory(prefix="laneway-live-") as directory:
-        path = Path(directory) / "gateway.yaml"
+        path = (config_dir or Path(directory)) / "gateway.yaml"
         path.write_text(yaml.safe_dump_all(documents(endpoints), sort_keys=False))
         gateway = await children.start_laneway_async(
-            "gateway", ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
+            "gateway", ["--config", str(path), *gateway_args]
         )
-    return LiveCluster(gateway, tuple(engines), tuple(pool.name for pool, _ in replicas))
+    return LiveCluster(gateway, tuple(engines), tuple(pool.name for pool, _ in replicas), endpoints)
 
 
 async def engine_counters(
