@@ -71,6 +71,26 @@ class LiveCluster:
 LOOPBACK_ANY_PORT = ("--host", "127.0.0.1", "--port", "0")
 
 
+async def start_gateway(
+    children: Children,
+    documents: Sequence[Mapping[str, Any]],
+    gateway_args: Sequence[str] = LOOPBACK_ANY_PORT,
+    config_dir: Path | None = None,
+    name: str | None = None,
+) -> ChildProcess:
+    """Start `laneway gateway` configured with `documents`.
+
+    The YAML goes to `config_dir` when given (a gateway that serves on keeps its file);
+    otherwise to a folder removed once the gateway has read it.
+    """
+    with tempfile.TemporaryDirectory(prefix="laneway-gateway-") as directory:
+        path = (config_dir or Path(directory)) / "gateway.yaml"
+        path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+        return await children.start_laneway_async(
+            "gateway", ["--config", str(path), *gateway_args], name
+        )
+
+
 async def start_cluster(
     children: Children,
     pools: Sequence[SimPool],
@@ -80,11 +100,8 @@ async def start_cluster(
     gateway_args: Sequence[str] = LOOPBACK_ANY_PORT,
     config_dir: Path | None = None,
 ) -> LiveCluster:
-    """Start every pool's engines, then the gateway configured with `documents(endpoints)`.
-
-    The gateway's YAML goes to `config_dir` when given (a gateway that serves on keeps its
-    file); otherwise to a folder removed once the gateway has read it.
-    """
+    """Start every pool's engines, then the gateway configured with `documents(endpoints)`
+    (`start_gateway`'s `gateway_args` and `config_dir`)."""
     replicas = [(pool, index) for pool in pools for index in range(pool.replicas)]
     engines = await asyncio.gather(
         *(
@@ -97,12 +114,7 @@ async def start_cluster(
     endpoints: dict[str, list[str]] = {pool.name: [] for pool in pools}
     for (pool, _), engine in zip(replicas, engines, strict=True):
         endpoints[pool.name].append(engine.url)
-    with tempfile.TemporaryDirectory(prefix="laneway-live-") as directory:
-        path = (config_dir or Path(directory)) / "gateway.yaml"
-        path.write_text(yaml.safe_dump_all(documents(endpoints), sort_keys=False))
-        gateway = await children.start_laneway_async(
-            "gateway", ["--config", str(path), *gateway_args]
-        )
+    gateway = await start_gateway(children, documents(endpoints), gateway_args, config_dir)
     return LiveCluster(gateway, tuple(engines), tuple(pool.name for pool, _ in replicas), endpoints)
 
 
