@@ -20,8 +20,8 @@ from typing import Any
 
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
-from laneway.errors import UsageError
-from laneway.outputs import check_output_folder, write_json
+from laneway.bench.scenario_flags import add_scenario_flags, scenario_options
+from laneway.outputs import write_json
 from laneway.simulator.elastic import (
     COLD_START_S,
     Arrival,
@@ -31,7 +31,7 @@ from laneway.simulator.elastic import (
     poisson_arrivals,
     run_elastic,
 )
-from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
+from laneway.simulator.profiles import Profile
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import (
     INTERACTIVE_DECODE_BATCH,
@@ -241,15 +241,12 @@ def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
         f"compile, CUDA graph capture (default {default.cold_start_s:g}, "
         "vLLM with Llama-3-8B)",
     )
-    parser.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default=DEFAULT_PROFILE,
-        help="hardware/model profile of every simulated GPU",
+    add_scenario_flags(
+        parser,
+        seed_default=default.seed,
+        shown_seed=default.seed,
+        plot_help="write replicas and demand over the day to this PNG",
     )
-    parser.add_argument("--seed", type=int, default=default.seed, help="workload random seed")
-    parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--plot", help="write replicas and demand over the day to this PNG")
     parser.set_defaults(handler=run_bench_autoscale)  # fmt: skip
 
 
@@ -264,12 +261,8 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         cold_start_s=args.cold_start,
         seed=args.seed,
     )
-    problems = scenario_problems(day)
-    if problems:
-        raise UsageError("; ".join(problems))
-    check_output_folder(args.json, "--json")
-    check_output_folder(args.plot, "--plot")
-    profile = PROFILES[args.profile]
+    options = scenario_options(args, scenario_problems(day))
+    profile = options.profile
     sized = plan(day, profile)
     trace = arrivals(day)
     results: dict[str, ElasticResult] = {}
@@ -318,7 +311,7 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         write_json(args.json, document)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot is not None:
-        plot_day(results, day, Path(args.plot))
+        plot_day(results, day, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol, TypeVar
 
 from laneway.bench.autoscale import register_bench_autoscale
 from laneway.bench.chaos_cli import register_bench_chaos
@@ -184,20 +184,40 @@ def register_bench_hostile(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_bench_hostile(args: argparse.Namespace) -> int:
-    import sys
-
     from laneway.bench.hostile import render, run_bench
     from laneway.errors import UsageError
-    from laneway.outputs import check_output_folder, write_json
 
     if args.seconds <= 0 or args.senders < 1:
         raise UsageError("--seconds must be positive and --senders at least 1")
-    check_output_folder(args.json, "--json")
-    command = " ".join(["laneway", *sys.argv[1:]])
-    report = run_async(run_bench(args.seconds, args.senders, command))
+    return run_and_report(
+        lambda command: run_bench(args.seconds, args.senders, command), render, args.json
+    )
+
+
+class Report(Protocol):
+    def to_json(self) -> Any: ...
+
+
+R = TypeVar("R", bound=Report)
+
+
+def run_and_report(
+    run: Callable[[str], Coroutine[Any, Any, R]],
+    render: Callable[[R], Iterable[str]],
+    json_path: str | None,
+) -> int:
+    """Check --json's folder, run the benchmark (told its own command line, which its
+    report records), print the report's table and write its JSON if asked."""
+    import shlex
+    import sys
+
+    from laneway.outputs import check_output_folder, write_json
+
+    check_output_folder(json_path, "--json")
+    report = run_async(run("laneway " + shlex.join(sys.argv[1:])))
     print("\n".join(render(report)))
-    if args.json:
-        write_json(args.json, report.to_json())
+    if json_path:
+        write_json(json_path, report.to_json())
     return 0
 
 
@@ -251,9 +271,6 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench_gateway(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
-
     from laneway.bench.gateway import (
         BenchOptions,
         check_options,
@@ -261,7 +278,6 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         render,
         run_bench,
     )
-    from laneway.outputs import check_output_folder, write_json
 
     if args.against:
         return run_bench_against(args)
@@ -274,18 +290,10 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         own_core=args.own_core,
     )
     check_options(options)
-    check_output_folder(args.json, "--json")
-    command = "laneway " + shlex.join(sys.argv[1:])
-    report = run_async(run_bench(options, command))
-    print("\n".join(render(report)))
-    if args.json:
-        write_json(args.json, report.to_json())
-    return 0
+    return run_and_report(lambda command: run_bench(options, command), render, args.json)
 
 
 def run_bench_against(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
     from pathlib import Path
 
     from laneway.bench.peers import (
@@ -295,7 +303,6 @@ def run_bench_against(args: argparse.Namespace) -> int:
         render_against,
         run_against,
     )
-    from laneway.outputs import check_output_folder, write_json
 
     options = AgainstOptions(
         peers=parse_peers(args.against),
@@ -305,22 +312,13 @@ def run_bench_against(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
     )
     check_against(options)
-    check_output_folder(args.json, "--json")
-    command = "laneway " + shlex.join(sys.argv[1:])
-    report = run_async(run_against(options, command))
-    print("\n".join(render_against(report)))
-    if args.json:
-        write_json(args.json, report.to_json())
-    return 0
+    return run_and_report(lambda command: run_against(options, command), render_against, args.json)
 
 
 def run_bench_redis(args: argparse.Namespace) -> int:
-    import sys
-
     from laneway.bench.gateway import parse_concurrency
     from laneway.bench.redis import BenchOptions, check_options, render, run_bench
     from laneway.gateway.state.redis_store import redis_settings
-    from laneway.outputs import check_output_folder, write_json
 
     options = BenchOptions(
         concurrency=parse_concurrency(args.concurrency),
@@ -332,10 +330,4 @@ def run_bench_redis(args: argparse.Namespace) -> int:
     check_options(options)
     if args.redis_url is not None:
         redis_settings(args.redis_url)  # a UsageError for a malformed URL
-    check_output_folder(args.json, "--json")
-    command = " ".join(["laneway", *sys.argv[1:]])
-    report = run_async(run_bench(options, command))
-    print("\n".join(render(report)))
-    if args.json:
-        write_json(args.json, report.to_json())
-    return 0
+    return run_and_report(lambda command: run_bench(options, command), render, args.json)

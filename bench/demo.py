@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from laneway.api import Lane, SLOSpec
+from laneway.bench.live_cluster import start_cluster
 from laneway.bench.loadgen import (
     EXPECTED_LANE,
     LaneSummary,
@@ -33,7 +32,7 @@ from laneway.bench.loadgen import (
 )
 from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError, cannot_listen
-from laneway.simulator.profiles import DEFAULT_PROFILE
+from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import PUBLIC_MODEL, SimPool
 from laneway.tables import format_table
@@ -288,30 +287,21 @@ async def start_everything(
     children: Children, options: DemoOptions, config_dir: Path
 ) -> ChildProcess:
     """Start every engine (in parallel), then the gateway configured with their URLs."""
-    replicas = [(pool, index) for pool in DEMO_POOLS for index in range(pool.replicas)]
-    say(f"starting {len(replicas)} simulated engines ({DEFAULT_PROFILE}) and the gateway ...")
-    started = await asyncio.gather(
-        *(
-            children.start_laneway_async(
-                "sim",
-                pool.sim_args(DEFAULT_PROFILE, options.time_scale),
-                name=f"engine {pool.name}-{index}",
-            )
-            for pool, index in replicas
-        )
-    )
-    endpoints: dict[str, list[str]] = {pool.name: [] for pool in DEMO_POOLS}
-    for (pool, _), child in zip(replicas, started, strict=True):
-        endpoints[pool.name].append(child.url)
-    config = config_dir / "gateway.yaml"
-    config.write_text(yaml.safe_dump_all(config_documents(endpoints), sort_keys=False))
-    gateway = await children.start_laneway_async(
-        "gateway",
+    engines = sum(pool.replicas for pool in DEMO_POOLS)
+    say(f"starting {engines} simulated engines ({DEFAULT_PROFILE}) and the gateway ...")
+    cluster = await start_cluster(
+        children,
+        DEMO_POOLS,
+        PROFILES[DEFAULT_PROFILE],
+        options.time_scale,
+        config_documents,
         [
-            *("--config", str(config), "--host", options.host, "--port", str(options.port)),
+            *("--host", options.host, "--port", str(options.port)),
             *("--redis-url", options.redis_url or ""),
         ],
+        config_dir,
     )
+    gateway, endpoints = cluster.gateway, cluster.endpoints
     for pool in DEMO_POOLS:
         say(
             f"pool {pool.name} ({pool.lane.value}): prompts {pool.min_prompt_tokens:,}-"

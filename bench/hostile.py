@@ -178,21 +178,13 @@ def config_documents(endpoint: str) -> list[dict[str, object]]:
 
 
 async def run_bench(seconds: float, senders: int, command: str) -> HostileReport:
-    import tempfile
-    from pathlib import Path
-
-    import yaml
-
     from laneway.bench.gateway import machine_description
+    from laneway.bench.live_cluster import start_gateway
 
-    with Children() as children, tempfile.TemporaryDirectory() as folder:
+    with Children() as children:
         engine = await children.start_laneway_async(
             "sim", ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small"]
         )
-        config = Path(folder) / "gateway.yaml"
-        config.write_text(yaml.safe_dump_all(config_documents(engine.url)))
-        gateway = await children.start_laneway_async(
-            "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
-        )
+        gateway = await start_gateway(children, config_documents(engine.url))
         phases = await measure(gateway.url, seconds, senders)
     return HostileReport(command, machine_description(), phases)

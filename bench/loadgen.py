@@ -22,7 +22,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -235,6 +235,7 @@ class StreamResult:
     output_tokens: int
     error: str | None
     error_code: str | None = None  # the OpenAI error's `code`, when the error had one
+    text: str = ""  # the streamed content, when asked to keep it
 
 
 async def stream_request(
@@ -243,10 +244,13 @@ async def stream_request(
     body: Mapping[str, Any],
     headers: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    keep_text: bool = False,
 ) -> StreamResult:
-    """POST a `stream: true` OpenAI request and time each token as it arrives."""
+    """POST a `stream: true` OpenAI request and time each token as it arrives; with
+    `keep_text`, also keep what it says (a chat client sends it back in the next turn)."""
     start = clock()
     arrivals: list[float] = []
+    parts: list[str] = []
     error: str | None = None
     code: str | None = None
     async with session.post(url, json=body, headers=headers) as response:
@@ -270,23 +274,31 @@ async def stream_request(
             if "error" in event:
                 error, code = _error_message(payload), _error_code(payload)
                 break
-            if _has_token(event):
+            content = _token_text(event)
+            if content:
                 arrivals.append(clock())
+                if keep_text:
+                    parts.append(content)
         end = clock()
     if not done and error is None:
         error = "stream ended without [DONE]"
     gaps = tuple(b - a for a, b in itertools.pairwise(arrivals))
     ttft = arrivals[0] - start if arrivals else None
-    return StreamResult(200, reply_headers, ttft, gaps, end - start, len(arrivals), error, code)
+    text = "".join(parts)
+    return StreamResult(
+        200, reply_headers, ttft, gaps, end - start, len(arrivals), error, code, text
+    )
 
 
-def _has_token(event: Mapping[str, Any]) -> bool:
+def _token_text(event: Mapping[str, Any]) -> str:
+    """The content a streamed chunk carries ("" for a role-only or empty chunk)."""
+    text = ""
     for choice in event.get("choices") or ():
         delta = choice.get("delta")
         content = delta.get("content") if isinstance(delta, Mapping) else choice.get("text")
         if content:
-            return True
-    return False
+            text += str(content)
+    return text
 
 
 def _error_code(body: bytes) -> str | None:
@@ -304,6 +316,28 @@ def _error_message(body: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         return body.decode("utf-8", "replace")[:200] or "(empty body)"
     return str(message)
+
+
+def client_session() -> aiohttp.ClientSession:
+    """A load generator's HTTP client: as many connections as it has requests, no deadline."""
+    connector = aiohttp.TCPConnector(limit=0)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
+async def run_until(limit_s: float, clients: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Run `clients` together for at most `limit_s` wall seconds, then cut off whatever
+    still runs (also when the run itself is cancelled); re-raise the first client error."""
+    tasks = [asyncio.create_task(client) for client in clients]
+    try:
+        if tasks:
+            await asyncio.wait(tasks, timeout=limit_s)
+    finally:
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
 
 
 class LoadGenerator:
@@ -340,30 +374,14 @@ class LoadGenerator:
             self.prompts.text(random.Random(f"{workload.seed}/long/{index}"), long.prompt_tokens)
             for index, long in enumerate(workload.long_requests)
         ]
-        connector = aiohttp.TCPConnector(limit=0)
-        timeout = aiohttp.ClientTimeout(total=None)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with client_session() as session:
             self._start = time.perf_counter()
-            tasks = [
-                asyncio.create_task(self._session(session, index))
-                for index in range(workload.sessions)
-            ] + [
-                asyncio.create_task(self._long(session, long, prompt))
+            clients = [self._session(session, index) for index in range(workload.sessions)] + [
+                self._long(session, long, prompt)
                 for long, prompt in zip(workload.long_requests, long_prompts, strict=True)
             ]
-            limit = (workload.duration_s + workload.drain_s) / self.time_scale
-            try:
-                if tasks:
-                    await asyncio.wait(tasks, timeout=limit)
-            finally:
-                # Whatever is still running is cut off (and recorded as such by _issue),
-                # also when the run itself is cancelled.
-                for task in tasks:
-                    task.cancel()
-                results = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                raise result
+            # What is cut off is recorded as such by _issue.
+            await run_until((workload.duration_s + workload.drain_s) / self.time_scale, clients)
         return self.records
 
     async def _sleep_model(self, seconds: float) -> None:

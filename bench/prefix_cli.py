@@ -8,12 +8,15 @@ import dataclasses
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laneway.errors import UsageError
-from laneway.outputs import check_output_folder, write_json
-from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
+from laneway.bench.scenario_flags import (
+    LiveFlags,
+    ScenarioOptions,
+    add_scenario_flags,
+    scenario_options,
+)
+from laneway.outputs import write_json
 from laneway.stats import percentile
 from laneway.tables import format_table
 
@@ -50,14 +53,10 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
         "sessions and its CPU per 4k-token request.",
     )
     prefix.add_argument(
-        "--mode",
-        choices=("virtual", "live"),
-        default="virtual",
-        help="virtual (default): discrete-event simulation; live: real processes over HTTP",
-    )
-    prefix.add_argument("--seed", type=int, default=full.seed, help="workload random seed")
-    prefix.add_argument(
-        "--duration", type=float, default=full.duration_s, help="seconds of sessions (model time)"
+        "--duration",
+        type=float,
+        default=full.duration_s,
+        help=f"seconds of sessions (model time) (default {full.duration_s:g})",
     )
     prefix.add_argument(
         "--chat-sessions", type=int, default=full.chat_sessions, help="closed-loop chat sessions"
@@ -86,24 +85,17 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
         default=full.batch_replicas,
         help="replicas (GPUs) of the document pool",
     )
-    prefix.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default=DEFAULT_PROFILE,
-        help="hardware/model profile of every simulated GPU",
-    )
-    prefix.add_argument(
-        "--time-scale",
-        type=float,
-        help=f"live mode: engines run this many times faster than real time "
+    live = LiveFlags(
+        f"live mode: engines run this many times faster than real time "
         f"(default {LIVE_TIME_SCALE:g})",
+        mode_help="virtual (default): discrete-event simulation; live: real processes over HTTP",
     )
-    prefix.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    add_scenario_flags(prefix, seed_default=full.seed, shown_seed=full.seed, live=live)
     prefix.set_defaults(handler=run_bench_prefix)
 
 
-def _scenario_from(args: argparse.Namespace) -> tuple[PrefixScenario, float]:
-    """The scenario and the live time scale the flags ask for; UsageError naming each bad one."""
+def _scenario_from(args: argparse.Namespace) -> tuple[PrefixScenario, ScenarioOptions]:
+    """The scenario and the shared flags' choices; UsageError naming each bad flag."""
     from laneway.simulator.prefix_experiment import PrefixScenario, scenario_problems
 
     scenario = dataclasses.replace(
@@ -116,25 +108,17 @@ def _scenario_from(args: argparse.Namespace) -> tuple[PrefixScenario, float]:
         interactive_replicas=args.interactive_replicas,
         batch_replicas=args.batch_replicas,
     )
-    problems = scenario_problems(scenario)
-    time_scale = LIVE_TIME_SCALE if args.time_scale is None else args.time_scale
-    if args.time_scale is not None and args.mode == "virtual":
-        problems.append("--time-scale applies to --mode live only")
-    if not time_scale > 0:
-        problems.append(f"--time-scale must be above 0, got {args.time_scale}")
-    if problems:
-        raise UsageError("; ".join(problems))
-    return scenario, time_scale
+    return scenario, scenario_options(args, scenario_problems(scenario), LIVE_TIME_SCALE)
 
 
 def run_bench_prefix(args: argparse.Namespace) -> int:
     from laneway.routing.picker import PickingSettings
     from laneway.simulator.prefix_experiment import PICKERS, PickerResult, run_prefix
 
-    scenario, time_scale = _scenario_from(args)
-    check_output_folder(args.json, "--json")
+    scenario, options = _scenario_from(args)
+    time_scale = options.time_scale
     picking = PickingSettings()
-    profile = PROFILES[args.profile]
+    profile = options.profile
     started = time.perf_counter()
     pickers: dict[str, dict[str, Any]] = {}
     rows = []

@@ -19,23 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.api import API_VERSION
-from laneway.bench.loadgen import PromptFactory
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.live_cluster import engine_counters, gateway_config, start_cluster
+from laneway.bench.loadgen import (
+    PromptFactory,
+    StreamResult,
+    client_session,
+    run_until,
+    stream_request,
+)
+from laneway.bench.procs import Children
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.prefix_experiment import (
@@ -46,7 +47,7 @@ from laneway.simulator.prefix_experiment import (
     pool_imbalance,
 )
 from laneway.simulator.profiles import Profile
-from laneway.simulator.seed import PUBLIC_MODEL, SCRAPE_INTERVAL_S
+from laneway.simulator.seed import PUBLIC_MODEL
 from laneway.tokens import default_tokenizer
 
 DRAIN_S = 120.0  # model seconds in-flight requests get after the duration
@@ -64,37 +65,6 @@ class _Tally:
     last_document_s: float = 0.0
     ok: int = 0
     failed: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _Reply:
-    ttft_s: float | None  # wall seconds to the first content token
-    text: str
-
-
-async def _stream_chat(
-    http: aiohttp.ClientSession, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-) -> _Reply:
-    """A streamed chat completion: when its first content came, and all of its text."""
-    started = time.perf_counter()
-    first: float | None = None
-    parts: list[str] = []
-    async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as response:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {(await response.read())[:200]!r}")
-        async for raw in response.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[5:])
-            if "error" in event:
-                raise RuntimeError(str(event["error"].get("message")))
-            for choice in event.get("choices") or ():
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    first = first if first is not None else time.perf_counter()
-                    parts.append(content)
-    return _Reply(None if first is None else first - started, "".join(parts))
 
 
 class _Client:
@@ -122,25 +92,12 @@ class _Client:
 
     async def run(self) -> None:
         scenario = self.scenario
-        limit_s = (scenario.duration_s + DRAIN_S) / self.time_scale
-        timeout = aiohttp.ClientTimeout(total=None)
-        async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=timeout
-        ) as http:
+        async with client_session() as http:
             self._start = time.perf_counter()
             slots = [self._slot(http, "chat") for _ in range(scenario.chat_sessions)] + [
                 self._slot(http, "document") for _ in range(scenario.document_sessions)
             ]
-            tasks = [asyncio.create_task(slot) for slot in slots]
-            try:
-                await asyncio.wait(tasks, timeout=limit_s)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                results = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                raise result
+            await run_until((scenario.duration_s + DRAIN_S) / self.time_scale, slots)
 
     async def _slot(self, http: aiohttp.ClientSession, kind: str) -> None:
         """One concurrent session after another, as the virtual run replaces finished ones."""
@@ -204,16 +161,20 @@ class _Client:
         messages: Sequence[Mapping[str, str]],
         output: int,
         lane: str | None,
-    ) -> _Reply | None:
+    ) -> StreamResult | None:
         headers = {"x-laneway-session": str(key)}
         if lane is not None:
             headers["x-laneway-lane"] = lane
         body = {"model": PUBLIC_MODEL, "messages": list(messages), "max_tokens": output,
                 "stream": True}  # fmt: skip
+        url = f"{self.url}/v1/chat/completions"
         try:
-            reply = await _stream_chat(http, self.url, body, headers)
-        except (aiohttp.ClientError, RuntimeError) as error:
+            reply = await stream_request(http, url, body, headers, keep_text=True)
+        except aiohttp.ClientError as error:
             self.tally.failed.append(f"session {key}: {error}")
+            return None
+        if reply.error is not None:
+            self.tally.failed.append(f"session {key}: HTTP {reply.status}: {reply.error}")
             return None
         self.tally.ok += 1
         if lane is None and reply.ttft_s is not None:
@@ -226,48 +187,7 @@ def gateway_documents(
 ) -> list[dict[str, Any]]:
     """The scenario's pools with their engines' URLs, and a GatewayConfig picking as told."""
     documents = [pool.document(endpoints[pool.name]) for pool in scenario.pools()]
-    prefix = picking.prefix
-    documents.append(
-        {
-            "apiVersion": API_VERSION,
-            "kind": "GatewayConfig",
-            "metadata": {"name": "prefix"},
-            "spec": {
-                "picking": {
-                    "policy": picking.policy,
-                    "weights": dict(picking.weights),
-                    "prefix": {
-                        "blockChars": prefix.block_chars,
-                        "maxBlocks": prefix.max_blocks,
-                        "capacityBlocks": prefix.capacity_blocks,
-                    },
-                },
-                "scrape": {
-                    "intervalMillis": round(SCRAPE_INTERVAL_S * 1000),
-                    "staleAfterMillis": 2000,
-                },
-                "maxBodyBytes": 16 * 1024 * 1024,
-                "queue": {"timeoutMillis": 600_000},
-                "upstream": {"readTimeoutMillis": 600_000},
-            },
-        }
-    )
-    return documents
-
-
-async def _counters(engines: Sequence[ChildProcess]) -> list[dict[str, float]]:
-    async def one(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
-        async with http.get(f"{url}/metrics") as response:
-            text = await response.text()
-        found = {name: 0.0 for name in ENGINE_COUNTERS}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in found:
-                    found[sample.name] += sample.value
-        return found
-
-    async with aiohttp.ClientSession() as http:
-        return list(await asyncio.gather(*(one(http, e.url) for e in engines)))
+    return [*documents, gateway_config("prefix", picking, max_body_bytes=16 * 1024 * 1024)]
 
 
 async def run_live_picker(
@@ -279,34 +199,19 @@ async def run_live_picker(
 ) -> PickerResult:
     """Start the engines and the gateway for one picker, play the sessions, stop them all."""
     settings = picker_settings(picker, picking)
-    replicas = [(pool, index) for pool in scenario.pools() for index in range(pool.replicas)]
+    pools = scenario.pools()
     async with Children() as children:
-        engines = list(
-            await asyncio.gather(
-                *(
-                    children.start_laneway_async(
-                        "sim",
-                        pool.sim_args(profile.name, time_scale),
-                        name=f"engine {pool.name}-{i}",
-                    )
-                    for pool, i in replicas
-                )
-            )
+        cluster = await start_cluster(
+            children,
+            pools,
+            profile,
+            time_scale,
+            lambda endpoints: gateway_documents(scenario, settings, endpoints),
         )
-        endpoints: dict[str, list[str]] = {pool.name: [] for pool in scenario.pools()}
-        for (pool, _), engine in zip(replicas, engines, strict=True):
-            endpoints[pool.name].append(engine.url)
-        with tempfile.TemporaryDirectory(prefix="laneway-prefix-") as directory:
-            path = Path(directory) / "gateway.yaml"
-            documents = gateway_documents(scenario, settings, endpoints)
-            path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
-            gateway = await children.start_laneway_async(
-                "gateway", ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
-            )
-        before = await children.watch(_counters(engines))
-        client = _Client(scenario, gateway.url, time_scale)
+        before = await children.watch(engine_counters(cluster.engines, ENGINE_COUNTERS))
+        client = _Client(scenario, cluster.gateway.url, time_scale)
         await children.watch(client.run())
-        after = await children.watch(_counters(engines))
+        after = await children.watch(engine_counters(cluster.engines, ENGINE_COUNTERS))
     tally = client.tally
     if tally.failed:
         print(f"  {len(tally.failed)} requests failed, e.g. {tally.failed[0]}", file=sys.stderr)
@@ -316,9 +221,9 @@ async def run_live_picker(
     ]
     queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
     hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
-    busy: dict[str, list[float]] = {pool.name: [] for pool in scenario.pools()}
-    for (pool, _), d in zip(replicas, delta, strict=True):
-        busy[pool.name].append(d[f"{BUSY_SECONDS}_total"])
+    busy: dict[str, list[float]] = {pool.name: [] for pool in pools}
+    for pool_name, d in zip(cluster.pools, delta, strict=True):
+        busy[pool_name].append(d[f"{BUSY_SECONDS}_total"])
     first = tally.first_document_s
     return PickerResult(
         picker=picker,

@@ -36,6 +36,7 @@ from laneway.bench.gateway import (
     in_closed_loop,
     machine_description,
 )
+from laneway.bench.live_cluster import LOOPBACK_ANY_PORT, start_gateway
 from laneway.bench.loadgen import Distribution, PromptFactory
 from laneway.bench.procs import ChildProcess, Children
 from laneway.bench.redis_server import LocalRedis
@@ -269,17 +270,15 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
             async with Children() as children:
                 progress("starting a zero-service-time engine and two gateways")
                 engine = await children.start_laneway_async("sim", ENGINE_ARGS, name="engine")
-                config = Path(workdir) / "gateway.yaml"
-                config.write_text(yaml.safe_dump_all(gateway_config(engine.url), sort_keys=False))
+                documents = gateway_config(engine.url)
                 tenants = Path(workdir) / "tenants.yaml"
                 tenants.write_text(yaml.safe_dump(tenants_document()))
-                common = ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
-                common += ["--tenants", str(tenants)]
-                memory = await children.start_laneway_async(
-                    "gateway", [*common, "--redis-url", ""], name="in-memory gateway"
+                common = [*LOOPBACK_ANY_PORT, "--tenants", str(tenants)]
+                memory = await start_gateway(
+                    children, documents, [*common, "--redis-url", ""], name="in-memory gateway"
                 )
-                shared = await children.start_laneway_async(
-                    "gateway", [*common, "--redis-url", redis_url], name="redis gateway"
+                shared = await start_gateway(
+                    children, documents, [*common, "--redis-url", redis_url], name="redis gateway"
                 )
                 comparisons += await children.watch(measure_gateways(options, memory, shared))
         finally:

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laneway.bench.scenario_flags import LiveFlags, add_scenario_flags, scenario_options
 from laneway.errors import UsageError
-from laneway.outputs import check_output_folder, write_json
-from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
+from laneway.outputs import write_json
+from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
 
 if TYPE_CHECKING:
@@ -38,19 +39,12 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         "puts it beside the virtual run. Prints tables; --json and --plot save results.",
     )
     seed.add_argument(
-        "--mode",
-        choices=("virtual", "live"),
-        default="virtual",
-        help="virtual (default): discrete-event simulation; live: real processes",
-    )
-    seed.add_argument(
         "--quick",
         action="store_true",
         help=f"a short variant: {QUICK.gpus} GPUs, {QUICK.sessions} sessions, "
         f"{QUICK.long_requests} x {QUICK.long_tokens} tokens, {QUICK.duration_s:g} s, "
         f"time scale {QUICK_TIME_SCALE:g}",
     )
-    seed.add_argument("--seed", type=int, help=f"workload random seed (default {full.seed})")
     seed.add_argument("--gpus", type=int, help=f"GPUs, one replica each (default {full.gpus})")
     seed.add_argument(
         "--sessions", type=int, help=f"closed-loop interactive sessions (default {full.sessions})"
@@ -67,18 +61,6 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
     )
     seed.add_argument(
         "--duration", type=float, help=f"seconds sessions start turns (default {full.duration_s:g})"
-    )
-    seed.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default=DEFAULT_PROFILE,
-        help="hardware/model profile of every simulated GPU",
-    )
-    seed.add_argument(
-        "--time-scale",
-        type=float,
-        help="live mode: engines and generator run this many times faster than real time "
-        f"(default {LIVE_TIME_SCALE:g}, or {QUICK_TIME_SCALE:g} with --quick)",
     )
     seed.add_argument(
         "--configs",
@@ -99,8 +81,17 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         "burst 5/20/40, sessions 100/200/300, long prompts 32k/64k/128k) and print each "
         "cell's SLOs and makespan ratios to unified-full and split",
     )
-    seed.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
-    seed.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TBT/TTFT over time")
+    live = LiveFlags(
+        "live mode: engines and generator run this many times faster than real time "
+        f"(default {LIVE_TIME_SCALE:g}, or {QUICK_TIME_SCALE:g} with --quick)"
+    )
+    add_scenario_flags(
+        seed,
+        seed_default=None,
+        shown_seed=full.seed,
+        live=live,
+        plot_help="write a PNG of TBT/TTFT over time",
+    )
     seed.set_defaults(handler=run_seed)
 
 
@@ -147,32 +138,23 @@ def run_seed(args: argparse.Namespace) -> int:
 
     scenario = scenario_from(args)
     problems = scenario_problems(scenario)
-    time_scale = args.time_scale
-    if time_scale is None:
-        time_scale = QUICK_TIME_SCALE if args.quick else LIVE_TIME_SCALE
-    if not time_scale > 0:
-        problems.append(f"--time-scale must be above 0, got {args.time_scale}")
-    if args.time_scale is not None and args.mode == "virtual":
-        problems.append("--time-scale applies to --mode live only")
     if args.sweep and args.mode != "virtual":
         problems.append("--sweep runs in --mode virtual only")
     if args.sweep and args.plot is not None:
         problems.append("--sweep draws no plot: drop --plot")
     if args.sweep and args.picking != "seed":
         problems.append("--sweep runs the seed's picking only: drop --picking")
-    if problems:
-        raise UsageError("; ".join(problems))
     wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
     unknown = sorted(set(wanted) - set(CONFIG_NAMES))
     if unknown or not wanted:
-        raise UsageError(
+        problems.append(
             f"--configs: unknown {', '.join(unknown) or '(none given)'}; "
             f"choose from {', '.join(CONFIG_NAMES)}"
         )
-    check_output_folder(args.json, "--json")
-    check_output_folder(args.plot, "--plot")
+    options = scenario_options(args, problems, QUICK_TIME_SCALE if args.quick else LIVE_TIME_SCALE)
+    time_scale = options.time_scale
 
-    profile = PROFILES[args.profile]
+    profile = options.profile
     if args.sweep:
         return _run_sweep(scenario, profile, wanted, args.json)
     configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.api import API_VERSION
+from laneway.bench.live_cluster import engine_counters, gateway_config, start_cluster
 from laneway.bench.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
 from laneway.bench.procs import ChildProcess, Children
 from laneway.bench.ttft_check import Histogram, gateway_ttft
@@ -32,7 +28,6 @@ from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import (
     PUBLIC_MODEL,
-    SCRAPE_INTERVAL_S,
     TBT_SLO_S,
     TTFT_SLO_S,
     ClusterConfig,
@@ -75,36 +70,7 @@ def gateway_documents(
     """The InferencePools the virtual runner routes over, with their engines' URLs, and a
     GatewayConfig with the configuration's picking profile."""
     documents = [pool.document(endpoints[pool.name]) for pool in config.pools]
-    documents.append(
-        {
-            "apiVersion": API_VERSION,
-            "kind": "GatewayConfig",
-            "metadata": {"name": "seed"},
-            "spec": {
-                "picking": {
-                    "policy": config.picking.policy,
-                    "weights": dict(config.picking.weights),
-                },
-                "scrape": {
-                    "intervalMillis": round(SCRAPE_INTERVAL_S * 1000),
-                    "staleAfterMillis": 2000,
-                },
-                "queue": {"timeoutMillis": 600_000},
-                "upstream": {"readTimeoutMillis": 600_000},
-            },
-        }
-    )
-    return documents
-
-
-async def engine_busy_s(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{BUSY_SECONDS}_total":
-                return float(sample.value)
-    raise RuntimeError(f"{url}/metrics has no {BUSY_SECONDS}_total")
+    return [*documents, gateway_config("seed", config.picking)]
 
 
 async def _tiny_request(session: aiohttp.ClientSession, gateway_url: str, lane: str) -> None:
@@ -143,8 +109,8 @@ async def _gateway_ttft(gateway_url: str) -> Histogram:
 
 
 async def _busy_of(engines: Sequence[ChildProcess]) -> list[float]:
-    async with aiohttp.ClientSession() as session:
-        return list(await asyncio.gather(*(engine_busy_s(session, e.url) for e in engines)))
+    busy = f"{BUSY_SECONDS}_total"
+    return [counters[busy] for counters in await engine_counters(engines, [busy])]
 
 
 def result_from_records(
@@ -232,31 +198,15 @@ async def run_live_config(
 ) -> LiveRun:
     """Start the engines and the gateway for `config`, replay the workload, stop them all."""
     async with Children() as children:
-        replicas = [(pool, index) for pool in config.pools for index in range(pool.replicas)]
-        say(f"starting {len(replicas)} engines and the gateway")
-        engines: list[ChildProcess] = list(
-            await asyncio.gather(
-                *(
-                    children.start_laneway_async(
-                        "sim",
-                        pool.sim_args(profile.name, time_scale),
-                        name=f"engine {pool.name}-{index}",
-                    )
-                    for pool, index in replicas
-                )
-            )
+        say(f"starting {config.gpus} engines and the gateway")
+        cluster = await start_cluster(
+            children,
+            config.pools,
+            profile,
+            time_scale,
+            lambda endpoints: gateway_documents(config, endpoints),
         )
-        endpoints: dict[str, list[str]] = {pool.name: [] for pool in config.pools}
-        for (pool, _), engine in zip(replicas, engines, strict=True):
-            endpoints[pool.name].append(engine.url)
-        with tempfile.TemporaryDirectory(prefix="laneway-seed-") as directory:
-            config_path = Path(directory) / "gateway.yaml"
-            config_path.write_text(
-                yaml.safe_dump_all(gateway_documents(config, endpoints), sort_keys=False)
-            )
-            gateway = await children.start_laneway_async(
-                "gateway", ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
-            )
+        gateway, engines = cluster.gateway, cluster.engines
 
         await _guarded(children, warm_up(gateway.url, config))
         busy_before = await _guarded(children, _busy_of(engines))
