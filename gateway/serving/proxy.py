@@ -38,6 +38,7 @@ from laneway.gateway.keys import (
     SESSION,
     SETTINGS,
     TRACKER,
+    UPSTREAM,
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
@@ -50,6 +51,7 @@ from laneway.gateway.serving.request_body import (
     parse_lane,
     parse_request,
 )
+from laneway.gateway.serving.upstream import UpstreamError, UpstreamResponse
 from laneway.gateway.state.memory import Lease
 from laneway.gateway.state.shared import admit_tenant, routing_tenant, tenant_name
 from laneway.routing.lanes import (
@@ -74,7 +76,6 @@ log = logging.getLogger("laneway.gateway.requests")
 INLINE_COUNT_BYTES = 16 * 1024
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
-JSON_CONTENT = {"Content-Type": "application/json"}
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 # Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
@@ -499,10 +500,8 @@ async def _attempt(
     progress = _Progress()
     sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
-        # The session's default timeout is the upstream one (see app.py): built once.
-        async with app[SESSION].post(
-            f"{url}{exchange.parsed.endpoint.value}", data=body, headers=JSON_CONTENT
-        ) as upstream:
+        upstream = await app[UPSTREAM].post(url, exchange.parsed.endpoint.value, body)
+        try:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
@@ -522,7 +521,9 @@ async def _attempt(
             app[REGISTRY].record_success(url)
             rename = rewriter(served, exchange.parsed.model)
             return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
-    except (aiohttp.ClientError, TimeoutError) as error:
+        finally:
+            upstream.release()
+    except (UpstreamError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
         raise UpstreamFailed(kind, f"{type(error).__name__}: {error}") from None
     finally:
@@ -544,7 +545,7 @@ class _Sent:
 
 async def _relay_stream(
     exchange: _Exchange,
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     lease: Lease,
     progress: _Progress,
     sent: _Sent,
@@ -573,8 +574,8 @@ async def _relay_stream(
     written = b"\n\n"
     while True:
         try:
-            chunk = await upstream.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as error:
+            chunk = await upstream.readany()
+        except (UpstreamError, TimeoutError) as error:
             why = f"mid-stream: {type(error).__name__}: {error}"
             await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
             metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
