@@ -92,6 +92,7 @@ class UpstreamResponse(asyncio.Protocol):
         self.status = 0
         self.headers_done = False
         self.complete = False
+        self.reusable = False  # the answer ended and the engine keeps the connection open
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -139,6 +140,8 @@ class UpstreamResponse(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        # llhttp forgets the answer's keep-alive once this callback returns: ask now.
+        self.reusable = self._parser.should_keep_alive()
         self.complete = True
         self._wake()
 
@@ -146,7 +149,7 @@ class UpstreamResponse(asyncio.Protocol):
 
     def send(self, path: str, url: str, body: bytes) -> None:
         assert self._transport is not None
-        self.status, self.headers_done, self.complete = 0, False, False
+        self.status, self.headers_done, self.complete, self.reusable = 0, False, False, False
         self._length_known = False
         head = _head_prefix(url, path) + str(len(body)).encode() + b"\r\n\r\n"
         self._transport.writelines((head, body))
@@ -180,7 +183,7 @@ class UpstreamResponse(asyncio.Protocol):
     def release(self) -> None:
         """Done with the answer: the connection goes back to its pool if it ended cleanly,
         and is aborted otherwise (the engine then stops work on it)."""
-        if self.complete and not self._chunks and self._parser.should_keep_alive():
+        if self.complete and self.reusable and not self._chunks:
             self.idle_since = self._loop.time()
             self._pool.put_back(self)
         else:
