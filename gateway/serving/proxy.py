@@ -223,7 +223,7 @@ async def _serve(
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
-        app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
+        app[METRICS].queue_wait_of(pool.name, route.lane.value).observe(waited)
         try:
             with demand.running(pool.key, route.prefill_tokens):
                 hashes = _prefix_hashes(app, parsed)
@@ -239,26 +239,41 @@ async def _serve(
 
 
 async def read_body(request: web.Request, limit: int, deadline_s: float) -> bytes:
-    too_large = ApiError(
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    try:
+        if request.content.is_eof():
+            # The whole body came with the head (most requests): nothing to wait for.
+            body = request.content.read_nowait()
+        else:
+            body = await _read_chunks(request, limit, deadline_s)
+    except web.RequestPayloadError as error:
+        # A body that claims an encoding it does not have (a gzip header on plain text).
+        raise unreadable_body(error) from None
+    if len(body) > limit:
+        raise _too_large(limit)
+    return body
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
         413, f"The request body is larger than the limit of {limit} bytes", "body_too_large"
     )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
+
+
+async def _read_chunks(request: web.Request, limit: int, deadline_s: float) -> bytes:
     chunks, size = [], 0
     try:
         async with asyncio.timeout(deadline_s):
             async for chunk in request.content.iter_chunked(64 * 1024):
                 size += len(chunk)
                 if size > limit:
-                    raise too_large
+                    raise _too_large(limit)
                 chunks.append(chunk)
     except TimeoutError:
         raise ApiError(
             408, f"The request body did not arrive within {deadline_s:g} s", "body_timeout"
         ) from None
-    except web.RequestPayloadError as error:
-        # A body that claims an encoding it does not have (a gzip header on plain text).
-        raise unreadable_body(error) from None
     return b"".join(chunks)
 
 
@@ -284,11 +299,11 @@ async def _route(
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
         bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
-        metrics.tokenize.labels("inline").observe(clock() - begun)
+        metrics.tokenize_of("inline").observe(clock() - begun)
     else:
         # Bounds of a big body cost milliseconds per tokenizer: off the loop.
         bounds = await asyncio.to_thread(lambda: {id(t): parsed.bounds(t) for t in distinct})
-        metrics.tokenize.labels("bounds").observe(clock() - begun)
+        metrics.tokenize_of("bounds").observe(clock() - begun)
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
         spanning = TokenBounds(
@@ -352,7 +367,7 @@ async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer
     clock = app[CLOCK]
     begun = clock()
     count = await app[COUNTER].count(parsed, tokenizer)
-    app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
+    app[METRICS].tokenize_of("offloop").observe(clock() - begun)
     return count
 
 
@@ -627,9 +642,9 @@ async def _note_first_token(
     app, plan = exchange.app, exchange.plan
     labels = (plan.pool.name, plan.lane.value)
     ttft = written_at - exchange.started
-    app[METRICS].ttft.labels(*labels).observe(ttft)
+    app[METRICS].ttft_of(*labels).observe(ttft)
     met = within_slo(ttft, plan.pool.spec.slo.ttft_millis)
-    app[METRICS].ttft_slo.labels(*labels, "true" if met else "false").inc()
+    app[METRICS].ttft_slo_of(*labels, "true" if met else "false").inc()
     app[DEMAND].record_ttft(plan.pool.key, met)
     exchange.outcome.ttft_ms = ttft * 1000
     progress.first_token = True
@@ -705,11 +720,11 @@ async def _note_failure(app: web.Application, url: str, why: str, timed_out: boo
 
 def _record(app: web.Application, record: RequestLog) -> None:
     metrics = app[METRICS]
-    metrics.requests.labels(record.pool, record.lane, str(record.status)).inc()
+    metrics.requests_of(record.pool, record.lane, str(record.status)).inc()
     if record.pool and record.status == 200:
-        metrics.e2e.labels(record.pool, record.lane).observe(record.total_ms / 1000)
+        metrics.e2e_of(record.pool, record.lane).observe(record.total_ms / 1000)
     if record.lane and record.prompt_tokens is not None:
-        metrics.prompt_tokens.labels(record.lane).observe(record.prompt_tokens)
+        metrics.prompt_tokens_of(record.lane).observe(record.prompt_tokens)
     line = {
         "ts": round(time.time(), 3),
         **{k: v for k, v in vars(record).items() if v is not None and v != ""},
