@@ -581,51 +581,55 @@ async def _relay_stream(
     )
     await client.prepare(exchange.request)
     outcome.status = 200
+    writes = _ClientWrites(exchange, client)
     gaps = metrics.tbt.labels(*labels)
     slo = exchange.plan.pool.spec.slo
     first_token = FirstTokenWatch()
     last_event: float | None = None
     # The end of what the client has: enough to tell an event boundary and the end marker.
     written = b"\n\n"
-    while True:
-        try:
-            chunk = await upstream.readany()
-        except (UpstreamError, TimeoutError) as error:
-            why = f"mid-stream: {type(error).__name__}: {error}"
-            await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
-            metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
-            outcome.error = "upstream_failed_mid_stream"
-            await _end_with_error(client, error, rename.flush() if rename else b"", written)
-            return client
-        if not chunk:
-            break
-        first = first_token.feed(chunk)
-        read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
-        if rename:
-            chunk = rename.feed(chunk)  # whole lines: the first token's is among them
+    try:
+        while True:
+            try:
+                chunk = await upstream.readany()
+            except (UpstreamError, TimeoutError) as error:
+                why = f"mid-stream: {type(error).__name__}: {error}"
+                await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
+                metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
+                outcome.error = "upstream_failed_mid_stream"
+                await _end_with_error(client, error, rename.flush() if rename else b"", written)
+                return client
             if not chunk:
-                continue
-        events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
-        if not await _write_or_drop(exchange, client, chunk):
-            # The client went away: closing the upstream response tells the engine.
-            upstream.close()
-            return client
-        # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
-        now = clock()
-        if first:
-            await _note_first_token(exchange, lease, progress, sent, read_at, now)
-            last_event = now
-        elif events and last_event is not None:
-            gap = now - last_event
-            gaps.observe(gap, within_slo(gap, slo.tbt_millis))
-            last_event = now
-        written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
-        outcome.complete = outcome.complete or STREAM_END in written
-    rest = rename.flush() if rename else b""
-    if not rest or await _write_or_drop(exchange, client, rest):
-        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
-        await _write_or_drop(exchange, client, b"")
-    return client
+                break
+            first = first_token.feed(chunk)
+            read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
+            if rename:
+                chunk = rename.feed(chunk)  # whole lines: the first token's is among them
+                if not chunk:
+                    continue
+            events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
+            if not await writes.send(chunk):
+                # The client went away: closing the upstream response tells the engine.
+                upstream.close()
+                return client
+            # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
+            now = clock()
+            if first:
+                await _note_first_token(exchange, lease, progress, sent, read_at, now)
+                last_event = now
+            elif events and last_event is not None:
+                gap = now - last_event
+                gaps.observe(gap, within_slo(gap, slo.tbt_millis))
+                last_event = now
+            written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+            outcome.complete = outcome.complete or STREAM_END in written
+        rest = rename.flush() if rename else b""
+        if not rest or await writes.send(rest):
+            outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
+            await writes.send(b"")
+        return client
+    finally:
+        writes.close()
 
 
 async def _note_first_token(
@@ -654,25 +658,60 @@ async def _note_first_token(
     )
 
 
-async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk: bytes) -> bool:
-    """Write `chunk` (the end of the stream when empty); False when the client is gone.
+class _ClientWrites:
+    """A stream's writes to its client, each under the write deadline (issue 14).
 
     A client that reads nothing fills the socket's buffer and then blocks the write: after
-    the write deadline it is cut off, so it holds neither the engine nor the pool's slot.
+    the deadline it is cut off, so it holds neither the engine nor the pool's slot. One
+    timer watches the whole stream, re-armed at most once per deadline, where a timeout per
+    write cost a timer and a context manager per relayed chunk.
     """
-    deadline = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
-    try:
-        async with asyncio.timeout(deadline):
-            await (client.write(chunk) if chunk else client.write_eof())
-    except ConnectionError:
-        _client_gone(exchange.outcome)
-        return False
-    except TimeoutError:
-        exchange.outcome.status, exchange.outcome.error = CLIENT_CLOSED, "client_not_reading"
-        if (transport := exchange.request.transport) is not None:
-            transport.abort()  # close() would wait for the buffer to drain, which it never does
-        return False
-    return True
+
+    def __init__(self, exchange: _Exchange, client: web.StreamResponse) -> None:
+        self._exchange = exchange
+        self.client = client
+        self._loop = asyncio.get_running_loop()
+        self._deadline_s = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
+        self._writing_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._cut_off = False
+
+    async def send(self, chunk: bytes) -> bool:
+        """Write `chunk` (the end of the stream when empty); False when the client is gone."""
+        self._writing_since = now = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(now + self._deadline_s, self._check)
+        try:
+            await (self.client.write(chunk) if chunk else self.client.write_eof())
+        except ConnectionError:
+            outcome = self._exchange.outcome
+            if self._cut_off:
+                outcome.status, outcome.error = CLIENT_CLOSED, "client_not_reading"
+            else:
+                _client_gone(outcome)
+            return False
+        finally:
+            self._writing_since = None
+        return True
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        since = self._writing_since
+        if since is None:
+            return  # no write pending: the next one arms the timer again
+        if self._loop.time() - since < self._deadline_s:
+            self._timer = self._loop.call_at(since + self._deadline_s, self._check)
+            return
+        self._cut_off = True
+        if (transport := self._exchange.request.transport) is not None:
+            # close() would wait for the buffer to drain, which it never does; the aborted
+            # connection fails the pending write.
+            transport.abort()
 
 
 def _client_gone(outcome: _Outcome) -> None:
