@@ -86,6 +86,8 @@ class UpstreamResponse(asyncio.Protocol):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._silent_since = 0.0  # when the engine last sent bytes, or a wait began
+        self._silence_timer: asyncio.TimerHandle | None = None
         self._error: Exception | None = None
         self._length_known = False  # Content-Length or chunked: the end is in the stream
         self.idle_since = 0.0
@@ -101,6 +103,7 @@ class UpstreamResponse(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self._silent_since = self._loop.time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -183,6 +186,7 @@ class UpstreamResponse(asyncio.Protocol):
     def release(self) -> None:
         """Done with the answer: the connection goes back to its pool if it ended cleanly,
         and is aborted otherwise (the engine then stops work on it)."""
+        self._stop_timer()
         if self.complete and self.reusable and not self._chunks:
             self.idle_since = self._loop.time()
             self._pool.put_back(self)
@@ -191,25 +195,47 @@ class UpstreamResponse(asyncio.Protocol):
 
     def close(self) -> None:
         """Abort the answer: the engine sees its client go away."""
+        self._stop_timer()
         self._abort()
 
     def _abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
 
+    def _stop_timer(self) -> None:
+        if self._silence_timer is not None:
+            self._silence_timer.cancel()
+            self._silence_timer = None
+
     async def _wait(self) -> None:
         if self._error is not None:
             raise self._error
         waiter = self._loop.create_future()
         self._waiter = waiter
-        timer = self._loop.call_later(self._pool.limits.read_s, _time_out, waiter)
+        self._silent_since = self._loop.time()
+        if self._silence_timer is None:
+            self._arm(self._silent_since)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
         if self._error is not None:
             raise self._error
+
+    def _arm(self, since: float) -> None:
+        self._silence_timer = self._loop.call_at(since + self._pool.limits.read_s, self._check)
+
+    def _check(self) -> None:
+        """The read timeout: one timer per answer, re-armed at most once per `read_s`, where
+        one per wait cost a timer per relayed chunk."""
+        self._silence_timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms it again
+        if self._loop.time() - self._silent_since >= self._pool.limits.read_s:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._arm(self._silent_since)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -223,11 +249,6 @@ class UpstreamResponse(asyncio.Protocol):
     @property
     def open(self) -> bool:
         return self._transport is not None and not self._transport.is_closing()
-
-
-def _time_out(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class UpstreamPool:
