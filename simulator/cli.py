@@ -49,6 +49,21 @@ def register(
         help="count prompts with this Hugging Face tokenizer.json, as a real engine counts "
         "with its model's (default: tiktoken cl100k_base)",
     )
+    sim.add_argument(
+        "--chat-template",
+        metavar="TOKENIZER_CONFIG_JSON",
+        help="frame chats with the chat template (and special tokens) of this "
+        "tokenizer_config.json, as vLLM and SGLang do; needs --tokenizer "
+        "(default: OpenAI's framing rule, 3 tokens a message and 3 for the reply)",
+    )
+    sim.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help="publish the prefix cache's stored and evicted blocks over ZMQ as vLLM does, "
+        'e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}\' '
+        "(vLLM's flag and fields; an endpoint with '*' or an ipc:// one is bound, others "
+        "connected)",
+    )
     sim.set_defaults(handler=run_sim)
 
 
@@ -112,6 +127,7 @@ def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
 def run_sim(args: argparse.Namespace) -> int:
     import asyncio
 
+    from laneway.simulator.kv_events import parse_kv_events_config
     from laneway.simulator.server import SimSettings, serve
     from laneway.tokens import HuggingFaceTokenizer
 
@@ -128,7 +144,12 @@ def run_sim(args: argparse.Namespace) -> int:
         scheduler=scheduler_config_from(args),
         metrics_flavor=MetricsFlavor(args.metrics_flavor),
         time_scale=args.time_scale,
+        kv_events=parse_kv_events_config(args.kv_events_config)
+        if args.kv_events_config is not None
+        else None,
     )
-    tokenizer = HuggingFaceTokenizer(args.tokenizer) if args.tokenizer else None
+    if args.chat_template and not args.tokenizer:
+        raise UsageError("--chat-template needs --tokenizer: the template's text is tokenized")
+    tokenizer = HuggingFaceTokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None
     asyncio.run(serve(settings, args.host, args.port, tokenizer))
     return 0

@@ -24,13 +24,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.api import MetricsFlavor
 from laneway.errors import cannot_listen
+from laneway.prompt_ids import chat_token_ids
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
+from laneway.simulator.kv_events import KVEventsConfig, ZmqEventPublisher, wire_events
 from laneway.simulator.metrics import EngineGauges, SimulatorMetrics
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
-from laneway.simulator.prompt_ids import chat_token_ids
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS, SchedulerConfig
-from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
+from laneway.tokens import (
+    ChatMessage,
+    ChatTemplateError,
+    Tokenizer,
+    count_chat,
+    default_tokenizer,
+    template_chat,
+)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
@@ -51,6 +59,7 @@ class SimSettings:
     scheduler: SchedulerConfig
     metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
     time_scale: float = 1.0
+    kv_events: KVEventsConfig | None = None  # --kv-events-config; None: not published
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class _Tracked:
     prompt_tokens: int
     arrived: float  # simulated seconds
     stream: asyncio.Queue[TokenEvent]
+    prompt_token_ids: Sequence[int]  # what KV events describe stored blocks with
     emitted: int = 0
     last_token: float = 0.0
 
@@ -99,8 +109,9 @@ class RealTimeEngine:
     """Drives an EngineCore against the wall clock, scaled by `time_scale`."""
 
     def __init__(self, core: EngineCore, time_scale: float, metrics_flavor: MetricsFlavor,
-                 model: str) -> None:  # fmt: skip
+                 model: str, publisher: ZmqEventPublisher | None = None) -> None:  # fmt: skip
         self.core = core
+        self.publisher = publisher
         self.time_scale = time_scale
         self.busy_s = 0.0  # simulated seconds spent in steps
         self.metrics = SimulatorMetrics(metrics_flavor, model, self._gauges)
@@ -130,13 +141,15 @@ class RealTimeEngine:
         max_tokens: int,
         priority: int = 0,
         prompt_block_hashes: tuple[int, ...] = (),
+        prompt_token_ids: Sequence[int] = (),
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
         self.core.submit(
             request_id, prompt_tokens, max_tokens, prompt_block_hashes, priority=priority
         )
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
+        ids = prompt_token_ids if self.publisher is not None else ()
+        self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream, ids)
         self._wake.set()
         return stream
 
@@ -170,7 +183,24 @@ class RealTimeEngine:
                 # Starved of CPU: resume from now rather than emit a burst of late steps.
                 gpu_free_at += behind
             await asyncio.sleep(max(0.0, gpu_free_at - loop.time()))
+            self._publish_cache_events()
             self._deliver(outcome)
+
+    def _publish_cache_events(self) -> None:
+        """The step's prefix-cache changes as one KV event batch, before its tokens go out."""
+        events = self.core.cache_events
+        if self.publisher is None or not events:
+            return
+        tracked = self._tracked
+
+        def token_ids(request_id: str) -> Sequence[int] | None:
+            found = tracked.get(request_id)
+            return found.prompt_token_ids if found is not None else None
+
+        wired = wire_events(events, token_ids)
+        events.clear()
+        if wired:
+            self.publisher.publish(wired)
 
     def _deliver(self, outcome: StepOutcome) -> None:
         now = self.sim_now()
@@ -209,6 +239,7 @@ class GenerationRequest:
     # The prompt's token ids in prefix-cache blocks (prefix_cache.block_hashes): what lets
     # a repeated prefix skip its prefill, as automatic prefix caching does.
     block_hashes: tuple[int, ...] = ()
+    token_ids: Sequence[int] = ()  # the prompt's, for KV events
 
 
 def _priority(body: dict[str, Any]) -> int:
@@ -229,10 +260,10 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise OpenAIError(400, f"'{name}' must be true or false, got {value!r}", name)
     return value
@@ -286,14 +317,35 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
+def _chat_ids(
+    tokenizer: Tokenizer, body: dict[str, Any], messages: Sequence[ChatMessage]
+) -> list[int]:
+    """A chat's prompt ids: the model's chat template rendered and tokenized where the engine
+    has one (as vLLM and SGLang do), else the simulator's own framing (prompt_ids.py)."""
+    template = tokenizer.chat_template
+    if template is None:
+        return chat_token_ids(tokenizer, messages)
+    tools = body.get("tools")
+    try:
+        chat = template_chat(
+            body["messages"],
+            [m.content for m in messages],
+            tools if isinstance(tools, list) else None,
+        )
+        return tokenizer.encode(template.render(chat))
+    except ChatTemplateError as error:
+        raise OpenAIError(400, str(error), "messages") from None
+
+
 @dataclass(frozen=True)
 class _PromptTokens:
     count: int
     block_hashes: tuple[int, ...]
+    ids: Sequence[int]
 
 
 def _prompt_tokens(ids: Sequence[int]) -> _PromptTokens:
-    return _PromptTokens(len(ids), block_hashes(ids, KV_BLOCK_TOKENS))
+    return _PromptTokens(len(ids), block_hashes(ids, KV_BLOCK_TOKENS), ids)
 
 
 async def _count(length: int, count: Callable[[], T]) -> T:
@@ -333,12 +385,12 @@ async def parse_generation(
             tokens = _prompt_tokens(prompt)
         else:
             text = prompt
-            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode(text)))
+            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode_prompt(text)))
         max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
     else:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        tokens = await _count(length, lambda: _prompt_tokens(chat_token_ids(tokenizer, messages)))
+        tokens = await _count(length, lambda: _prompt_tokens(_chat_ids(tokenizer, body, messages)))
         max_tokens = (
             _positive_int(body, "max_completion_tokens")
             or _positive_int(body, "max_tokens")
@@ -352,6 +404,7 @@ async def parse_generation(
         include_usage,
         _priority(body),
         tokens.block_hashes,
+        tokens.ids,
     )
 
 
@@ -463,6 +516,7 @@ async def _generate(request: web.Request, endpoint: ApiRoute) -> web.StreamRespo
             parsed.max_tokens,
             parsed.priority,
             parsed.block_hashes,
+            parsed.token_ids,
         )
     except RequestRejected as error:
         raise OpenAIError(400, str(error)) from None
@@ -504,8 +558,10 @@ async def tokenize(request: web.Request) -> web.Response:
 
     vLLM takes `prompt` (a string) or `messages` (framed as for a chat completion); SGLang
     takes `prompt` as a string or a list of strings, and answers a list per string. Both
-    answer `count`, `tokens` and `max_model_len`. Chat framing here is the simulator's own
-    count (no template is rendered), so a chat answer carries the count without token ids.
+    answer `count`, `tokens` and `max_model_len`. A chat is rendered through the model's chat
+    template when the simulator has one (`--chat-template`), with the generation prompt, as
+    vLLM's default `add_generation_prompt` does; without one its framing is the simulator's
+    own count (no text to tokenize), and the answer carries the count without token ids.
     """
     try:
         body = await request.json()
@@ -518,17 +574,24 @@ async def tokenize(request: web.Request) -> web.Response:
     if "messages" in body:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        count = await _count(length, lambda: count_chat(tokenizer, messages))
-        return web.json_response({"count": count, "max_model_len": max_model_len})
+        if tokenizer.chat_template is None:
+            count = await _count(length, lambda: count_chat(tokenizer, messages))
+            return web.json_response({"count": count, "max_model_len": max_model_len})
+        ids = await _count(length, lambda: _chat_ids(tokenizer, body, messages))
+        return web.json_response({"count": len(ids), "tokens": ids, "max_model_len": max_model_len})
     prompt = body.get("prompt")
+    # Both engines add the prompt's special tokens (a BOS) unless told not to, as on
+    # /v1/completions.
+    specials = _flag(body, "add_special_tokens", default=True)
+    encode = tokenizer.encode_prompt if specials else tokenizer.encode
     if isinstance(prompt, str):
-        tokens = await _count(len(prompt), lambda: tokenizer.encode(prompt))
+        tokens = await _count(len(prompt), lambda: encode(prompt))
         return web.json_response(
             {"count": len(tokens), "tokens": tokens, "max_model_len": max_model_len}
         )
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         length = sum(len(p) for p in prompt)
-        each = await _count(length, lambda: [tokenizer.encode(p) for p in prompt])
+        each = await _count(length, lambda: [encode(p) for p in prompt])
         return web.json_response(
             {"count": [len(t) for t in each], "tokens": each, "max_model_len": max_model_len}
         )
@@ -569,14 +632,19 @@ TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 
 async def _engine_task(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    core = EngineCore(settings.profile, settings.scheduler)
-    engine = RealTimeEngine(core, settings.time_scale, settings.metrics_flavor, settings.model)
+    publisher = ZmqEventPublisher(settings.kv_events) if settings.kv_events else None
+    core = EngineCore(settings.profile, settings.scheduler, record_cache_events=bool(publisher))
+    engine = RealTimeEngine(
+        core, settings.time_scale, settings.metrics_flavor, settings.model, publisher
+    )
     app[ENGINE] = engine
     task = asyncio.create_task(engine.run())
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    if publisher is not None:
+        publisher.close()
 
 
 def create_app(settings: SimSettings, tokenizer: Tokenizer | None = None) -> web.Application:
