@@ -35,6 +35,7 @@ from laneway.gateway.keys import (
     STOP,
     TOKENIZER,
     TRACKER,
+    UPSTREAM,
 )
 from laneway.gateway.lifecycle import Stop, background
 from laneway.gateway.metrics import GatewayMetrics
@@ -46,6 +47,7 @@ from laneway.gateway.serving.arrival import stamp_arrival
 from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
+from laneway.gateway.serving.upstream import UpstreamLimits, UpstreamPool
 from laneway.gateway.state.demand import DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.gateway.state.shared import SharedStateOptions, install, routing_tenant
@@ -137,9 +139,15 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         sock_connect=limits.connect_timeout_millis / 1000,
         sock_read=limits.read_timeout_millis / 1000,
     )
+    app[UPSTREAM] = upstream = UpstreamPool(
+        UpstreamLimits(limits.connect_timeout_millis / 1000, limits.read_timeout_millis / 1000)
+    )
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session
-        yield
+        try:
+            yield
+        finally:
+            upstream.close()
 
 
 def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator[None]]:

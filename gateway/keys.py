@@ -18,6 +18,7 @@ from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
+from laneway.gateway.serving.upstream import UpstreamPool
 from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
@@ -39,6 +40,7 @@ RNG = web.AppKey("rng", random.Random)
 PREFIX_INDEX = web.AppKey("prefix_index", PrefixIndex)  # what was routed where, by prefix
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", UpstreamPool)  # the request path's connections to engines
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)  # set when draining begins
 STOP = web.AppKey("stop", Stop)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)

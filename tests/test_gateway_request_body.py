@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from unittest.mock import patch
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError
-from laneway.gateway.serving.request_body import Endpoint, parse_lane, parse_request
+from laneway.gateway.serving.request_body import Endpoint, json_values, parse_lane, parse_request
 from laneway.tokens import ChatMessage, default_tokenizer
 
 
@@ -228,3 +231,15 @@ def test_a_body_of_too_many_json_values_is_refused_before_parsing() -> None:
     with pytest.raises(ApiError) as error:
         parse_request(many, Endpoint.CHAT)
     assert (error.value.status, error.value.code) == (413, "too_many_json_values")
+
+
+@given(st.text(alphabet='{}[]",: a\\', max_size=400), st.integers(min_value=1, max_value=60))
+def test_the_quick_json_value_count_never_lets_more_values_through(text: str, limit: int) -> None:
+    raw = text.encode()
+    values = raw.count(b"{") + raw.count(b"[") + raw.count(b'","') + raw.count(b'", "')
+    with patch("laneway.gateway.serving.request_body.MAX_JSON_VALUES", limit):
+        if values > limit:
+            with pytest.raises(ApiError):
+                json_values(raw)
+        else:
+            assert json_values(raw) >= values

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 DATA = b"data:"
 DONE = b"[DONE]"
 # Keys of a chat `delta` whose non-empty value is model output.
@@ -29,12 +31,20 @@ def carries_output(line: bytes) -> bool:
     if not payload or payload == DONE:
         return False
     try:
-        event = json.loads(payload)
+        event = _loads(payload)
     except ValueError:
         return False
     if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
         return False
     return any(_choice_has_output(choice) for choice in event["choices"])
+
+
+def _loads(payload: bytes) -> Any:
+    """orjson, several times faster; `json` for what only it reads (NaN, huge integers)."""
+    try:
+        return orjson.loads(payload)
+    except ValueError:
+        return json.loads(payload)
 
 
 def _choice_has_output(choice: Any) -> bool:

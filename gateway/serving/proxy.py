@@ -37,6 +37,7 @@ from laneway.gateway.keys import (
     SESSION,
     SETTINGS,
     TRACKER,
+    UPSTREAM,
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
@@ -47,9 +48,12 @@ from laneway.gateway.serving.request_body import (
     LANE_HEADER,
     Endpoint,
     ParsedRequest,
+    json_values,
     parse_lane,
     parse_request,
+    parse_scanned,
 )
+from laneway.gateway.serving.upstream import UpstreamError, UpstreamResponse
 from laneway.gateway.state.memory import Lease
 from laneway.gateway.state.shared import admit_tenant, routing_tenant, tenant_name
 from laneway.prompt_ids import chat_token_ids
@@ -74,9 +78,15 @@ log = logging.getLogger("laneway.gateway.requests")
 # A body this small holds little enough text to count exactly in well under a millisecond:
 # do it inline, so the x-laneway-prompt-tokens header is exact without the thread pool.
 INLINE_COUNT_BYTES = 16 * 1024
+# A body up to this size, with few JSON values, is parsed and its token bounds taken on the
+# loop too: about 2 ms for a 128k-token prompt (~650 KB) and 3-4 ms at the limit, where a
+# worker thread's hop costs more than the work on a busy machine (it waits for the
+# interpreter lock the loop holds). Parsing costs by value count more than by bytes, so a
+# body with many values (up to MAX_JSON_VALUES) still goes to the thread.
+INLINE_PARSE_BYTES = 1024 * 1024
+INLINE_PARSE_VALUES = 2048
 UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
-JSON_CONTENT = {"Content-Type": "application/json"}
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 # Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
@@ -189,14 +199,19 @@ async def _serve(
         request, settings.max_body_bytes, settings.clients.body_timeout_millis / 1000
     )
     if len(body) <= INLINE_COUNT_BYTES:
-        parsed = parse_request(body, endpoint)
+        parsed, inline = parse_request(body, endpoint), True
+    elif len(body) <= INLINE_PARSE_BYTES and json_values(body) <= INLINE_PARSE_VALUES:
+        parsed, inline = parse_scanned(body, endpoint), True
     else:
+        inline = False
         # Parsing is linear in the body, but a few MB of tiny strings still take a while.
         parsed = await asyncio.to_thread(parse_request, body, endpoint)
     outcome.parsed = parsed
     pinned = parse_lane(request.headers.get(LANE_HEADER))
 
-    route, count = await _route(app, parsed, len(body), pinned, routing_tenant(request), outcome)
+    route, count = await _route(
+        app, parsed, len(body), inline, pinned, routing_tenant(request), outcome
+    )
     pool = route.pool
     context = pool.spec.limits.max_context_tokens
     await admit_tenant(request, parsed.charge(route.prefill_tokens, context))
@@ -224,7 +239,7 @@ async def _serve(
             raise _refused(app, pool, refused, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
-        app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
+        app[METRICS].queue_wait_of(pool.name, route.lane.value).observe(waited)
         try:
             with demand.running(pool.key, route.prefill_tokens):
                 blocks = await _prompt_blocks(app, parsed, pool)
@@ -240,26 +255,41 @@ async def _serve(
 
 
 async def read_body(request: web.Request, limit: int, deadline_s: float) -> bytes:
-    too_large = ApiError(
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    try:
+        if request.content.is_eof():
+            # The whole body came with the head (most requests): nothing to wait for.
+            body = request.content.read_nowait()
+        else:
+            body = await _read_chunks(request, limit, deadline_s)
+    except web.RequestPayloadError as error:
+        # A body that claims an encoding it does not have (a gzip header on plain text).
+        raise unreadable_body(error) from None
+    if len(body) > limit:
+        raise _too_large(limit)
+    return body
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
         413, f"The request body is larger than the limit of {limit} bytes", "body_too_large"
     )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
+
+
+async def _read_chunks(request: web.Request, limit: int, deadline_s: float) -> bytes:
     chunks, size = [], 0
     try:
         async with asyncio.timeout(deadline_s):
             async for chunk in request.content.iter_chunked(64 * 1024):
                 size += len(chunk)
                 if size > limit:
-                    raise too_large
+                    raise _too_large(limit)
                 chunks.append(chunk)
     except TimeoutError:
         raise ApiError(
             408, f"The request body did not arrive within {deadline_s:g} s", "body_timeout"
         ) from None
-    except web.RequestPayloadError as error:
-        # A body that claims an encoding it does not have (a gzip header on plain text).
-        raise unreadable_body(error) from None
     return b"".join(chunks)
 
 
@@ -267,6 +297,7 @@ async def _route(
     app: web.Application,
     parsed: ParsedRequest,
     body_bytes: int,
+    inline: bool,
     pinned: Lane | None,
     tenant: str | None,
     outcome: _Outcome,
@@ -285,11 +316,14 @@ async def _route(
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
         bounds = {id(t): t.inline(parsed) for t in distinct}
-        metrics.tokenize.labels("inline").observe(clock() - begun)
+        metrics.tokenize_of("inline").observe(clock() - begun)
+    elif inline:
+        bounds = {id(t): t.bounds(parsed) for t in distinct}
+        metrics.tokenize_of("bounds").observe(clock() - begun)
     else:
-        # Bounds of a big body cost milliseconds per tokenizer: off the loop.
+        # Bounds of a body past INLINE_PARSE_BYTES cost milliseconds per tokenizer.
         bounds = await asyncio.to_thread(lambda: {id(t): t.bounds(parsed) for t in distinct})
-        metrics.tokenize.labels("bounds").observe(clock() - begun)
+        metrics.tokenize_of("bounds").observe(clock() - begun)
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
         spanning = TokenBounds(
@@ -355,7 +389,7 @@ async def _count_exactly(
     clock = app[CLOCK]
     begun = clock()
     count = await counter.count(parsed)
-    app[METRICS].tokenize.labels(counter.method).observe(clock() - begun)
+    app[METRICS].tokenize_of(counter.method).observe(clock() - begun)
     return count
 
 
@@ -549,10 +583,8 @@ async def _attempt(
     progress = _Progress()
     sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:
-        # The session's default timeout is the upstream one (see app.py): built once.
-        async with app[SESSION].post(
-            f"{url}{exchange.parsed.endpoint.value}", data=body, headers=JSON_CONTENT
-        ) as upstream:
+        upstream = await app[UPSTREAM].post(url, exchange.parsed.endpoint.value, body)
+        try:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
@@ -572,7 +604,9 @@ async def _attempt(
             app[REGISTRY].record_success(url)
             rename = rewriter(served, exchange.parsed.model)
             return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
-    except (aiohttp.ClientError, TimeoutError) as error:
+        finally:
+            upstream.release()
+    except (UpstreamError, TimeoutError) as error:
         kind = "timeout" if isinstance(error, TimeoutError) else "connection"
         raise UpstreamFailed(kind, f"{type(error).__name__}: {error}") from None
     finally:
@@ -594,7 +628,7 @@ class _Sent:
 
 async def _relay_stream(
     exchange: _Exchange,
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     lease: Lease,
     progress: _Progress,
     sent: _Sent,
@@ -615,51 +649,55 @@ async def _relay_stream(
     )
     await client.prepare(exchange.request)
     outcome.status = 200
+    writes = _ClientWrites(exchange, client)
     gaps = metrics.tbt.labels(*labels)
     slo = exchange.plan.pool.spec.slo
     first_token = FirstTokenWatch()
     last_event: float | None = None
     # The end of what the client has: enough to tell an event boundary and the end marker.
     written = b"\n\n"
-    while True:
-        try:
-            chunk = await upstream.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            why = f"mid-stream: {type(error).__name__}: {error}"
-            await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
-            metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
-            outcome.error = "upstream_failed_mid_stream"
-            await _end_with_error(client, error, rename.flush() if rename else b"", written)
-            return client
-        if not chunk:
-            break
-        first = first_token.feed(chunk)
-        read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
-        if rename:
-            chunk = rename.feed(chunk)  # whole lines: the first token's is among them
+    try:
+        while True:
+            try:
+                chunk = await upstream.readany()
+            except (UpstreamError, TimeoutError) as error:
+                why = f"mid-stream: {type(error).__name__}: {error}"
+                await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
+                metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
+                outcome.error = "upstream_failed_mid_stream"
+                await _end_with_error(client, error, rename.flush() if rename else b"", written)
+                return client
             if not chunk:
-                continue
-        events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
-        if not await _write_or_drop(exchange, client, chunk):
-            # The client went away: closing the upstream response tells the engine.
-            upstream.close()
-            return client
-        # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
-        now = clock()
-        if first:
-            await _note_first_token(exchange, lease, progress, sent, read_at, now)
-            last_event = now
-        elif events and last_event is not None:
-            gap = now - last_event
-            gaps.observe(gap, within_slo(gap, slo.tbt_millis))
-            last_event = now
-        written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
-        outcome.complete = outcome.complete or STREAM_END in written
-    rest = rename.flush() if rename else b""
-    if not rest or await _write_or_drop(exchange, client, rest):
-        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
-        await _write_or_drop(exchange, client, b"")
-    return client
+                break
+            first = first_token.feed(chunk)
+            read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
+            if rename:
+                chunk = rename.feed(chunk)  # whole lines: the first token's is among them
+                if not chunk:
+                    continue
+            events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
+            if not await writes.send(chunk):
+                # The client went away: closing the upstream response tells the engine.
+                upstream.close()
+                return client
+            # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
+            now = clock()
+            if first:
+                await _note_first_token(exchange, lease, progress, sent, read_at, now)
+                last_event = now
+            elif events and last_event is not None:
+                gap = now - last_event
+                gaps.observe(gap, within_slo(gap, slo.tbt_millis))
+                last_event = now
+            written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+            outcome.complete = outcome.complete or STREAM_END in written
+        rest = rename.flush() if rename else b""
+        if not rest or await writes.send(rest):
+            outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
+            await writes.send(b"")
+        return client
+    finally:
+        writes.close()
 
 
 async def _note_first_token(
@@ -676,9 +714,9 @@ async def _note_first_token(
     app, plan = exchange.app, exchange.plan
     labels = (plan.pool.name, plan.lane.value)
     ttft = written_at - exchange.started
-    app[METRICS].ttft.labels(*labels).observe(ttft)
+    app[METRICS].ttft_of(*labels).observe(ttft)
     met = within_slo(ttft, plan.pool.spec.slo.ttft_millis)
-    app[METRICS].ttft_slo.labels(*labels, "true" if met else "false").inc()
+    app[METRICS].ttft_slo_of(*labels, "true" if met else "false").inc()
     app[DEMAND].record_ttft(plan.pool.key, met)
     exchange.outcome.ttft_ms = ttft * 1000
     progress.first_token = True
@@ -688,25 +726,60 @@ async def _note_first_token(
     )
 
 
-async def _write_or_drop(exchange: _Exchange, client: web.StreamResponse, chunk: bytes) -> bool:
-    """Write `chunk` (the end of the stream when empty); False when the client is gone.
+class _ClientWrites:
+    """A stream's writes to its client, each under the write deadline (issue 14).
 
     A client that reads nothing fills the socket's buffer and then blocks the write: after
-    the write deadline it is cut off, so it holds neither the engine nor the pool's slot.
+    the deadline it is cut off, so it holds neither the engine nor the pool's slot. One
+    timer watches the whole stream, re-armed at most once per deadline, where a timeout per
+    write cost a timer and a context manager per relayed chunk.
     """
-    deadline = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
-    try:
-        async with asyncio.timeout(deadline):
-            await (client.write(chunk) if chunk else client.write_eof())
-    except ConnectionError:
-        _client_gone(exchange.outcome)
-        return False
-    except TimeoutError:
-        exchange.outcome.status, exchange.outcome.error = CLIENT_CLOSED, "client_not_reading"
-        if (transport := exchange.request.transport) is not None:
-            transport.abort()  # close() would wait for the buffer to drain, which it never does
-        return False
-    return True
+
+    def __init__(self, exchange: _Exchange, client: web.StreamResponse) -> None:
+        self._exchange = exchange
+        self.client = client
+        self._loop = asyncio.get_running_loop()
+        self._deadline_s = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
+        self._writing_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._cut_off = False
+
+    async def send(self, chunk: bytes) -> bool:
+        """Write `chunk` (the end of the stream when empty); False when the client is gone."""
+        self._writing_since = now = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(now + self._deadline_s, self._check)
+        try:
+            await (self.client.write(chunk) if chunk else self.client.write_eof())
+        except ConnectionError:
+            outcome = self._exchange.outcome
+            if self._cut_off:
+                outcome.status, outcome.error = CLIENT_CLOSED, "client_not_reading"
+            else:
+                _client_gone(outcome)
+            return False
+        finally:
+            self._writing_since = None
+        return True
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        since = self._writing_since
+        if since is None:
+            return  # no write pending: the next one arms the timer again
+        if self._loop.time() - since < self._deadline_s:
+            self._timer = self._loop.call_at(since + self._deadline_s, self._check)
+            return
+        self._cut_off = True
+        if (transport := self._exchange.request.transport) is not None:
+            # close() would wait for the buffer to drain, which it never does; the aborted
+            # connection fails the pending write.
+            transport.abort()
 
 
 def _client_gone(outcome: _Outcome) -> None:
@@ -754,11 +827,11 @@ async def _note_failure(app: web.Application, url: str, why: str, timed_out: boo
 
 def _record(app: web.Application, record: RequestLog) -> None:
     metrics = app[METRICS]
-    metrics.requests.labels(record.pool, record.lane, str(record.status)).inc()
+    metrics.requests_of(record.pool, record.lane, str(record.status)).inc()
     if record.pool and record.status == 200:
-        metrics.e2e.labels(record.pool, record.lane).observe(record.total_ms / 1000)
+        metrics.e2e_of(record.pool, record.lane).observe(record.total_ms / 1000)
     if record.lane and record.prompt_tokens is not None:
-        metrics.prompt_tokens.labels(record.lane).observe(record.prompt_tokens)
+        metrics.prompt_tokens_of(record.lane).observe(record.prompt_tokens)
     line = {
         "ts": round(time.time(), 3),
         **{k: v for k, v in vars(record).items() if v is not None and v != ""},

@@ -131,8 +131,16 @@ class ParsedRequest:
         return self.sequences * (prompt_tokens + self.choices * completion)
 
 
-def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
-    values = sum(body.count(mark) for mark in (b"{", b"[", b'","', b'", "'))
+def json_values(body: bytes) -> int:
+    """At least the body's JSON objects, lists and list items of strings (what
+    MAX_JSON_VALUES limits), and exactly that when it is over the limit: 413 then."""
+    containers = body.count(b"{") + body.count(b"[")
+    # Every `","` or `", "` starts at a quote of its own, so counting quotes bounds them
+    # from above in one single-byte scan, where the two patterns cost two scans 2x as slow.
+    at_most = containers + body.count(b'"')
+    if at_most <= MAX_JSON_VALUES:
+        return at_most
+    values = containers + body.count(b'","') + body.count(b'", "')
     if values > MAX_JSON_VALUES:
         raise ApiError(
             413,
@@ -140,6 +148,16 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
             f"more than the limit of {MAX_JSON_VALUES}",
             "too_many_json_values",
         )
+    return values
+
+
+def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
+    json_values(body)
+    return parse_scanned(body, endpoint)
+
+
+def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
+    """`parse_request` for a body whose `json_values` the caller has checked."""
     try:
         payload = orjson.loads(body)
     except (ValueError, RecursionError) as error:
