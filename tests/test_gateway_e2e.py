@@ -58,7 +58,7 @@ def total(
     )
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 15) -> None:
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 60) -> None:
     async with asyncio.timeout(within):
         # Polling another process over HTTP: there is no event to wait on.
         while not await check():  # noqa: ASYNC110
