@@ -25,11 +25,11 @@ from laneway.outputs import check_output_folder, write_json
 from laneway.simulator.elastic import (
     COLD_START_S,
     Arrival,
-    ElasticCluster,
     ElasticPool,
     ElasticResult,
     diurnal_rate,
     poisson_arrivals,
+    run_elastic,
 )
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from laneway.simulator.scheduler import SchedulerConfig
@@ -276,10 +276,9 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     for name, pools in configs(day, sized).items():
         print(f"{name}: simulating {len(trace)} requests over {day.day_s:g} s", file=sys.stderr)
-        cluster = ElasticCluster(
+        results[name] = run_elastic(
             pools, profile, trace, day.day_s, (TTFT_SLO_S, TBT_SLO_S), day.cold_start_s
         )
-        results[name] = cluster.run()
     wall_s = time.perf_counter() - started
     summaries = {name: summary(result, day) for name, result in results.items()}
     rows = [

@@ -10,7 +10,7 @@ from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
 from laneway.bench.autoscale import DayScenario, arrivals
 from laneway.cli import main
-from laneway.simulator.elastic import Arrival, ElasticCluster, ElasticPool
+from laneway.simulator.elastic import Arrival, ElasticPool, run_elastic
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 
@@ -29,7 +29,7 @@ BATCH_AT_ZERO = ScalePolicy(
 def run(cold_start_s: float) -> tuple[list[float], list[int], float]:
     documents = [Arrival(100.0, 32768, 64, Lane.BATCH) for _ in range(2)]
     pool = ElasticPool("batch", False, ENGINE, 0, BATCH_AT_ZERO)
-    result = ElasticCluster([pool], PROFILE, documents, 600.0, SLO, cold_start_s).run()
+    result = run_elastic([pool], PROFILE, documents, 600.0, SLO, cold_start_s)
     assert result.unfinished == 0
     (trace,) = result.traces
     starts = [o.arrival_s + o.ttft_s for o in result.outcomes]
