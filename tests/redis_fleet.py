@@ -67,7 +67,7 @@ def start_gateway(
 
 def metric(child: ChildProcess, name: str, **labels: str) -> int:
     """A sample from a process's own /metrics, summed over other labels (0 before any)."""
-    with urllib.request.urlopen(f"{child.url}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"{child.url}/metrics", timeout=60) as response:
         text = response.read().decode()
     return sum(
         int(sample.value)

@@ -23,6 +23,7 @@ from laneway.gateway.batch.dispatcher import (
 from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.request_body import LANE_HEADER
+from laneway.gateway.state.redis_store import RedisSettings, connect
 
 SECRET = "test-secret"
 
@@ -116,7 +117,7 @@ async def harness(redis_server: LocalRedis) -> AsyncIterator[Harness]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    redis = Redis.from_url(redis_server.url)
+    redis = connect(RedisSettings(redis_server.url))  # the gateway's client, as in production
     files = FileStore(redis, "laneway", ttl_s=3600)
     yield Harness(
         BatchStore(redis, files, "laneway"),

@@ -48,7 +48,7 @@ def test_items_of_a_stopped_gateway_complete_exactly_once(tmp_path: Path, stop: 
                 mine = [c for c in consumers if c["name"].startswith(consumer_of(doomed.pid))]
                 return int(mine[0]["pending"]) if mine else 0
 
-            wait_for("the doomed replica to hold items", doomed_pending, patience=30)
+            wait_for("the doomed replica to hold items", doomed_pending)
             if stop == "SIGKILL":
                 doomed.kill_now()
                 # What it held stays pending under its name: only a reclaim takes it over.
@@ -80,5 +80,5 @@ def test_items_of_a_stopped_gateway_complete_exactly_once(tmp_path: Path, stop: 
             totals: dict[str, str] = store.hgetall("laneway:load")  # type: ignore[assignment]
             return all(int(v) == 0 for v in totals.values())
 
-        wait_for("the dead replica's load to expire", load_released, patience=20)
+        wait_for("the dead replica's load to expire", load_released)
         store.close()

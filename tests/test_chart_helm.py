@@ -580,7 +580,7 @@ def test_bundled_redis_command_and_gateway_env_work_with_the_real_server(
         assert settings.password == password
         url = urllib.parse.urlsplit(settings.url)
         with_password = redis_client.Redis(host="127.0.0.1", port=port, password=settings.password)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             try:
                 assert with_password.ping()
@@ -599,7 +599,7 @@ def test_bundled_redis_command_and_gateway_env_work_with_the_real_server(
         with_password.close()
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        server.wait(timeout=60)
 
 
 def test_external_redis_uses_the_existing_secret(rendered: dict[str, list[Manifest]]) -> None:
@@ -840,7 +840,7 @@ def on_loopback(args: list[str]) -> list[str]:
 
 def http_status(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:
             status: int = response.status
             return status
     except urllib.error.HTTPError as error:
@@ -888,7 +888,7 @@ def test_gateway_container_serves_the_example_pools_through_both_lanes(
         url = children.start_laneway(args[0], args[1:]).url
 
         readiness = url + gateway["readinessProbe"]["httpGet"]["path"]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while http_status(readiness) != 200 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert http_status(readiness) == 200

@@ -21,7 +21,8 @@ from laneway.kube.client import KubeApi
 
 POOLS = "/apis/laneway.io/v1alpha1/namespaces/serving/inferencepools"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
-WAIT = 5.0
+# Patience, not a budget: a loaded 2-core machine may take seconds to schedule the watch.
+WAIT = 60.0
 
 
 def pool(name: str, lane: str = "interactive", **spec: Any) -> dict[str, Any]:

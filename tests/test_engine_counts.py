@@ -28,7 +28,8 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import CollectorRegistry, Counter
-from test_gateway_e2e import client, gateway_doc, pool_doc, scrape, start_gateway, start_sim, total
+from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
+from test_gateway_e2e import client, scrape, total
 from test_pool_tokenizer import WORDS, prompts
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
+from simulated_pools import pool_doc, start_gateway
 
-from laneway.api import API_VERSION, KIND
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.procs import Children
 from laneway.bench.redis_server import LocalRedis
 
 TENANTS = {
@@ -37,23 +37,12 @@ LINE = json.dumps(
 )
 
 
-def start_gateway(children: Children, redis: LocalRedis, tmp_path: Path, *extra: str) -> str:
+def start_quota_gateway(children: Children, redis: LocalRedis, tmp_path: Path, *extra: str) -> str:
     (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(TENANTS))
     # A pool is required; nothing here is routed to it (port 9 is discard).
-    pool = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": "solo"},
-        "spec": {"lane": "interactive", "model": "m", "engine": {"kind": "simulator"}},
-        "status": {"endpoints": ["http://127.0.0.1:9"]},
-    }
-    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(pool))
-    args = [
-        *("--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", "0"),
-        *("--redis-url", redis.url, "--tenants", str(tmp_path / "tenants.yaml"), *extra),
-    ]
-    gateway: ChildProcess = children.start_laneway("gateway", args)
-    return gateway.url
+    pool = pool_doc("solo", "interactive", "m", ["http://127.0.0.1:9"], routing={"models": ["m"]})
+    flags = ("--redis-url", redis.url, "--tenants", str(tmp_path / "tenants.yaml"), *extra)
+    return start_gateway(children, tmp_path / "gateway.yaml", [pool], *flags).url
 
 
 def call(
@@ -90,7 +79,7 @@ def running() -> Iterator[tuple[Children, LocalRedis]]:
 def test_a_tenant_keeps_at_most_its_files_and_bytes(
     running: tuple[Children, LocalRedis], tmp_path: Path
 ) -> None:
-    url = start_gateway(*running, tmp_path)
+    url = start_quota_gateway(*running, tmp_path)
     first = upload(url, "sk-small")
     assert first[0] == 200
     assert first[1]["expires_at"] == first[1]["created_at"] + 30 * 24 * 3600
@@ -114,7 +103,7 @@ def test_a_tenant_keeps_at_most_its_files_and_bytes(
 def test_files_expire_and_give_their_quota_back(
     running: tuple[Children, LocalRedis], tmp_path: Path
 ) -> None:
-    url = start_gateway(*running, tmp_path, "--file-ttl", "1")
+    url = start_quota_gateway(*running, tmp_path, "--file-ttl", "1")
     made = [upload(url, "sk-small")[1]["id"] for _ in range(2)]
     deadline = time.monotonic() + 120
     # Redis drops each file when its time is up; then its quota is free again.

@@ -31,7 +31,7 @@ class QueueSource:
 
 
 async def wait_for(client: TestClient[Any, Any], path: str, status: int) -> None:
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(60):
         while (await client.get(path)).status != status:  # noqa: ASYNC110 - polling HTTP
             await asyncio.sleep(0.01)
 
@@ -59,7 +59,7 @@ async def test_pools_appear_change_and_go_through_the_source() -> None:
                 pool("docs", ["mistral"], []),
             ]
         )
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(60):
             while await model_ids(client) != ["llama", "llama-chat", "mistral"]:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
 

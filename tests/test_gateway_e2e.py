@@ -16,80 +16,20 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from simulated_pools import (
+    FAST,
+    MAX_BODY,
+    gateway_doc,
+    pool_doc,
+    start_gateway,
+    start_sim,
+    start_single_pool,
+)
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.routing.slo import PRIOR_MS_PER_TOKEN
 from laneway.tokens import default_tokenizer
-
-FAST = "20"  # engine time scale for tests that only need answers, not long streams
-MAX_BODY = 1024 * 1024
-
-
-def pool_doc(
-    name: str,
-    lane: str,
-    served: str,
-    endpoints: list[str],
-    routing: dict[str, Any] | None = None,
-    limits: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "laneway.io/v1alpha1",
-        "kind": "InferencePool",
-        "metadata": {"name": name},
-        "spec": {
-            "lane": lane,
-            "model": served,
-            "servedModelName": served,
-            "engine": {"kind": "simulator"},
-            "routing": {"models": ["llama"], **(routing or {})},
-            "limits": limits or {},
-        },
-        "status": {"endpoints": endpoints},
-    }
-
-
-def gateway_doc(**spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "laneway.io/v1alpha1",
-        "kind": "GatewayConfig",
-        "metadata": {"name": "test"},
-        "spec": {"maxBodyBytes": MAX_BODY, **spec},
-    }
-
-
-def start_sim(children: Children, model: str, *extra: str) -> ChildProcess:
-    args = ["--host", "127.0.0.1", "--port", "0", "--model", model, *extra]
-    return children.start_laneway("sim", args, name=f"sim {model}")
-
-
-def start_gateway(children: Children, path: Path, documents: list[dict[str, Any]]) -> ChildProcess:
-    path.write_text(yaml.safe_dump_all(documents))
-    args = ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
-    return children.start_laneway("gateway", args)
-
-
-def start_single_pool(
-    children: Children,
-    tmp_path: Path,
-    time_scale: str,
-    name: str = "solo",
-    limits: dict[str, Any] | None = None,
-    **gateway_spec: Any,
-) -> tuple[ChildProcess, ChildProcess]:
-    """One engine, the only pool behind a gateway: (engine, gateway)."""
-    engine = start_sim(children, "llama-small", "--time-scale", time_scale)
-    gateway = start_gateway(
-        children,
-        tmp_path / "gateway.yaml",
-        [
-            pool_doc(name, "interactive", "llama-small", [engine.url], limits=limits),
-            gateway_doc(**gateway_spec),
-        ],
-    )
-    return engine, gateway
 
 
 def client(gateway: ChildProcess) -> openai.AsyncOpenAI:
@@ -118,7 +58,7 @@ def total(
     )
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 15) -> None:
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 60) -> None:
     async with asyncio.timeout(within):
         # Polling another process over HTTP: there is no event to wait on.
         while not await check():  # noqa: ASYNC110

@@ -21,7 +21,8 @@ import pytest
 import pytest_asyncio
 import yaml
 from aiohttp import web
-from test_gateway_e2e import gateway_doc, pool_doc, scrape, total
+from simulated_pools import gateway_doc, pool_doc
+from test_gateway_e2e import scrape, total
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.gateway.serving.arrival import ArrivalStamps

@@ -15,7 +15,8 @@ import aiohttp
 import msgpack
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
-from test_gateway_e2e import client, eventually, gateway_doc, pool_doc, scrape, start_gateway, total
+from simulated_pools import gateway_doc, pool_doc, start_gateway
+from test_gateway_e2e import client, eventually, scrape, total
 
 from laneway.api import parse_pool
 from laneway.bench.procs import ChildProcess, Children

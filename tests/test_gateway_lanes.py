@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from simulated_pools import lane_pool
 
-from laneway.api import InferencePool, Lane, parse_pool
+from laneway.api import InferencePool, Lane
 from laneway.routing.lanes import (
     NeedsExactCount,
     NoFit,
@@ -17,30 +16,12 @@ from laneway.routing.lanes import (
 )
 from laneway.tokens import TokenBounds
 
-
-def pool(name: str, lane: str, routing: dict[str, Any], context: int) -> InferencePool:
-    return parse_pool(
-        {
-            "apiVersion": "laneway.io/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": name},
-            "spec": {
-                "lane": lane,
-                "model": f"model-{name}",
-                "engine": {"kind": "simulator"},
-                "routing": {"models": ["llama"], **routing},
-                "limits": {"maxContextTokens": context},
-            },
-        }
-    )
-
-
-REALTIME = pool("realtime", "interactive", {"maxPromptTokens": 2000}, 4096)
-BATCH = pool("batch", "batch", {"minPromptTokens": 2001}, 131072)
+REALTIME = lane_pool("realtime", "interactive", 4096, maxPromptTokens=2000)
+BATCH = lane_pool("batch", "batch", 131072, minPromptTokens=2001)
 # A batch pool that also takes short prompts when pinned by the header.
-OPEN_BATCH = pool("open-batch", "batch", {"minPromptTokens": 16000}, 131072)
-LOCKED_BATCH = pool("locked", "batch", {"minPromptTokens": 16000, "allowLaneHeader": False}, 65536)
-OVERFLOW = pool("overflow", "batch", {"priority": -1}, 8192)
+OPEN_BATCH = lane_pool("open-batch", "batch", 131072, minPromptTokens=16000)
+LOCKED_BATCH = lane_pool("locked", "batch", 65536, minPromptTokens=16000, allowLaneHeader=False)
+OVERFLOW = lane_pool("overflow", "batch", 8192, priority=-1)
 SPLIT = [REALTIME, BATCH]
 
 
@@ -76,7 +57,7 @@ ROUTES = [
     ),
     (
         "max_tokens that overflows the interactive context moves the request to batch",
-        [REALTIME, pool("wide-batch", "batch", {}, 131072)],
+        [REALTIME, lane_pool("wide-batch", "batch", 131072)],
         request(exact(1500), max_tokens=3000),
         "wide-batch",
         Lane.BATCH,
@@ -104,14 +85,14 @@ ROUTES = [
     ),
     (
         "higher priority wins over the interactive preference",
-        [REALTIME, pool("vip", "batch", {"priority": 5}, 8192)],
+        [REALTIME, lane_pool("vip", "batch", 8192, priority=5)],
         request(exact(100)),
         "vip",
         Lane.BATCH,
     ),
     (
         "equal priority prefers the interactive lane",
-        [REALTIME, pool("mixed", "batch", {}, 8192)],
+        [REALTIME, lane_pool("mixed", "batch", 8192)],
         request(exact(100)),
         "realtime",
         Lane.INTERACTIVE,

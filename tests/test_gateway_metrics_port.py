@@ -17,20 +17,14 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
+from simulated_pools import pool_doc, start_gateway, start_sim
 
-from laneway.api import API_VERSION, KIND
 from laneway.bench.procs import Children, laneway_argv
 from laneway.bench.redis_server import free_port
 from laneway.cli import main
 
 # A pool to route to; tests that never route point it at port 9 (discard).
-POOL = {
-    "apiVersion": API_VERSION,
-    "kind": KIND,
-    "metadata": {"name": "solo"},
-    "spec": {"lane": "interactive", "model": "m", "engine": {"kind": "simulator"}},
-    "status": {"endpoints": ["http://127.0.0.1:9"]},
-}
+POOL = pool_doc("solo", "interactive", "m", ["http://127.0.0.1:9"], routing={"models": ["m"]})
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -58,18 +52,12 @@ def test_metrics_move_to_their_own_port_and_count_the_api_traffic(tmp_path: Path
         yaml.safe_dump({"tenants": [{"name": "acme", "apiKeys": ["sk-acme"]}]})
     )
     with Children() as children:
-        engine = children.start_laneway(
-            "sim", ["--host", "127.0.0.1", "--port", "0", "--model", "m"]
-        )
-        pool = {**POOL, "status": {"endpoints": [engine.url]}}
-        (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(pool))
-        gateway = children.start_laneway(
-            "gateway",
-            [
-                *("--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1"),
-                *("--port", "0", "--metrics-port", str(metrics_port)),
-                *("--tenants", str(tmp_path / "tenants.yaml")),
-            ],
+        engine = start_sim(children, "m")
+        gateway = start_gateway(
+            children,
+            tmp_path / "gateway.yaml",
+            [{**POOL, "status": {"endpoints": [engine.url]}}],
+            *("--metrics-port", str(metrics_port), "--tenants", str(tmp_path / "tenants.yaml")),
         )
         status, body = get(f"{gateway.url}/metrics")
         assert status == 404

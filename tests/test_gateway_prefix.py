@@ -12,15 +12,8 @@ from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
-from test_gateway_e2e import (
-    client,
-    eventually,
-    gateway_doc,
-    pool_doc,
-    scrape,
-    start_gateway,
-    total,
-)
+from simulated_pools import gateway_doc, pool_doc, start_gateway
+from test_gateway_e2e import client, eventually, scrape, total
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer

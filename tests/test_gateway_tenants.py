@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 import yaml
-from test_gateway_e2e import FAST, gateway_doc, pool_doc, start_sim
+from simulated_pools import FAST, gateway_doc, pool_doc, start_sim
 
 from laneway.bench.procs import ChildProcess, Children
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from simulated_pools import pool_doc, start_gateway, start_sim
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.bench.redis_server import LocalRedis
@@ -35,31 +35,12 @@ EXAMPLES = settings(
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildProcess]:
     with LocalRedis() as redis, Children() as children:
-        engine = children.start_laneway(
-            "sim",
-            [
-                *("--host", "127.0.0.1", "--port", "0", "--model", "llama-small"),
-                *("--time-scale", "1000", "--max-context", "2048"),
-            ],
+        engine = start_sim(children, "llama-small", "--time-scale", "1000", "--max-context", "2048")
+        pool = pool_doc(
+            "solo", "interactive", "llama-small", [engine.url], limits={"maxContextTokens": 2048}
         )
-        pool = {
-            "apiVersion": "laneway.io/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": "solo"},
-            "spec": {
-                "lane": "interactive",
-                "model": "llama-small",
-                "servedModelName": "llama-small",
-                "engine": {"kind": "simulator"},
-                "routing": {"models": [MODEL]},
-                "limits": {"maxContextTokens": 2048},
-            },
-            "status": {"endpoints": [engine.url]},
-        }
         config = tmp_path_factory.mktemp("hostile") / "gateway.yaml"
-        config.write_text(yaml.safe_dump(pool))
-        args = ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
-        yield children.start_laneway("gateway", [*args, "--redis-url", redis.url])
+        yield start_gateway(children, config, [pool], "--redis-url", redis.url)
 
 
 def send(

@@ -16,7 +16,8 @@ import aiohttp
 import orjson
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
-from test_gateway_e2e import client, gateway_doc, pool_doc, start_gateway, start_sim
+from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
+from test_gateway_e2e import client
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from laneway.bench.procs import Children

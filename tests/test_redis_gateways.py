@@ -95,7 +95,6 @@ def test_two_gateways_spread_streams_over_engines_by_their_shared_load(fleet: Fl
             wait_for(
                 f"{turn + 1} streams spread evenly",
                 functools.partial(_evenly_spread, fleet, turn + 1),
-                patience=10,
             )
         shared = redis.Redis.from_url(fleet.redis.url, decode_responses=True)
         totals: dict[str, str] = shared.hgetall("laneway:load")  # type: ignore[assignment]

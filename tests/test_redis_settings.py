@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from redis.exceptions import AuthenticationError
 
 from laneway.bench.redis_server import LocalRedis
 from laneway.errors import UsageError
-from laneway.gateway.state.redis_store import RedisSettings, connect, redis_settings
+from laneway.gateway.state.redis_store import (
+    RedisSettings,
+    connect,
+    redis_client,
+    redis_settings,
+)
 
 
 def test_flag_wins_over_env_and_password_comes_from_env() -> None:
@@ -50,3 +57,27 @@ async def test_the_password_from_the_environment_opens_a_protected_redis() -> No
                         await client.ping()
             finally:
                 await client.aclose()
+
+
+async def test_a_cancel_that_arrives_as_a_command_is_sent_is_raised(
+    redis_server: LocalRedis,
+) -> None:
+    """Python 3.11's wait_for, around redis-py's send, drops a cancel that arrives in the
+    turns where the send has just finished; the gateway's client must raise it."""
+    async with redis_client(RedisSettings(redis_server.url)) as client:
+
+        async def ping() -> bool:
+            return bool(await client.ping())
+
+        await ping()  # connected: each send below starts without waiting on I/O
+        # Every turn from "not started" to "answered", so the turns right after the send
+        # are among them whatever the exact count.
+        for turns in range(12):
+            command = asyncio.create_task(ping())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if command.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await command
+            else:
+                assert await command  # answered before the cancel: nothing to raise

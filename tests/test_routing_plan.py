@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from simulated_pools import simulated_pool
 
-from laneway.api import Lane, parse_pool
+from laneway.api import Lane
 from laneway.routing.admission import AdmissionLine
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.lanes import Route, RouteRequest, classify, prefill_estimate
@@ -16,20 +17,12 @@ from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import PRIOR_MS_PER_TOKEN, PrefillRate
 from laneway.tokens import TokenBounds
 
-POOL = parse_pool(
-    {
-        "apiVersion": "laneway.io/v1alpha1",
-        "kind": "InferencePool",
-        "metadata": {"name": "chat"},
-        "spec": {
-            "lane": "interactive",
-            "model": "m",
-            "engine": {"kind": "simulator"},
-            "routing": {"models": ["llama"]},
-            "slo": {"ttftMillis": 200},
-        },
-        "status": {"endpoints": ["http://a", "http://b"]},
-    }
+POOL = simulated_pool(
+    "chat",
+    ["http://a", "http://b"],
+    model="m",
+    routing={"models": ["llama"]},
+    slo={"ttftMillis": 200},
 )
 
 

@@ -6,54 +6,25 @@ keys through the gateway is tests/test_gateway_tenants.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from simulated_pools import lane_pool, simulated_pool
 
-from laneway.api import InferencePool, Lane, check_pool_set, parse_pool
+from laneway.api import InferencePool, Lane, check_pool_set
 from laneway.routing.lanes import NoFit, Route, RouteRequest, UnknownModel, classify
 from laneway.tokens import TokenBounds
 
-
-def pool(name: str, lane: str, context: int, **routing: Any) -> InferencePool:
-    return parse_pool(
-        {
-            "apiVersion": "laneway.io/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": name},
-            "spec": {
-                "lane": lane,
-                "model": f"model-{name}",
-                "engine": {"kind": "simulator"},
-                "routing": {"models": ["llama"], **routing},
-                "limits": {"maxContextTokens": context},
-            },
-        }
-    )
-
-
 # Three interactive pools over the same 0-2000 range: one open, one per tenant.
-OPEN_CHAT = pool("open-chat", "interactive", 4096, maxPromptTokens=2000)
-ACME_CHAT = pool("acme-chat", "interactive", 4096, maxPromptTokens=2000, tenants=["acme"])
-BETA_CHAT = pool("beta-chat", "interactive", 1024, maxPromptTokens=500, tenants=["beta"])
+OPEN_CHAT = lane_pool("open-chat", "interactive", 4096, maxPromptTokens=2000)
+ACME_CHAT = lane_pool("acme-chat", "interactive", 4096, maxPromptTokens=2000, tenants=["acme"])
+BETA_CHAT = lane_pool("beta-chat", "interactive", 1024, maxPromptTokens=500, tenants=["beta"])
 # Batch pools overlapping everything above: one open, one shared by acme and beta.
-OPEN_BATCH = pool("open-batch", "batch", 131072, minPromptTokens=2001)
-SHARED_BATCH = pool("shared-batch", "batch", 65536, tenants=["acme", "beta"])
+OPEN_BATCH = lane_pool("open-batch", "batch", 131072, minPromptTokens=2001)
+SHARED_BATCH = lane_pool("shared-batch", "batch", 65536, tenants=["acme", "beta"])
 # Higher priority than every tenant's pool, open to everyone.
-VIP = pool("vip", "interactive", 4096, maxPromptTokens=2000, priority=10)
+VIP = lane_pool("vip", "interactive", 4096, maxPromptTokens=2000, priority=10)
 # A model only tenants are served.
-PRIVATE = parse_pool(
-    {
-        "apiVersion": "laneway.io/v1alpha1",
-        "kind": "InferencePool",
-        "metadata": {"name": "private"},
-        "spec": {
-            "lane": "interactive",
-            "model": "secret-model",
-            "engine": {"kind": "simulator"},
-            "routing": {"models": ["secret"], "tenants": ["acme"]},
-        },
-    }
+PRIVATE = simulated_pool(
+    "private", [], model="secret-model", routing={"models": ["secret"], "tenants": ["acme"]}
 )
 ALL = [OPEN_CHAT, ACME_CHAT, BETA_CHAT, OPEN_BATCH, SHARED_BATCH]
 
@@ -96,7 +67,7 @@ CASES = [
     ("others still get the higher-priority open one", [VIP, ACME_CHAT], ask(500, "beta"), "vip"),
     (
         "a pinned lane wins over the tenant's own pools",
-        [ACME_CHAT, pool("pinnable", "batch", 131072, minPromptTokens=16000)],
+        [ACME_CHAT, lane_pool("pinnable", "batch", 131072, minPromptTokens=16000)],
         ask(500, "acme", Lane.BATCH),
         "pinnable",
     ),
@@ -138,7 +109,7 @@ def test_the_owner_reaches_its_private_model() -> None:
 def test_no_fit_for_the_unauthenticated_counts_only_the_open_pools() -> None:
     decision = classify(
         ask(1500, None),
-        [BETA_CHAT, SHARED_BATCH, pool("tiny", "interactive", 1024, maxPromptTokens=500)],
+        [BETA_CHAT, SHARED_BATCH, lane_pool("tiny", "interactive", 1024, maxPromptTokens=500)],
     )
     assert isinstance(decision, NoFit)
     # The tenants' pools would hold it (shared-batch has 65536); the open one holds 1024.
@@ -148,7 +119,7 @@ def test_no_fit_for_the_unauthenticated_counts_only_the_open_pools() -> None:
 
 def test_overlapping_interactive_pools_pass_validation_only_for_different_tenants() -> None:
     assert check_pool_set([OPEN_CHAT, ACME_CHAT, BETA_CHAT]) == []
-    twin = pool("acme-chat-2", "interactive", 4096, maxPromptTokens=1000, tenants=["acme"])
+    twin = lane_pool("acme-chat-2", "interactive", 4096, maxPromptTokens=1000, tenants=["acme"])
     problems = check_pool_set([ACME_CHAT, twin])
     assert len(problems) == 1
     assert "overlaps pool default/acme-chat" in problems[0].message

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
 
 from laneway.bench.procs import ChildProcess, Children
 
@@ -49,37 +49,18 @@ def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 def start(
     children: Children, tmp_path: Path, time_scale: str, clients: dict[str, int], **spec: Any
 ) -> tuple[ChildProcess, ChildProcess]:
-    engine = children.start_laneway(
-        "sim",
-        [
-            *("--host", "127.0.0.1", "--port", "0", "--model", "m"),
-            *("--time-scale", time_scale, "--max-context", "65536"),
-        ],
+    """One engine behind a one-slot pool for model "m"; `clients`: the gateway's deadlines."""
+    engine = start_sim(children, "m", "--time-scale", time_scale, "--max-context", "65536")
+    pool = pool_doc(
+        "solo",
+        "interactive",
+        "m",
+        [engine.url],
+        routing={"models": ["m"]},
+        limits={"maxConcurrentRequests": 1, "maxContextTokens": 65536},
     )
-    pool = {
-        "apiVersion": "laneway.io/v1alpha1",
-        "kind": "InferencePool",
-        "metadata": {"name": "solo"},
-        "spec": {
-            "lane": "interactive",
-            "model": "m",
-            "servedModelName": "m",
-            "engine": {"kind": "simulator"},
-            "routing": {"models": ["m"]},
-            "limits": {"maxConcurrentRequests": 1, "maxContextTokens": 65536},
-        },
-        "status": {"endpoints": [engine.url]},
-    }
-    config = {
-        "apiVersion": "laneway.io/v1alpha1",
-        "kind": "GatewayConfig",
-        "metadata": {"name": "test"},
-        "spec": {"clients": clients, "queue": {"timeoutMillis": 1000}, **spec},
-    }
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump_all([pool, config]))
-    args = ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
-    return engine, children.start_laneway("gateway", args)
+    config = gateway_doc(clients=clients, queue={"timeoutMillis": 1000}, **spec)
+    return engine, start_gateway(children, tmp_path / "gateway.yaml", [pool, config])
 
 
 def connect(gateway: ChildProcess) -> socket.socket:

@@ -101,7 +101,6 @@ class Dispatcher:
     async def run(self) -> None:
         """Dispatch until cancelled; Redis going away pauses it, its return resumes it."""
         keeper = asyncio.create_task(self._keep_and_reclaim(), name="batch-keepalive")
-        this = asyncio.current_task()
         try:
             while not (self._stopping and not self._running):
                 try:
@@ -111,11 +110,6 @@ class Dispatcher:
                     await asyncio.sleep(1.0)
                 else:
                     self._outage.up()
-                # A cancel stays requested until someone uncancels it: if an await below
-                # swallowed its CancelledError (seen, rarely, in the wait for work), stop
-                # anyway rather than dispatch on and hang the shutdown that asked.
-                if this is not None and this.cancelling():
-                    raise asyncio.CancelledError
         finally:
             held = list(self._held.values())
             keeper.cancel()

@@ -34,6 +34,12 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -106,7 +112,51 @@ def connect(settings: RedisSettings) -> Redis:
         retry=Retry(NoBackoff(), 1),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
+    pool.connection_class = _KEEPING_CANCELS[pool.connection_class]
     return Redis.from_pool(pool)
+
+
+class _KeepsCancels(AbstractConnection):
+    """Raises the cancel that Python 3.11's `asyncio.wait_for` drops while a command is sent.
+
+    redis-py sends each command inside `wait_for(send, socket_timeout)`. Before 3.12, a
+    cancel that arrives in the loop turns where the send has just finished is dropped and
+    the send returns (python/cpython#86296; 3.12 rebuilt wait_for on asyncio.timeout). The
+    task goes on as if never cancelled, and whoever cancelled it to shut down waits forever
+    (a dispatcher kept dispatching through its gateway's shutdown). The task still counts
+    the cancel as requested, so it is raised here, where it was lost.
+    """
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        task = asyncio.current_task()
+        requested = 0 if task is None else task.cancelling()
+        await super().send_packed_command(command, check_health)
+        if task is not None and task.cancelling() > requested:
+            # The reply will never be read: drop the connection, as redis-py does itself
+            # when a send is interrupted.
+            await self.disconnect(nowait=True)
+            raise asyncio.CancelledError
+
+
+class _TcpKeepsCancels(_KeepsCancels, Connection):
+    pass
+
+
+class _TlsKeepsCancels(_KeepsCancels, SSLConnection):
+    pass
+
+
+class _UnixKeepsCancels(_KeepsCancels, UnixDomainSocketConnection):
+    pass
+
+
+_KEEPING_CANCELS: dict[type[AbstractConnection], type[AbstractConnection]] = {
+    Connection: _TcpKeepsCancels,
+    SSLConnection: _TlsKeepsCancels,
+    UnixDomainSocketConnection: _UnixKeepsCancels,
+}
 
 
 @contextlib.asynccontextmanager
