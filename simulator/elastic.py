@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from laneway.api import InferencePool, Lane
-from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide
+from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide, first_sight
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.plan import make_plan
 from laneway.routing.scorers import EndpointView
@@ -171,7 +171,14 @@ class ElasticCluster:
         # The gateway's scorers with the seed experiment's profile, and a seeded tie-break.
         self._picking = SEED_PICKING.profile()
         self._tie_break = random.Random("elastic/picker")
-        self._pools = [_PoolState(spec) for spec in pools]
+        # The operator's first sight of each elastic pool: the day starts as the night left
+        # it, and no scale-down comes before a whole down window of demand is seen.
+        self._pools = [
+            _PoolState(spec, history=first_sight(spec.policy, spec.replicas, 0.0))
+            if spec.policy is not None
+            else _PoolState(spec)
+            for spec in pools
+        ]
         self._routing = [spec.inference_pool() for spec in pools]
         self._unrouted = 0
         self._replicas: list[_Replica] = []
