@@ -330,6 +330,13 @@ def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
         help="run cells that each change one knob (chat peak, cold start, ramp, spike, "
         "headroom) of this day instead, and print where elastic wins and loses",
     )
+    parser.add_argument(
+        "--sweep-only",
+        default="",
+        metavar="CELLS",
+        help="with --sweep: only these cells, by label, comma-separated "
+        "(e.g. base,spike_factor=1.6); a machine short of CPU runs the sweep in parts",
+    )
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", help="write replicas and demand over the day to this PNG")
     parser.set_defaults(handler=run_bench_autoscale)  # fmt: skip
@@ -358,7 +365,8 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
     if args.sweep:
         if args.plot is not None:
             raise UsageError("--sweep draws no plot: drop --plot")
-        return _run_sweep(day, args.profile, args.json)
+        only = [label.strip() for label in args.sweep_only.split(",") if label.strip()]
+        return _run_sweep(day, args.profile, only, args.json)
     profile = PROFILES[args.profile]
     sized = plan(day, profile)
     results: dict[str, ElasticResult] = {}
@@ -445,12 +453,12 @@ def simulate(day: DayScenario, profile_name: str, name: str) -> dict[str, Any]:
     return found
 
 
-def _run_sweep(base: DayScenario, profile: str, json_path: str | None) -> int:
+def _run_sweep(base: DayScenario, profile: str, only: list[str], json_path: str | None) -> int:
     from laneway.bench.autoscale_sweep import run_sweep, sweep_json, sweep_table
 
     started = time.perf_counter()
     print(f"autoscale sweep: {profile}, in parallel processes", file=sys.stderr)
-    results = run_sweep(base, profile)
+    results = run_sweep(base, profile, only)
     wall_s = time.perf_counter() - started
     print(
         f"autoscale sweep, virtual time: {profile}; base: day {base.day_s / 60:g} min, chat "

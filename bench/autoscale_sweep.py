@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laneway.bench.autoscale import DayScenario, simulate
+from laneway.errors import UsageError
 from laneway.tables import format_table
 
 PEAK_RPS = (60.0, 140.0)
@@ -65,8 +66,21 @@ def _run(job: tuple[DayScenario, str, str]) -> dict[str, Any]:
     return simulate(day, profile, config)
 
 
-def run_sweep(base: DayScenario, profile: str) -> list[tuple[Cell, dict[str, dict[str, Any]]]]:
+def chosen_cells(base: DayScenario, only: Sequence[str]) -> list[Cell]:
+    """The cells labelled in `only` (all when empty); UsageError naming an unknown label."""
     cells = sweep_cells(base)
+    unknown = set(only) - {cell.label for cell in cells}
+    if unknown:
+        asked = ",".join(sorted(unknown))
+        labels = ", ".join(cell.label for cell in cells)
+        raise UsageError(f"--sweep-only {asked}: no such cell (cells: {labels})")
+    return [cell for cell in cells if not only or cell.label in only]
+
+
+def run_sweep(
+    base: DayScenario, profile: str, only: Sequence[str] = ()
+) -> list[tuple[Cell, dict[str, dict[str, Any]]]]:
+    cells = chosen_cells(base, only)
     jobs: dict[tuple[DayScenario, str], tuple[DayScenario, str, str]] = {}
     for cell in cells:
         jobs[(static_key(cell.day), "static")] = (static_key(cell.day), profile, "static")

@@ -13,8 +13,9 @@ import pytest
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
 from laneway.bench.autoscale import DayScenario, arrivals, in_flight_per_replica, plan
-from laneway.bench.autoscale_sweep import static_key, sweep_cells
+from laneway.bench.autoscale_sweep import chosen_cells, static_key, sweep_cells
 from laneway.cli import main
+from laneway.errors import UsageError
 from laneway.simulator.elastic import Arrival, ElasticCluster, ElasticPool, poisson_arrivals
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
@@ -164,6 +165,14 @@ def test_the_sweep_changes_one_knob_per_cell_and_shares_static_runs() -> None:
     statics = {static_key(cell.day) for cell in cells}
     assert static_key(replace(base, cold_start_s=120.0, headroom=0.0)) == static_key(base)
     assert len(statics) < len(cells)  # cold start and headroom cells reuse the base's
+
+
+def test_a_sweep_in_parts_runs_the_cells_named_and_refuses_unknown_ones() -> None:
+    base = DayScenario()
+    chosen = chosen_cells(base, ["spike_factor=1.6", "headroom=0"])
+    assert [cell.label for cell in chosen] == ["spike_factor=1.6", "headroom=0"]
+    with pytest.raises(UsageError, match="--sweep-only peak_rps=7: no such cell"):
+        chosen_cells(base, ["peak_rps=7"])
 
 
 def test_bench_autoscale_sweep_draws_no_plot(
