@@ -33,11 +33,11 @@ from laneway.simulator.elastic import (
     COLD_START_S,
     DECISION_INTERVAL_S,
     Arrival,
-    ElasticCluster,
     ElasticPool,
     ElasticResult,
     diurnal_rate,
     poisson_arrivals,
+    run_elastic,
 )
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from laneway.simulator.scheduler import SchedulerConfig
@@ -152,7 +152,7 @@ def in_flight_per_replica(profile: Profile, engine: SchedulerConfig, rps: float)
     trace = chat_arrivals(rng, poisson_arrivals(rng, lambda _: rps, rps, CALIBRATION_S))
     pool = ElasticPool("interactive", True, engine, 1, None, REALTIME_MAX_PROMPT)
     slo = (TTFT_SLO_S, TBT_SLO_S)
-    result = ElasticCluster([pool], profile, trace, CALIBRATION_S, slo).run()
+    result = run_elastic([pool], profile, trace, CALIBRATION_S, slo)
     return sum(o.finished_s - o.arrival_s for o in result.outcomes) / CALIBRATION_S
 
 
@@ -440,7 +440,7 @@ def run_day(day: DayScenario, profile: Profile, sized: Plan, name: str) -> Elast
     """One configuration ("static" or "elastic") over the day."""
     slo = (TTFT_SLO_S, TBT_SLO_S)
     pools = configs(day, sized)[name]
-    return ElasticCluster(pools, profile, arrivals(day), day.day_s, slo, day.cold_start_s).run()
+    return run_elastic(pools, profile, arrivals(day), day.day_s, slo, day.cold_start_s)
 
 
 def simulate(day: DayScenario, profile_name: str, name: str) -> dict[str, Any]:

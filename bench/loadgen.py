@@ -135,9 +135,10 @@ def draw_turn(rng: random.Random, workload: Workload) -> Turn:
 def session_rng(seed: int, session: int) -> random.Random:
     """Each session's own stream, so that one session's draws never shift another's.
 
-    Seeded and drawn from exactly as the virtual-time runner (laneway.simulator.runner) does:
-    the start offset, then per turn the prompt length, the output length and the think
-    time. A live run therefore sends the very turns a virtual run of the same seed prices.
+    Seeded and drawn from exactly as the virtual seed experiment
+    (laneway.simulator.seed_experiment) does: the start offset, then per turn the prompt
+    length, the output length and the think time. A live run therefore sends the very
+    turns a virtual run of the same seed prices.
     """
     return random.Random(f"{seed}/session/{session}")
 

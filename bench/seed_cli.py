@@ -142,8 +142,8 @@ class _Progress:
 
 def run_seed(args: argparse.Namespace) -> int:
     from laneway.bench.seed_report import against_unified_full, seed_table, summarize
-    from laneway.simulator.runner import RunResult, run_virtual
     from laneway.simulator.seed import scenario_problems, seed_configs
+    from laneway.simulator.seed_experiment import RunResult, run_virtual
 
     scenario = scenario_from(args)
     problems = scenario_problems(scenario)
@@ -222,8 +222,8 @@ def _run_sweep(
 ) -> int:
     from laneway.bench.seed_report import ConfigSummary, against_unified_full, summarize
     from laneway.bench.seed_sweep import sweep_cells, sweep_json, sweep_table
-    from laneway.simulator.runner import run_virtual
     from laneway.simulator.seed import scenario_problems, seed_configs
+    from laneway.simulator.seed_experiment import run_virtual
 
     started = time.perf_counter()
     done: list[tuple[Cell, list[ConfigSummary]]] = []

@@ -30,7 +30,6 @@ from laneway.bench.ttft_check import Histogram, gateway_ttft
 from laneway.errors import ChildError
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
-from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import (
     PUBLIC_MODEL,
     SCRAPE_INTERVAL_S,
@@ -39,6 +38,7 @@ from laneway.simulator.seed import (
     ClusterConfig,
     SeedScenario,
 )
+from laneway.simulator.seed_experiment import RunResult
 
 DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the duration
 WARM_UP_PER_REPLICA = 2

@@ -27,8 +27,8 @@ from laneway.bench.seed_report import (
 from laneway.bench.ttft_check import TtftAgreement, agreement, agreement_table
 from laneway.outputs import write_json
 from laneway.simulator.profiles import Profile
-from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import ClusterConfig, SeedScenario
+from laneway.simulator.seed_experiment import RunResult
 
 
 def lanes_of(run: LiveRun, kind: str) -> dict[str, int]:

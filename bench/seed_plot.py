@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import TBT_SLO_S, TTFT_SLO_S, SeedScenario
+from laneway.simulator.seed_experiment import RunResult
 from laneway.stats import percentile
 
 BIN_S = 0.5

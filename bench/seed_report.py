@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import SeedScenario
+from laneway.simulator.seed_experiment import RunResult
 from laneway.stats import percentile
 from laneway.tables import format_table
 

@@ -10,8 +10,8 @@ import pytest
 
 from laneway.bench.seed_plot import BIN_S, binned, stalls
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.runner import RunResult
 from laneway.simulator.seed import SeedScenario, seed_configs
+from laneway.simulator.seed_experiment import RunResult
 
 CONFIG = seed_configs(SeedScenario(), PROFILES["h200-llama3-8b"])[0]
 

@@ -16,7 +16,7 @@ from laneway.bench.autoscale import DayScenario, arrivals, in_flight_per_replica
 from laneway.bench.autoscale_sweep import chosen_cells, static_key, sweep_cells
 from laneway.cli import main
 from laneway.errors import UsageError
-from laneway.simulator.elastic import Arrival, ElasticCluster, ElasticPool, poisson_arrivals
+from laneway.simulator.elastic import Arrival, ElasticPool, poisson_arrivals, run_elastic
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 
@@ -35,7 +35,7 @@ BATCH_AT_ZERO = ScalePolicy(
 def run(cold_start_s: float) -> tuple[list[float], list[int], float]:
     documents = [Arrival(100.0, 32768, 64, Lane.BATCH) for _ in range(2)]
     pool = ElasticPool("batch", False, ENGINE, 0, BATCH_AT_ZERO)
-    result = ElasticCluster([pool], PROFILE, documents, 600.0, SLO, cold_start_s).run()
+    result = run_elastic([pool], PROFILE, documents, 600.0, SLO, cold_start_s)
     assert result.unfinished == 0
     (trace,) = result.traces
     starts = [o.arrival_s + o.ttft_s for o in result.outcomes]
@@ -107,7 +107,7 @@ def test_an_elastic_pool_holds_its_count_for_a_down_window_before_it_shrinks() -
     # The operator's first sight: no demand at the start of the day is not a reason to drop
     # the replicas the night left running before a whole down window has been seen.
     pool = ElasticPool("interactive", True, CHAT_ENGINE, 3, chat_policy(10))
-    (trace,) = ElasticCluster([pool], PROFILE, [], 400.0, SLO).run().traces
+    (trace,) = run_elastic([pool], PROFILE, [], 400.0, SLO).traces
     held = [n for at, n in zip(trace.at_s, trace.replicas, strict=True) if at < 120]
     assert held
     assert set(held) == {3}
@@ -119,7 +119,7 @@ def test_an_interactive_pool_grows_on_requests_in_flight_and_serves_after_the_co
     times = poisson_arrivals(rng, lambda _: 30.0, 30.0, 240.0)
     trace = [Arrival(t, rng.randint(200, 1500), rng.randint(50, 250)) for t in times]
     pool = ElasticPool("interactive", True, CHAT_ENGINE, 1, chat_policy(10))
-    result = ElasticCluster([pool], PROFILE, trace, 240.0, SLO, cold_start_s=60.0).run()
+    result = run_elastic([pool], PROFILE, trace, 240.0, SLO, cold_start_s=60.0)
     (pool_trace,) = result.traces
     assert max(pool_trace.replicas) >= 3
     assert "scaling up 1 -> " in pool_trace.reasons[0]
