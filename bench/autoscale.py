@@ -238,6 +238,9 @@ def _ms(outcomes: list[Any], q: float) -> float:
     return round(percentile([o.ttft_s for o in outcomes], q) * 1000, 1) if outcomes else 0.0
 
 
+CONFIG_CHOICES = ("static,elastic", "static", "elastic")
+
+
 def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
     default = DayScenario()
     parser = bench.add_parser(
@@ -331,6 +334,12 @@ def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
         "headroom) of this day instead, and print where elastic wins and loses",
     )
     parser.add_argument(
+        "--configs",
+        default=CONFIG_CHOICES[0],
+        help="which configurations to run: static,elastic (default), or one of them, e.g. "
+        "elastic when the static run of the same day is already known",
+    )
+    parser.add_argument(
         "--sweep-only",
         default="",
         metavar="CELLS",
@@ -362,6 +371,10 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         raise UsageError("; ".join(problems))
     check_output_folder(args.json, "--json")
     check_output_folder(args.plot, "--plot")
+    if args.configs not in CONFIG_CHOICES:
+        raise UsageError(f"--configs {args.configs}: one of {', '.join(CONFIG_CHOICES)}")
+    if args.plot is not None and args.configs != CONFIG_CHOICES[0]:
+        raise UsageError("--plot draws both configurations: drop --configs")
     if args.sweep:
         if args.plot is not None:
             raise UsageError("--sweep draws no plot: drop --plot")
@@ -371,7 +384,7 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
     sized = plan(day, profile)
     results: dict[str, ElasticResult] = {}
     started = time.perf_counter()
-    for name in ("static", "elastic"):
+    for name in args.configs.split(","):
         print(f"{name}: simulating {day.day_s:g} s of traffic", file=sys.stderr)
         results[name] = run_day(day, profile, sized, name)
     wall_s = time.perf_counter() - started
@@ -387,7 +400,6 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         ]
         for name, s in summaries.items()
     ]
-    saved = 1 - summaries["elastic"]["gpu_hours"] / summaries["static"]["gpu_hours"]
     print(
         f"autoscale, virtual time: {profile.name}, day {day.day_s / 60:g} min, chat peak "
         f"{day.peak_rps:g} rps (/{day.peak_to_trough:g} at night), {day.jobs} jobs x "
@@ -409,7 +421,9 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
     print()
     header = ["config", "GPU-h", "SLO met", "TTFT p99 ms", "batch done", "batch p99 s"]
     print("\n".join(format_table(header, rows)))
-    print(f"\nelastic uses {saved:.1%} fewer GPU-hours than static")
+    if len(summaries) == 2:
+        saved = 1 - summaries["elastic"]["gpu_hours"] / summaries["static"]["gpu_hours"]
+        print(f"\nelastic uses {saved:.1%} fewer GPU-hours than static")
     if args.json is not None:
         document = {
             "scenario": {**vars(day), "profile": profile.name, "wall_s": round(wall_s, 1)},
@@ -426,7 +440,9 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
                 for pool, trace_ in zip(
                     configs(day, sized)["elastic"], results["elastic"].traces, strict=True
                 )
-            },
+            }
+            if "elastic" in results
+            else {},
         }
         write_json(args.json, document)
         print(f"wrote {args.json}", file=sys.stderr)

@@ -180,3 +180,19 @@ def test_bench_autoscale_sweep_draws_no_plot(
 ) -> None:
     assert main(["bench", "autoscale", "--sweep", "--plot", str(tmp_path / "day.png")]) == 2
     assert "--sweep draws no plot: drop --plot" in capsys.readouterr().err
+
+
+def test_bench_autoscale_runs_one_configuration_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "elastic.json"
+    code = main(
+        ["bench", "autoscale", "--day-minutes", "10", "--peak-rps", "1", "--jobs", "0",
+         "--configs", "elastic", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    document = json.loads(out.read_text())
+    assert list(document["configs"]) == ["elastic"]
+    assert "fewer GPU-hours" not in capsys.readouterr().out  # nothing to compare against
+    assert main(["bench", "autoscale", "--configs", "elastics"]) == 2
+    assert "--configs elastics: one of static,elastic, static, elastic" in capsys.readouterr().err
