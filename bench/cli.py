@@ -9,6 +9,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from laneway.bench.autoscale import register_bench_autoscale
+from laneway.bench.chaos_cli import register_bench_chaos
+from laneway.bench.counts_cli import register_bench_counts
 from laneway.bench.prefix_cli import register_bench_prefix
 from laneway.bench.seed_cli import register_bench_seed
 
@@ -26,6 +28,8 @@ def register(
     register_bench_seed(bench)
     register_bench_autoscale(bench)
     register_bench_prefix(bench)
+    register_bench_counts(bench)
+    register_bench_chaos(bench)
 
 
 def register_demo(commands: argparse._SubParsersAction[Any]) -> None:

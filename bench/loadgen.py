@@ -234,6 +234,7 @@ class StreamResult:
     e2e_s: float
     output_tokens: int
     error: str | None
+    error_code: str | None = None  # the OpenAI error's `code`, when the error had one
 
 
 async def stream_request(
@@ -247,11 +248,15 @@ async def stream_request(
     start = clock()
     arrivals: list[float] = []
     error: str | None = None
+    code: str | None = None
     async with session.post(url, json=body, headers=headers) as response:
         reply_headers = {k.lower(): v for k, v in response.headers.items()}
         if response.status != 200:
-            error = _error_message(await response.read())
-            return StreamResult(response.status, reply_headers, None, (), clock() - start, 0, error)
+            reply = await response.read()
+            error, code = _error_message(reply), _error_code(reply)
+            return StreamResult(
+                response.status, reply_headers, None, (), clock() - start, 0, error, code
+            )
         done = False
         async for raw in response.content:
             line = raw.strip()
@@ -263,7 +268,7 @@ async def stream_request(
                 break
             event = json.loads(payload)
             if "error" in event:
-                error = _error_message(payload)
+                error, code = _error_message(payload), _error_code(payload)
                 break
             if _has_token(event):
                 arrivals.append(clock())
@@ -272,7 +277,7 @@ async def stream_request(
         error = "stream ended without [DONE]"
     gaps = tuple(b - a for a, b in itertools.pairwise(arrivals))
     ttft = arrivals[0] - start if arrivals else None
-    return StreamResult(200, reply_headers, ttft, gaps, end - start, len(arrivals), error)
+    return StreamResult(200, reply_headers, ttft, gaps, end - start, len(arrivals), error, code)
 
 
 def _has_token(event: Mapping[str, Any]) -> bool:
@@ -282,6 +287,14 @@ def _has_token(event: Mapping[str, Any]) -> bool:
         if content:
             return True
     return False
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if code is None else str(code)
 
 
 def _error_message(body: bytes) -> str:

@@ -1,7 +1,9 @@
 """A throwaway local `redis-server` for tests and benchmarks: free port, no persistence.
 
-It can be stopped and started again on the same port, which is how the fault tests make
-Redis unreachable and then bring it back.
+It can be stopped (or killed) and started again on the same port, which is how the fault
+tests make Redis unreachable and then bring it back. With `append_only_dir` it keeps an AOF
+there, fsynced on every write, so a restart (even after SIGKILL) keeps every acknowledged
+write, as docs/STATE.md recommends for batches.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 from types import TracebackType
 
 from laneway.errors import UsageError
@@ -27,12 +30,18 @@ def free_port() -> int:
 class LocalRedis:
     """`redis-server --port N --save '' --appendonly no` on 127.0.0.1, started and stopped."""
 
-    def __init__(self, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        password: str | None = None,
+        append_only_dir: Path | None = None,
+    ) -> None:
         self.executable = shutil.which("redis-server")
         if self.executable is None:
             raise UsageError("redis-server is not installed: run scripts/install-tools.sh")
         self.port = port or free_port()
         self.password = password
+        self.append_only_dir = append_only_dir
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -45,6 +54,10 @@ class LocalRedis:
 
     def start(self) -> None:
         assert self.executable is not None
+        persistence = ["--appendonly", "no"]
+        if self.append_only_dir is not None:
+            persistence = ["--appendonly", "yes", "--appendfsync", "always"]
+            persistence += ["--dir", str(self.append_only_dir)]
         self._process = subprocess.Popen(
             [
                 self.executable,
@@ -54,8 +67,7 @@ class LocalRedis:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--loglevel",
                 "warning",
                 *(["--requirepass", self.password] if self.password else []),
@@ -80,6 +92,12 @@ class LocalRedis:
         if self._process.stderr is not None:
             self._process.stderr.close()
         self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown, no final write."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+        self.stop()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_PATIENCE_S

@@ -11,6 +11,8 @@ test here is skipped with the reason; nothing pretends to pass.
 
 from __future__ import annotations
 
+import base64
+import functools
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +36,8 @@ KIND_SH = ROOT / "e2e" / "kind.sh"
 EXAMPLES = ROOT / "manifests" / "examples" / "simulator-pools.yaml"
 NAMESPACE = os.environ.get("LANEWAY_E2E_NAMESPACE", "laneway")
 GATEWAY_SERVICE = "svc/laneway-gateway"
+API_KEY_SECRET = "laneway-api-key"  # the key the chart generated for release "laneway"
+GATEWAY_PORTS = (80, 9090)  # the Service's API and metrics ports
 READY_TIMEOUT_S = 300
 
 Manifest = dict[str, Any]
@@ -128,39 +133,67 @@ def pools(cluster: None) -> list[Manifest]:
 
 
 @pytest.fixture(scope="module")
-def gateway_url(pools: list[Manifest]) -> Iterator[str]:
+def forwarded(pools: list[Manifest]) -> Iterator[dict[int, str]]:
+    """The gateway Service's ports, forwarded to this machine: Service port -> local URL."""
     kubectl("rollout", "status", "deployment/laneway-gateway", "--timeout=180s", timeout=200)
     forward = subprocess.Popen(
-        ["kubectl", "--namespace", NAMESPACE, "port-forward", GATEWAY_SERVICE, ":80"],
+        [
+            *("kubectl", "--namespace", NAMESPACE, "port-forward", GATEWAY_SERVICE),
+            *(f":{port}" for port in GATEWAY_PORTS),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         assert forward.stdout is not None
-        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
-        match = re.search(r"127\.0\.0\.1:(\d+)", line)
-        if match is None:
-            pytest.fail(f"kubectl port-forward said {line!r}")
-        url = f"http://127.0.0.1:{match.group(1)}"
-        names = {p["spec"].get("servedModelName", p["spec"]["model"]) for p in pools}
-        eventually("the gateway lists the pools' models", lambda: names <= set(models(url)), 120)
-        yield url
+        local: list[str] = []
+        while len(local) < len(GATEWAY_PORTS):
+            line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
+            if not line:
+                pytest.fail("kubectl port-forward exited")
+            match = re.search(r"127\.0\.0\.1:(\d+)", line)
+            if match is not None:
+                local.append(f"http://127.0.0.1:{match.group(1)}")
+        yield dict(zip(GATEWAY_PORTS, local, strict=True))
     finally:
         forward.terminate()
         forward.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def gateway_url(pools: list[Manifest], forwarded: dict[int, str]) -> str:
+    url = forwarded[GATEWAY_PORTS[0]]
+    names = {p["spec"].get("servedModelName", p["spec"]["model"]) for p in pools}
+    eventually("the gateway lists the pools' models", lambda: names <= set(models(url)), 120)
+    return url
+
+
+@pytest.fixture(scope="module")
+def metrics_url(forwarded: dict[int, str]) -> str:
+    return forwarded[GATEWAY_PORTS[1]]
+
+
+@functools.cache
+def api_key() -> str:
+    """The key the chart generated at install, read as its notes say."""
+    encoded = kubectl("get", "secret", API_KEY_SECRET, "-o", "jsonpath={.data.api-key}")
+    return base64.b64decode(encoded).decode()
+
+
 def models(url: str) -> list[str]:
+    request = urllib.request.Request(
+        f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key()}"}
+    )
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             return [m["id"] for m in json.load(response)["data"]]
     except OSError:
         return []
 
 
 def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="e2e", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key(), max_retries=0, timeout=120)
 
 
 def pool_named(pools: list[Manifest], lane: str) -> Manifest:
@@ -233,7 +266,13 @@ def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 @pytest.mark.kind
-def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_url: str) -> None:
+def test_gateway_metrics_count_requests_per_lane(
+    pools: list[Manifest], gateway_url: str, metrics_url: str
+) -> None:
+    with pytest.raises(urllib.error.HTTPError) as on_api_port:
+        urllib.request.urlopen(f"{gateway_url}/metrics", timeout=10)
+    assert on_api_port.value.code == 404  # served on the metrics port only
+    on_api_port.value.close()
     interactive = pool_named(pools, "interactive")
     for _ in range(3):
         client(gateway_url).chat.completions.create(
@@ -241,7 +280,7 @@ def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_
             messages=[{"role": "user", "content": "hello"}],
             max_tokens=4,
         )
-    samples = scrape(gateway_url)
+    samples = scrape(metrics_url)
     answered = sum(
         value
         for (name, labels), value in samples.items()
@@ -255,7 +294,7 @@ def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_
     def every_endpoint_available() -> bool:
         available = {
             dict(labels)["pool"]: value
-            for (name, labels), value in scrape(gateway_url).items()
+            for (name, labels), value in scrape(metrics_url).items()
             if name == "laneway_gateway_endpoints" and ("state", "available") in labels
         }
         return all(available.get(key) == count for key, count in expected.items())
@@ -264,7 +303,7 @@ def test_gateway_metrics_count_requests_per_lane(pools: list[Manifest], gateway_
 
 
 @pytest.mark.kind
-def test_a_deleted_pool_drains_from_the_gateway(gateway_url: str) -> None:
+def test_a_deleted_pool_drains_from_the_gateway(gateway_url: str, metrics_url: str) -> None:
     pool = example_pools()[0]
     name = "e2e-drain"
     pool["metadata"]["name"] = name
@@ -290,7 +329,7 @@ def test_a_deleted_pool_drains_from_the_gateway(gateway_url: str) -> None:
         )
     eventually(
         "the pool's endpoints leave the gateway's metrics",
-        lambda: not any(("pool", name) in labels for _, labels in scrape(gateway_url)),
+        lambda: not any(("pool", name) in labels for _, labels in scrape(metrics_url)),
     )
     eventually(
         "the pool's engine Deployment is garbage-collected with it",

@@ -42,7 +42,7 @@ from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.arrival import stamp_arrival
-from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
+from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.demand import DemandBook
@@ -64,9 +64,11 @@ def create_app(
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.monotonic,
     shared: SharedStateOptions | None = None,
+    metrics_route: bool = True,
 ) -> web.Application:
     """The whole gateway app; with `shared`, its state layer too (tenants, limits, Redis,
-    the Files and Batches API)."""
+    the Files and Batches API). Without `metrics_route`, /metrics is served only by
+    `create_metrics_app` on a port of its own."""
     app = web.Application(middlewares=[stamp_arrival, openai_errors])
     registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
@@ -74,14 +76,19 @@ def create_app(
     app[DEMAND] = demand_book = DemandBook(clock)
     app[TRACKER] = tracker or InMemoryLoadTracker()
     tok = settings.tokenizer
-    app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path)
-    app[POOL_TOKENIZERS] = PoolTokenizers(app[TOKENIZER], settings.queue.retry_after_seconds)
+    app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path, tok.config_path)
     app[COUNTER] = OffLoopCounter()
     app.on_cleanup.append(_stop_counter)
     app[PROFILE] = settings.picking.profile()
     app[RNG] = rng or random.Random()
     app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
     app[METRICS] = GatewayMetrics(registry, demand_book, app[PREFIX_INDEX])
+    app[POOL_TOKENIZERS] = PoolTokenizers(
+        app[TOKENIZER],
+        settings.queue.retry_after_seconds,
+        app[COUNTER],
+        EngineTokenize(lambda: app[SESSION], registry, app[METRICS].engine_counts),
+    )
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
@@ -95,7 +102,8 @@ def create_app(
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if metrics_route:
+        app.router.add_get("/metrics", metrics)
     app.router.add_get(DEMAND_PATH, demand)
     if shared is not None:
         install(app, shared)
@@ -221,6 +229,15 @@ async def demand(request: web.Request) -> web.Response:
     counts, replicas = (local, 1) if share is None else await share.total(local)
     pools = {key: count.to_wire() for key, count in sorted(counts.items())}
     return web.json_response({"object": "laneway.demand", "replicas": replicas, "pools": pools})
+
+
+def create_metrics_app(app: web.Application) -> web.Application:
+    """/metrics alone, for a port apart from the API: the metrics name engines and tenants,
+    so a NetworkPolicy can admit only Prometheus there."""
+    metrics_app = web.Application()
+    metrics_app[METRICS] = app[METRICS]
+    metrics_app.router.add_get("/metrics", metrics)
+    return metrics_app
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -37,8 +37,9 @@ def register(
         "gateway",
         help="serve the OpenAI API and route each request to its lane's pool",
         description="The lane router: OpenAI-compatible API, plus /healthz, /readyz and "
-        "/metrics on the same port. Pools come from --config (InferencePool documents with "
-        "status.endpoints) or from the Kubernetes API with --kubernetes.",
+        "/metrics on the same port (/metrics on a port of its own with --metrics-port). Pools "
+        "come from --config (InferencePool documents with status.endpoints) or from the "
+        "Kubernetes API with --kubernetes.",
     )
     gateway.add_argument(
         "--config",
@@ -71,6 +72,13 @@ def register(
         help="port to listen on; 0 picks a free one (default 8080)",
     )
     gateway.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics on this port instead, and answer 404 there on the API port: the "
+        "metrics name engines and tenants (default: on the API port)",
+    )
+    gateway.add_argument(
         "--redis-url",
         default=os.environ.get(REDIS_URL_ENV),
         help=f"shared state for several replicas (default ${REDIS_URL_ENV}; password from "
@@ -88,6 +96,14 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+        if args.metrics_port == args.port != 0:
+            raise UsageError(
+                f"--metrics-port {args.metrics_port} is the API port: give another one, or "
+                "leave it out to serve /metrics on the API port"
+            )
     for flag, given in (
         ("--namespace", args.namespace is not None),
         ("--all-namespaces", args.all_namespaces),
@@ -113,9 +129,10 @@ def run_gateway(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.config}: holds no InferencePool document to route to")
         source = StaticPoolSource(loaded.pools)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    app = create_app(settings, source, shared=shared)
+    app = create_app(settings, source, shared=shared, metrics_route=args.metrics_port is None)
+    drain_seconds = settings.drain_timeout_millis / 1000
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve(app, args.host, args.port, settings.drain_timeout_millis / 1000))
+        return runner.run(serve(app, args.host, args.port, drain_seconds, args.metrics_port))
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -151,10 +168,13 @@ def watched_namespace(args: argparse.Namespace, pod_file: Path = POD_NAMESPACE_F
     return namespace
 
 
-async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
+async def serve(
+    app: Any, host: str, port: int, drain_seconds: float, metrics_port: int | None = None
+) -> int:
     """Serve until SIGTERM, SIGINT or a fatal failure, then drain open streams; exit code."""
     from aiohttp import web
 
+    from laneway.gateway.app import create_metrics_app
     from laneway.gateway.keys import CLOCK, SETTINGS, STOP
     from laneway.gateway.serving.arrival import listen
     from laneway.gateway.state.shared import announce_listening
@@ -178,6 +198,19 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
         await runner.cleanup()
         raise cannot_listen(host, port, error) from None
     bound_port = listener.sockets[0].getsockname()[1]
+    metrics_runner = None
+    if metrics_port is not None:
+        metrics_runner = web.AppRunner(create_metrics_app(app), handle_signals=False)
+        await metrics_runner.setup()
+        try:
+            await web.TCPSite(metrics_runner, host, metrics_port).start()
+        except OSError as error:
+            listener.close()
+            await metrics_runner.cleanup()
+            await runner.cleanup()
+            raise cannot_listen(host, metrics_port, error, "--metrics-port") from None
+        bound_metrics = metrics_runner.addresses[0][1]
+        print(f"laneway gateway: metrics on http://{host}:{bound_metrics}/metrics", flush=True)
     announce_listening(app, host, bound_port)
     print(f"laneway gateway: listening on http://{host}:{bound_port}", flush=True)
     stop = app[STOP]
@@ -190,6 +223,8 @@ async def serve(app: Any, host: str, port: int, drain_seconds: float) -> int:
     print(f"laneway gateway: draining for up to {drain_seconds:g} s", file=sys.stderr, flush=True)
     listener.close()  # no new connections; runner.cleanup() drains the open ones
     await runner.cleanup()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()  # last: the drain is worth watching
     return 0 if stop.failure is None else 1
 
 

@@ -72,6 +72,7 @@ class TokenizerSettings:
     kind: str = "tiktoken"
     encoding: str | None = None  # tiktoken: the encoding name; None: cl100k_base
     path: str | None = None  # huggingface: a tokenizer.json
+    config_path: str | None = None  # huggingface: a tokenizer_config.json (its chat template)
 
 
 @dataclass(frozen=True)
@@ -298,15 +299,18 @@ def _queue(reader: _Reader, data: Mapping[str, Any]) -> QueueSettings:
 
 def _tokenizer(reader: _Reader, data: Mapping[str, Any]) -> TokenizerSettings:
     path = "spec.tokenizer"
-    reader.known_fields(data, path, ("kind", "encoding", "path"))
+    reader.known_fields(data, path, ("kind", "encoding", "path", "configPath"))
     kind = reader.choice(data, "kind", path, TOKENIZER_KINDS) if "kind" in data else None
     settings = TokenizerSettings(
         kind=kind or TokenizerSettings.kind,
         encoding=reader.string(data, "encoding", path),
         path=reader.string(data, "path", path),
+        config_path=reader.string(data, "configPath", path),
     )
     if settings.kind == "huggingface" and settings.path is None:
         reader.fail(f"{path}.path", "is required for kind huggingface (a tokenizer.json)")
+    if settings.kind != "huggingface" and settings.config_path is not None:
+        reader.fail(f"{path}.configPath", "is for kind huggingface (a tokenizer_config.json)")
     return settings
 
 

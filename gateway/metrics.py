@@ -82,6 +82,14 @@ class GatewayMetrics:
             buckets=TOKENIZE_BUCKETS,
             registry=self.registry,
         )
+        self.engine_counts = Counter(
+            "laneway_gateway_engine_counts",
+            "Exact prompt counts for pools whose tokenizer is the engine's: outcome engine "
+            "(it answered), cached, or why it did not (timeout, unreachable, refused, failed, "
+            "bad_answer, no_endpoint: then the gateway's default tokenizer counted)",
+            ("pool", "outcome"),
+            registry=self.registry,
+        )
         self.ttft_slo = Counter(
             "laneway_gateway_slo_ttft",
             "Streamed requests whose first token came within the pool's slo.ttftMillis of "

@@ -127,6 +127,11 @@ class SLOSpec:
 class TokenizerKind(StrEnum):
     TIKTOKEN = "tiktoken"
     HUGGINGFACE = "huggingface"
+    ENGINE = "engine"  # the engine's own /tokenize, asked when the bounds do not decide
+
+
+# How long the gateway waits for an engine's /tokenize before it counts locally instead.
+DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MILLIS = 500
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,9 @@ class TokenizerSpec:
     kind: TokenizerKind
     encoding: str | None = None  # tiktoken
     path: str | None = None  # huggingface: a tokenizer.json, e.g. mounted from a ConfigMap
+    # huggingface: a tokenizer_config.json whose chat_template frames chats
+    config_path: str | None = None
+    timeout_millis: int = DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MILLIS  # engine
 
 
 class SchedulingPolicy(StrEnum):
@@ -585,20 +593,36 @@ def _parse_selector(reader: _Reader, spec: Mapping[str, Any]) -> dict[str, str] 
 
 
 def _parse_tokenizer(reader: _Reader, spec: Mapping[str, Any], path: str) -> TokenizerSpec | None:
-    data = reader.mapping(spec, "tokenizer", path, ("kind", "encoding", "path"))
+    fields = ("kind", "encoding", "path", "configPath", "timeoutMillis")
+    data = reader.mapping(spec, "tokenizer", path, fields)
     if not data:
         return None
     sub = f"{path}.tokenizer"
     kind = reader.choice(data, "kind", sub, [kind.value for kind in TokenizerKind])
     encoding = reader.string(data, "encoding", sub, None)
     file = reader.string(data, "path", sub, None)
+    config = reader.string(data, "configPath", sub, None)
+    timeout = reader.optional_integer(data, "timeoutMillis", sub, minimum=1, maximum=60_000)
     if kind == TokenizerKind.HUGGINGFACE and not file:
         reader.fail(f"{sub}.path", "is required for kind huggingface: a tokenizer.json file")
-    if kind == TokenizerKind.TIKTOKEN and file:
-        reader.fail(f"{sub}.path", "is for kind huggingface; tiktoken takes an encoding")
-    if kind == TokenizerKind.HUGGINGFACE and encoding:
-        reader.fail(f"{sub}.encoding", "is for kind tiktoken; huggingface takes a path")
-    return None if kind is None else TokenizerSpec(TokenizerKind(kind), encoding, file)
+    # Each field belongs to one kind (the CRD's CEL rules say the same).
+    for field_name, value, owner, hint in (
+        ("path", file, TokenizerKind.HUGGINGFACE, "a tokenizer.json"),
+        ("encoding", encoding, TokenizerKind.TIKTOKEN, "a tiktoken encoding"),
+        ("configPath", config, TokenizerKind.HUGGINGFACE, "a tokenizer_config.json"),
+        ("timeoutMillis", timeout, TokenizerKind.ENGINE, "the wait for the engine's /tokenize"),
+    ):
+        if kind is not None and kind != owner and value is not None:
+            reader.fail(f"{sub}.{field_name}", f"is for kind {owner.value} ({hint}), not {kind}")
+    if kind is None:
+        return None
+    return TokenizerSpec(
+        TokenizerKind(kind),
+        encoding,
+        file,
+        config,
+        timeout or DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MILLIS,
+    )
 
 
 _AUTOSCALING_FIELDS = (

@@ -11,7 +11,7 @@ class ChildError(RuntimeError):
     """A child died, never got ready, or was stopped before it was; says which and why."""
 
 
-def cannot_listen(host: str, port: int, error: OSError) -> UsageError:
+def cannot_listen(host: str, port: int, error: OSError, flag: str = "--port") -> UsageError:
     """A bind failure as one line that says what to change (not the event loop's wording)."""
     reason = os.strerror(error.errno).lower() if error.errno else str(error)
-    return UsageError(f"cannot listen on {host}:{port} ({reason}); pick another with --port")
+    return UsageError(f"cannot listen on {host}:{port} ({reason}); pick another with {flag}")

@@ -65,6 +65,15 @@ def register(
         help="how often to read the gateway's demand and scale (default 15)",
     )
     add_image_flag(operator)
+    operator.add_argument(
+        "--allowed-image-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="run only engine images under this registry or repository prefix, matched on "
+        "whole name components (e.g. registry.example.com/inference); repeatable; a pool "
+        "with another image gets Ready=False and nothing is applied (default: any image)",
+    )
     operator.set_defaults(handler=run_operator)
 
 
@@ -96,6 +105,16 @@ def parse_images(
             raise UsageError(f"--image {value!r}: expected KIND=IMAGE with KIND one of {choices}")
         images[EngineKind(kind)] = image
     return images
+
+
+def parse_allowed_prefixes(values: Sequence[str]) -> tuple[str, ...]:
+    from laneway.operator.images import prefix_problem
+
+    for value in values:
+        problem = prefix_problem(value)
+        if problem is not None:
+            raise UsageError(f"--allowed-image-prefix {value!r}: {problem}")
+    return tuple(values)
 
 
 def load_pools(text: str, source: str) -> list[InferencePool]:
@@ -170,7 +189,10 @@ def run_operator(args: argparse.Namespace) -> int:
             f"--gateway-url {args.gateway_url!r}: must start with http:// or https:// "
             "(e.g. http://laneway-gateway.laneway-system:8080)"
         )
-    options = RenderOptions(images=parse_images(args.image, os.environ.get("LANEWAY_IMAGE")))
+    options = RenderOptions(
+        images=parse_images(args.image, os.environ.get("LANEWAY_IMAGE")),
+        allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
+    )
     try:
         cluster = KubeApi.from_environment()
     except ConfigException as error:

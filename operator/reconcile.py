@@ -18,7 +18,13 @@ from typing import Any, Protocol
 from laneway.api import KIND, InferencePool, SpecError, check_pool_set, parse_pool
 from laneway.kube.client import KubeError, ListResult, Manifest
 from laneway.kube.endpoints import SERVICE_NAME_LABEL, ready_endpoint_urls
-from laneway.operator.render import CHILD_KINDS, RenderOptions, render_pool, selector_string
+from laneway.operator.render import (
+    CHILD_KINDS,
+    RenderOptions,
+    refused_image,
+    render_pool,
+    selector_string,
+)
 from laneway.operator.status import (
     Condition,
     Observed,
@@ -128,6 +134,10 @@ async def reconcile(
     except SpecError as error:
         message = f"the spec cannot work: {error}"
         return _problem(generation, previous, now, "InvalidSpec", message)
+    refusal = refused_image(pool, options)
+    if refusal is not None:
+        # Nothing is applied: a running Deployment keeps its allowed image.
+        return _problem(generation, previous, now, "ImageNotAllowed", refusal)
 
     events: list[Event] = []
     spec_changed = generation != previous.get("observedGeneration")

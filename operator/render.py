@@ -25,6 +25,7 @@ from laneway.api import (
 )
 from laneway.kube.client import Manifest
 from laneway.kube.endpoints import PORT_NAME
+from laneway.operator.images import image_refusal
 
 MANAGED_BY = "laneway-operator"
 HEALTH_PATH = "/health"  # vLLM, SGLang and the simulator all answer here
@@ -49,13 +50,34 @@ _SIMULATOR_DEFAULT_RESOURCES: Mapping[str, Any] = {
     "limits": {"memory": "512Mi"},
 }
 _NON_ROOT_UID = 10001  # the laneway image's user; any non-root uid suits the engine images
+# The root filesystem is read-only, so whatever an engine writes goes to an emptyDir:
+# - ~ (HOME=/cache): weights under HF_HOME, and the caches vLLM and SGLang keep under
+#   ~/.cache, ~/.config and ~/.triton (vllm/envs.py: VLLM_CACHE_ROOT defaults to
+#   ~/.cache/vllm, VLLM_CONFIG_ROOT to ~/.config/vllm; Triton, FlashInfer and torch.compile
+#   caches sit beside them);
+# - /tmp: ZMQ IPC sockets (vLLM's VLLM_RPC_BASE_PATH defaults to tempfile.gettempdir();
+#   SGLang's PortArgs name them with tempfile) and TorchInductor's kernels;
+# - /dev/shm: NCCL buffers for tensor parallelism.
+# USER, because the uid has no /etc/passwd entry in the engine images: TorchInductor names
+# its cache dir with getpass.getuser(), which raises without it (pytorch/pytorch#140765,
+# vllm-project/vllm#44548) and stops the engine at import.
+_GPU_SCRATCH_ENV: tuple[Mapping[str, str], ...] = (
+    {"name": "HOME", "value": "/cache"},
+    {"name": "HF_HOME", "value": "/cache/hf"},
+    {"name": "USER", "value": "engine"},
+)
+# The simulator writes nothing; a GPU engine's /tmp holds compiled kernels of a size no one
+# bounds, and an emptyDir over its sizeLimit gets the pod evicted, so only it is unbounded.
+_SIMULATOR_TMP: Mapping[str, str] = {"sizeLimit": "64Mi"}
 
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """Operator-wide settings: default images per engine kind (overridable per pool)."""
+    """Operator-wide settings: default images per engine kind (overridable per pool), and
+    the registries engine images must come from (empty: any)."""
 
     images: Mapping[EngineKind, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
+    allowed_image_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,18 @@ def pod_selector(pool: InferencePool) -> dict[str, str]:
 
 def selector_string(pool: InferencePool) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(pod_selector(pool).items()))
+
+
+def engine_image(pool: InferencePool, options: RenderOptions) -> str:
+    return pool.spec.engine.image or options.images[pool.spec.engine.kind]
+
+
+def refused_image(pool: InferencePool, options: RenderOptions) -> str | None:
+    """Why the operator must not run this pool's engine image, or None when it may. A pool
+    that adopts pods (`selector`) runs no image of the operator's."""
+    if pool.spec.selector is not None:
+        return None
+    return image_refusal(engine_image(pool, options), options.allowed_image_prefixes)
 
 
 def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> RenderedPool:
@@ -294,12 +328,9 @@ def _engine_container(
     spec = pool.spec
     default_resources = _GPU_DEFAULT_RESOURCES if gpu else _SIMULATOR_DEFAULT_RESOURCES
     env: list[Mapping[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if gpu:
-        # Non-root engines need somewhere writable for weights and compile caches, and
-        # tensor parallelism needs a /dev/shm larger than the container default (the
-        # volumes are in _pod_spec).
-        env += [{"name": "HOME", "value": "/cache"}, {"name": "HF_HOME", "value": "/cache/hf"}]
+        env += list(_GPU_SCRATCH_ENV)
         mounts += [
             {"name": "cache", "mountPath": "/cache"},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -307,7 +338,7 @@ def _engine_container(
     env += list(spec.engine.env)
     container: dict[str, Any] = {
         "name": "engine",
-        "image": spec.engine.image or options.images[spec.engine.kind],
+        "image": engine_image(pool, options),
         "imagePullPolicy": "IfNotPresent",
         "command": list(engine.command),
         "args": list(engine.args),
@@ -320,14 +351,12 @@ def _engine_container(
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
-            # GPU engines write kernel caches in places no flag moves.
-            "readOnlyRootFilesystem": not gpu,
+            "readOnlyRootFilesystem": True,  # scratch is on the emptyDirs of _pod_spec
         },
+        "volumeMounts": mounts,
     }
     if env:
         container["env"] = env
-    if mounts:
-        container["volumeMounts"] = mounts
     return container
 
 
@@ -346,8 +375,9 @@ def _pod_spec(pool: InferencePool, container: dict[str, Any], gpu: bool) -> dict
         },
         "containers": [container],
     }
+    pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {} if gpu else dict(_SIMULATOR_TMP)}]
     if gpu:
-        pod_spec["volumes"] = [
+        pod_spec["volumes"] += [
             {"name": "cache", "emptyDir": {}},
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
         ]

@@ -49,6 +49,13 @@ def register(
         help="count prompts with this Hugging Face tokenizer.json, as a real engine counts "
         "with its model's (default: tiktoken cl100k_base)",
     )
+    sim.add_argument(
+        "--chat-template",
+        metavar="TOKENIZER_CONFIG_JSON",
+        help="frame chats with the chat template (and special tokens) of this "
+        "tokenizer_config.json, as vLLM and SGLang do; needs --tokenizer "
+        "(default: OpenAI's framing rule, 3 tokens a message and 3 for the reply)",
+    )
     sim.set_defaults(handler=run_sim)
 
 
@@ -129,6 +136,8 @@ def run_sim(args: argparse.Namespace) -> int:
         metrics_flavor=MetricsFlavor(args.metrics_flavor),
         time_scale=args.time_scale,
     )
-    tokenizer = HuggingFaceTokenizer(args.tokenizer) if args.tokenizer else None
+    if args.chat_template and not args.tokenizer:
+        raise UsageError("--chat-template needs --tokenizer: the template's text is tokenized")
+    tokenizer = HuggingFaceTokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None
     asyncio.run(serve(settings, args.host, args.port, tokenizer))
     return 0

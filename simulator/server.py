@@ -30,7 +30,14 @@ from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
 from laneway.simulator.prompt_ids import chat_token_ids
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS, SchedulerConfig
-from laneway.tokens import ChatMessage, Tokenizer, count_chat, default_tokenizer
+from laneway.tokens import (
+    ChatMessage,
+    ChatTemplateError,
+    Tokenizer,
+    count_chat,
+    default_tokenizer,
+    template_chat,
+)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 256  # vLLM fills the context; a simulator should end sooner
@@ -229,10 +236,10 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise OpenAIError(400, f"'{name}' must be true or false, got {value!r}", name)
     return value
@@ -286,6 +293,26 @@ def _chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
     return parsed
 
 
+def _chat_ids(
+    tokenizer: Tokenizer, body: dict[str, Any], messages: Sequence[ChatMessage]
+) -> list[int]:
+    """A chat's prompt ids: the model's chat template rendered and tokenized where the engine
+    has one (as vLLM and SGLang do), else the simulator's own framing (prompt_ids.py)."""
+    template = tokenizer.chat_template
+    if template is None:
+        return chat_token_ids(tokenizer, messages)
+    tools = body.get("tools")
+    try:
+        chat = template_chat(
+            body["messages"],
+            [m.content for m in messages],
+            tools if isinstance(tools, list) else None,
+        )
+        return tokenizer.encode(template.render(chat))
+    except ChatTemplateError as error:
+        raise OpenAIError(400, str(error), "messages") from None
+
+
 @dataclass(frozen=True)
 class _PromptTokens:
     count: int
@@ -333,12 +360,12 @@ async def parse_generation(
             tokens = _prompt_tokens(prompt)
         else:
             text = prompt
-            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode(text)))
+            tokens = await _count(len(text), lambda: _prompt_tokens(tokenizer.encode_prompt(text)))
         max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
     else:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        tokens = await _count(length, lambda: _prompt_tokens(chat_token_ids(tokenizer, messages)))
+        tokens = await _count(length, lambda: _prompt_tokens(_chat_ids(tokenizer, body, messages)))
         max_tokens = (
             _positive_int(body, "max_completion_tokens")
             or _positive_int(body, "max_tokens")
@@ -504,8 +531,10 @@ async def tokenize(request: web.Request) -> web.Response:
 
     vLLM takes `prompt` (a string) or `messages` (framed as for a chat completion); SGLang
     takes `prompt` as a string or a list of strings, and answers a list per string. Both
-    answer `count`, `tokens` and `max_model_len`. Chat framing here is the simulator's own
-    count (no template is rendered), so a chat answer carries the count without token ids.
+    answer `count`, `tokens` and `max_model_len`. A chat is rendered through the model's chat
+    template when the simulator has one (`--chat-template`), with the generation prompt, as
+    vLLM's default `add_generation_prompt` does; without one its framing is the simulator's
+    own count (no text to tokenize), and the answer carries the count without token ids.
     """
     try:
         body = await request.json()
@@ -518,17 +547,24 @@ async def tokenize(request: web.Request) -> web.Response:
     if "messages" in body:
         messages = _chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        count = await _count(length, lambda: count_chat(tokenizer, messages))
-        return web.json_response({"count": count, "max_model_len": max_model_len})
+        if tokenizer.chat_template is None:
+            count = await _count(length, lambda: count_chat(tokenizer, messages))
+            return web.json_response({"count": count, "max_model_len": max_model_len})
+        ids = await _count(length, lambda: _chat_ids(tokenizer, body, messages))
+        return web.json_response({"count": len(ids), "tokens": ids, "max_model_len": max_model_len})
     prompt = body.get("prompt")
+    # Both engines add the prompt's special tokens (a BOS) unless told not to, as on
+    # /v1/completions.
+    specials = _flag(body, "add_special_tokens", default=True)
+    encode = tokenizer.encode_prompt if specials else tokenizer.encode
     if isinstance(prompt, str):
-        tokens = await _count(len(prompt), lambda: tokenizer.encode(prompt))
+        tokens = await _count(len(prompt), lambda: encode(prompt))
         return web.json_response(
             {"count": len(tokens), "tokens": tokens, "max_model_len": max_model_len}
         )
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         length = sum(len(p) for p in prompt)
-        each = await _count(length, lambda: [tokenizer.encode(p) for p in prompt])
+        each = await _count(length, lambda: [encode(p) for p in prompt])
         return web.json_response(
             {"count": [len(t) for t in each], "tokens": each, "max_model_len": max_model_len}
         )

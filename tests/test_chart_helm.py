@@ -34,12 +34,15 @@ import yaml
 from merging import merged
 
 from laneway import __version__
-from laneway.api import check_pool_set, parse_pool
+from laneway.api import API_VERSION, KIND, InferencePool, check_pool_set, parse_pool
 from laneway.bench.procs import Children, laneway_argv
 from laneway.bench.redis_server import free_port
 from laneway.cli import build_parser
 from laneway.gateway.config import GatewaySettings, parse_documents
 from laneway.gateway.state.redis_store import redis_settings
+from laneway.gateway.state.tenants import load_tenants
+from laneway.operator.cli import parse_allowed_prefixes, parse_images
+from laneway.operator.render import RenderOptions, refused_image
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"
@@ -166,6 +169,7 @@ def test_schema_validation_is_strict_enough_to_catch_a_misplaced_field(
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
 CLUSTER_WIDE_SETS = [s for s in VALUE_SETS if s == "production"]  # watchAllNamespaces: true
+ENGINE_NAMESPACES = ("inference",)  # production's networkPolicy.engineNamespaces
 
 
 def test_every_object_lives_in_the_release_namespace_unless_cluster_scoped(
@@ -173,6 +177,10 @@ def test_every_object_lives_in_the_release_namespace_unless_cluster_scoped(
 ) -> None:
     for objects in rendered.values():
         for manifest in objects:
+            if manifest["kind"] == "NetworkPolicy" and manifest["metadata"]["namespace"] in (
+                ENGINE_NAMESPACES
+            ):
+                continue  # the engines' policy, also where other namespaces' engines run
             expected = None if manifest["kind"] in CLUSTER_SCOPED else NAMESPACE
             assert manifest["metadata"].get("namespace") == expected, manifest["metadata"]["name"]
 
@@ -221,17 +229,46 @@ def test_production_gateway_config_reaches_the_gateway(
     assert "/etc/laneway/tokenizer" in mounts
 
 
-def test_tenants_secret_is_mounted_where_the_gateway_reads_it(
-    rendered: dict[str, list[Manifest]],
-) -> None:
-    gateway = deployment(rendered["production"], "gateway")
+def tenants_volume(gateway: Manifest) -> Manifest:
+    """The volume mounted where the gateway's --tenants points."""
     args = container(gateway)["args"]
     path = args[args.index("--tenants") + 1]
     mount = next(m for m in container(gateway)["volumeMounts"] if m["mountPath"] == path)
     volumes = gateway["spec"]["template"]["spec"]["volumes"]
-    volume = next(v for v in volumes if v["name"] == mount["name"])
+    volume: Manifest = next(v for v in volumes if v["name"] == mount["name"])
+    return volume
+
+
+def test_tenants_secret_is_mounted_where_the_gateway_reads_it(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    volume = tenants_volume(deployment(rendered["production"], "gateway"))
     assert volume["secret"] == {"secretName": "laneway-tenants"}
-    assert "--tenants" not in container(deployment(rendered["default"], "gateway"))["args"]
+    assert "-api-key" not in {o["metadata"]["name"][-8:] for o in rendered["production"]}
+    assert "--tenants" not in container(deployment(rendered["opt-out"], "gateway"))["args"]
+
+
+def test_default_auth_is_a_generated_key_the_gateway_reads(
+    rendered: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    objects = rendered["default"]
+    secret = only(objects, "Secret", "-api-key")
+    key = base64.b64decode(secret["data"]["api-key"]).decode()
+    assert re.fullmatch(r"sk-laneway-[A-Za-z0-9]{40}", key)
+    volume = tenants_volume(deployment(objects, "gateway"))
+    # Only the tenants file is projected: the gateway reads every file of the directory.
+    assert volume["secret"] == {
+        "secretName": secret["metadata"]["name"],
+        "items": [{"key": "tenants.yaml", "path": "tenants.yaml"}],
+    }
+    mounted = tmp_path / "tenants"
+    mounted.mkdir()
+    (mounted / "tenants.yaml").write_bytes(base64.b64decode(secret["data"]["tenants.yaml"]))
+    directory = load_tenants(mounted)
+    tenant = directory.authenticate(f"Bearer {key}")
+    assert tenant is not None
+    assert tenant.name == "default"
+    assert directory.authenticate("Bearer sk-guess") is None
 
 
 def test_default_batch_flags_are_the_gateways_own_defaults(
@@ -290,7 +327,11 @@ def test_gateway_runs_in_kubernetes_mode_with_its_config_mounted(
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     assert config_path.name in config_map["data"]
     port = int(args[args.index("--port") + 1])
-    assert main["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    if "--metrics-port" in args:
+        metrics_port = int(args[args.index("--metrics-port") + 1])
+        ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
+    assert main["ports"] == ports
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert main["resources"]["requests"]
@@ -576,19 +617,57 @@ def test_network_policy_lets_only_the_gateway_reach_engines(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     objects = rendered["production"]
-    policy = only(objects, "NetworkPolicy", "-engines")
-    assert policy["spec"]["podSelector"] == {
-        "matchExpressions": [{"key": "laneway.io/pool", "operator": "Exists"}]
-    }
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    [ingress] = policy["spec"]["ingress"]
     gateway_pod = deployment(objects, "gateway")["spec"]["template"]["metadata"]["labels"]
-    [from_gateway, from_monitoring] = ingress["from"]
-    assert from_gateway["podSelector"]["matchLabels"].items() <= gateway_pod.items()
-    assert "namespaceSelector" in from_monitoring
+    engines = [
+        o
+        for o in objects
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-engines")
+    ]
+    assert sorted(p["metadata"]["namespace"] for p in engines) == sorted(
+        [NAMESPACE, *ENGINE_NAMESPACES]
+    )
+    for policy in engines:
+        assert policy["spec"]["podSelector"] == {
+            "matchExpressions": [{"key": "laneway.io/pool", "operator": "Exists"}]
+        }
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        [ingress] = policy["spec"]["ingress"]
+        [from_gateway, from_monitoring] = ingress["from"]
+        assert from_gateway["podSelector"]["matchLabels"].items() <= gateway_pod.items()
+        if policy["metadata"]["namespace"] == NAMESPACE:
+            assert "namespaceSelector" not in from_gateway  # the policy's own namespace
+        else:
+            # From another namespace, only the release namespace's gateway pods.
+            assert from_gateway["namespaceSelector"] == {
+                "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+            }
+        assert "namespaceSelector" in from_monitoring
     redis_policy = only(rendered["redis"], "NetworkPolicy", "-redis")
     assert redis_policy["spec"]["ingress"][0]["ports"] == [{"port": "redis", "protocol": "TCP"}]
-    assert "NetworkPolicy" not in kinds(rendered["default"])
+    assert "NetworkPolicy" not in kinds(rendered["opt-out"])
+
+
+@pytest.mark.parametrize("value_set", ["default", "production"])
+def test_network_policy_opens_the_api_port_and_guards_the_metrics_port(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    objects = rendered[value_set]
+    policy = only(objects, "NetworkPolicy", "-gateway")
+    gateway = deployment(objects, "gateway")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        gateway["spec"]["template"]["metadata"]["labels"].items()
+    )
+    api, metrics = policy["spec"]["ingress"]
+    assert api == {"ports": [{"port": "http", "protocol": "TCP"}]}, "every client"
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    expected = (
+        [{"podSelector": {}}]  # the release namespace only
+        if value_set == "default"
+        else [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    )
+    assert metrics["from"] == expected
+    names = {p["name"] for p in container(gateway)["ports"]}
+    assert names == {"http", "metrics"}
 
 
 def test_service_monitor_scrapes_the_gateway_service(rendered: dict[str, list[Manifest]]) -> None:
@@ -601,10 +680,80 @@ def test_service_monitor_scrapes_the_gateway_service(rendered: dict[str, list[Ma
     )
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert "ServiceMonitor" not in kinds(rendered["default"])
+
+
+def test_default_render_is_secure(rendered: dict[str, list[Manifest]]) -> None:
+    """The issue's secure defaults, all in the default install."""
+    objects = rendered["default"]
+    assert {"-engines", "-gateway"} <= {
+        o["metadata"]["name"].removeprefix(f"{RELEASE}-laneway")
+        for o in objects
+        if o["kind"] == "NetworkPolicy"
+    }
+    only(objects, "Secret", "-api-key")
+    gateway = container(deployment(objects, "gateway"))
+    assert "--tenants" in gateway["args"]
+    metrics_port = gateway["args"][gateway["args"].index("--metrics-port") + 1]
+    assert metrics_port != gateway["args"][gateway["args"].index("--port") + 1]
+    service_ports = {p["name"] for p in only(objects, "Service", "-gateway")["spec"]["ports"]}
+    assert service_ports == {"http", "metrics"}
+    operator = container(deployment(objects, "operator"))
+    assert "--allowed-image-prefix" in operator["args"]
+    engines = operator_render(
+        [o for o in objects if o["kind"] == "InferencePool"], operator_image(objects)
+    )
+    for manifest in [*objects, *engines]:
+        if manifest["kind"] == "Deployment":
+            pod = manifest["spec"]["template"]["spec"]
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            for each in pod["containers"]:
+                assert each["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def engine_pool(engine: Manifest) -> InferencePool:
+    return parse_pool(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": "p", "namespace": NAMESPACE},
+            "spec": {"lane": "interactive", "model": "m", "engine": engine},
+        }
+    )
+
+
+def operator_options(objects: list[Manifest]) -> RenderOptions:
+    """The operator's settings as its chart flags give them, parsed by the operator."""
+    args = parse_laneway(container(deployment(objects, "operator"))["args"])
+    return RenderOptions(
+        images=parse_images(args.image, operator_image(objects)),
+        allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
+    )
+
+
+@pytest.mark.parametrize("value_set", ["default", "production"])
+def test_operator_runs_only_allowed_images_and_those_include_its_own(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    objects = rendered[value_set]
+    options = operator_options(objects)
+    assert options.allowed_image_prefixes
+    # The default list admits every engine's default image; production's leaves SGLang out.
+    allowed = {"simulator", "vllm", "sglang"} if value_set == "default" else {"simulator", "vllm"}
+    for kind in ("simulator", "vllm", "sglang"):
+        refusal = refused_image(engine_pool({"kind": kind}), options)
+        assert (refusal is None) == (kind in allowed), kind
+    for pool in (o for o in objects if o["kind"] == "InferencePool"):
+        assert refused_image(parse_pool(pool), options) is None
+    evil = refused_image(engine_pool({"kind": "vllm", "image": "evil.example/x:1"}), options)
+    assert evil is not None
+    assert all(prefix in evil for prefix in options.allowed_image_prefixes)
+    opt_out = operator_options(rendered["opt-out"])
+    assert opt_out.allowed_image_prefixes == ()
 
 
 def openapi_schema(document: Manifest) -> Mapping[str, Any]:
@@ -670,10 +819,12 @@ def test_example_pools_render_into_engines_the_network_policy_guards(
 
 
 def on_loopback(args: list[str]) -> list[str]:
-    """A container's flags for this machine: loopback instead of 0.0.0.0, a free port."""
+    """A container's flags for this machine: loopback instead of 0.0.0.0, free ports."""
     local = list(args)
     local[local.index("--host") + 1] = "127.0.0.1"
     local[local.index("--port") + 1] = "0"
+    if "--metrics-port" in local:
+        local[local.index("--metrics-port") + 1] = str(free_port())
     return local
 
 
@@ -706,6 +857,15 @@ def test_gateway_container_serves_the_example_pools_through_both_lanes(
     del args[at : at + 3]
     config = tmp_path / "gateway.yaml"
     args[args.index("--config") + 1] = str(config)
+    # The generated API-key Secret, as the kubelet mounts it where --tenants points.
+    secret = only(objects, "Secret", "-api-key")
+    tenants = tmp_path / "tenants"
+    tenants.mkdir()
+    for item in tenants_volume(deployment(objects, "gateway"))["secret"]["items"]:
+        (tenants / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
+    args[args.index("--tenants") + 1] = str(tenants)
+    api_key = base64.b64decode(secret["data"]["api-key"]).decode()
+    metrics_url = f"http://127.0.0.1:{args[args.index('--metrics-port') + 1]}/metrics"
 
     with Children() as children:
         for pool in pools:
@@ -723,8 +883,14 @@ def test_gateway_container_serves_the_example_pools_through_both_lanes(
             time.sleep(0.2)
         assert http_status(readiness) == 200
         assert http_status(url + gateway["livenessProbe"]["httpGet"]["path"]) == 200
+        assert http_status(f"{url}/metrics") == 404
+        assert http_status(metrics_url) == 200
+        assert http_status(f"{url}/v1/models") == 401
 
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        anonymous = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.models.list()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0)
         [model] = {m for p in pools for m in p["spec"]["routing"]["models"]}
         short = client.chat.completions.with_raw_response.create(
             model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
@@ -769,13 +935,30 @@ def test_notes_tell_how_to_call_the_gateway(helm: str) -> None:
     assert "/v1/chat/completions" in notes
     assert "sim-realtime: lane interactive" in notes
     assert "without Redis keep separate state" in notes
+    secret = f"{RELEASE}-laneway-api-key"
+    assert (
+        f"export LANEWAY_API_KEY=$(kubectl -n {NAMESPACE} get secret {secret} "
+        "-o jsonpath='{.data.api-key}' | base64 -d)"
+    ) in notes
+    assert '-H "authorization: Bearer $LANEWAY_API_KEY"' in notes
+    assert "Metrics: GET /metrics on port 9090 of the Service (404 on the API port)" in notes
+    assert "NetworkPolicies: only the gateway reaches engine pods in serving" in notes
+    opt_out = run_helm(
+        helm, "install", RELEASE, str(CHART), "--dry-run=client", *values_args("opt-out")
+    )
+    assert opt_out.returncode == 0, opt_out.stderr
+    notes = opt_out.stdout.split("NOTES:", 1)[1]
     assert 'api_key="unused"' in notes
+    assert "API-key auth is off (gateway.auth.enabled=false)" in notes
+    assert "NetworkPolicies are off" in notes
+    assert "Metrics: GET /metrics on the API port" in notes
     production = run_helm(
         helm, "install", RELEASE, str(CHART), "--dry-run=client", *values_args("production")
     )
     assert production.returncode == 0, production.stderr
     notes = production.stdout.split("NOTES:", 1)[1]
     assert "API-key auth is on (Secret laneway-tenants)" in notes
+    assert "engine pods in default, inference" in notes
     assert "watching InferencePools in every namespace" in notes
     assert "without Redis" not in notes
 
@@ -895,6 +1078,29 @@ BAD_VALUES: list[tuple[str, Manifest, str]] = [
         "bundled and external redis",
         merged(nested("redis.enabled", True), nested("redis.url", "redis://cache:6379")),
         "set either redis.enabled (the bundled Redis) or redis.url (your own), not both",
+    ),
+    (
+        "tenants without auth",
+        merged(
+            nested("gateway.auth.enabled", False),
+            nested("gateway.tenants.existingSecret", "keys"),
+        ),
+        "gateway.tenants.existingSecret holds API keys, but gateway.auth.enabled is false",
+    ),
+    (
+        "metrics on the API port number",
+        nested("gateway.metricsPort", 8080),
+        "gateway.metricsPort (8080) must differ from gateway.port",
+    ),
+    (
+        "engine namespaces without watching them",
+        nested("networkPolicy.engineNamespaces", ["inference"]),
+        "networkPolicy.engineNamespaces guards engines in other namespaces",
+    ),
+    (
+        "image prefix with a tag",
+        nested("operator.allowedImagePrefixes", ["vllm/vllm-openai:v0.11.0"]),
+        "/operator/allowedImagePrefixes/0",
     ),
     (
         "duplicate pool names",

@@ -5,6 +5,8 @@ rendered objects offline; this is the install a user runs."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,15 @@ def test_chart_installs_into_a_real_cluster_and_uninstalls_cleanly(
     kube: Cluster, kube_namespace: str, values: Path | None
 ) -> None:
     flags = ["-f", str(values)] if values else []
+    overlay = yaml.safe_load(values.read_text()) if values else {}
+    with contextlib.ExitStack() as namespaces:
+        # The other namespaces whose engines the release guards exist before it does.
+        for other in overlay.get("networkPolicy", {}).get("engineNamespaces", []):
+            namespaces.enter_context(kube.namespace(other))
+        install_and_uninstall(kube, kube_namespace, flags)
+
+
+def install_and_uninstall(kube: Cluster, kube_namespace: str, flags: list[str]) -> None:
     helm(kube, "install", RELEASE, str(CHART), "-n", kube_namespace, *flags)
 
     manifest = [
@@ -98,7 +109,7 @@ def test_chart_installs_into_a_real_cluster_and_uninstalls_cleanly(
     assert manifest
     for obj in manifest:
         # kubectl ignores -n for cluster-scoped kinds.
-        assert kube.exists(obj["kind"], obj["metadata"]["name"], "-n", kube_namespace), obj
+        assert kube.exists(obj["kind"], obj["metadata"]["name"], "-n", where(obj)), obj
     assert release_objects(kube, kube_namespace)
 
     helm(kube, "uninstall", RELEASE, "-n", kube_namespace, "--wait", "--timeout=180s")
@@ -108,5 +119,35 @@ def test_chart_installs_into_a_real_cluster_and_uninstalls_cleanly(
         180,
     )
     for obj in manifest:
-        assert not kube.exists(obj["kind"], obj["metadata"]["name"], "-n", kube_namespace), obj
+        assert not kube.exists(obj["kind"], obj["metadata"]["name"], "-n", where(obj)), obj
     assert "lw" not in helm(kube, "list", "-n", kube_namespace, "-q").split()
+
+
+def where(obj: dict[str, Any]) -> str:
+    namespace: str = obj["metadata"].get("namespace", "default")  # default: cluster-scoped
+    return namespace
+
+
+def api_key(kube: Cluster, namespace: str) -> str:
+    secret = kube.get("secret", f"{RELEASE}-laneway-api-key", "-n", namespace)
+    return base64.b64decode(secret["data"]["api-key"]).decode()
+
+
+def test_the_generated_api_key_survives_an_upgrade(kube: Cluster, kube_namespace: str) -> None:
+    """helm's lookup reads the key back, so an upgrade does not lock every client out."""
+    helm(kube, "install", RELEASE, str(CHART), "-n", kube_namespace)
+    key = api_key(kube, kube_namespace)
+    helm(
+        kube, "upgrade", RELEASE, str(CHART), "-n", kube_namespace, "--reuse-values",
+        "--set", "gateway.config.queue.maxWaiting=10",
+    )  # fmt: skip
+    assert api_key(kube, kube_namespace) == key
+    other = "lw2"
+    helm(
+        kube, "install", other, str(CHART), "-n", kube_namespace,
+        "--set", "operator.enabled=false", "--set", "examplePools.enabled=false",
+    )  # fmt: skip
+    secret = kube.get("secret", f"{other}-laneway-api-key", "-n", kube_namespace)
+    assert base64.b64decode(secret["data"]["api-key"]).decode() != key, "a key per release"
+    for release in (RELEASE, other):
+        helm(kube, "uninstall", release, "-n", kube_namespace, "--wait", "--timeout=180s")

@@ -147,13 +147,40 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "a tiktoken tokenizer given a file",
         {"tokenizer": {"kind": "tiktoken", "path": "/etc/tok/tokenizer.json"}},
-        "self.kind != 'tiktoken' || !has(self.path)",
+        "self.kind == 'huggingface' || !has(self.path)",
     ),
     (
         "a huggingface tokenizer given an encoding",
         {"tokenizer": {"kind": "huggingface", "path": "/t.json", "encoding": "cl100k_base"}},
-        "self.kind != 'huggingface' || !has(self.encoding)",
+        "self.kind == 'tiktoken' || !has(self.encoding)",
     ),
+    (
+        "an engine tokenizer given a file",
+        {"tokenizer": {"kind": "engine", "path": "/t.json"}},
+        "self.kind == 'huggingface' || !has(self.path)",
+    ),
+    (
+        "a chat template on a tiktoken tokenizer",
+        {"tokenizer": {"kind": "tiktoken", "configPath": "/tokenizer_config.json"}},
+        "self.kind == 'huggingface' || !has(self.configPath)",
+    ),
+    (
+        "a timeout on a huggingface tokenizer",
+        {"tokenizer": {"kind": "huggingface", "path": "/t.json", "timeoutMillis": 100}},
+        "self.kind == 'engine' || !has(self.timeoutMillis)",
+    ),
+    (
+        "a tokenizer.json with its chat template",
+        {
+            "tokenizer": {
+                "kind": "huggingface",
+                "path": "/t.json",
+                "configPath": "/tokenizer_config.json",
+            }
+        },
+        None,
+    ),
+    ("the engine's /tokenize", {"tokenizer": {"kind": "engine", "timeoutMillis": 200}}, None),
     ("a mounted tokenizer.json", {"tokenizer": {"kind": "huggingface", "path": "/t.json"}}, None),
     ("a tiktoken encoding", {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}}, None),
 ]

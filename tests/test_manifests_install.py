@@ -6,6 +6,7 @@ a copy of the repository with a file changed, to show that it notices.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from laneway import __version__
+from laneway.gateway.state.tenants import load_tenants
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path("scripts") / "gen-manifests.sh"
@@ -127,6 +129,28 @@ def test_install_manifests_run_this_versions_image() -> None:
         for c in o["spec"]["template"]["spec"]["containers"]
     }
     assert images == {f"laneway:{__version__}"}
+
+
+def test_the_header_makes_the_api_key_secret_the_gateway_mounts(tmp_path: Path) -> None:
+    """No key is committed: the header's command creates the Secret the gateway reads."""
+    header = (ROOT / INSTALL).read_text().split("\n---", 1)[0]
+    command = re.search(
+        r"create secret generic (\S+) .*?--from-literal=(\S+?)=\"(.+)\"", header, re.S
+    )
+    assert command is not None, header
+    name, file_name, content = command.groups()
+    gateway = next(
+        o
+        for o in install_objects()
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    )
+    volumes = gateway["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tenants", "secret": {"secretName": name}} in volumes
+    (tmp_path / file_name).write_text(content.replace("$key", "sk-laneway-0123"))
+    tenant = load_tenants(tmp_path).authenticate("Bearer sk-laneway-0123")
+    assert tenant is not None
+    assert tenant.name == "default"
+    assert "kind: Secret" not in (ROOT / INSTALL).read_text()
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,11 @@ def test_operator_without_a_cluster_says_so(tmp_path: Path) -> None:
     [
         (["--gateway-url", "laneway-gateway:8080"], "must start with http:// or https://"),
         (["--demand-interval", "0.1"], "--demand-interval 0.1: must be 1-3600 seconds"),
+        (
+            ["--allowed-image-prefix", "vllm/vllm-openai:v0.11.0"],
+            "--allowed-image-prefix 'vllm/vllm-openai:v0.11.0': must be a registry or "
+            "repository prefix without a tag or digest",
+        ),
     ],
 )
 def test_operator_rejects_bad_demand_loop_flags(

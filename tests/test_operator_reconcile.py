@@ -262,6 +262,36 @@ async def test_a_spec_that_cannot_work_ends_not_ready_with_what_to_change() -> N
     assert again.events == ()  # said once, not on every resync
 
 
+async def test_an_image_outside_the_allowed_registries_is_refused_and_nothing_applied() -> None:
+    cluster = FakeCluster()
+    allowed = RenderOptions(allowed_image_prefixes=("registry.example.com/inference",))
+    spec = {**SPEC, "engine": {"kind": "simulator", "image": "evil.io/miner:1"}}
+    cluster.create(pool_document("realtime", spec))
+    outcome = await reconcile(cluster.pool("serving", "realtime"), cluster, allowed, now=NOW)
+    assert cluster.writes() == []
+    ready = condition(outcome, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ImageNotAllowed")
+    assert "'evil.io/miner:1'" in ready["message"]
+    assert "registry.example.com/inference" in ready["message"]
+    assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "ImageNotAllowed")]
+
+    # Moved to an allowed image, the pool runs; moved out again, the running Deployment
+    # keeps the allowed image.
+    good = "registry.example.com/inference/laneway:1"
+    cluster.edit(KIND, "serving", "realtime", lambda p: p["spec"]["engine"].update(image=good))
+    await reconcile(cluster.pool("serving", "realtime"), cluster, allowed, now=NOW)
+    deployment = cluster.objects[("Deployment", "serving", "realtime")]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == good
+    before = len(cluster.writes())
+    bad = "registry.example.com/inference-b/laneway:1"
+    cluster.edit(KIND, "serving", "realtime", lambda p: p["spec"]["engine"].update(image=bad))
+    again = await reconcile(cluster.pool("serving", "realtime"), cluster, allowed, now=NOW)
+    assert len(cluster.writes()) == before
+    assert condition(again, "Ready")["reason"] == "ImageNotAllowed"
+    deployment = cluster.objects[("Deployment", "serving", "realtime")]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == good
+
+
 async def test_an_object_the_pool_does_not_own_is_left_alone() -> None:
     cluster = FakeCluster()
     cluster.create(

@@ -55,6 +55,30 @@ async def test_a_dead_replicas_load_expires_with_its_lease(redis_client: Redis) 
     assert await survivor.heartbeat() == 0
 
 
+async def test_a_dead_replica_with_settled_requests_is_reaped_once(redis_client: Redis) -> None:
+    """Its share holds fields back at zero (a request started and finished between two
+    heartbeats): reaping must subtract the rest, once, and leave the survivor sharing."""
+    survivor = RedisLoadTracker(redis_client, replica="survivor", lease_s=0.3)
+    doomed = RedisLoadTracker(redis_client, replica="doomed", lease_s=0.3)
+    await survivor.heartbeat()
+    await doomed.heartbeat()
+    done = await doomed.start(E1, 300)
+    await doomed.flush()  # two writes, not one that nets out to nothing
+    await doomed.finish(done, prefill_done=False)
+    await doomed.start(E2, 700)
+    await doomed.flush()
+    zeros = await redis_client.hgetall("laneway:load:replica:doomed")
+    assert zeros[f"{E1}|in_flight".encode()] == b"0"  # the shape that once stopped the reap
+    await asyncio.sleep(0.4)
+    assert await survivor.heartbeat() == 1
+    assert is_shared(survivor)
+    for _ in range(3):  # later heartbeats subtract nothing more
+        assert await survivor.heartbeat() == 0
+    assert await survivor.loads([E1, E2]) == {E1: EndpointLoad(0, 0), E2: EndpointLoad(0, 0)}
+    assert await redis_client.hgetall("laneway:load") == {}
+    assert await redis_client.smembers("laneway:load:replicas") == {b"survivor"}
+
+
 async def test_a_clean_leave_takes_the_share_out_at_once(redis_client: Redis) -> None:
     leaving = RedisLoadTracker(redis_client, replica="leaving")
     staying = RedisLoadTracker(redis_client, replica="staying")

@@ -221,6 +221,34 @@ def test_gpu_engines_get_a_gpu_probes_and_a_non_root_pod() -> None:
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
 
+@pytest.mark.parametrize("kind", [k.value for k in api.EngineKind])
+def test_every_engine_runs_read_only_with_its_scratch_on_empty_dirs(kind: str) -> None:
+    deployment = render_pool(pool({"engine": {"kind": kind}})).child("Deployment")
+    assert deployment is not None
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert set(mounts.values()) <= empty_dirs
+    assert "/tmp" in mounts  # the temp dir: IPC sockets, compiled kernels
+    if kind == "simulator":
+        return
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # Every ~ path (caches of vLLM, SGLang, Triton, FlashInfer) and the weights land on a
+    # writable volume; USER spares getpass.getuser() a uid missing from /etc/passwd.
+    assert env["HOME"] in mounts
+    assert env["HF_HOME"].startswith(env["HOME"] + "/")
+    assert env["USER"]
+    assert "/dev/shm" in mounts
+
+
 def test_pool_image_resources_and_scheduling_pass_through() -> None:
     spec = {
         "engine": {

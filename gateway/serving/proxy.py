@@ -27,7 +27,6 @@ from laneway.gateway.keys import (
     ACCESS_LOG,
     ARRIVED,
     CLOCK,
-    COUNTER,
     DEMAND,
     METRICS,
     POOL_TOKENIZERS,
@@ -41,6 +40,7 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
+from laneway.gateway.serving.counting import PromptCounter
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
@@ -65,7 +65,7 @@ from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
 from laneway.routing.prefix_index import estimated_cached_tokens, text_block_hashes
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import within_slo
-from laneway.tokens import TokenBounds, Tokenizer
+from laneway.tokens import TokenBounds
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -283,11 +283,11 @@ async def _route(
     distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
     begun = clock()
     if body_bytes <= INLINE_COUNT_BYTES:
-        bounds = {id(t): _exact(parsed.count(t)) for t in distinct}
+        bounds = {id(t): t.inline(parsed) for t in distinct}
         metrics.tokenize.labels("inline").observe(clock() - begun)
     else:
         # Bounds of a big body cost milliseconds per tokenizer: off the loop.
-        bounds = await asyncio.to_thread(lambda: {id(t): parsed.bounds(t) for t in distinct})
+        bounds = await asyncio.to_thread(lambda: {id(t): t.bounds(parsed) for t in distinct})
         metrics.tokenize.labels("bounds").observe(clock() - begun)
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
@@ -305,7 +305,7 @@ async def _route(
         )
 
     async def exactly() -> RouteRequest:
-        counts = await asyncio.gather(*(_count_off_loop(app, parsed, t) for t in distinct))
+        counts = await asyncio.gather(*(_count_exactly(app, parsed, t) for t in distinct))
         return ask({id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)})
 
     decision = await settle_route(ask(bounds), pools, exactly)
@@ -324,8 +324,8 @@ async def _route(
         count.set_result(decision.prompt_tokens.low)
     else:
         # The route is settled; count for the header and metrics while the engine works.
-        tokenizer = by_pool[decision.pool.key]
-        count = asyncio.ensure_future(_count_off_loop(app, parsed, tokenizer))
+        counter = by_pool[decision.pool.key].once_routed
+        count = asyncio.ensure_future(_count_exactly(app, parsed, counter))
     return decision, count
 
 
@@ -348,11 +348,13 @@ def _exact(count: int) -> TokenBounds:
     return TokenBounds(count, count)
 
 
-async def _count_off_loop(app: web.Application, parsed: ParsedRequest, tokenizer: Tokenizer) -> int:
+async def _count_exactly(
+    app: web.Application, parsed: ParsedRequest, counter: PromptCounter
+) -> int:
     clock = app[CLOCK]
     begun = clock()
-    count = await app[COUNTER].count(parsed, tokenizer)
-    app[METRICS].tokenize.labels("offloop").observe(clock() - begun)
+    count = await counter.count(parsed)
+    app[METRICS].tokenize.labels(counter.method).observe(clock() - begun)
     return count
 
 

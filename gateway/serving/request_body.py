@@ -22,11 +22,15 @@ from laneway.api import Lane
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.tokens import (
     ChatMessage,
+    TemplateChat,
     TokenBounds,
     Tokenizer,
     chat_bounds,
     count_chat,
+    count_rendered_chat,
     count_texts,
+    rendered_chat_bounds,
+    template_chat,
     texts_bounds,
 )
 
@@ -55,6 +59,7 @@ class ParsedRequest:
     stream: bool
     max_tokens: int | None
     messages: tuple[ChatMessage, ...] = ()  # chat
+    contents: tuple[str, ...] = ()  # chat: each message's content text, for a chat template
     # completions: text prompts, or prompts already tokenized (their counts are exact)
     prompts: tuple[str, ...] = ()
     token_prompt_lengths: tuple[int, ...] = ()
@@ -69,13 +74,30 @@ class ParsedRequest:
             return 1
         return len(self.prompts) + len(self.token_prompt_lengths)
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of prompt text, all sequences together: what counting it costs."""
+        texts = sum(len(t) for t in self.extra_texts)
+        if self.endpoint is Endpoint.CHAT:
+            return texts + sum(len(m.role) + len(m.content) for m in self.messages)
+        return texts + sum(len(p) for p in self.prompts)
+
+    def template_chat(self) -> TemplateChat:
+        """The chat as the engine's chat template sees it (the payload's messages and tools)."""
+        return template_chat(self.payload["messages"], self.contents, self.payload.get("tools"))
+
     def bounds(self, tokenizer: Tokenizer) -> TokenBounds:
         """Bounds on the longest sequence's prompt: what must fit one engine's context."""
+        template = tokenizer.chat_template
+        if self.endpoint is Endpoint.CHAT and template is not None:
+            # The template renders the tools (or leaves them out) itself.
+            return rendered_chat_bounds(tokenizer, template, self.template_chat())
         extra = texts_bounds(tokenizer, self.extra_texts)
         if self.endpoint is Endpoint.CHAT:
             return chat_bounds(tokenizer, self.messages) + extra
         # Several prompts run as separate sequences: the longest one decides fit.
-        bounds = [tokenizer.bounds(p) for p in self.prompts] + [
+        specials = TokenBounds(tokenizer.prompt_specials, tokenizer.prompt_specials)
+        bounds = [tokenizer.bounds(p) + specials for p in self.prompts] + [
             TokenBounds(n, n) for n in self.token_prompt_lengths
         ]
         return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds)) + extra
@@ -89,11 +111,15 @@ class ParsedRequest:
 
     def count(self, tokenizer: Tokenizer) -> int:
         """The longest sequence's prompt tokens."""
+        template = tokenizer.chat_template
+        if self.endpoint is Endpoint.CHAT and template is not None:
+            return count_rendered_chat(tokenizer, template, self.template_chat())
         extra = count_texts(tokenizer, self.extra_texts)
         if self.endpoint is Endpoint.CHAT:
             return count_chat(tokenizer, self.messages) + extra
+        specials = tokenizer.prompt_specials
         return extra + max(
-            [tokenizer.count(p) for p in self.prompts] + list(self.token_prompt_lengths)
+            [tokenizer.count(p) + specials for p in self.prompts] + list(self.token_prompt_lengths)
         )
 
     def charge(self, prompt_tokens: int, context_tokens: int) -> int:
@@ -132,13 +158,15 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
         raise bad_request(f"'stream' must be a boolean, got {_short(stream)}", "stream")
     max_tokens = _max_tokens(payload, endpoint)
     if endpoint is Endpoint.CHAT:
+        messages, contents = _messages(payload)
         return ParsedRequest(
             endpoint,
             payload,
             model,
             bool(stream),
             max_tokens,
-            messages=_messages(payload),
+            messages=messages,
+            contents=contents,
             extra_texts=_tool_texts(payload),
             choices=_positive(payload, "n"),
         )
@@ -228,11 +256,14 @@ def _tool_texts(payload: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def _messages(payload: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
+def _messages(payload: Mapping[str, Any]) -> tuple[tuple[ChatMessage, ...], tuple[str, ...]]:
+    """Each message as counted without a template (every text it holds, one string), and
+    each message's content text (what a template renders as its content)."""
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", "messages")
     parsed = []
+    contents = []
     for index, message in enumerate(messages):
         param = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -240,7 +271,9 @@ def _messages(payload: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise bad_request(f"'{param}.role' must be a non-empty string", f"{param}.role")
-        texts = [_content_text(message.get("content"), param)]
+        content = _content_text(message.get("content"), param)
+        contents.append(content)
+        texts = [content]
         for field in ("name", "tool_call_id"):
             value = message.get(field)
             if value is not None and not isinstance(value, str):
@@ -248,7 +281,7 @@ def _messages(payload: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
             texts.append(value or "")
         texts.extend(_tool_call_texts(message.get("tool_calls"), param))
         parsed.append(ChatMessage(role, "\n".join(t for t in texts if t)))
-    return tuple(parsed)
+    return tuple(parsed), tuple(contents)
 
 
 def _tool_call_texts(tool_calls: object, param: str) -> list[str]:

@@ -173,7 +173,12 @@ local reaped = 0
 for _, replica in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   if redis.call('EXISTS', lease(replica)) == 0 then
     local dead = redis.call('HGETALL', contribution(replica))
-    for i = 1, #dead, 2 do redis.call('HINCRBY', KEYS[1], dead[i], -tonumber(dead[i + 1])) end
+    for i = 1, #dead, 2 do
+      -- A field back at zero is common (HINCRBY keeps it), and -0 is "-0" to HINCRBY,
+      -- which refuses it: the reap would stop halfway, and repeat that half forever.
+      local value = tonumber(dead[i + 1])
+      if value ~= 0 then redis.call('HINCRBY', KEYS[1], dead[i], -value) end
+    end
     redis.call('DEL', contribution(replica))
     redis.call('SREM', KEYS[2], replica)
     reaped = reaped + 1

@@ -117,3 +117,12 @@ written record of what each component calls; the chart grants the same, in its n
 {{- end }}
 {{- toYaml $rules }}
 {{- end }}
+
+{{/* API-key auth: "true" when the chart generates the key (auth on, no Secret of tenants given). */}}
+{{- define "laneway.gateway.generatedKey" -}}
+{{- if and .Values.gateway.auth.enabled (not .Values.gateway.tenants.existingSecret) }}true{{ end }}
+{{- end }}
+
+{{- define "laneway.gateway.apiKeySecretName" -}}
+{{- printf "%s-api-key" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -25,6 +25,15 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- fail "gateway.config.picking.weights: the scored policy needs at least one scorer with a weight above 0" }}
 {{- end }}
 {{- end }}
+{{- if and $gw.tenants.existingSecret (not $gw.auth.enabled) }}
+{{- fail "gateway.tenants.existingSecret holds API keys, but gateway.auth.enabled is false: turn auth on, or drop the Secret" }}
+{{- end }}
+{{- if and $gw.metricsPort (eq (int $gw.metricsPort) (int $gw.port)) }}
+{{- fail (printf "gateway.metricsPort (%d) must differ from gateway.port, or be null to serve /metrics on the API port" (int $gw.metricsPort)) }}
+{{- end }}
+{{- if and .Values.networkPolicy.engineNamespaces (not .Values.watchAllNamespaces) }}
+{{- fail "networkPolicy.engineNamespaces guards engines in other namespaces, which only a gateway with watchAllNamespaces serves: set watchAllNamespaces, or empty the list" }}
+{{- end }}
 {{- if and .Values.redis.enabled .Values.redis.url }}
 {{- fail "set either redis.enabled (the bundled Redis) or redis.url (your own), not both" }}
 {{- end }}

@@ -1,0 +1,593 @@
+"""Counts that match the engine's, chat template included, for both ways a pool can name them.
+
+A small byte-level BPE with Llama-3-style special tokens is trained here, and a small chat
+template in the Llama 3 shape (BOS, a default system block, a header per message, a
+generation prompt, `raise_exception` on roles that do not alternate) is written as the
+model's tokenizer_config.json. `laneway sim --tokenizer --chat-template` serves them, as vLLM
+or SGLang would serve the model. A pool names them (`huggingface` with `configPath`: the
+gateway renders the template itself) or names the engine (`engine`: the gateway asks its
+`/tokenize` where the bounds do not decide), and the gateway's count must be the engine's on
+every prompt the route depends on, one token either side of a lane threshold and of a
+context cap included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client import CollectorRegistry, Counter
+from test_gateway_e2e import client, gateway_doc, pool_doc, scrape, start_gateway, start_sim, total
+from test_pool_tokenizer import WORDS, prompts
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+from laneway import api
+from laneway.bench.procs import ChildProcess, Children
+from laneway.errors import UsageError
+from laneway.gateway.config import GatewaySettings
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.gateway.serving.counting import (
+    EngineTokenize,
+    LocalCount,
+    OffLoopCounter,
+    tokenizer_free_bounds,
+)
+from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
+from laneway.tokens import (
+    ChatMessage,
+    ChatTemplate,
+    ChatTemplateError,
+    HuggingFaceTokenizer,
+    TemplateChat,
+    count_chat,
+    default_tokenizer,
+    template_chat,
+)
+
+SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system = 'You route lanes.' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}"
+    "{%- if tools is not none %}"
+    "{{- '<|start_header_id|>tools<|end_header_id|>\\n\\n' + tools | tojson(indent=2) }}"
+    "{{- '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/...') }}"
+    "{%- endif %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{- message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+MAX_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    tokenizer: Path  # tokenizer.json
+    config: Path  # tokenizer_config.json, with the chat template
+
+
+@pytest.fixture
+def model_files(tmp_path: Path) -> ModelFiles:
+    rng = random.Random(7)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(300)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    # Llama 3's tokenizer.json puts a BOS before every text it encodes with special tokens:
+    # a completion prompt's, not a rendered chat's (whose template writes its own).
+    bos = SPECIALS[0]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
+    files = ModelFiles(tmp_path / "tokenizer.json", tmp_path / "tokenizer_config.json")
+    tokenizer.save(str(files.tokenizer))
+    config = {
+        "bos_token": "<|begin_of_text|>",
+        # tokenizer_config.json writes special tokens as strings or as AddedToken objects.
+        "eos_token": {"content": "<|eot_id|>", "special": True},
+        "chat_template": TEMPLATE,
+    }
+    files.config.write_text(json.dumps(config))
+    return files
+
+
+def user(text: str) -> list[ChatCompletionMessageParam]:
+    return [{"role": "user", "content": text}]
+
+
+def chat_request(messages: list[ChatCompletionMessageParam]) -> ParsedRequest:
+    body = {"model": "llama", "messages": messages, "max_tokens": MAX_TOKENS}
+    return parse_request(orjson.dumps(body), Endpoint.CHAT)
+
+
+def straddling(count: Callable[[str], int], edge: int, seed: int) -> tuple[str, str]:
+    """Two texts, one word apart, counted at most `edge` and over it."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    while True:
+        text = " ".join(words)
+        words.append(rng.choice(WORDS))
+        longer = " ".join(words)
+        if count(text) <= edge < count(longer):
+            return text, longer
+
+
+async def engine_count(session: aiohttp.ClientSession, engine: ChildProcess, text: str) -> int:
+    """The engine's own count of a one-message chat, from its /tokenize."""
+    body = {"model": "tiny", "messages": user(text)}
+    async with session.post(f"{engine.url}/tokenize", json=body) as response:
+        assert response.status == 200, await response.text()
+        answer = await response.json()
+    assert answer["count"] == len(answer["tokens"])
+    count: int = answer["count"]
+    return count
+
+
+@dataclass(frozen=True)
+class Routed:
+    status: int
+    pool: str | None = None
+    header_count: int | None = None
+    usage_count: int | None = None
+    error: str = ""
+
+
+async def send(api_client: openai.AsyncOpenAI, text: str) -> Routed:
+    try:
+        raw = await api_client.chat.completions.with_raw_response.create(
+            model="llama", messages=user(text), max_tokens=MAX_TOKENS
+        )
+    except openai.BadRequestError as error:
+        return Routed(400, error=str(error))
+    reply = raw.parse()
+    assert reply.usage is not None
+    return Routed(
+        200,
+        raw.headers["x-laneway-pool"],
+        int(raw.headers["x-laneway-prompt-tokens"]),
+        reply.usage.prompt_tokens,
+    )
+
+
+def lanes(
+    engine: ChildProcess, tokenizer: dict[str, Any], threshold: int, cap: int
+) -> list[dict[str, Any]]:
+    short = pool_doc("short", "interactive", "tiny", [engine.url], {"maxPromptTokens": threshold})
+    long = pool_doc(
+        "long",
+        "batch",
+        "tiny",
+        [engine.url],
+        {"minPromptTokens": threshold + 1},
+        {"maxContextTokens": cap},
+    )
+    for doc in (short, long):
+        doc["spec"]["tokenizer"] = tokenizer
+    return [short, long, gateway_doc()]
+
+
+def expected_route(count: int, threshold: int, cap: int) -> str | None:
+    if count <= threshold:
+        return "short"
+    return "long" if count + MAX_TOKENS <= cap else None
+
+
+def test_the_template_renders_as_transformers_does(model_files: ModelFiles) -> None:
+    template = ChatTemplate(model_files.config)
+    chat = TemplateChat(
+        ({"role": "system", "content": "  Be brief. "}, {"role": "user", "content": "naïve"}),
+        ({"type": "function", "function": {"name": "é"}},),
+    )
+    # trim_blocks/lstrip_blocks, the AddedToken's content as eos/bos, `| trim`, and tojson
+    # that neither escapes non-ASCII nor HTML: what transformers' apply_chat_template writes.
+    tools = '[\n  {\n    "type": "function",\n    "function": {\n      "name": "é"\n    }\n  }\n]'
+    assert template.render(chat) == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        f"<|start_header_id|>tools<|end_header_id|>\n\n{tools}<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nnaïve<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    refused = TemplateChat(({"role": "user", "content": "a"}, {"role": "user", "content": "b"}))
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        template.render(refused)
+
+
+def test_the_chat_reaches_the_template_as_vllm_hands_it_over() -> None:
+    sent: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi", "extra": 1},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+                {"id": "2", "type": "function", "function": {"name": "g", "arguments": ""}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "1", "content": "2", "name": "f"},
+        {"role": "assistant", "content": "done", "tool_calls": []},
+    ]
+    chat = template_chat(sent, ["hi", "", "2", "done"], None)
+    assert chat.messages == (
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}},
+                {"id": "2", "type": "function", "function": {"name": "g", "arguments": {}}},
+            ],
+        },
+        {"role": "tool", "content": "2", "tool_call_id": "1", "name": "f"},
+        {"role": "assistant", "content": "done"},
+    )
+    broken = [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{"}}]}]
+    with pytest.raises(ChatTemplateError, match="not JSON"):
+        template_chat(broken, [""], None)
+
+
+def test_a_config_without_a_template_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(UsageError, match="has no 'chat_template'"):
+        ChatTemplate(config)
+    config.write_text(json.dumps({"chat_template": "{% for m in messages %}"}))
+    with pytest.raises(UsageError, match="does not compile"):
+        ChatTemplate(config)
+    # Named templates (a tool-use one beside the default): the default frames chats.
+    named = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "{{ messages[0]['content'] }}"},
+    ]
+    config.write_text(json.dumps({"chat_template": named}))
+    assert ChatTemplate(config).render(TemplateChat(({"role": "user", "content": "hi"},))) == "hi"
+
+
+def test_bounds_without_a_tokenizer_hold_for_the_engines_count(model_files: ModelFiles) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+    chats: list[list[ChatCompletionMessageParam]] = [user(text) for text in prompts()]
+    chats.append(
+        [
+            {"role": "system", "content": "  Be brief. "},
+            {"role": "user", "content": "naïve café — 東京 🚀"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "x" * 300},
+        ]
+    )
+    for messages in chats:
+        parsed = chat_request(messages)
+        bounds = tokenizer_free_bounds(parsed)
+        assert bounds.low <= parsed.count(ours) <= bounds.high, messages
+    completion = parse_request(
+        orjson.dumps({"model": "llama", "prompt": ["", "naïve café", "x" * 300]}),
+        Endpoint.COMPLETIONS,
+    )
+    assert tokenizer_free_bounds(completion).high >= completion.count(ours) == 301
+    tools = chat_request(user("hi"))
+    with_tools = parse_request(
+        orjson.dumps({**tools.payload, "tools": [{"type": "function"}]}), Endpoint.CHAT
+    )
+    assert tokenizer_free_bounds(with_tools).high > 2**60, "a template renders tools its way"
+
+
+async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
+    tmp_path: Path, model_files: ModelFiles
+) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+
+    def count(text: str) -> int:
+        return chat_request(user(text)).count(ours)
+
+    threshold, cap = 120, 1200
+    texts = [
+        *prompts(),
+        *straddling(count, threshold, seed=1),
+        *straddling(count, cap - MAX_TOKENS, seed=2),
+    ]
+    tokenizer = {
+        "kind": "huggingface",
+        "path": str(model_files.tokenizer),
+        "configPath": str(model_files.config),
+    }
+    cl100k = default_tokenizer()
+    with Children() as children:
+        engine = start_sim(
+            children,
+            "tiny",
+            "--tokenizer",
+            str(model_files.tokenizer),
+            "--chat-template",
+            str(model_files.config),
+            "--max-context",
+            str(cap),
+        )
+        gateway = start_gateway(
+            children, tmp_path / "gateway.yaml", lanes(engine, tokenizer, threshold, cap)
+        )
+        differs_from_openai_rule = 0
+        async with client(gateway) as api_client, aiohttp.ClientSession() as session:
+            for text in texts:
+                expected = await engine_count(session, engine, text)
+                routed = await send(api_client, text)
+                route = expected_route(expected, threshold, cap)
+                if route is None:
+                    assert routed.status == 400, text
+                    assert f"{expected} tokens" in routed.error, routed.error
+                    continue
+                assert routed.header_count == routed.usage_count == expected, text
+                assert routed.pool == route, (text, expected)
+                differs_from_openai_rule += count_chat(cl100k, [ChatMessage("user", text)]) != (
+                    expected
+                )
+            # A completion's prompt gets the tokenizer's BOS, at the gateway as at the engine.
+            for text in prompts()[:4]:
+                raw = await api_client.completions.with_raw_response.create(
+                    model="llama", prompt=text, max_tokens=MAX_TOKENS
+                )
+                completion = raw.parse()
+                assert completion.usage is not None
+                async with session.post(
+                    f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
+                ) as response:
+                    tokenized = await response.json()
+                assert tokenized["tokens"][0] == ours.encode_prompt("")[0]
+                assert tokenized["count"] == ours.count(text) + 1
+                header = int(raw.headers["x-laneway-prompt-tokens"])
+                assert header == completion.usage.prompt_tokens == tokenized["count"], text
+            # Tools reach the template as sent, here and at the engine.
+            tools: list[Any] = [{"type": "function", "function": {"name": "route_lane"}}]
+            raw_chat = await api_client.chat.completions.with_raw_response.create(
+                model="llama", messages=user("lane"), tools=tools, max_tokens=MAX_TOKENS
+            )
+            answer = raw_chat.parse()
+            assert answer.usage is not None
+            async with session.post(
+                f"{engine.url}/tokenize",
+                json={"model": "tiny", "messages": user("lane"), "tools": tools},
+            ) as response:
+                with_tools = (await response.json())["count"]
+            assert with_tools > await engine_count(session, engine, "lane")
+            header = int(raw_chat.headers["x-laneway-prompt-tokens"])
+            assert header == answer.usage.prompt_tokens == with_tools
+            # The template's own refusal reaches the client as the engine's would: a 400.
+            with pytest.raises(openai.BadRequestError, match="roles must alternate"):
+                await api_client.chat.completions.create(
+                    model="llama",
+                    messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+                )
+    # The test means something only if OpenAI's framing rule would have counted otherwise.
+    assert differs_from_openai_rule >= len(texts) // 2
+
+
+async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decide(
+    tmp_path: Path, model_files: ModelFiles
+) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+
+    def count(text: str) -> int:
+        return chat_request(user(text)).count(ours)
+
+    # The threshold sits above the bounds' allowance for an unknown template, so that short
+    # chats are routed without asking.
+    threshold, cap = 400, 1200
+    near_edges = [
+        *straddling(count, threshold, seed=3),
+        *straddling(count, cap - MAX_TOKENS, seed=4),
+    ]
+    with Children() as children:
+        engine = start_sim(
+            children,
+            "tiny",
+            "--tokenizer",
+            str(model_files.tokenizer),
+            "--chat-template",
+            str(model_files.config),
+            "--max-context",
+            str(cap),
+        )
+        gateway = start_gateway(
+            children,
+            tmp_path / "gateway.yaml",
+            lanes(engine, {"kind": "engine", "timeoutMillis": 10_000}, threshold, cap),
+        )
+
+        async def asked() -> float:
+            samples = await scrape(gateway.url)
+            return total(samples, "laneway_gateway_engine_counts_total", outcome="engine")
+
+        async with client(gateway) as api_client, aiohttp.ClientSession() as session:
+            before = await asked()
+            short = await send(api_client, "lane gateway")
+            assert short.pool == "short"
+            assert await asked() == before, "a chat the bounds route needs no engine count"
+            for text in prompts():
+                expected = await engine_count(session, engine, text)
+                before = await asked()
+                routed = await send(api_client, text)
+                assert routed.pool == expected_route(expected, threshold, cap), (text, expected)
+                if await asked() > before:
+                    assert routed.header_count == routed.usage_count == expected, text
+            for text in near_edges:
+                expected = await engine_count(session, engine, text)
+                before = await asked()
+                routed = await send(api_client, text)
+                # Once for each pool: each may run another model, so each engine counts.
+                assert await asked() == before + 2, text
+                route = expected_route(expected, threshold, cap)
+                if route is None:
+                    assert routed.status == 400, text
+                    assert f"{expected} tokens" in routed.error, routed.error
+                    continue
+                assert routed.header_count == routed.usage_count == expected, text
+                assert routed.pool == route, (text, expected)
+            # A completion's prompt, BOS and all, near the threshold.
+            for text in straddling(lambda t: len(ours.encode_prompt(t)), threshold, seed=5):
+                async with session.post(
+                    f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
+                ) as response:
+                    expected = (await response.json())["count"]
+                raw = await api_client.completions.with_raw_response.create(
+                    model="llama", prompt=text, max_tokens=MAX_TOKENS
+                )
+                completion = raw.parse()
+                assert completion.usage is not None
+                header = int(raw.headers["x-laneway-prompt-tokens"])
+                assert header == completion.usage.prompt_tokens == expected, text
+                assert raw.headers["x-laneway-pool"] == expected_route(expected, threshold, cap)
+            # The same prompt again is answered from the gateway's cache.
+            await send(api_client, near_edges[0])
+            samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_engine_counts_total", outcome="cached") >= 1
+
+
+# --- the engine does not answer ---------------------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(60)
+    return web.json_response({"count": 1})
+
+
+async def _failing(request: web.Request) -> web.Response:
+    return web.json_response({"error": {"message": "boom"}}, status=500)
+
+
+async def _refusing(request: web.Request) -> web.Response:
+    return web.json_response({"error": {"message": "roles must alternate"}}, status=400)
+
+
+async def _countless(request: web.Request) -> web.Response:
+    return web.json_response({"tokens": []})
+
+
+@pytest.fixture
+async def stub_engine() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    runners: list[web.AppRunner] = []
+
+    async def serve(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_post("/tokenize", handler)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    yield serve
+    for runner in runners:
+        await runner.cleanup()
+
+
+def engine_pool(url: str, timeout_millis: int) -> api.InferencePool:
+    doc = pool_doc("short", "interactive", "tiny", [url])
+    doc["spec"]["tokenizer"] = {"kind": "engine", "timeoutMillis": timeout_millis}
+    return api.parse_pool(doc)
+
+
+@pytest.mark.parametrize(
+    ("handler", "outcome"),
+    [(_slow, "timeout"), (_failing, "failed"), (_refusing, "refused"), (_countless, "bad_answer")],
+)
+async def test_an_engine_that_does_not_answer_leaves_the_count_to_the_gateway(
+    stub_engine: Callable[[Handler], Awaitable[str]], handler: Handler, outcome: str
+) -> None:
+    pool = engine_pool(await stub_engine(handler), timeout_millis=200)
+    await check_fallback(pool, outcome)
+
+
+async def test_an_unreachable_engine_leaves_the_count_to_the_gateway() -> None:
+    await check_fallback(engine_pool("http://127.0.0.1:9", timeout_millis=2000), "unreachable")
+
+
+async def check_fallback(pool: api.InferencePool, outcome: str) -> None:
+    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
+    registry.update([pool])
+    metrics = CollectorRegistry()
+    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=metrics)
+    fallback = LocalCount(default_tokenizer(), OffLoopCounter())
+    parsed = chat_request(user("lane gateway engine"))
+    async with aiohttp.ClientSession() as session:
+        engine = EngineTokenize(lambda: session, registry, outcomes)
+        assert await engine.count(pool, parsed, fallback) == parsed.count(default_tokenizer())
+    labels = {"pool": pool.key, "outcome": outcome}
+    assert metrics.get_sample_value("engine_counts_total", labels) == 1
+
+
+async def test_an_engine_answer_is_cached(
+    stub_engine: Callable[[Handler], Awaitable[str]],
+) -> None:
+    questions: list[dict[str, Any]] = []
+
+    async def counting(request: web.Request) -> web.Response:
+        questions.append(await request.json())
+        return web.json_response({"count": 7, "tokens": [0] * 7, "max_model_len": 100})
+
+    pool = engine_pool(await stub_engine(counting), timeout_millis=2000)
+    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
+    registry.update([pool])
+    metrics = CollectorRegistry()
+    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=metrics)
+    fallback = LocalCount(default_tokenizer(), OffLoopCounter())
+    chat = chat_request(user("lane"))
+    completion = parse_request(
+        orjson.dumps({"model": "llama", "prompt": ["a b", "c"]}), Endpoint.COMPLETIONS
+    )
+    async with aiohttp.ClientSession() as session:
+        engine = EngineTokenize(lambda: session, registry, outcomes)
+        assert await engine.count(pool, chat, fallback) == 7
+        assert await engine.count(pool, chat, fallback) == 7
+        # Each prompt of a list is asked alone (vLLM takes one string); the longest decides.
+        assert await engine.count(pool, completion, fallback) == 7
+    # vLLM's and SGLang's shapes: the served name, and messages or one prompt string.
+    assert questions == [
+        {"model": "tiny", "messages": user("lane")},
+        {"model": "tiny", "prompt": "a b"},
+        {"model": "tiny", "prompt": "c"},
+    ]
+    labels = {"pool": pool.key, "outcome": "cached"}
+    assert metrics.get_sample_value("engine_counts_total", labels) == 1
+
+
+async def test_the_worker_process_renders_the_template_as_the_loop_does(
+    model_files: ModelFiles,
+) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+    parsed = chat_request(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": " ".join(WORDS) * 50},
+        ]
+    )
+    counter = OffLoopCounter()
+    try:
+        assert await counter.count(parsed, ours) == parsed.count(ours)
+    finally:
+        counter.close()
