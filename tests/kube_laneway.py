@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +132,25 @@ def condition(pool: dict[str, Any], kind: str) -> dict[str, Any]:
             found: dict[str, Any] = c
             return found
     return {}
+
+
+def answers(url: str) -> bool:
+    """`url` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_listening(kube: Cluster, namespace: str, name: str, timeout_s: float) -> None:
+    """Until the engine started for pool `name` answers on the pods' address: KWOK makes a
+    pod Ready at once, while a real engine process takes seconds to listen."""
+    network = kube.pod_network
+    assert network is not None
+    port = kube.get("lwpool", name, "-n", namespace)["spec"]["port"]
+    health = f"http://{network.pod_ip}:{port}/health"
+    eventually(f"the engine of pool {name} listens", lambda: answers(health), timeout_s)
 
 
 def engine_for_pool(kube: Cluster, namespace: str, name: str, timeout_s: float) -> Laneway:

@@ -33,6 +33,7 @@ from kube_laneway import (
     helm,
     helm_available,
     install_release,
+    wait_listening,
 )
 from openai.types.chat import ChatCompletion
 from prometheus_client.parser import text_string_to_metric_families
@@ -207,6 +208,7 @@ def start_engine(stack: Stack, name: str) -> None:
     engine = engine_for_pool(stack.kube, stack.ns, name, READY_TIMEOUT_S)
     engine.start()
     stack.engines.append(engine)
+    wait_listening(stack.kube, stack.ns, name, READY_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from kube_laneway import (
     helm,
     helm_available,
     install_release,
+    wait_listening,
 )
 
 # Each step waits generously for a loaded machine; a whole test may take more than the
@@ -334,14 +335,6 @@ def scaling_gateway(kube: Cluster, release: Release) -> Iterator[str]:
         assert "Forbidden" not in process.output(), f"RBAC refused a call:\n{process.output()}"
 
 
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def served_models(url: str) -> set[str]:
     try:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
@@ -382,10 +375,8 @@ def test_a_pool_at_zero_wakes_on_the_gateways_demand_and_sleeps_after_it(
     assert pools.get("deployment", "sleeper")["spec"]["replicas"] == 0
     engine = engine_for_pool(kube, pools.ns, "sleeper", READY_TIMEOUT_S)
     engine.start()  # answers for the pod once there is one
-    assert kube.pod_network is not None
-    health = f"http://{kube.pod_network.pod_ip}:{sleeper['spec']['port']}/health"
     try:
-        eventually("the engine listens", lambda: answers(health), READY_TIMEOUT_S)
+        wait_listening(kube, pools.ns, "sleeper", READY_TIMEOUT_S)
         eventually(
             "the gateway serves the pool's model",
             lambda: "sleeper" in served_models(scaling_gateway),
