@@ -11,9 +11,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/laneway
 WORKDIR /src
 # Dependencies first, in their own layer, so a source change does not reinstall them; with
-# the tokenizers extra, so the chart's huggingface tokenizer setting works in the image.
+# the tokenizers extra, so the chart's huggingface tokenizer setting works in the image, and
+# the kvevents extra, so spec.picking.prefix.kvEvents and `sim --kv-events-config` do.
 COPY pyproject.toml README.md ./
-RUN /opt/laneway/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['tokenizers']))" > /tmp/requirements.txt \
+RUN /opt/laneway/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['tokenizers'] + p['optional-dependencies']['kvevents']))" > /tmp/requirements.txt \
     && /opt/laneway/bin/pip install --requirement /tmp/requirements.txt
 COPY laneway ./laneway
 COPY gateway ./gateway

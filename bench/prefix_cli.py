@@ -28,6 +28,10 @@ REQUEST_CHARS = 4096 * 4  # a 4k-token prompt
 LIVE_TIME_SCALE = 1.0
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
     from laneway.simulator.prefix_experiment import PrefixScenario
 
@@ -145,7 +149,12 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
             result = asyncio.run(run_live_picker(scenario, profile, picker, picking, time_scale))
         else:
             result = run_prefix(scenario, profile, picker, picking)
-        p50, p99 = (percentile(result.ttft_s, q) * 1000 for q in (50, 99))
+        # No chat turns (--chat-sessions 0): no TTFT to report, null in the JSON.
+        p50, p99 = (
+            (percentile(result.ttft_s, q) * 1000 for q in (50, 99))
+            if result.ttft_s
+            else (None, None)
+        )
         pickers[picker] = {
             "hit_rate": result.hit_rate,
             "prefill_tokens": result.prefill_tokens,
@@ -156,8 +165,8 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
             "requests": result.requests,
         }
         rows.append(
-            [picker, f"{result.hit_rate:.3f}", f"{result.prefill_tokens:,}", f"{p50:.0f}",
-             f"{p99:.0f}", f"{result.batch_makespan_s:.1f}",
+            [picker, f"{result.hit_rate:.3f}", f"{result.prefill_tokens:,}", _ms(p50), _ms(p99),
+             f"{result.batch_makespan_s:.1f}",
              " / ".join(f"{value:.3f}" for _, value in result.pool_imbalance),
              str(result.requests)]
         )  # fmt: skip

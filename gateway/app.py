@@ -38,6 +38,7 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.lifecycle import Stop, background
 from laneway.gateway.metrics import GatewayMetrics
+from laneway.gateway.pools.kv_events import KVEventSubscriber
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
@@ -153,8 +154,19 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
             asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
-        async with background(*tasks):
-            yield
+        subscribers = [
+            KVEventSubscriber(source, registry, app[PREFIX_INDEX])
+            for source in settings.picking.prefix.kv_events
+        ]
+        tasks += [
+            asyncio.create_task(s.run(), name=f"kv-events {s.source.pool}") for s in subscribers
+        ]
+        try:
+            async with background(*tasks):
+                yield
+        finally:
+            for subscriber in subscribers:
+                subscriber.close()
 
     return run
 

@@ -26,7 +26,7 @@ from laneway.api import (
 )
 from laneway.errors import UsageError
 from laneway.routing.picker import PICKING_POLICIES, SCORER_NAMES, PickingSettings
-from laneway.routing.prefix_index import PrefixSettings
+from laneway.routing.prefix_index import KVEventSource, PrefixSettings
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
@@ -233,10 +233,11 @@ def _picking(reader: _Reader, data: Mapping[str, Any]) -> PickingSettings:
 
 def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
     path = "spec.picking.prefix"
-    fields = ("blockChars", "maxBlocks", "capacityBlocks", "forgetOnEngineRestart")
+    fields = ("blockChars", "maxBlocks", "capacityBlocks", "forgetOnEngineRestart", "kvEvents")
     reader.known_fields(data, path, fields)
     default = PrefixSettings()
     return PrefixSettings(
+        kv_events=_kv_events(reader, data, path),
         block_chars=reader.integer(data, "blockChars", path, default.block_chars, minimum=16),
         max_blocks=reader.integer(data, "maxBlocks", path, default.max_blocks, minimum=1),
         capacity_blocks=reader.integer(
@@ -246,6 +247,25 @@ def _prefix(reader: _Reader, data: Mapping[str, Any]) -> PrefixSettings:
             data, "forgetOnEngineRestart", path, default.forget_on_engine_restart
         ),
     )
+
+
+def _kv_events(reader: _Reader, data: Mapping[str, Any], path: str) -> tuple[KVEventSource, ...]:
+    """`kvEvents`: the pools whose engines publish vLLM KV cache events to this gateway."""
+    sources = []
+    for index, item in enumerate(reader.object_list(data, "kvEvents", path)):
+        where = f"{path}.kvEvents[{index}]"
+        reader.known_fields(item, where, ("pool", "bind", "blockSize"))
+        pool = reader.required_string(item, "pool", where)
+        bind = reader.required_string(item, "bind", where)
+        if bind and not bind.startswith(("tcp://", "ipc://")):
+            reader.fail(f"{where}.bind", f"must be a ZMQ address (tcp:// or ipc://), got {bind!r}")
+        block_size = reader.integer(item, "blockSize", where, KVEventSource.block_size, minimum=1)
+        sources.append(KVEventSource(pool, bind, block_size))
+    pools = [source.pool for source in sources]
+    binds = [source.bind for source in sources]
+    if len(set(pools)) < len(pools) or len(set(binds)) < len(binds):
+        reader.fail(f"{path}.kvEvents", "each pool and each bind address may appear once")
+    return tuple(sources)
 
 
 def _scrape(reader: _Reader, data: Mapping[str, Any]) -> ScrapeSettings:

@@ -56,6 +56,14 @@ def register(
         "tokenizer_config.json, as vLLM and SGLang do; needs --tokenizer "
         "(default: OpenAI's framing rule, 3 tokens a message and 3 for the reply)",
     )
+    sim.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help="publish the prefix cache's stored and evicted blocks over ZMQ as vLLM does, "
+        'e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}\' '
+        "(vLLM's flag and fields; an endpoint with '*' or an ipc:// one is bound, others "
+        "connected)",
+    )
     sim.set_defaults(handler=run_sim)
 
 
@@ -119,6 +127,7 @@ def scheduler_config_from(args: argparse.Namespace) -> SchedulerConfig:
 def run_sim(args: argparse.Namespace) -> int:
     import asyncio
 
+    from laneway.simulator.kv_events import parse_kv_events_config
     from laneway.simulator.server import SimSettings, serve
     from laneway.tokens import HuggingFaceTokenizer
 
@@ -135,6 +144,9 @@ def run_sim(args: argparse.Namespace) -> int:
         scheduler=scheduler_config_from(args),
         metrics_flavor=MetricsFlavor(args.metrics_flavor),
         time_scale=args.time_scale,
+        kv_events=parse_kv_events_config(args.kv_events_config)
+        if args.kv_events_config is not None
+        else None,
     )
     if args.chat_template and not args.tokenizer:
         raise UsageError("--chat-template needs --tokenizer: the template's text is tokenized")

@@ -40,8 +40,30 @@ class StepOutcome:
     finished: tuple[str, ...]  # request ids that produced their last token in this step
 
 
+@dataclass(frozen=True)
+class BlocksCached:
+    """A request's prompt blocks `first`.. entered the prefix cache (vLLM's BlockStored)."""
+
+    request_id: str
+    first: int  # index of the first of them among the request's prompt blocks
+    hashes: tuple[int, ...]
+    parent: int | None  # the hash of the block before the first; None at the prompt's start
+
+
+@dataclass(frozen=True)
+class BlocksEvicted:
+    """Free cached blocks dropped for room (vLLM's BlockRemoved)."""
+
+    hashes: tuple[int, ...]
+
+
+CacheEvent = BlocksCached | BlocksEvicted
+
+
 class EngineCore:
-    def __init__(self, profile: Profile, config: SchedulerConfig) -> None:
+    def __init__(
+        self, profile: Profile, config: SchedulerConfig, record_cache_events: bool = False
+    ) -> None:
         self.profile = profile
         self.config = config
         self.scheduler = make_scheduler(config)
@@ -60,6 +82,9 @@ class EngineCore:
         self.last_admission_hit_rate = 0.0
         self.waiting: list[RequestState] = []
         self.running: list[RequestState] = []
+        # What entered and left the prefix cache since the caller last took them; None when
+        # nobody publishes them (`--kv-events-config`).
+        self.cache_events: list[CacheEvent] | None = [] if record_cache_events else None
 
     # -- requests in -----------------------------------------------------------------
 
@@ -226,17 +251,36 @@ class EngineCore:
         self.kv_used_blocks += seq.private_blocks + hit.evictable
         overflow = self.kv_used_blocks + cache.free_cached_blocks - self.kv_capacity_blocks
         if overflow > 0:
-            cache.evict(overflow)
+            evicted = cache.evict(overflow)
+            if evicted and self.cache_events is not None:
+                self.cache_events.append(BlocksEvicted(evicted))
 
     def _cache_filled_blocks(self, seq: RequestState) -> None:
         """Cache the prompt blocks this step filled (vLLM caches full blocks as they fill)."""
         filled = min(seq.computed_prompt_tokens // KV_BLOCK_TOKENS, len(seq.block_hashes))
-        for block_hash in seq.block_hashes[len(seq.held_blocks) : filled]:
+        new: list[int] = []  # indexes of the blocks no request had cached: what is published
+        for index in range(len(seq.held_blocks), filled):
+            block_hash = seq.block_hashes[index]
+            if self.cache_events is not None and not self.prefix_cache.cached(block_hash):
+                new.append(index)
             # The block leaves the request's private blocks for the cache; if another
             # request cached the same block first, the two share that one.
             self.kv_used_blocks += self.prefix_cache.hold(block_hash) - 1
             seq.held_blocks.append(block_hash)
             seq.private_blocks -= 1
+        if new:
+            self._journal_cached(seq, new)
+
+    def _journal_cached(self, seq: RequestState, new: list[int]) -> None:
+        """One entry per run of consecutive new blocks, with the hash of the block before
+        it, as vLLM's BlockStored events carry them."""
+        assert self.cache_events is not None
+        starts = [i for n, i in enumerate(new) if n == 0 or new[n - 1] != i - 1]
+        ends = [i + 1 for n, i in enumerate(new) if n == len(new) - 1 or new[n + 1] != i + 1]
+        for start, end in zip(starts, ends, strict=True):
+            parent = seq.block_hashes[start - 1] if start else None
+            run = tuple(seq.block_hashes[start:end])
+            self.cache_events.append(BlocksCached(seq.request_id, start, run, parent))
 
     def _free(self, seq: RequestState) -> None:
         freed_to_cache = self.prefix_cache.release(seq.held_blocks)

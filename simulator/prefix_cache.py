@@ -116,9 +116,10 @@ class PrefixCache:
                 freed += 1
         return freed
 
-    def evict(self, blocks: int) -> int:
-        """Drop up to `blocks` free cached blocks, least recently used first; how many went."""
-        dropped = min(blocks, len(self._free))
-        for _ in range(dropped):
-            self._free.popitem(last=False)
-        return dropped
+    def cached(self, block_hash: int) -> bool:
+        """Whether the block is in the cache, in use or free."""
+        return block_hash in self._in_use or block_hash in self._free
+
+    def evict(self, blocks: int) -> tuple[int, ...]:
+        """Drop up to `blocks` free cached blocks, least recently used first; those dropped."""
+        return tuple(self._free.popitem(last=False)[0] for _ in range(min(blocks, len(self._free))))

@@ -77,6 +77,9 @@ class Request:
     session_key: str | None  # its x-laneway-session, if any
     replica: int = -1  # -1 while it waits in the gateway's line
     backlog_tokens: int = 0  # the replica's prefill backlog it joined, its own prompt included
+    # What it added to its replica's outstanding prefill: its prompt less the prefix the
+    # gateway's index estimates that replica holds (plan.PlannedEndpoint.prefill_tokens).
+    prefill_tokens: int = 0
     sent_s: float = 0.0  # when it left the gateway for its replica
     first_token_s: float | None = None
     last_token_s: float | None = None
@@ -93,7 +96,7 @@ class Replica:
     draining: bool = False  # takes no new work; gives its GPU back when idle
     released_s: float | None = None
     in_flight: int = 0
-    pending_prefill_tokens: int = 0  # the routed prompts' estimates, first token not back
+    pending_prefill_tokens: int = 0  # the routed prompts' uncached parts, first token not back
     stepping: StepOutcome | None = None
     busy_s: float = 0.0
     computed_prompt_tokens: int = 0  # prompt tokens its engine prefilled (cache hits not)
@@ -309,7 +312,8 @@ class VirtualCluster:
         request.replica, request.backlog_tokens = replica_index, best.backlog_tokens
         request.sent_s = now
         replica.in_flight += 1
-        replica.pending_prefill_tokens += request.route.prefill_tokens
+        request.prefill_tokens = best.prefill_tokens
+        replica.pending_prefill_tokens += request.prefill_tokens
         if replica.stepping is None:
             self._start_step(now, replica_index)
 
@@ -345,7 +349,7 @@ class VirtualCluster:
         for request_id in outcome.tokens:
             request = self.requests[request_id]
             if request_id in first:
-                replica.pending_prefill_tokens -= request.route.prefill_tokens
+                replica.pending_prefill_tokens -= request.prefill_tokens
                 replica.rate = replica.rate.observed(
                     request.backlog_tokens, (now - request.sent_s) * 1000
                 )

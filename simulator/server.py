@@ -24,11 +24,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.api import MetricsFlavor
 from laneway.errors import cannot_listen
+from laneway.prompt_ids import chat_token_ids
 from laneway.simulator.engine import EngineCore, RequestRejected, StepOutcome
+from laneway.simulator.kv_events import KVEventsConfig, ZmqEventPublisher, wire_events
 from laneway.simulator.metrics import EngineGauges, SimulatorMetrics
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
-from laneway.simulator.prompt_ids import chat_token_ids
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS, SchedulerConfig
 from laneway.tokens import (
     ChatMessage,
@@ -58,6 +59,7 @@ class SimSettings:
     scheduler: SchedulerConfig
     metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
     time_scale: float = 1.0
+    kv_events: KVEventsConfig | None = None  # --kv-events-config; None: not published
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class _Tracked:
     prompt_tokens: int
     arrived: float  # simulated seconds
     stream: asyncio.Queue[TokenEvent]
+    prompt_token_ids: Sequence[int]  # what KV events describe stored blocks with
     emitted: int = 0
     last_token: float = 0.0
 
@@ -106,8 +109,9 @@ class RealTimeEngine:
     """Drives an EngineCore against the wall clock, scaled by `time_scale`."""
 
     def __init__(self, core: EngineCore, time_scale: float, metrics_flavor: MetricsFlavor,
-                 model: str) -> None:  # fmt: skip
+                 model: str, publisher: ZmqEventPublisher | None = None) -> None:  # fmt: skip
         self.core = core
+        self.publisher = publisher
         self.time_scale = time_scale
         self.busy_s = 0.0  # simulated seconds spent in steps
         self.metrics = SimulatorMetrics(metrics_flavor, model, self._gauges)
@@ -137,13 +141,15 @@ class RealTimeEngine:
         max_tokens: int,
         priority: int = 0,
         prompt_block_hashes: tuple[int, ...] = (),
+        prompt_token_ids: Sequence[int] = (),
     ) -> asyncio.Queue[TokenEvent]:
         """Queue a request; its tokens arrive on the returned queue. Raises RequestRejected."""
         self.core.submit(
             request_id, prompt_tokens, max_tokens, prompt_block_hashes, priority=priority
         )
         stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream)
+        ids = prompt_token_ids if self.publisher is not None else ()
+        self._tracked[request_id] = _Tracked(prompt_tokens, self.sim_now(), stream, ids)
         self._wake.set()
         return stream
 
@@ -177,7 +183,24 @@ class RealTimeEngine:
                 # Starved of CPU: resume from now rather than emit a burst of late steps.
                 gpu_free_at += behind
             await asyncio.sleep(max(0.0, gpu_free_at - loop.time()))
+            self._publish_cache_events()
             self._deliver(outcome)
+
+    def _publish_cache_events(self) -> None:
+        """The step's prefix-cache changes as one KV event batch, before its tokens go out."""
+        events = self.core.cache_events
+        if self.publisher is None or not events:
+            return
+        tracked = self._tracked
+
+        def token_ids(request_id: str) -> Sequence[int] | None:
+            found = tracked.get(request_id)
+            return found.prompt_token_ids if found is not None else None
+
+        wired = wire_events(events, token_ids)
+        events.clear()
+        if wired:
+            self.publisher.publish(wired)
 
     def _deliver(self, outcome: StepOutcome) -> None:
         now = self.sim_now()
@@ -216,6 +239,7 @@ class GenerationRequest:
     # The prompt's token ids in prefix-cache blocks (prefix_cache.block_hashes): what lets
     # a repeated prefix skip its prefill, as automatic prefix caching does.
     block_hashes: tuple[int, ...] = ()
+    token_ids: Sequence[int] = ()  # the prompt's, for KV events
 
 
 def _priority(body: dict[str, Any]) -> int:
@@ -317,10 +341,11 @@ def _chat_ids(
 class _PromptTokens:
     count: int
     block_hashes: tuple[int, ...]
+    ids: Sequence[int]
 
 
 def _prompt_tokens(ids: Sequence[int]) -> _PromptTokens:
-    return _PromptTokens(len(ids), block_hashes(ids, KV_BLOCK_TOKENS))
+    return _PromptTokens(len(ids), block_hashes(ids, KV_BLOCK_TOKENS), ids)
 
 
 async def _count(length: int, count: Callable[[], T]) -> T:
@@ -379,6 +404,7 @@ async def parse_generation(
         include_usage,
         _priority(body),
         tokens.block_hashes,
+        tokens.ids,
     )
 
 
@@ -490,6 +516,7 @@ async def _generate(request: web.Request, endpoint: ApiRoute) -> web.StreamRespo
             parsed.max_tokens,
             parsed.priority,
             parsed.block_hashes,
+            parsed.token_ids,
         )
     except RequestRejected as error:
         raise OpenAIError(400, str(error)) from None
@@ -605,14 +632,19 @@ TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 
 async def _engine_task(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    core = EngineCore(settings.profile, settings.scheduler)
-    engine = RealTimeEngine(core, settings.time_scale, settings.metrics_flavor, settings.model)
+    publisher = ZmqEventPublisher(settings.kv_events) if settings.kv_events else None
+    core = EngineCore(settings.profile, settings.scheduler, record_cache_events=bool(publisher))
+    engine = RealTimeEngine(
+        core, settings.time_scale, settings.metrics_flavor, settings.model, publisher
+    )
     app[ENGINE] = engine
     task = asyncio.create_task(engine.run())
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    if publisher is not None:
+        publisher.close()
 
 
 def create_app(settings: SimSettings, tokenizer: Tokenizer | None = None) -> web.Application:

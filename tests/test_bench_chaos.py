@@ -16,18 +16,22 @@ from laneway.bench.chaos import (
     ENGINE,
     GATEWAY,
     OK,
+    QUICK,
     REDIS,
     UNEXPECTED,
     WINDOWS,
+    ChaosOptions,
     ChaosRecord,
     FaultEvent,
     check_batch,
+    check_options,
     classify,
     error_line_code,
     window_of,
     window_rows,
     window_starts,
 )
+from laneway.errors import UsageError
 
 ON_ENGINE, ON_GATEWAY = "in flight on killed engine", "in flight on killed gateway"
 FAULTS = (
@@ -112,6 +116,21 @@ def test_the_batch_check_finds_lost_doubled_and_unknown_items() -> None:
 
 
 @pytest.mark.slow
+def test_options_that_cannot_work_name_their_flag() -> None:
+    check_options(ChaosOptions())
+    check_options(QUICK)
+    cases = [
+        (ChaosOptions(outage_s=12.0), "--outage"),  # as long as a whole 12 s window
+        (ChaosOptions(sessions=0), "--sessions"),
+        (ChaosOptions(batch_items=0), "--batch-items"),
+        (ChaosOptions(engine_pool="gpu"), "--kill-engine-in"),
+        (ChaosOptions(settle_s=0), "--settle"),
+    ]
+    for options, flag in cases:
+        with pytest.raises(UsageError, match=flag):
+            check_options(options)
+
+
 def test_an_error_line_says_why_it_failed() -> None:
     refused = {"custom_id": "a", "response": None, "error": {"code": "batch_expired"}}
     answered = {

@@ -523,6 +523,16 @@ def test_operator_off_renders_no_operator_objects(rendered: dict[str, list[Manif
     assert {"name": "LANEWAY_IMAGE", "value": f"laneway:{__version__}"} in operator["env"]
 
 
+def test_operator_reads_demand_from_the_releases_gateway_service(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    objects = rendered["default"]
+    service = only(objects, "Service", "-gateway")
+    api_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+    gateway_url = env_of(deployment(objects, "operator"))["LANEWAY_GATEWAY_URL"]["value"]
+    assert gateway_url == f"http://{service['metadata']['name']}.{NAMESPACE}:{api_port}"
+
+
 # --- Redis ------------------------------------------------------------------------------
 
 

@@ -132,6 +132,40 @@ BAD = [
         "spec.picking.prefix.forgetOnEngineRestart: must be true or false",
     ),
     (
+        "a KV event source that is not a ZMQ address",
+        [
+            POOL,
+            GATEWAY.replace(
+                "kvCacheUsage: 0}}",
+                "kvCacheUsage: 0}, prefix: {kvEvents: [{pool: chat, bind: 'http://x:5557'}]}}",
+            ),
+        ],
+        "spec.picking.prefix.kvEvents[0].bind: must be a ZMQ address (tcp:// or ipc://)",
+    ),
+    (
+        "a KV event source without its pool",
+        [
+            POOL,
+            GATEWAY.replace(
+                "kvCacheUsage: 0}}",
+                "kvCacheUsage: 0}, prefix: {kvEvents: [{bind: 'tcp://127.0.0.1:5557'}]}}",
+            ),
+        ],
+        "spec.picking.prefix.kvEvents[0].pool: is required",
+    ),
+    (
+        "one pool fed twice",
+        [
+            POOL,
+            GATEWAY.replace(
+                "kvCacheUsage: 0}}",
+                "kvCacheUsage: 0}, prefix: {kvEvents: [{pool: a, bind: 'tcp://127.0.0.1:1'}, "
+                "{pool: a, bind: 'tcp://127.0.0.1:2'}]}}",
+            ),
+        ],
+        "spec.picking.prefix.kvEvents: each pool and each bind address may appear once",
+    ),
+    (
         "huggingface without a path",
         [POOL, GATEWAY.replace("{kind: tiktoken, encoding: cl100k_base}", "{kind: huggingface}")],
         "spec.tokenizer.path: is required",

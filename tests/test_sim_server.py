@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_fleet import wait_for
 
 from laneway.bench.procs import ChildProcess, Children
-from laneway.simulator.prompt_ids import chat_token_ids
+from laneway.prompt_ids import chat_token_ids
 from laneway.tokens import ChatMessage, count_chat, default_tokenizer
 
 MODEL = "sim-test-model"

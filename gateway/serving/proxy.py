@@ -40,7 +40,7 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
-from laneway.gateway.serving.counting import PromptCounter
+from laneway.gateway.serving.counting import LocalCount, PromptCounter
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
@@ -52,6 +52,8 @@ from laneway.gateway.serving.request_body import (
 )
 from laneway.gateway.state.memory import Lease
 from laneway.gateway.state.shared import admit_tenant, routing_tenant, tenant_name
+from laneway.prompt_ids import chat_token_ids
+from laneway.routing.kv_events import cached_tokens, token_block_keys
 from laneway.routing.lanes import (
     Decision,
     NeedsExactCount,
@@ -226,10 +228,10 @@ async def _serve(
         app[METRICS].queue_wait.labels(pool.name, route.lane.value).observe(waited)
         try:
             with demand.running(pool.key, route.prefill_tokens):
-                hashes = _prefix_hashes(app, parsed)
+                blocks = await _prompt_blocks(app, parsed, pool)
                 session = request.headers.get(SESSION_HEADER, "").strip() or None
-                plan = await _plan(app, route, started, hashes, session)
-                exchange = _Exchange(request, parsed, body, plan, hashes, count, started, outcome)
+                plan = await _plan(app, route, started, blocks, session)
+                exchange = _Exchange(request, parsed, body, plan, blocks, count, started, outcome)
                 return await _forward(exchange)
         finally:
             gate.release()
@@ -410,7 +412,7 @@ async def _plan(
     app: web.Application,
     route: Route,
     started: float,
-    prefix_hashes: tuple[int, ...],
+    blocks: _PromptBlocks,
     session_key: str | None,
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot."""
@@ -419,18 +421,14 @@ async def _plan(
     route = replace(route, pool=registry.current(route.pool) or route.pool)
     available = registry.available(route.pool)
     loads = await app[TRACKER].loads(available)
-    matched = app[PREFIX_INDEX].matched_blocks(prefix_hashes) if prefix_hashes else {}
+    matched = app[PREFIX_INDEX].matched_blocks(blocks.hashes) if blocks.hashes else {}
     views = [
         EndpointView(
             url,
             loads[url].in_flight,
             loads[url].prefill_tokens,
             registry.fresh_metrics(url),
-            cached_prompt_tokens=estimated_cached_tokens(
-                matched.get(url, 0), len(prefix_hashes), route.prefill_tokens
-            )
-            if prefix_hashes
-            else None,
+            cached_prompt_tokens=blocks.cached_tokens(matched.get(url, 0), route.prefill_tokens),
             session_key=session_key,
         )
         for url in available
@@ -441,12 +439,61 @@ async def _plan(
     return make_plan(route, views, rates, profile, app[RNG], elapsed_ms)
 
 
-def _prefix_hashes(app: web.Application, parsed: ParsedRequest) -> tuple[int, ...]:
-    """The prompt's prefix block hashes; none when no scorer uses them (hashing is the cost)."""
+@dataclass(frozen=True)
+class _PromptBlocks:
+    """The prompt's prefix blocks as the prefix index keys them."""
+
+    hashes: tuple[int, ...]  # empty when no scorer uses them (hashing is the cost)
+    # The engines' block size where their KV events feed the index (exact: token-id blocks
+    # that the gateway never records itself); None where the gateway estimates from text.
+    exact_block_size: int | None = None
+
+    def cached_tokens(self, matched: int, prompt_tokens: int) -> int | None:
+        if not self.hashes:
+            return None
+        if self.exact_block_size is not None:
+            return cached_tokens(matched, self.exact_block_size, prompt_tokens)
+        return estimated_cached_tokens(matched, len(self.hashes), prompt_tokens)
+
+
+NO_BLOCKS = _PromptBlocks(())
+
+
+async def _prompt_blocks(
+    app: web.Application, parsed: ParsedRequest, pool: InferencePool
+) -> _PromptBlocks:
     if not any(s.name == "prefixAffinity" for s in app[PROFILE]):
-        return ()
+        return NO_BLOCKS
     prefix = app[SETTINGS].picking.prefix
-    return text_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+    source = prefix.kv_events_of(pool.name)
+    if source is None:
+        return _PromptBlocks(
+            text_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+        )
+    # The engine's token ids, as the pool's tokenizer renders them: a chat through the
+    # model's chat template where the pool has one (else the simulator's framing), a text
+    # prompt with the tokenizer's specials. Matches exactly where those are the engine's own.
+    counter = app[POOL_TOKENIZERS].of(pool)
+    if not isinstance(counter, LocalCount):
+        # Counted by the engine's /tokenize: the gateway holds no tokenizer to render with.
+        return _PromptBlocks((), source.block_size)
+    tokenizer = counter.tokenizer
+
+    def keys() -> tuple[int, ...]:
+        template = tokenizer.chat_template
+        if parsed.endpoint is Endpoint.CHAT and template is not None:
+            ids = tokenizer.encode(template.render(parsed.template_chat()))
+        elif parsed.endpoint is Endpoint.CHAT:
+            ids = chat_token_ids(tokenizer, parsed.messages)
+        elif len(parsed.prompts) == 1:
+            ids = tokenizer.encode_prompt(parsed.prompts[0])
+        else:
+            return ()
+        return token_block_keys(ids, source.block_size)
+
+    long = sum(len(m.content) for m in parsed.messages) + sum(map(len, parsed.prompts))
+    hashes = await asyncio.to_thread(keys) if long > INLINE_COUNT_BYTES else keys()
+    return _PromptBlocks(hashes, source.block_size)
 
 
 @dataclass(frozen=True)
@@ -457,7 +504,7 @@ class _Exchange:
     parsed: ParsedRequest
     body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
-    prefix_hashes: tuple[int, ...]  # the prompt's leading blocks; empty without prefixAffinity
+    prefix: _PromptBlocks
     count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
     started: float
     outcome: _Outcome
@@ -480,8 +527,8 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
     for candidate in plan.endpoints[:UPSTREAM_ATTEMPTS]:
         outcome.tried = candidate
         outcome.attempts += 1
-        if exchange.prefix_hashes:
-            app[PREFIX_INDEX].record(candidate.url, exchange.prefix_hashes)
+        if exchange.prefix.hashes and exchange.prefix.exact_block_size is None:
+            app[PREFIX_INDEX].record(candidate.url, exchange.prefix.hashes)
         try:
             return await _attempt(exchange, candidate, served, body)
         except UpstreamFailed as failure:
@@ -498,7 +545,8 @@ async def _attempt(
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome, url = exchange.app, exchange.outcome, endpoint.url
     tracker = app[TRACKER]
-    lease = await tracker.start(url, exchange.plan.prefill_tokens)
+    # What this endpoint will prefill: the prompt less the prefix its cache likely holds.
+    lease = await tracker.start(url, endpoint.prefill_tokens)
     progress = _Progress()
     sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
     try:

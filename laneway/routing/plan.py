@@ -29,6 +29,9 @@ class PlannedEndpoint:
     # included: what the TTFT prediction is made from, and what the first token teaches.
     backlog_tokens: int
     predicted_ttft_ms: float  # counted from the request's arrival
+    # Of this prompt, the tokens the endpoint computes (those its prefix cache is not
+    # estimated to hold): what the request adds to its prefill backlog until the first token.
+    prefill_tokens: int
 
 
 @dataclass(frozen=True)
@@ -66,22 +69,47 @@ def make_plan(
     `rates` holds each endpoint's learned prefill rate (the prior where absent);
     `elapsed_ms` is how long the request has been in the gateway already (its wait in line).
     """
+    rates = _with_peer_rates(endpoints, rates)
     # What the prefix cache likely holds of this prompt needs no prefill there.
-    backlogs = {
-        e.url: e.prefill_tokens + route.prefill_tokens - (e.cached_prompt_tokens or 0)
-        for e in endpoints
-    }
+    own = {e.url: route.prefill_tokens - (e.cached_prompt_tokens or 0) for e in endpoints}
+    backlogs = {e.url: e.prefill_tokens + own[e.url] for e in endpoints}
     predicted = {
-        e.url: elapsed_ms + rates.get(e.url, PrefillRate()).predict_ttft_ms(backlogs[e.url])
-        for e in endpoints
+        e.url: elapsed_ms + rates[e.url].predict_ttft_ms(backlogs[e.url]) for e in endpoints
     }
     slo_ms = route.pool.spec.slo.ttft_millis
     views = [
-        dataclasses.replace(e, predicted_ttft_ms=predicted[e.url], ttft_slo_ms=slo_ms)
+        dataclasses.replace(
+            e,
+            predicted_ttft_ms=predicted[e.url],
+            ttft_slo_ms=slo_ms,
+            backlog_tokens=backlogs[e.url],
+        )
         for e in endpoints
     ]
     ranked = rank(views, profile, rng)
     return RoutingPlan(
         route,
-        tuple(PlannedEndpoint(r.url, r.score, backlogs[r.url], predicted[r.url]) for r in ranked),
+        tuple(
+            PlannedEndpoint(r.url, r.score, backlogs[r.url], predicted[r.url], own[r.url])
+            for r in ranked
+        ),
     )
+
+
+def _with_peer_rates(
+    endpoints: Sequence[EndpointView], rates: Mapping[str, PrefillRate]
+) -> dict[str, PrefillRate]:
+    """Each endpoint's rate; one that has learned nothing yet gets its pool peers' mean.
+
+    The prior is deliberately slow, so an unproven replica predicts a late first token and
+    the ttftSlo scorer steers work away from it, which is also what keeps it unproven: in a
+    pool of two document replicas the first one used kept every new document. A replica of
+    the same pool runs the same engine on the same GPU, so its peers' rate is the better guess.
+    """
+    learned = [rates[e.url] for e in endpoints if e.url in rates and rates[e.url].samples]
+    if not learned:
+        return {e.url: rates.get(e.url, PrefillRate()) for e in endpoints}
+    peers = PrefillRate(sum(r.ms_per_token for r in learned) / len(learned), samples=0)
+    return {
+        e.url: rates[e.url] if e.url in rates and rates[e.url].samples else peers for e in endpoints
+    }

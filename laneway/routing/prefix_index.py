@@ -46,6 +46,16 @@ def chain_hashes(block_keys: Iterable[int]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class KVEventSource:
+    """A pool whose engines publish vLLM KV cache events (`--kv-events-config`) to the
+    gateway: its endpoints' index entries come from them (exact), not from routing."""
+
+    pool: str  # the InferencePool's name
+    bind: str  # the ZMQ address the gateway's SUB socket binds; engines connect to it
+    block_size: int = 16  # the engines' --block-size (vLLM's default on CUDA)
+
+
+@dataclass(frozen=True)
 class PrefixSettings:
     block_chars: int = 256  # characters per index block (about 64 tokens of prose)
     max_blocks: int = 128  # a prompt's leading blocks that are hashed, at most
@@ -53,6 +63,10 @@ class PrefixSettings:
     # Forget an endpoint's blocks when its engine's prefix-cache counter goes backwards
     # (vLLM's vllm:prefix_cache_queries: the engine restarted with an empty cache).
     forget_on_engine_restart: bool = True
+    kv_events: tuple[KVEventSource, ...] = ()
+
+    def kv_events_of(self, pool: str) -> KVEventSource | None:
+        return next((source for source in self.kv_events if source.pool == pool), None)
 
 
 class PrefixIndex:
@@ -99,6 +113,17 @@ class PrefixIndex:
         while len(lru) > self.capacity_blocks:
             oldest, _ = lru.popitem(last=False)
             self._drop(oldest, bit)
+
+    def remove(self, url: str, hashes: Iterable[int]) -> None:
+        """The endpoint no longer holds these blocks (its engine said it evicted them)."""
+        lru = self._lru.get(url)
+        if lru is None:
+            return
+        bit = 1 << self._slots[url]
+        for block_hash in hashes:
+            if block_hash in lru:
+                del lru[block_hash]
+                self._drop(block_hash, bit)
 
     def forget(self, url: str) -> None:
         """The endpoint left (or restarted with an empty cache): drop what it held."""

@@ -26,6 +26,9 @@ class EndpointView:
     ttft_slo_ms: int | None = None  # the pool's slo.ttftMillis
     cached_prompt_tokens: int | None = None  # of this prompt, estimated in its prefix cache
     session_key: str | None = None  # the request's session (x-laneway-session), if it has one
+    # Prompt tokens this endpoint prefills before this request's first token: its backlog
+    # plus the part of this prompt its prefix cache is not estimated to hold (plan.py).
+    backlog_tokens: int | None = None
 
 
 class Scorer(Protocol):
@@ -41,3 +44,16 @@ def lower_is_better(values: Sequence[float | None]) -> list[float]:
     if high == low:
         return [UNKNOWN if v is None else 1.0 for v in values]
     return [UNKNOWN if v is None else (high - v) / (high - low) for v in values]
+
+
+def fewer_is_better(values: Sequence[float | None]) -> list[float]:
+    """For amounts with a true zero (tokens): 1 for the least, less by the excess over the
+    largest. Unlike `lower_is_better`, 8,283 against 8,295 tokens is a near tie, not 1 to 0,
+    so a difference too small to matter leaves the choice to the other scorers."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return [UNKNOWN] * len(values)
+    low, high = min(known), max(known)
+    if high <= low:
+        return [UNKNOWN if v is None else 1.0 for v in values]
+    return [UNKNOWN if v is None else 1.0 - (v - low) / high for v in values]

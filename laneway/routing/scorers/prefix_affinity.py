@@ -1,22 +1,30 @@
 """Prefer the endpoint with the least prefill ahead of this request's first token, counting
 the prompt prefix it is estimated to hold in its prefix cache as work it will not redo.
 
-Load and affinity in one unit, tokens: an endpoint that caches 3,000 of the prompt's tokens
-but has 10,000 queued tokens to prefill first loses to an idle one, so affinity never
-recreates the head-of-line blocking the lanes exist to prevent. The estimate comes from
-`prefix_index.PrefixIndex` (what the gateway routed where); without one every endpoint's
-estimate is None and the score is `PrefillTokensScorer`'s.
+Load and affinity in one unit, tokens: an endpoint's backlog is the prefill queued there
+plus the part of this prompt it would compute (`plan.make_plan` fills it in). An endpoint
+that caches 3,000 of the prompt's tokens but has 10,000 queued loses to an idle one, so
+affinity never recreates the head-of-line blocking the lanes exist to prevent.
+
+Scores are relative to the largest backlog, not spread between the smallest and largest:
+when a replica holding the document is busy prefilling another one, its 8,283 tokens ahead
+against an idle replica's 8,295 to recompute is a tie in TTFT, and scoring it 1 against 0
+would keep piling sessions on the busy replica while the idle one waits (the live document
+pool's imbalance of 1.37). Near ties go to the in-flight and queue scorers instead.
+
+The estimate comes from `prefix_index.PrefixIndex` (what the gateway routed where); without
+one every endpoint's cached estimate is None and the score ranks outstanding prefill alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from laneway.routing.scorers.base import EndpointView, lower_is_better
+from laneway.routing.scorers.base import EndpointView, fewer_is_better
 
 
 class PrefixAffinityScorer:
     def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return lower_is_better(
-            [float(e.prefill_tokens - (e.cached_prompt_tokens or 0)) for e in endpoints]
+        return fewer_is_better(
+            [None if e.backlog_tokens is None else float(e.backlog_tokens) for e in endpoints]
         )

@@ -1,4 +1,5 @@
-"""The token ids a simulated engine sees for a request's prompt, for its prefix cache.
+"""The token ids a simulated engine sees for a request's prompt, for its prefix cache; the
+gateway renders prompts the same way to match them against the engine's KV events.
 
 A real engine renders a chat through its chat template and tokenizes the result; the
 simulator's chat template is the one `laneway.tokens.count_chat` counts (every message

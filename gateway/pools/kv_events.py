@@ -1,0 +1,87 @@
+"""The engines' KV cache events into the prefix index (`spec.picking.prefix.kvEvents`).
+
+Per configured pool the gateway binds one ZMQ SUB socket; the pool's engines connect to it
+(vLLM's `--kv-events-config` with an `endpoint` without `*` connects: "bind stable,
+connect volatile") and publish under the topic `kv@<host:port>[@...]`, naming the
+endpoint they serve, as llm-d names its pods' topics (`kv@<pod-ip>@<model>`). One socket
+hears every engine of the pool; the topic says whose events a message carries.
+
+A message that cannot be read is logged and skipped: the index then under-reports for that
+engine, which costs hits, never correctness. Sequence gaps (dropped at the high-water mark)
+are not replayed; the blocks they stored are missed the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit
+
+from laneway.errors import UsageError, missing_extra
+from laneway.gateway.pools.registry import PoolRegistry
+from laneway.routing.kv_events import EngineBlockFeed, KVEventError, parse_event_batch
+from laneway.routing.prefix_index import KVEventSource, PrefixIndex
+
+log = logging.getLogger(__name__)
+TOPIC_PREFIX = b"kv@"
+
+
+def endpoint_of_topic(topic: bytes, endpoints: Iterable[str]) -> str | None:
+    """The endpoint whose host:port the topic `kv@<host:port>[@...]` names, if any."""
+    fields = topic.decode(errors="replace").split("@")
+    if len(fields) < 2 or fields[0] != "kv":
+        return None
+    return next((url for url in endpoints if urlsplit(url).netloc == fields[1]), None)
+
+
+class KVEventSubscriber:
+    """One pool's SUB socket, bound at construction (a taken address fails the start)."""
+
+    def __init__(self, source: KVEventSource, registry: PoolRegistry, index: PrefixIndex) -> None:
+        try:
+            import msgpack
+            import zmq
+            import zmq.asyncio
+        except ImportError as error:
+            raise missing_extra("spec.picking.prefix.kvEvents", "kvevents", error) from None
+
+        self.source, self._registry, self._index = source, registry, index
+        self._unpack = msgpack.unpackb
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.SUB)
+        try:
+            self._socket.bind(source.bind)
+        except zmq.ZMQError as error:
+            self.close()
+            raise UsageError(
+                f"spec.picking.prefix.kvEvents: pool {source.pool} cannot bind "
+                f"{source.bind}: {error}"
+            ) from None
+        self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
+        self._feeds: dict[str, EngineBlockFeed] = {}
+
+    async def run(self) -> None:
+        """Apply the pool's engines' events to the index until cancelled."""
+        while True:
+            self.receive(await self._socket.recv_multipart())
+
+    def receive(self, frames: Sequence[bytes]) -> None:
+        source = self.source
+        pool = next((p for p in self._registry.pools() if p.name == source.pool), None)
+        url = endpoint_of_topic(frames[0], pool.endpoints if pool else ())
+        if url is None or len(frames) != 3:
+            log.warning("kv events on %s: skipped a message for %r", source.bind, frames[0])
+            return
+        try:
+            events = parse_event_batch(self._unpack(frames[2]))
+        except (KVEventError, ValueError, TypeError) as error:
+            log.warning("kv events from %s: %s", url, error)
+            return
+        feed = self._feeds.get(url) or self._feeds.setdefault(
+            url, EngineBlockFeed(url, self._index)
+        )
+        feed.apply(events)
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._context.term()
