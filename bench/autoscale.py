@@ -2,9 +2,16 @@
 laneway's elastic pools (the operator's decision, `laneway.autoscale`), same GPU budget.
 
 The day: chat arrives as a Poisson process whose rate follows a diurnal curve (trough at
-midnight, peak at midday, peak/trough set by --peak-to-trough), and batch jobs arrive in
-bursts during working hours (each a set of 64k-token documents at once). Static pools are
-sized for the peak with the seed's capacity rule; the elastic pools may use at most as many.
+midnight, peak at midday, peak/trough set by --peak-to-trough), optionally with a sudden
+spike (the rate multiplied for a few minutes), and batch jobs arrive in bursts during
+working hours (each a set of 64k-token documents at once). Static pools are sized for the
+peak with the seed's capacity rule; the elastic pools may use at most as many.
+
+The elastic interactive pool scales on requests in flight. Its target per replica is what
+a load test would give an operator: the requests one replica holds in flight at the rate
+the static pool gives each replica at the peak (measured on one simulated replica, by
+Little's law), less --headroom, the share kept free for the demand that arrives while a
+new replica is still starting (one cold start plus one decision interval).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from laneway.bench.scenario_flags import add_scenario_flags, scenario_options
 from laneway.outputs import write_json
 from laneway.simulator.elastic import (
     COLD_START_S,
+    DECISION_INTERVAL_S,
     Arrival,
     ElasticPool,
     ElasticResult,
@@ -31,7 +39,7 @@ from laneway.simulator.elastic import (
     poisson_arrivals,
     run_elastic,
 )
-from laneway.simulator.profiles import Profile
+from laneway.simulator.profiles import PROFILES, Profile
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import (
     INTERACTIVE_DECODE_BATCH,
@@ -57,14 +65,28 @@ JOB_WINDOW = (0.3, 0.75)
 
 @dataclass(frozen=True)
 class DayScenario:
-    day_s: float = 7200.0  # the compressed day
-    peak_rps: float = 12.0  # chat requests per second at midday
+    day_s: float = 1800.0  # the compressed day
+    peak_rps: float = 100.0  # chat requests per second at midday: five replicas' worth
     peak_to_trough: float = 4.0
-    jobs: int = 4  # batch jobs over the day
+    jobs: int = 3  # batch jobs over the day
     documents_per_job: int = 8
     batch_replicas: int = 4  # the static batch pool (a job's documents in parallel)
     cold_start_s: float = COLD_START_S
+    # A sudden spike: the chat rate times spike_factor for spike_s from spike_at (a
+    # fraction of the day); 1: none.
+    spike_factor: float = 1.0
+    spike_at: float = 0.25  # hour 6: halfway up the morning ramp
+    spike_s: float = 300.0
+    headroom: float = 0.2  # of the interactive target per replica, kept free for growth
     seed: int = 0
+
+    def chat_rate(self, at_s: float) -> float:
+        trough = self.peak_rps / self.peak_to_trough
+        rate = diurnal_rate(at_s, self.day_s, self.peak_rps, trough)
+        spike_from = self.spike_at * self.day_s
+        if spike_from <= at_s < spike_from + self.spike_s:
+            return rate * self.spike_factor
+        return rate
 
 
 def scenario_problems(day: DayScenario) -> list[str]:
@@ -79,16 +101,21 @@ def scenario_problems(day: DayScenario) -> list[str]:
         problems.append("--jobs must be >= 0, --documents-per-job and --batch-replicas >= 1")
     if day.cold_start_s < 0:
         problems.append("--cold-start must not be negative")
+    if day.spike_factor < 1 or day.spike_s < 0 or not 0 <= day.spike_at < 1:
+        problems.append(
+            "--spike-factor must be at least 1, --spike-minutes not negative and --spike-at "
+            "a fraction of the day in [0, 1)"
+        )
+    if not 0 <= day.headroom < 1:
+        problems.append("--headroom must be in [0, 1)")
     return problems
 
 
 def arrivals(day: DayScenario) -> list[Arrival]:
     rng = random.Random(f"{day.seed}/day")
-    trough = day.peak_rps / day.peak_to_trough
-    chat = poisson_arrivals(
-        rng, lambda t: diurnal_rate(t, day.day_s, day.peak_rps, trough), day.peak_rps, day.day_s
-    )
-    found = [Arrival(at, rng.randint(*PROMPT_TOKENS), rng.randint(*OUTPUT_TOKENS)) for at in chat]
+    highest = day.peak_rps * day.spike_factor
+    chat = poisson_arrivals(rng, day.chat_rate, highest, day.day_s)
+    found = chat_arrivals(rng, chat)
     for _ in range(day.jobs):
         at = rng.uniform(*JOB_WINDOW) * day.day_s
         found += [
@@ -99,32 +126,56 @@ def arrivals(day: DayScenario) -> list[Arrival]:
     return sorted(found, key=lambda a: a.at_s)
 
 
+def chat_arrivals(rng: random.Random, times: list[float]) -> list[Arrival]:
+    return [Arrival(at, rng.randint(*PROMPT_TOKENS), rng.randint(*OUTPUT_TOKENS)) for at in times]
+
+
 @dataclass(frozen=True)
 class Plan:
     interactive_engine: SchedulerConfig
     batch_engine: SchedulerConfig
     interactive_replicas: int  # peak-sized
-    interactive_target: int  # in-flight requests per replica, by Little's law at the plan
+    replica_rps: float  # the chat rate each static replica serves at the peak
+    in_flight_at_plan: float  # requests one replica holds in flight at that rate (measured)
+    interactive_target: int  # in-flight requests per replica, less the headroom
+    night_replicas: int  # what the elastic pool runs at midnight, as the night left it
+
+
+# Long enough for thousands of requests at a replica's planned rate, short next to a day.
+CALIBRATION_S = 120.0
+
+
+def in_flight_per_replica(profile: Profile, engine: SchedulerConfig, rps: float) -> float:
+    """Requests one replica holds in flight while serving `rps` of chat, by Little's law
+    over a short virtual run: the load test an operator sizes a target from."""
+    rng = random.Random("autoscale/calibration")
+    trace = chat_arrivals(rng, poisson_arrivals(rng, lambda _: rps, rps, CALIBRATION_S))
+    pool = ElasticPool("interactive", True, engine, 1, None, REALTIME_MAX_PROMPT)
+    slo = (TTFT_SLO_S, TBT_SLO_S)
+    result = run_elastic([pool], profile, trace, CALIBRATION_S, slo)
+    return sum(o.finished_s - o.arrival_s for o in result.outcomes) / CALIBRATION_S
 
 
 def plan(day: DayScenario, profile: Profile) -> Plan:
     """Size the interactive pool for the peak with the seed's rule (a session per mean think
-    time is one request per second each), and derive the elastic target from it."""
+    time is one request per second each), and the elastic target from one replica's load
+    at the peak's rate per replica."""
     budget = tbt_token_budget(profile, INTERACTIVE_DECODE_BATCH, REALTIME_MAX_PROMPT)
     think = (1.0, 5.0)
     sessions = math.ceil(day.peak_rps * sum(think) / 2)
     peak = SeedScenario(gpus=1_000, sessions=sessions, think_time_s=think)
     replicas = interactive_replicas(peak, profile, budget)
-    # Little's law at the planned load: a replica's share of the peak rate times a request's
-    # time in the engine, priced at the TBT target per output token (an upper bound).
-    duration_s = sum(OUTPUT_TOKENS) / 2 * TBT_SLO_S
-    target = max(1, math.floor(day.peak_rps / replicas * duration_s))
     interactive = SchedulerConfig(
         "chunked", budget, budget, INTERACTIVE_DECODE_BATCH, INTERACTIVE_DECODE_BATCH,
         REALTIME_MAX_CONTEXT,
     )  # fmt: skip
     batch = SchedulerConfig("chunked", 2048, 1024, 256, 64, LONG_CONTEXT)
-    return Plan(interactive, batch, replicas, target)
+    replica_rps = day.peak_rps / replicas
+    in_flight = in_flight_per_replica(profile, interactive, replica_rps)
+    target = max(1, math.floor(in_flight * (1 - day.headroom)))
+    trough_in_flight = day.peak_rps / day.peak_to_trough / replica_rps * in_flight
+    night = min(replicas, max(1, math.ceil(trough_in_flight / target)))
+    return Plan(interactive, batch, replicas, replica_rps, in_flight, target, night)
 
 
 def configs(day: DayScenario, sized: Plan) -> dict[str, tuple[ElasticPool, ...]]:
@@ -143,7 +194,9 @@ def configs(day: DayScenario, sized: Plan) -> dict[str, tuple[ElasticPool, ...]]
         signal=ScaleSignal.PROMPT_TOKENS,
         target_per_replica=2 * DOCUMENT_TOKENS,
         scale_up_window_s=0,
-        scale_down_window_s=300,
+        # Rent or buy: an idle replica kept longer than it takes to start one again costs
+        # more GPU time than restarting it would (a cold start and a decision interval).
+        scale_down_window_s=day.cold_start_s + DECISION_INTERVAL_S,
     )
     chat, batch = sized.interactive_engine, sized.batch_engine
     chat_range = REALTIME_MAX_PROMPT  # the seed's realtime lane: longer prompts go to batch
@@ -153,9 +206,7 @@ def configs(day: DayScenario, sized: Plan) -> dict[str, tuple[ElasticPool, ...]]
             ElasticPool("batch", False, batch, day.batch_replicas, None),
         ),
         "elastic": (
-            ElasticPool(
-                "interactive", True, chat, sized.interactive_replicas, chat_policy, chat_range
-            ),
+            ElasticPool("interactive", True, chat, sized.night_replicas, chat_policy, chat_range),
             ElasticPool("batch", False, batch, 0, batch_policy),
         ),
     }
@@ -185,6 +236,9 @@ def summary(result: ElasticResult, day: DayScenario) -> dict[str, Any]:
 
 def _ms(outcomes: list[Any], q: float) -> float:
     return round(percentile([o.ttft_s for o in outcomes], q) * 1000, 1) if outcomes else 0.0
+
+
+CONFIG_CHOICES = ("static,elastic", "static", "elastic")
 
 
 def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
@@ -247,6 +301,50 @@ def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
         shown_seed=default.seed,
         plot_help="write replicas and demand over the day to this PNG",
     )
+    parser.add_argument(
+        "--spike-factor",
+        type=float,
+        default=default.spike_factor,
+        help="multiply the chat rate by this during a sudden spike (default 1: no spike)",
+    )
+    parser.add_argument(
+        "--spike-at",
+        type=float,
+        default=default.spike_at,
+        help=f"when the spike starts, as a fraction of the day (default {default.spike_at:g})",
+    )
+    parser.add_argument(
+        "--spike-minutes",
+        type=float,
+        default=default.spike_s / 60,
+        help=f"how long the spike lasts (default {default.spike_s / 60:g})",
+    )
+    parser.add_argument(
+        "--headroom",
+        type=float,
+        default=default.headroom,
+        help="share of one replica's measured in-flight load kept free for growth during a "
+        f"cold start: the interactive target per replica (default {default.headroom:g})",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run cells that each change one knob (chat peak, cold start, ramp, spike, "
+        "headroom) of this day instead, and print where elastic wins and loses",
+    )
+    parser.add_argument(
+        "--configs",
+        default=CONFIG_CHOICES[0],
+        help="which configurations to run: static,elastic (default), or one of them, e.g. "
+        "elastic when the static run of the same day is already known",
+    )
+    parser.add_argument(
+        "--sweep-only",
+        default="",
+        metavar="CELLS",
+        help="with --sweep: only these cells, by label, comma-separated "
+        "(e.g. base,spike_factor=1.6); a machine short of CPU runs the sweep in parts",
+    )
     parser.set_defaults(handler=run_bench_autoscale)  # fmt: skip
 
 
@@ -259,19 +357,30 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         documents_per_job=args.documents_per_job,
         batch_replicas=args.batch_replicas,
         cold_start_s=args.cold_start,
+        spike_factor=args.spike_factor,
+        spike_at=args.spike_at,
+        spike_s=args.spike_minutes * 60,
+        headroom=args.headroom,
         seed=args.seed,
     )
-    options = scenario_options(args, scenario_problems(day))
+    problems = scenario_problems(day)
+    if args.configs not in CONFIG_CHOICES:
+        problems.append(f"--configs {args.configs}: one of {', '.join(CONFIG_CHOICES)}")
+    if args.plot is not None and args.configs != CONFIG_CHOICES[0]:
+        problems.append("--plot draws both configurations: drop --configs")
+    if args.sweep and args.plot is not None:
+        problems.append("--sweep draws no plot: drop --plot")
+    options = scenario_options(args, problems)
+    if args.sweep:
+        only = [label.strip() for label in args.sweep_only.split(",") if label.strip()]
+        return _run_sweep(day, args.profile, only, options.json)
     profile = options.profile
     sized = plan(day, profile)
-    trace = arrivals(day)
     results: dict[str, ElasticResult] = {}
     started = time.perf_counter()
-    for name, pools in configs(day, sized).items():
-        print(f"{name}: simulating {len(trace)} requests over {day.day_s:g} s", file=sys.stderr)
-        results[name] = run_elastic(
-            pools, profile, trace, day.day_s, (TTFT_SLO_S, TBT_SLO_S), day.cold_start_s
-        )
+    for name in args.configs.split(","):
+        print(f"{name}: simulating {day.day_s:g} s of traffic", file=sys.stderr)
+        results[name] = run_day(day, profile, sized, name)
     wall_s = time.perf_counter() - started
     summaries = {name: summary(result, day) for name, result in results.items()}
     rows = [
@@ -285,7 +394,6 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         ]
         for name, s in summaries.items()
     ]
-    saved = 1 - summaries["elastic"]["gpu_hours"] / summaries["static"]["gpu_hours"]
     print(
         f"autoscale, virtual time: {profile.name}, day {day.day_s / 60:g} min, chat peak "
         f"{day.peak_rps:g} rps (/{day.peak_to_trough:g} at night), {day.jobs} jobs x "
@@ -293,26 +401,85 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         f"batch {day.batch_replicas} replicas, cold start {day.cold_start_s:g} s; "
         f"{wall_s:.1f} s wall"
     )
+    spike = (
+        f"; a x{day.spike_factor:g} spike for {day.spike_s / 60:g} min at hour "
+        f"{day.spike_at * 24:g}"
+        if day.spike_factor > 1
+        else ""
+    )
+    print(
+        f"elastic interactive: {sized.interactive_target} requests in flight per replica "
+        f"({sized.in_flight_at_plan:.1f} at {sized.replica_rps:.1f} rps per replica, less "
+        f"{day.headroom:.0%} headroom), {sized.night_replicas} at midnight{spike}"
+    )
     print()
     header = ["config", "GPU-h", "SLO met", "TTFT p99 ms", "batch done", "batch p99 s"]
     print("\n".join(format_table(header, rows)))
-    print(f"\nelastic uses {saved:.1%} fewer GPU-hours than static")
+    if len(summaries) == 2:
+        saved = 1 - summaries["elastic"]["gpu_hours"] / summaries["static"]["gpu_hours"]
+        print(f"\nelastic uses {saved:.1%} fewer GPU-hours than static")
     if args.json is not None:
         document = {
             "scenario": {**vars(day), "profile": profile.name, "wall_s": round(wall_s, 1)},
+            "interactive_sizing": {
+                "static_replicas": sized.interactive_replicas,
+                "replica_rps": round(sized.replica_rps, 2),
+                "in_flight_at_plan": round(sized.in_flight_at_plan, 2),
+                "target_per_replica": sized.interactive_target,
+                "night_replicas": sized.night_replicas,
+            },
             "configs": summaries,
             "elastic_decisions": {
                 pool.name: list(trace_.reasons)
                 for pool, trace_ in zip(
                     configs(day, sized)["elastic"], results["elastic"].traces, strict=True
                 )
-            },
+            }
+            if "elastic" in results
+            else {},
         }
         write_json(args.json, document)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot is not None:
         plot_day(results, day, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def run_day(day: DayScenario, profile: Profile, sized: Plan, name: str) -> ElasticResult:
+    """One configuration ("static" or "elastic") over the day."""
+    slo = (TTFT_SLO_S, TBT_SLO_S)
+    pools = configs(day, sized)[name]
+    return run_elastic(pools, profile, arrivals(day), day.day_s, slo, day.cold_start_s)
+
+
+def simulate(day: DayScenario, profile_name: str, name: str) -> dict[str, Any]:
+    """One configuration's summary, the elastic one with its interactive target."""
+    profile = PROFILES[profile_name]
+    sized = plan(day, profile)
+    found = summary(run_day(day, profile, sized, name), day)
+    if name == "elastic":
+        found["interactive"]["target_per_replica"] = sized.interactive_target
+    return found
+
+
+def _run_sweep(base: DayScenario, profile: str, only: list[str], json_path: Path | None) -> int:
+    from laneway.bench.autoscale_sweep import run_sweep, sweep_json, sweep_table
+
+    started = time.perf_counter()
+    print(f"autoscale sweep: {profile}, in parallel processes", file=sys.stderr)
+    results = run_sweep(base, profile, only)
+    wall_s = time.perf_counter() - started
+    print(
+        f"autoscale sweep, virtual time: {profile}; base: day {base.day_s / 60:g} min, chat "
+        f"peak {base.peak_rps:g} rps (/{base.peak_to_trough:g}), cold start "
+        f"{base.cold_start_s:g} s, headroom {base.headroom:g}; {wall_s:.1f} s wall"
+    )
+    print()
+    print(sweep_table(results))
+    if json_path is not None:
+        write_json(json_path, {"profile": profile, "cells": sweep_json(results)})
+        print(f"wrote {json_path}", file=sys.stderr)
     return 0
 
 

@@ -53,7 +53,18 @@ class HealthSettings:
 class QueueSettings:
     max_waiting: int = 1024  # per pool; beyond it requests get 429 at once
     timeout_millis: int = 30000  # the longest a request waits for a slot, then 429
+    # The longest a request waits for a pool with no ready replica (scaled to zero, or its
+    # first replica starting), then 503: it must cover a replica's cold start (about 60 s
+    # for an 8B model on vLLM), the operator's 15 s demand interval and the pod's scheduling
+    # and readiness probe, or a pool at zero would refuse the very request that wakes it.
+    cold_start_timeout_millis: int = 180000
     retry_after_seconds: int = 1
+
+    def wait_limit_millis(self, pool_has_endpoints: bool) -> int:
+        """How long a request may wait in a pool's line that it joins now."""
+        if pool_has_endpoints:
+            return self.timeout_millis
+        return max(self.timeout_millis, self.cold_start_timeout_millis)
 
 
 @dataclass(frozen=True)
@@ -290,11 +301,16 @@ def _health(reader: _Reader, data: Mapping[str, Any]) -> HealthSettings:
 
 def _queue(reader: _Reader, data: Mapping[str, Any]) -> QueueSettings:
     path = "spec.queue"
-    reader.known_fields(data, path, ("maxWaiting", "timeoutMillis", "retryAfterSeconds"))
+    reader.known_fields(
+        data, path, ("maxWaiting", "timeoutMillis", "coldStartTimeoutMillis", "retryAfterSeconds")
+    )
     default = QueueSettings()
     return QueueSettings(
         max_waiting=reader.integer(data, "maxWaiting", path, default.max_waiting),
         timeout_millis=reader.integer(data, "timeoutMillis", path, default.timeout_millis),
+        cold_start_timeout_millis=reader.integer(
+            data, "coldStartTimeoutMillis", path, default.cold_start_timeout_millis
+        ),
         retry_after_seconds=reader.integer(
             data, "retryAfterSeconds", path, default.retry_after_seconds, minimum=1
         ),

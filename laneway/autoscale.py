@@ -132,6 +132,17 @@ class Recommendation:
     replicas: int
 
 
+# How far outside the up window first_sight places the remembered count.
+FIRST_SIGHT_S = 0.001
+
+
+def first_sight(policy: ScalePolicy, current: int, now_s: float) -> tuple[Recommendation, ...]:
+    """The history for a pool first seen now (a new pool, a restarted operator, the start of
+    a simulated day): the current count, as if recommended just outside the up window, so a
+    scale-down still waits a whole down window while a scale-up is not delayed."""
+    return (Recommendation(now_s - policy.scale_up_window_s - FIRST_SIGHT_S, current),)
+
+
 @dataclass(frozen=True)
 class ScaleDecision:
     desired: int

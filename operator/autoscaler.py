@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from laneway.api import InferencePool, Lane, SpecError, parse_pool
-from laneway.autoscale import DEMAND_PATH, DemandCount, Recommendation, decide
+from laneway.autoscale import DEMAND_PATH, DemandCount, Recommendation, decide, first_sight
 from laneway.operator.reconcile import Event
 from laneway.operator.status import Condition, with_condition
 
@@ -33,7 +33,6 @@ DEFAULT_INTERVAL_S = 15.0
 # A batch lane has no such default: its long prompts miss a chat TTFT target by design.
 INTERACTIVE_SLO_FLOOR = 0.99
 FETCH_TIMEOUT_S = 5.0
-FIRST_SIGHT_S = 0.001
 
 Demand = Mapping[str, DemandCount]  # pool key (namespace/name) -> the gateway's counts
 
@@ -124,10 +123,7 @@ def pool_step(
         }
         return PoolStep(None, status, (), history)
     if not history:
-        # First sight (a new pool, or the operator restarted): remember the current count as
-        # if recommended just outside the up window, so a scale-down still waits a whole
-        # down window while a scale-up is not delayed.
-        history = (Recommendation(now_s - policy.scale_up_window_s - FIRST_SIGHT_S, current),)
+        history = first_sight(policy, current, now_s)
     decision = decide(policy, count.lane_demand(), current, history, now_s)
     status["autoscaling"] = {
         **earlier,

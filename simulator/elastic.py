@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from laneway.api import Lane
-from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide
+from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide, first_sight
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import ProgressCallback, Request, Scaler, VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
@@ -118,7 +118,14 @@ class AutoScaler(Scaler):
     def __init__(
         self, pools: Sequence[ElasticPool], slo: tuple[float, float], cold_start_s: float
     ) -> None:
-        self._pools = [_PoolScaling(spec.policy) for spec in pools]
+        # The operator's first sight of each elastic pool: the day starts as the night left
+        # it, and no scale-down comes before a whole down window of demand is seen.
+        self._pools = [
+            _PoolScaling(spec.policy, first_sight(spec.policy, spec.replicas, 0.0))
+            if spec.policy is not None
+            else _PoolScaling(None)
+            for spec in pools
+        ]
         self._slo = slo  # (TTFT, TBT) seconds, for the attainment signal
         self._cold_start_s = cold_start_s
 

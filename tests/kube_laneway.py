@@ -10,13 +10,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from kube_cluster import Cluster, die_with_parent
+from kube_cluster import Cluster, die_with_parent, eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"
@@ -130,3 +132,41 @@ def condition(pool: dict[str, Any], kind: str) -> dict[str, Any]:
             found: dict[str, Any] = c
             return found
     return {}
+
+
+def answers(url: str) -> bool:
+    """`url` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_listening(kube: Cluster, namespace: str, name: str, timeout_s: float) -> None:
+    """Until the engine started for pool `name` answers on the pods' address: KWOK makes a
+    pod Ready at once, while a real engine process takes seconds to listen."""
+    network = kube.pod_network
+    assert network is not None
+    port = kube.get("lwpool", name, "-n", namespace)["spec"]["port"]
+    health = f"http://{network.pod_ip}:{port}/health"
+    eventually(f"the engine of pool {name} listens", lambda: answers(health), timeout_s)
+
+
+def engine_for_pool(kube: Cluster, namespace: str, name: str, timeout_s: float) -> Laneway:
+    """The engine the operator rendered for pool `name` (`status.engineArgs`), to run on the
+    address KWOK gives the pods on kwok-host, inside the run's pod network namespace: the
+    process that answers for the pool's pods there. Not started."""
+    network = kube.pod_network
+    assert network is not None
+
+    def rendered() -> bool:
+        pool = kube.get("lwpool", name, "-n", namespace)
+        return bool(pool.get("status", {}).get("engineArgs"))
+
+    eventually(f"the operator renders pool {name}", rendered, timeout_s)
+    argv = kube.get("lwpool", name, "-n", namespace)["status"]["engineArgs"]
+    assert argv[:2] == ["laneway", "sim"], argv
+    args = list(argv[1:])
+    args[args.index("--host") + 1] = network.pod_ip
+    return Laneway(args, kube.kubeconfig, kube.log_path(f"engine-{name}"), network.inside)

@@ -25,7 +25,16 @@ import openai
 import pytest
 import yaml
 from kube_cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster, eventually, free_port
-from kube_laneway import Laneway, Release, condition, helm, helm_available, install_release
+from kube_laneway import (
+    Laneway,
+    Release,
+    condition,
+    engine_for_pool,
+    helm,
+    helm_available,
+    install_release,
+    wait_listening,
+)
 from openai.types.chat import ChatCompletion
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -196,23 +205,10 @@ def served_pools(stack: Stack) -> list[dict[str, Any]]:
 def start_engine(stack: Stack, name: str) -> None:
     """Once the pool's pod is Ready, run its engine as the operator rendered it, on the
     address KWOK gave the pod, inside the run's pod network namespace."""
-    network = stack.kube.pod_network
-    assert network is not None
-
-    def rendered() -> bool:
-        pool = stack.kube.get("lwpool", name, "-n", stack.ns)
-        return bool(pool.get("status", {}).get("engineArgs"))
-
-    eventually(f"the operator renders pool {name}", rendered, READY_TIMEOUT_S)
-    argv = stack.kube.get("lwpool", name, "-n", stack.ns)["status"]["engineArgs"]
-    assert argv[:2] == ["laneway", "sim"], argv
-    args = list(argv[1:])
-    args[args.index("--host") + 1] = network.pod_ip
-    engine = Laneway(
-        args, stack.kube.kubeconfig, stack.kube.log_path(f"engine-{name}"), network.inside
-    )
+    engine = engine_for_pool(stack.kube, stack.ns, name, READY_TIMEOUT_S)
     engine.start()
     stack.engines.append(engine)
+    wait_listening(stack.kube, stack.ns, name, READY_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,27 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import signal
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import openai
 import pytest
-from kube_cluster import Cluster, eventually, free_port
-from kube_laneway import Laneway, Release, condition, helm, helm_available, install_release
+from kube_cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster, eventually, free_port
+from kube_laneway import (
+    Laneway,
+    Release,
+    condition,
+    engine_for_pool,
+    helm,
+    helm_available,
+    install_release,
+    wait_listening,
+)
 
 # Each step waits generously for a loaded machine; a whole test may take more than the
 # suite-wide 300 s before it is judged hung.
@@ -113,13 +127,16 @@ class Pools:
             READY_TIMEOUT_S,
         )
 
-    def event_reasons(self, name: str) -> list[str]:
-        """The reasons of the events posted about pool `name`."""
+    def events(self, name: str) -> list[tuple[str, str]]:
+        """The reasons and messages of the events posted about pool `name`."""
         events = self.kube.get(
             "events", "-n", self.ns, "--field-selector",
             f"involvedObject.kind=InferencePool,involvedObject.name={name}",
         )  # fmt: skip
-        return [str(e.get("reason")) for e in events["items"]]
+        return [(str(e.get("reason")), str(e.get("message"))) for e in events["items"]]
+
+    def event_reasons(self, name: str) -> list[str]:
+        return [reason for reason, _ in self.events(name)]
 
     def engine_args(self, name: str) -> list[str]:
         container = self.get("deployment", name)["spec"]["template"]["spec"]["containers"][0]
@@ -278,3 +295,141 @@ def test_the_operator_rides_out_an_api_server_restart(
     pools.kubectl("scale", "lwpool", "restarted", "--replicas=2")
     pools.wait_converged("restarted", 2)
     assert operator.running()
+
+
+@pytest.fixture
+def scaling_gateway(kube: Cluster, release: Release) -> Iterator[str]:
+    """The gateway, watching the release's namespace, and an operator that reads its demand
+    every second and scales on it; yields the gateway's URL."""
+    if not kube.local or kube.pod_network is None:
+        pytest.skip(
+            "the gateway probes the pods it routes to and the test plays their engine: this "
+            "needs the local control plane and a network namespace (root, `ip netns`)"
+        )
+    ns = release.namespace
+    url = f"http://127.0.0.1:{free_port()}"
+    gateway = Laneway(
+        [
+            "gateway", "--kubernetes", "--namespace", ns,
+            "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
+        ],
+        kube.service_account_kubeconfig(ns, release.service_accounts["gateway"]),
+        kube.log_path("scaling-gateway"),
+    )  # fmt: skip
+    operator = Laneway(
+        [
+            "operator", "--namespace", ns, "--health-port", str(free_port()),
+            "--gateway-url", url, "--demand-interval", "1",
+        ],
+        kube.service_account_kubeconfig(ns, release.service_accounts["operator"]),
+        kube.log_path("scaling-operator"),
+    )  # fmt: skip
+    gateway.start()
+    operator.start()
+    try:
+        yield url
+    finally:
+        operator.stop()
+        gateway.stop()
+    for process in (gateway, operator):
+        assert "Forbidden" not in process.output(), f"RBAC refused a call:\n{process.output()}"
+
+
+def served_models(url: str) -> set[str]:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+            return {m["id"] for m in json.load(response)["data"]}
+    except (urllib.error.URLError, OSError):
+        return set()
+
+
+def test_a_pool_at_zero_wakes_on_the_gateways_demand_and_sleeps_after_it(
+    kube: Cluster, scaling_gateway: str, pools: Pools
+) -> None:
+    """The demand loop on the real control plane: a request for a batch pool at zero waits
+    at the gateway, the operator reads that demand and scales the pool through its scale
+    subresource, the Deployment follows, the request is answered, and once the demand is
+    gone for the down window the pool goes back to zero; each move with its reason in the
+    pool's status and an Event."""
+    sleeper = pool(
+        "sleeper",
+        lane="batch",
+        replicas=0,
+        port=free_port(),
+        nodeSelector={"kubernetes.io/hostname": HOST_NODE_NAME},
+        tolerations=[{**HOST_NODE_TAINT, "operator": "Equal"}],
+        autoscaling={
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "signal": "inFlightRequests",
+            "targetPerReplica": 1,
+            "scaleDownWindowSeconds": 5,
+        },
+    )
+    pools.apply(sleeper)
+    eventually(
+        "the pool reports it is scaled to zero",
+        lambda: condition(pools.get("lwpool", "sleeper"), "Ready").get("reason") == "ScaledToZero",
+        READY_TIMEOUT_S,
+    )
+    assert pools.get("deployment", "sleeper")["spec"]["replicas"] == 0
+    engine = engine_for_pool(kube, pools.ns, "sleeper", READY_TIMEOUT_S)
+    engine.start()  # answers for the pod once there is one
+    try:
+        wait_listening(kube, pools.ns, "sleeper", READY_TIMEOUT_S)
+        eventually(
+            "the gateway serves the pool's model",
+            lambda: "sleeper" in served_models(scaling_gateway),
+            READY_TIMEOUT_S,
+        )
+        client = openai.OpenAI(
+            base_url=f"{scaling_gateway}/v1", api_key="unused", max_retries=0, timeout=300
+        )
+
+        def ask() -> tuple[str, str | None]:
+            raw = client.chat.completions.with_raw_response.create(
+                model="sleeper",
+                messages=[{"role": "user", "content": "Summarise the quarterly report."}],
+                max_tokens=8,
+            )
+            return raw.headers["x-laneway-pool"], raw.parse().choices[0].message.content
+
+        with ThreadPoolExecutor(1) as background:
+            answer = background.submit(ask)
+            eventually(
+                "the operator scales the Deployment up on the waiting request",
+                lambda: pools.get("deployment", "sleeper")["spec"]["replicas"] == 1,
+                READY_TIMEOUT_S,
+            )
+            pool_name, text = answer.result(timeout=READY_TIMEOUT_S)
+        assert pool_name == "sleeper"
+        assert text
+    finally:
+        engine.stop()
+
+    woken = dict(pools.events("sleeper")).get("ScaledUp", "")
+    assert woken.startswith("scaling up 0 -> 1: inFlightRequests 1 at 1 per replica"), woken
+    # Through the scale subresource, as `kubectl scale` would: that write owns spec.replicas.
+    managed = pools.kube.get("lwpool", "sleeper", "-n", pools.ns, "--show-managed-fields")
+    assert any(m.get("subresource") == "scale" for m in managed["metadata"]["managedFields"])
+
+    eventually(
+        "the pool goes back to zero once the demand has been gone for the down window",
+        lambda: pools.get("deployment", "sleeper")["spec"]["replicas"] == 0,
+        READY_TIMEOUT_S,
+    )
+    slept = dict(pools.events("sleeper")).get("ScaledDown", "")
+    assert slept.startswith("scaling down 1 -> 0: inFlightRequests 0 at 1 per replica"), slept
+    current = pools.get("lwpool", "sleeper")
+    assert current["spec"]["replicas"] == 0
+    autoscaling = current["status"]["autoscaling"]
+    assert autoscaling["desiredReplicas"] == 0
+    assert autoscaling["reason"].startswith(("scaling down 1 -> 0", "steady at 0")), autoscaling
+    assert autoscaling["lastScaleTime"]
+    eventually(
+        "the engine pod is gone",
+        lambda: (
+            not pools.kubectl("get", "pods", "-l", "laneway.io/pool=sleeper", "-o", "name").strip()
+        ),
+        READY_TIMEOUT_S,
+    )

@@ -43,7 +43,10 @@ async def model_ids(client: TestClient[Any, Any]) -> list[str]:
 
 async def test_pools_appear_change_and_go_through_the_source() -> None:
     source = QueueSource()
-    app = create_app(GatewaySettings(queue=QueueSettings(timeout_millis=100)), source)
+    app = create_app(
+        GatewaySettings(queue=QueueSettings(timeout_millis=100, cold_start_timeout_millis=100)),
+        source,
+    )
     async with TestClient(TestServer(app)) as client:
         assert (await client.get("/readyz")).status == 503  # nothing delivered yet
         assert (await client.get("/healthz")).status == 200

@@ -11,6 +11,7 @@ import pytest
 
 from laneway.errors import UsageError
 from laneway.gateway.config import GatewaySettings, load_config
+from laneway.simulator.elastic import COLD_START_S, DECISION_INTERVAL_S
 
 POOL = """\
 apiVersion: laneway.io/v1alpha1
@@ -34,7 +35,7 @@ spec:
   picking: {policy: scored, weights: {queueDepth: 3, kvCacheUsage: 0}}
   scrape: {intervalMillis: 500, staleAfterMillis: 2000}
   health: {failuresToEject: 2, checkIntervalMillis: 300}
-  queue: {maxWaiting: 10, timeoutMillis: 750, retryAfterSeconds: 2}
+  queue: {maxWaiting: 10, timeoutMillis: 750, coldStartTimeoutMillis: 90000, retryAfterSeconds: 2}
   tokenizer: {kind: tiktoken, encoding: cl100k_base}
   upstream: {connectTimeoutMillis: 100, readTimeoutMillis: 5000}
   maxBodyBytes: 65536
@@ -60,6 +61,9 @@ def test_a_full_file_loads_pools_and_settings(tmp_path: Path) -> None:
     assert (settings.scrape.interval_millis, settings.scrape.stale_after_millis) == (500, 2000)
     assert settings.health.failures_to_eject == 2
     assert (settings.queue.max_waiting, settings.queue.timeout_millis) == (10, 750)
+    # A pool with endpoints waits for a slot; one with none waits for a cold start.
+    assert settings.queue.wait_limit_millis(pool_has_endpoints=True) == 750
+    assert settings.queue.wait_limit_millis(pool_has_endpoints=False) == 90000
     assert settings.upstream.connect_timeout_millis == 100
     assert (settings.max_body_bytes, settings.drain_timeout_millis) == (65536, 1000)
 
@@ -254,3 +258,11 @@ def test_a_pool_source_that_fails_stops_the_gateway_with_one_line(
     assert watching in result.stderr
     assert "laneway gateway: error: the pool source failed:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_by_default_a_pool_at_zero_waits_out_a_cold_start_and_a_demand_interval() -> None:
+    # The simulator's cold start is the published figure for an 8B model on vLLM.
+    queue = GatewaySettings().queue
+    woken_after_s = COLD_START_S + DECISION_INTERVAL_S
+    assert queue.wait_limit_millis(pool_has_endpoints=False) / 1000 > woken_after_s
+    assert queue.timeout_millis / 1000 < woken_after_s  # why a second timeout exists

@@ -62,7 +62,9 @@ async def until_demand(client: TestClient[Any, Any], pool: str, **wanted: int) -
 
 async def test_a_request_for_a_pool_at_zero_waits_for_its_first_replica() -> None:
     source = QueueSource()
-    settings = GatewaySettings(queue=QueueSettings(timeout_millis=120_000))
+    # A slot wait far shorter than starting an engine: a pool at zero waits for its cold
+    # start (queue.coldStartTimeoutMillis, by default), not for a slot.
+    settings = GatewaySettings(queue=QueueSettings(timeout_millis=200))
     app = create_app(settings, source)
     async with (
         TestClient(TestServer(app)) as client,
@@ -95,6 +97,7 @@ async def test_a_request_for_a_pool_at_zero_waits_for_its_first_replica() -> Non
         engine = await children.start_laneway_async(
             "sim", ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small"]
         )
+        assert not waiting.done()  # an engine process took longer to start than 200 ms
         source.sets.put_nowait([docs_pool([engine.url])])
         pool, text = await asyncio.wait_for(waiting, 60)
         assert pool == "docs"
@@ -104,9 +107,10 @@ async def test_a_request_for_a_pool_at_zero_waits_for_its_first_replica() -> Non
         assert after["ttftMet"] + after["ttftMissed"] == 1  # the stream's first token, judged
 
 
-async def test_past_the_queue_timeout_a_pool_at_zero_answers_503_with_retry_after() -> None:
+async def test_past_the_cold_start_timeout_a_pool_at_zero_answers_503_with_retry_after() -> None:
     source = QueueSource()
-    settings = GatewaySettings(queue=QueueSettings(timeout_millis=200, retry_after_seconds=7))
+    queue = QueueSettings(timeout_millis=200, cold_start_timeout_millis=300, retry_after_seconds=7)
+    settings = GatewaySettings(queue=queue)
     app = create_app(settings, source)
     async with TestClient(TestServer(app)) as client:
         source.sets.put_nowait([docs_pool([])])
@@ -118,7 +122,7 @@ async def test_past_the_queue_timeout_a_pool_at_zero_answers_503_with_retry_afte
         assert response.headers["Retry-After"] == "7"
         error = (await response.json())["error"]
         assert error["code"] == "no_healthy_endpoint"
-        assert "scaled to zero or starting" in error["message"]
+        assert "scaled to zero or starting) after 300 ms" in error["message"]
         await until_demand(client, DOCS, queuedRequests=0, queuedPromptTokens=0)
 
 
@@ -127,7 +131,7 @@ async def test_with_redis_the_demand_is_every_replicas_sum(redis_server: LocalRe
     for _ in range(2):
         source = QueueSource()
         app = create_app(
-            GatewaySettings(queue=QueueSettings(timeout_millis=8_000)),
+            GatewaySettings(queue=QueueSettings(cold_start_timeout_millis=8_000)),
             source,
             shared=SharedStateOptions(redis=RedisSettings(url=redis_server.url)),
         )
@@ -159,7 +163,7 @@ async def test_batch_items_for_a_pool_at_zero_wait_count_and_complete_once_it_wa
 ) -> None:
     source = QueueSource()
     app = create_app(
-        GatewaySettings(queue=QueueSettings(timeout_millis=120_000)),
+        GatewaySettings(),
         source,
         shared=SharedStateOptions(redis=RedisSettings(url=redis_server.url)),
     )
@@ -214,7 +218,7 @@ async def test_batch_items_for_a_pool_at_zero_wait_count_and_complete_once_it_wa
 async def test_without_redis_a_replica_reports_its_own_demand(redis_server: LocalRedis) -> None:
     source = QueueSource()
     app = create_app(
-        GatewaySettings(queue=QueueSettings(timeout_millis=5_000)),
+        GatewaySettings(queue=QueueSettings(cold_start_timeout_millis=5_000)),
         source,
         shared=SharedStateOptions(redis=RedisSettings(url=redis_server.url)),
     )

@@ -4,13 +4,19 @@ sleeps again after its down window, and GPU time counts the cold start."""
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
-from laneway.bench.autoscale import DayScenario, arrivals
+from laneway.bench.autoscale import DayScenario, arrivals, in_flight_per_replica, plan
+from laneway.bench.autoscale_sweep import chosen_cells, static_key, sweep_cells
 from laneway.cli import main
-from laneway.simulator.elastic import Arrival, ElasticPool, run_elastic
+from laneway.errors import UsageError
+from laneway.simulator.elastic import Arrival, ElasticPool, poisson_arrivals, run_elastic
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 
@@ -82,3 +88,111 @@ def test_bench_autoscale_writes_the_issue_shape(tmp_path: Path) -> None:
         assert config["batch"]["completed"] == 2
         assert config["batch"]["p99_completion_s"] > 0
     assert document["configs"]["elastic"]["gpu_hours"] < document["configs"]["static"]["gpu_hours"]
+
+
+CHAT_ENGINE = SchedulerConfig("chunked", 896, 896, 64, 64, 4096)
+
+
+def chat_policy(target: int) -> ScalePolicy:
+    return ScalePolicy(
+        min_replicas=1,
+        max_replicas=6,
+        signal=ScaleSignal.IN_FLIGHT_REQUESTS,
+        target_per_replica=target,
+        scale_down_window_s=120,
+    )
+
+
+def test_an_elastic_pool_holds_its_count_for_a_down_window_before_it_shrinks() -> None:
+    # The operator's first sight: no demand at the start of the day is not a reason to drop
+    # the replicas the night left running before a whole down window has been seen.
+    pool = ElasticPool("interactive", True, CHAT_ENGINE, 3, chat_policy(10))
+    (trace,) = run_elastic([pool], PROFILE, [], 400.0, SLO).traces
+    held = [n for at, n in zip(trace.at_s, trace.replicas, strict=True) if at < 120]
+    assert held
+    assert set(held) == {3}
+    assert trace.replicas[-1] == 1
+
+
+def test_an_interactive_pool_grows_on_requests_in_flight_and_serves_after_the_cold_start() -> None:
+    rng = random.Random(7)
+    times = poisson_arrivals(rng, lambda _: 30.0, 30.0, 240.0)
+    trace = [Arrival(t, rng.randint(200, 1500), rng.randint(50, 250)) for t in times]
+    pool = ElasticPool("interactive", True, CHAT_ENGINE, 1, chat_policy(10))
+    result = run_elastic([pool], PROFILE, trace, 240.0, SLO, cold_start_s=60.0)
+    (pool_trace,) = result.traces
+    assert max(pool_trace.replicas) >= 3
+    assert "scaling up 1 -> " in pool_trace.reasons[0]
+    assert "inFlightRequests" in pool_trace.reasons[0]
+    # Once the first added replicas are past their cold start, the TTFT target holds again.
+    first_added = float(pool_trace.reasons[0].split("s ", 1)[0])
+    late = [o for o in result.outcomes if o.arrival_s > first_added + 60.0 + 15.0]
+    assert late
+    assert sum(o.ttft_s <= 0.3 for o in late) >= 0.99 * len(late)
+    assert result.unfinished == 0
+
+
+def test_the_calibrated_target_grows_with_the_rate_and_shrinks_with_headroom() -> None:
+    quiet = in_flight_per_replica(PROFILE, CHAT_ENGINE, 5.0)
+    busy = in_flight_per_replica(PROFILE, CHAT_ENGINE, 20.0)
+    assert 0 < quiet < busy
+    day = DayScenario(peak_rps=20.0)
+    assert plan(replace(day, headroom=0.4), PROFILE).interactive_target < (
+        plan(replace(day, headroom=0.0), PROFILE).interactive_target
+    )
+
+
+def test_a_spike_multiplies_the_chat_rate_for_its_minutes() -> None:
+    day = DayScenario(day_s=1800.0, peak_rps=20.0, jobs=0)
+    spiked = replace(day, spike_factor=3.0, spike_at=0.5, spike_s=120.0)
+    window = (900.0, 1020.0)
+
+    def inside(found: list[Arrival]) -> int:
+        return sum(1 for a in found if window[0] <= a.at_s < window[1])
+
+    assert inside(arrivals(spiked)) >= 2.5 * inside(arrivals(day))
+    assert spiked.chat_rate(899.0) == day.chat_rate(899.0)
+    assert spiked.chat_rate(950.0) == 3 * day.chat_rate(950.0)
+
+
+def test_the_sweep_changes_one_knob_per_cell_and_shares_static_runs() -> None:
+    base = DayScenario()
+    cells = sweep_cells(base)
+    assert cells[0].day == base
+    for cell in cells[1:]:
+        changed = [f for f in vars(base) if getattr(cell.day, f) != getattr(base, f)]
+        assert len(changed) == 1, cell.label
+    statics = {static_key(cell.day) for cell in cells}
+    assert static_key(replace(base, cold_start_s=120.0, headroom=0.0)) == static_key(base)
+    assert len(statics) < len(cells)  # cold start and headroom cells reuse the base's
+
+
+def test_a_sweep_in_parts_runs_the_cells_named_and_refuses_unknown_ones() -> None:
+    base = DayScenario()
+    chosen = chosen_cells(base, ["spike_factor=1.6", "headroom=0"])
+    assert [cell.label for cell in chosen] == ["spike_factor=1.6", "headroom=0"]
+    with pytest.raises(UsageError, match="--sweep-only peak_rps=7: no such cell"):
+        chosen_cells(base, ["peak_rps=7"])
+
+
+def test_bench_autoscale_sweep_draws_no_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "autoscale", "--sweep", "--plot", str(tmp_path / "day.png")]) == 2
+    assert "--sweep draws no plot: drop --plot" in capsys.readouterr().err
+
+
+def test_bench_autoscale_runs_one_configuration_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "elastic.json"
+    code = main(
+        ["bench", "autoscale", "--day-minutes", "10", "--peak-rps", "1", "--jobs", "0",
+         "--configs", "elastic", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    document = json.loads(out.read_text())
+    assert list(document["configs"]) == ["elastic"]
+    assert "fewer GPU-hours" not in capsys.readouterr().out  # nothing to compare against
+    assert main(["bench", "autoscale", "--configs", "elastics"]) == 2
+    assert "--configs elastics: one of static,elastic, static, elastic" in capsys.readouterr().err

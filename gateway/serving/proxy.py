@@ -227,16 +227,17 @@ async def _serve(
             raise _no_endpoint(app, pool, "every endpoint is ejected")
         gate, demand = registry.gate(pool), app[DEMAND]
         waiting_since = app[CLOCK]()
+        limit_ms = settings.queue.wait_limit_millis(bool(pool.endpoints))
         try:
             with demand.waiting(pool.key, route.prefill_tokens):
-                async with asyncio.timeout(settings.queue.timeout_millis / 1000):
+                async with asyncio.timeout(limit_ms / 1000):
                     await gate.acquire(
                         route.priority,
                         tenant_name(request),
                         parsed.sequences * route.prefill_tokens,
                     )
         except (AdmissionRefused, TimeoutError) as refused:
-            raise _refused(app, pool, refused, gate.active, gate.waiting) from None
+            raise _refused(app, pool, refused, limit_ms, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait_of(pool.name, route.lane.value).observe(waited)
@@ -410,10 +411,10 @@ def _refused(
     app: web.Application,
     pool: InferencePool,
     refused: AdmissionRefused | TimeoutError,
+    waited_ms: int,
     active: int,
     waiting: int,
 ) -> ApiError:
-    waited_ms = app[SETTINGS].queue.timeout_millis
     now = app[REGISTRY].current(pool)
     if isinstance(refused, TimeoutError) and now is not None and not now.endpoints:
         return _no_endpoint(
