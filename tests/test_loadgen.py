@@ -277,13 +277,28 @@ async def test_every_request_is_accounted_for_and_lands_in_its_lane(
         assert any(r.prompt_tokens == spec.prompt_tokens and r.started_s >= spec.at_s for r in long)
 
 
-async def test_the_same_seed_sends_the_same_requests(aiohttp_server: AiohttpServer) -> None:
+async def test_the_same_seed_sends_each_session_the_same_turns(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    """Each session draws its turns from its own seeded stream; which sessions get in under a
+    cap shared across sessions is timing, so what repeats is every session's sequence."""
     server = await aiohttp_server(fake_gateway())
-    workload = small_workload(max_requests=6, duration_s=30.0, long_requests=())
-    runs = [await LoadGenerator(workload, str(server.make_url("/"))).run() for _ in range(2)]
-    shapes = [sorted((r.session, r.prompt_tokens, r.max_tokens) for r in run) for run in runs]
-    assert shapes[0] == shapes[1]
-    assert len(shapes[0]) == 6  # max_requests bounds the run long before its duration
+    url = str(server.make_url("/"))
+
+    async def turns_by_session(seed: int) -> list[list[tuple[int, int]]]:
+        workload = small_workload(max_requests=6, duration_s=30.0, long_requests=(), seed=seed)
+        records = await LoadGenerator(workload, url).run()
+        assert len(records) == 6  # max_requests bounds the run long before its duration
+        return [
+            [(r.prompt_tokens, r.max_tokens) for r in records if r.session == session]
+            for session in range(workload.sessions)
+        ]
+
+    first, second, other_seed = [await turns_by_session(seed) for seed in (3, 3, 4)]
+    for one, two in zip(first, second, strict=True):
+        shorter, longer = sorted((one, two), key=len)
+        assert shorter == longer[: len(shorter)]
+    assert [turns[:1] for turns in first if turns] != [turns[:1] for turns in other_seed if turns]
 
 
 async def test_time_limit_cuts_off_what_is_still_running_and_records_it(
