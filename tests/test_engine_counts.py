@@ -193,6 +193,20 @@ def lanes(
     return [short, long, gateway_doc()]
 
 
+def start_model_sim(children: Children, model_files: ModelFiles, cap: int) -> ChildProcess:
+    """A `laneway sim` that counts with the test's tokenizer and template, capped at `cap`."""
+    return start_sim(
+        children,
+        "tiny",
+        "--tokenizer",
+        str(model_files.tokenizer),
+        "--chat-template",
+        str(model_files.config),
+        "--max-context",
+        str(cap),
+    )
+
+
 def expected_route(count: int, threshold: int, cap: int) -> str | None:
     if count <= threshold:
         return "short"
@@ -317,16 +331,7 @@ async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
     }
     cl100k = default_tokenizer()
     with Children() as children:
-        engine = start_sim(
-            children,
-            "tiny",
-            "--tokenizer",
-            str(model_files.tokenizer),
-            "--chat-template",
-            str(model_files.config),
-            "--max-context",
-            str(cap),
-        )
+        engine = start_model_sim(children, model_files, cap)
         gateway = start_gateway(
             children, tmp_path / "gateway.yaml", lanes(engine, tokenizer, threshold, cap)
         )
@@ -401,16 +406,7 @@ async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decid
         *straddling(count, cap - MAX_TOKENS, seed=4),
     ]
     with Children() as children:
-        engine = start_sim(
-            children,
-            "tiny",
-            "--tokenizer",
-            str(model_files.tokenizer),
-            "--chat-template",
-            str(model_files.config),
-            "--max-context",
-            str(cap),
-        )
+        engine = start_model_sim(children, model_files, cap)
         gateway = start_gateway(
             children,
             tmp_path / "gateway.yaml",
