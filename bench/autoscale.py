@@ -499,6 +499,7 @@ def plot_day(results: dict[str, ElasticResult], day: DayScenario, path: Path) ->
         ax.step([t / day.day_s * 24 for t in static.at_s], static.replicas, where="post",
                 label="static replicas", color="tab:gray", linestyle="--")  # fmt: skip
         ax.set_ylabel(f"{lane} replicas")
+        ax.set_ylim(bottom=0)
         demand = ax.twinx()
         demand.plot(hours, elastic.demand, color="tab:orange", alpha=0.6, linewidth=0.8)
         demand.set_ylabel("requests queued + in flight", color="tab:orange")
