@@ -175,7 +175,7 @@ class ChaosRecord:
         return self.status == 200 and self.error is None
 
 
-def classify(record: ChaosRecord, faults: Sequence[FaultEvent]) -> str:
+def failure_verdict(record: ChaosRecord, faults: Sequence[FaultEvent]) -> str:
     """OK, UNEXPECTED, or "in flight on killed engine|gateway": it was on that process
     when the process was killed."""
     if record.ok:
@@ -230,7 +230,7 @@ def window_rows(
     rows = []
     for name in WINDOWS:
         mine = [r for r in records if window_of(r.started_s, starts) == name]
-        verdicts = Counter(classify(r, faults) for r in mine)
+        verdicts = Counter(failure_verdict(r, faults) for r in mine)
         ttft = [r.ttft_s for r in mine if r.kind == CHAT and r.ok and r.ttft_s is not None]
         rows.append(
             WindowRow(
@@ -252,7 +252,7 @@ def failure_groups(
 ) -> tuple[FailureGroup, ...]:
     counts: Counter[tuple[str, str, str, str]] = Counter()
     for record in records:
-        verdict = classify(record, faults)
+        verdict = failure_verdict(record, faults)
         if verdict != OK:
             window = window_of(record.started_s, starts)
             counts[(window, record.kind, verdict, failure_reason(record))] += 1

@@ -25,8 +25,8 @@ from laneway.bench.chaos import (
     FaultEvent,
     check_batch,
     check_options,
-    classify,
     error_line_code,
+    failure_verdict,
     window_of,
     window_rows,
     window_starts,
@@ -86,7 +86,7 @@ def test_only_failures_on_the_killed_process_at_the_kill_are_in_flight() -> None
         (record("a", 25.0, 26.0, 503, "x", "state_unavailable"), UNEXPECTED, "during Redis down"),
     ]
     for case, verdict, why in cases:
-        assert classify(case, FAULTS) == verdict, why
+        assert failure_verdict(case, FAULTS) == verdict, why
 
 
 def test_window_rows_count_verdicts_and_chat_ttft_per_window() -> None:
