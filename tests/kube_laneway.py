@@ -12,11 +12,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kube_cluster import Cluster, die_with_parent, eventually
 
@@ -71,6 +73,21 @@ def install_release(kube: Cluster, name: str, namespace: str, *flags: str) -> Re
         if d["kind"] == "ServiceAccount"
     }
     return Release(name, namespace, accounts)
+
+
+@contextmanager
+def released(kube: Cluster, name: str, namespace: str) -> Iterator[Release]:
+    """The chart installed in a fresh namespace, CRDs first, and uninstalled after; the test
+    skips where helm is not installed."""
+    if not helm_available():
+        pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
+    kube.install_crds()
+    with kube.namespace(namespace) as created:
+        release = install_release(kube, name, created)
+        try:
+            yield release
+        finally:
+            helm(kube, "uninstall", name, "-n", created, "--wait")
 
 
 @dataclass

@@ -30,9 +30,7 @@ from kube_laneway import (
     Release,
     condition,
     engine_for_pool,
-    helm,
-    helm_available,
-    install_release,
+    released,
     wait_listening,
 )
 from openai.types.chat import ChatCompletion
@@ -95,11 +93,8 @@ def stack(kube: Cluster) -> Iterator[Stack]:
         # The gateway scrapes and probes every pod it discovers: only addresses of the run's
         # own namespace may be its targets.
         pytest.skip("the gateway tests need a network namespace for the pods (root, `ip netns`)")
-    if not helm_available():
-        pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
-    kube.install_crds()
-    with kube.namespace("lw-gateway") as namespace:
-        release = install_release(kube, "lwgw", namespace)
+    with released(kube, "lwgw", "lw-gateway") as release:
+        namespace = release.namespace
 
         def as_account(component: str) -> Path:
             return kube.service_account_kubeconfig(namespace, release.service_accounts[component])
@@ -133,7 +128,6 @@ def stack(kube: Cluster) -> Iterator[Stack]:
         finally:
             for process in (*stack.engines, gateway, operator):
                 process.stop()
-            helm(kube, "uninstall", release.name, "-n", namespace, "--wait")
         if kube.apiserver_restarts == restarts:  # see test_cluster_operator.operator
             for process in (operator, gateway):
                 assert "Forbidden" not in process.output(), f"RBAC refused:\n{process.output()}"

@@ -28,9 +28,7 @@ from kube_laneway import (
     Release,
     condition,
     engine_for_pool,
-    helm,
-    helm_available,
-    install_release,
+    released,
     wait_listening,
 )
 
@@ -44,13 +42,8 @@ READY_TIMEOUT_S = 180.0
 
 @pytest.fixture(scope="module")
 def release(kube: Cluster) -> Iterator[Release]:
-    if not helm_available():
-        pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
-    kube.install_crds()
-    with kube.namespace("lw-operator") as namespace:
-        installed = install_release(kube, "lwop", namespace)
+    with released(kube, "lwop", "lw-operator") as installed:
         yield installed
-        helm(kube, "uninstall", installed.name, "-n", namespace, "--wait")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from kube_cluster import Cluster, eventually, free_port
-from kube_laneway import Laneway, condition, helm, helm_available, install_release
+from kube_laneway import Laneway, condition, released
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -20,11 +20,8 @@ TIMEOUT_S = 180.0
 
 @pytest.fixture(scope="module")
 def namespace(kube: Cluster) -> Iterator[str]:
-    if not helm_available():
-        pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
-    kube.install_crds()
-    with kube.namespace("lw-images") as name:
-        release = install_release(kube, "lwimg", name)
+    with released(kube, "lwimg", "lw-images") as release:
+        name = release.namespace
         account = release.service_accounts["operator"]
         operator = Laneway(
             [
@@ -37,7 +34,6 @@ def namespace(kube: Cluster) -> Iterator[str]:
         operator.start()
         yield name
         operator.stop()
-        helm(kube, "uninstall", release.name, "-n", name, "--wait")
 
 
 def pool(image: str) -> dict[str, object]:
