@@ -253,6 +253,12 @@ async def wait_serving(session: aiohttp.ClientSession, url: str, body: dict[str,
         await asyncio.sleep(0.5)
 
 
+def _fresh_session() -> aiohttp.ClientSession:
+    """A session per round: connections idle through the other routers' rounds would meet
+    each router's idle keep-alive close (the gateway's is 15 s) as they are reused."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
 def _fixed(url: str) -> Callable[[], str]:
     return lambda: url
 
@@ -291,49 +297,50 @@ async def measure(options: AgainstOptions, targets: dict[str, Target]) -> list[R
         random.Random(options.seed), options.prompt_tokens
     )
     runs = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for mode in MODES:
-            body = {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": mode.output_tokens,
-                "stream": mode.stream,
-            }
-            send = _stream if mode.stream else _complete
-            progress(f"{mode.name}: warming up every router")
-            for next_url, _ in targets.values():
+    for mode in MODES:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": mode.output_tokens,
+            "stream": mode.stream,
+        }
+        send = _stream if mode.stream else _complete
+        progress(f"{mode.name}: warming up every router")
+        for next_url, _ in targets.values():
+            async with _fresh_session() as session:
                 await in_closed_loop(functools.partial(send, session, next_url, body), 16, 200)
-            totals: dict[str, tuple[list[_Result], list[float]]] = {
-                name: ([], [0.0, 0.0]) for name in targets
-            }
-            for round_index in range(ROUNDS):
-                order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
-                for name in order:
-                    progress(f"{mode.name}: {name}, round {round_index + 1} of {ROUNDS}")
-                    next_url, child = targets[name]
-                    results, sums = totals[name]
-                    cpu_before = child.cpu_seconds() if child else 0.0
-                    begun = time.perf_counter()
+        totals: dict[str, tuple[list[_Result], list[float]]] = {
+            name: ([], [0.0, 0.0]) for name in targets
+        }
+        for round_index in range(ROUNDS):
+            order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
+            for name in order:
+                progress(f"{mode.name}: {name}, round {round_index + 1} of {ROUNDS}")
+                next_url, child = targets[name]
+                results, sums = totals[name]
+                cpu_before = child.cpu_seconds() if child else 0.0
+                begun = time.perf_counter()
+                async with _fresh_session() as session:
                     results += await in_closed_loop(
                         functools.partial(send, session, next_url, body),
                         options.concurrency,
                         options.requests,
                     )
-                    sums[0] += time.perf_counter() - begun
-                    sums[1] += (child.cpu_seconds() - cpu_before) if child else 0.0
-            for name, (results, (wall_s, cpu_s)) in totals.items():
-                ok = [r.e2e_s for r in results if r.ok]
-                runs.append(
-                    RouterRun(
-                        router=name,
-                        mode=mode.name,
-                        requests=len(results),
-                        errors=len(results) - len(ok),
-                        wall_s=wall_s,
-                        cpu_s=cpu_s,
-                        e2e=Distribution.of(ok),
-                    )
+                sums[0] += time.perf_counter() - begun
+                sums[1] += (child.cpu_seconds() - cpu_before) if child else 0.0
+        for name, (results, (wall_s, cpu_s)) in totals.items():
+            ok = [r.e2e_s for r in results if r.ok]
+            runs.append(
+                RouterRun(
+                    router=name,
+                    mode=mode.name,
+                    requests=len(results),
+                    errors=len(results) - len(ok),
+                    wall_s=wall_s,
+                    cpu_s=cpu_s,
+                    e2e=Distribution.of(ok),
                 )
+            )
     return runs
 
 
