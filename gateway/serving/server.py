@@ -72,8 +72,9 @@ ROUTES = {b"/v1/chat/completions": Endpoint.CHAT, b"/v1/completions": Endpoint.C
 MAX_TARGET_BYTES = 8190  # the request target (aiohttp's max_line_size)
 MAX_FIELD_BYTES = 8190  # one header field, name and value (aiohttp's max_field_size)
 MAX_FIELDS = 128  # aiohttp's max_headers
-# A head not complete this many bytes past the read it began in is refused: llhttp itself
-# has no limit, and httptools keeps a field's bytes until the field ends.
+# A head's fields may hold this many bytes in all; and a head not complete this many bytes
+# past the read it began in is refused too (a field that never ends): llhttp itself has no
+# limit, and httptools keeps a field's bytes until the field ends.
 MAX_HEAD_BYTES = 64 * 1024
 # The headers the completion routes read, by lower-case name; the rest are skipped.
 _READ = frozenset(
@@ -201,6 +202,7 @@ class _Request:
         self.target: list[bytes] = []
         self.target_bytes = 0
         self.fields = 0
+        self.field_bytes = 0
         self.headers: dict[bytes, bytes] = {}
         self.endpoint = Endpoint.CHAT
         self.keep_alive = True
@@ -437,6 +439,10 @@ class _Connection(asyncio.Protocol):
         request = self._parsing
         assert request is not None
         request.fields += 1
+        request.field_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if request.field_bytes > MAX_HEAD_BYTES:
+            self._refuse(431, f"The request head is over {MAX_HEAD_BYTES} bytes")
+            raise _Stop
         if len(name) + len(value) > MAX_FIELD_BYTES or request.fields > MAX_FIELDS:
             self._refuse(
                 431,
