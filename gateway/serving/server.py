@@ -59,7 +59,7 @@ import httptools
 from aiohttp import web
 
 from laneway.gateway.errors import ApiError, bad_request, unreadable_body
-from laneway.gateway.keys import CLOCK, SETTINGS
+from laneway.gateway.keys import CLOCK, INTERNAL_SECRET, SETTINGS
 from laneway.gateway.serving.arrival import ArrivalStamps, ProtocolFactory
 from laneway.gateway.serving.call import SESSION_HEADER, body_timed_out, body_too_large
 from laneway.gateway.serving.proxy import handle_completion
@@ -103,6 +103,8 @@ class CompletionServer:
         settings = app[SETTINGS]
         self.max_body_bytes = settings.max_body_bytes
         self.idle_s = settings.clients.idle_timeout_millis / 1000
+        # Asked once: a lookup that misses on an aiohttp app costs microseconds.
+        self.tenants_installed = INTERNAL_SECRET in app
         self.connections: set[_Connection] = set()
         self.draining = False
 
@@ -193,6 +195,31 @@ def _head(
 
 class _Request:
     """One request: its head and body as parsed, and (as a `Call`) its answer."""
+
+    __slots__ = (
+        "_connection",
+        "_waiter",
+        "answered",
+        "app",
+        "arrived",
+        "caller",
+        "chunks",
+        "closes",
+        "complete",
+        "endpoint",
+        "error",
+        "field_bytes",
+        "fields",
+        "headers",
+        "http_1_0",
+        "keep_alive",
+        "raw",
+        "size",
+        "streaming",
+        "target",
+        "target_bytes",
+        "too_large",
+    )
 
     def __init__(self, connection: _Connection, arrived: float, raw: list[bytes] | None) -> None:
         self._connection = connection
@@ -506,7 +533,8 @@ class _Connection(asyncio.Protocol):
 
     async def _run(self, request: _Request) -> None:
         try:
-            request.caller = identify(request.app, request.header)
+            if self.server.tenants_installed:
+                request.caller = identify(request.app, request.header)
             await handle_completion(request, request.endpoint)
         except ApiError as error:
             request.answer(error.status, error.encoded(), error.headers())
