@@ -198,6 +198,7 @@ class _Request:
 
     __slots__ = (
         "_connection",
+        "_head",
         "_waiter",
         "answered",
         "app",
@@ -241,6 +242,7 @@ class _Request:
         self.complete = False
         self.error: ApiError | None = None  # the body could not be read
         self._waiter: asyncio.Future[None] | None = None
+        self._head = b""  # a stream's head, until its first chunk is written
         self.streaming = False
         self.answered = False  # the whole answer is written
         self.closes = False  # the connection closes after the answer
@@ -333,19 +335,25 @@ class _Request:
         else:
             framing = "Transfer-Encoding: chunked\r\n"
         stream_headers = {"Cache-Control": "no-cache", **headers}
-        head = _head(200, "text/event-stream", framing, stream_headers, self._connection_header())
+        # Written with the first chunk, one write for both (as aiohttp did).
+        self._head = _head(
+            200, "text/event-stream", framing, stream_headers, self._connection_header()
+        )
         self.streaming = True
-        await self._connection.send((head,))
 
     async def send(self, chunk: bytes) -> None:
-        if self.http_1_0:
-            await self._connection.send((chunk,))
-        else:
-            await self._connection.send((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        connection = self._connection
+        framed = (chunk,) if self.http_1_0 else (b"%x\r\n" % len(chunk), chunk, b"\r\n")
+        if self._head:
+            framed, self._head = (self._head, *framed), b""
+        connection.write_now(framed)
+        if connection.writing_paused:
+            await connection.drained()
 
     async def end(self) -> None:
-        if not self.http_1_0:
-            await self._connection.send((_LAST_CHUNK,))
+        ending = () if self.http_1_0 else (_LAST_CHUNK,)
+        await self._connection.send((self._head, *ending) if self._head else ending)
+        self._head = b""
         self.answered = True
 
     def abort(self) -> None:
@@ -379,7 +387,7 @@ class _Connection(asyncio.Protocol):
         self._held: list[bytes] | None = None
         self._draining = False
         self._reading_paused = False
-        self._writing_paused = False
+        self.writing_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._idle_since: float | None = None  # waiting for a head since then
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -408,11 +416,11 @@ class _Connection(asyncio.Protocol):
             self.task.cancel()  # the client left: the proxy closes the upstream
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        self.writing_paused = True
         self._update_reading()
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
+        self.writing_paused = False
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -597,7 +605,7 @@ class _Connection(asyncio.Protocol):
         inner = ArrivalStamps(protocols(), self.server.clock)
         transport.set_protocol(inner)
         inner.connection_made(transport)
-        if self._writing_paused:
+        if self.writing_paused:
             inner.pause_writing()
         if self._reading_paused:
             transport.resume_reading()
@@ -635,16 +643,24 @@ class _Connection(asyncio.Protocol):
             self._transport.writelines(data)
 
     async def send(self, data: tuple[bytes, ...]) -> None:
+        self.write_now(data)
+        if self.writing_paused:
+            await self.drained()
+
+    def write_now(self, data: tuple[bytes, ...]) -> None:
+        """Write `data` to a client that is still there; ConnectionResetError if it is not."""
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         transport.writelines(data)
-        if self._writing_paused:
-            self._drain_waiter = self._loop.create_future()
-            try:
-                await self._drain_waiter
-            finally:
-                self._drain_waiter = None
+
+    async def drained(self) -> None:
+        """Until the transport's buffer is below its low-water mark again."""
+        self._drain_waiter = self._loop.create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -665,7 +681,7 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        pause = bool(self._queue) or self._then is not None or self._writing_paused
+        pause = bool(self._queue) or self._then is not None or self.writing_paused
         if pause != self._reading_paused:
             self._reading_paused = pause
             if pause:
