@@ -535,6 +535,7 @@ class _Connection(asyncio.Protocol):
         self._serving = request
         if (
             request.headers.get(b"expect") is not None
+            and not request.http_1_0  # RFC 9110 15.2.1: no 1xx to an HTTP/1.0 client
             and not request.complete
             and not request.too_large
             and not (request.content_length or 0) > self.server.max_body_bytes
