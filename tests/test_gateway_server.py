@@ -177,6 +177,28 @@ def test_another_route_pipelined_behind_a_completion_closes_after_its_answer(
         assert closed(stream)
 
 
+def test_another_route_sent_while_a_stream_runs_is_handed_over_after_it(
+    gateway: ChildProcess,
+) -> None:
+    with connect(gateway) as sock, sock.makefile("rb") as stream:
+        sock.sendall(
+            post_bytes("/v1/chat/completions", {**CHAT, "max_tokens": 2000, "stream": True})
+        )
+        assert stream.readline() == b"HTTP/1.1 200 OK\r\n"  # the stream has begun...
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")  # ...a read of its own
+        while stream.readline() != b"\r\n":
+            pass  # the rest of the stream's head
+        body = []
+        while size := int(stream.readline(), 16):
+            body.append(stream.read(size))
+            stream.readline()
+        stream.readline()
+        assert b"".join(body).rstrip().endswith(b"data: [DONE]")
+        health = read_answer(stream)
+        assert health.json() == {"status": "ok"}
+        assert "aiohttp" in health.headers["server"]
+
+
 def test_a_chunked_body_is_read_whole(gateway: ChildProcess) -> None:
     body = json.dumps({**CHAT, "max_tokens": 4}).encode()
     parts = [body[i : i + 7] for i in range(0, len(body), 7)]
