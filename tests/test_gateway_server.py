@@ -10,6 +10,7 @@ what must happen.
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import socket
@@ -147,6 +148,26 @@ def test_other_routes_take_the_connection_to_aiohttp(gateway: ChildProcess) -> N
     assert json.loads(missing.read())["error"]["type"] == "not_found_error"
     assert connection.sock is sock
     connection.close()
+
+
+def test_what_this_server_leaves_to_aiohttp_is_served_there(gateway: ChildProcess) -> None:
+    body = json.dumps(TEXT).encode()
+    for extra in (
+        b"Connection: Upgrade\r\nUpgrade: h2c\r\n",  # an upgrade
+        b"Content-Encoding: gzip\r\n",  # a body to decode
+    ):
+        sent = gzip.compress(body) if b"gzip" in extra else body
+        with connect(gateway) as sock, sock.makefile("rb") as stream:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\n"
+                + extra
+                + b"Content-Length: %d\r\n\r\n" % len(sent)
+                + sent
+            )
+            answer = read_answer(stream)
+            assert answer.status == 200, answer.body
+            assert answer.json()["usage"]["completion_tokens"] == 3
+            assert "aiohttp" in answer.headers["server"]
 
 
 def test_pipelined_requests_are_answered_in_order(gateway: ChildProcess) -> None:

@@ -441,10 +441,8 @@ class _Connection(asyncio.Protocol):
         self._chunk, self._head_began_here = data, False
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # on_headers_complete decided (an Upgrade goes to aiohttp)
         except httptools.HttpParserError as error:
-            if self._then is None:
+            if self._then is None:  # else a callback stopped it (an Upgrade goes to aiohttp)
                 self._parse_error(error)
         finally:
             self._chunk = b""
