@@ -200,7 +200,6 @@ class _Request:
 
     __slots__ = (
         "_connection",
-        "_head",
         "_waiter",
         "answered",
         "app",
@@ -244,7 +243,6 @@ class _Request:
         self.complete = False
         self.error: ApiError | None = None  # the body could not be read
         self._waiter: asyncio.Future[None] | None = None
-        self._head = b""  # a stream's head, until its first chunk is written
         self.streaming = False
         self.answered = False  # the whole answer is written
         self.closes = False  # the connection closes after the answer
@@ -337,25 +335,22 @@ class _Request:
         else:
             framing = "Transfer-Encoding: chunked\r\n"
         stream_headers = {"Cache-Control": "no-cache", **headers}
-        # Written with the first chunk, one write for both (as aiohttp did).
-        self._head = _head(
-            200, "text/event-stream", framing, stream_headers, self._connection_header()
-        )
+        # Sent at once, as aiohttp's StreamResponse does: the client learns the route (and
+        # its openai call returns) before the first token, which may be seconds away.
+        head = _head(200, "text/event-stream", framing, stream_headers, self._connection_header())
         self.streaming = True
+        await self._connection.send((head,))
 
     async def send(self, chunk: bytes) -> None:
         connection = self._connection
         framed = (chunk,) if self.http_1_0 else (b"%x\r\n" % len(chunk), chunk, b"\r\n")
-        if self._head:
-            framed, self._head = (self._head, *framed), b""
         connection.write_now(framed)
         if connection.writing_paused:
             await connection.drained()
 
     async def end(self) -> None:
-        ending = () if self.http_1_0 else (_LAST_CHUNK,)
-        await self._connection.send((self._head, *ending) if self._head else ending)
-        self._head = b""
+        if not self.http_1_0:
+            await self._connection.send((_LAST_CHUNK,))
         self.answered = True
 
     def abort(self) -> None:
