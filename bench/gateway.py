@@ -92,14 +92,6 @@ def check_options(options: BenchOptions) -> None:
         )
 
 
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
-    return levels
-
-
 # -- results (pure) -------------------------------------------------------------------------
 
 
