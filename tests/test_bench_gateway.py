@@ -19,7 +19,6 @@ from laneway.bench.gateway import (
     LevelResult,
     PhaseCpu,
     check_options,
-    parse_concurrency,
     path_result,
     render,
     time_classification,
@@ -80,12 +79,6 @@ def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_co
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
     with pytest.raises(UsageError, match=flag):
         check_options(BenchOptions(**changes))  # type: ignore[arg-type]
-
-
-def test_concurrency_levels_parse_from_a_comma_list() -> None:
-    assert parse_concurrency("1, 50,200") == (1, 50, 200)
-    with pytest.raises(UsageError, match="comma-separated"):
-        parse_concurrency("1,many")
 
 
 @pytest.mark.parametrize(
