@@ -192,7 +192,8 @@ class GatewayOverhead(Collector):
       in the pool's line (`laneway_gateway_queue_wait_seconds`): reading, counting, routing,
       planning, and a failed first attempt where there was one;
     - `chunk`: each relayed chunk of a stream, from its bytes read from the engine to their
-      write to the client, including any wait for the event loop;
+      write to the client, including any wait for the event loop (and a client that stops
+      reading, once its buffers are full: it holds its own chunks);
     - `stream`: each completed stream's `request` plus its last chunk's: what the gateway
       added to the moment the client had the whole answer.
 
