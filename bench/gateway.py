@@ -22,7 +22,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
+from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import (
     Distribution,
     PromptFactory,
@@ -92,14 +91,6 @@ def check_options(options: BenchOptions) -> None:
         raise UsageError(
             f"--classify-tokens must exceed {INTERACTIVE_MAX_PROMPT} (a batch-lane prompt)"
         )
-
-
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
-    return levels
 
 
 # -- results (pure) -------------------------------------------------------------------------
@@ -454,10 +445,15 @@ def pool_documents(
     ]
 
 
-def gateway_config(endpoint: str) -> list[dict[str, Any]]:
+def gateway_config(endpoints: Sequence[str]) -> list[dict[str, Any]]:
+    """A bench gateway's documents: both pools on every one of `endpoints`, and a queue no
+    level of concurrency fills or outwaits."""
     queue = {"maxWaiting": 100_000, "timeoutMillis": 120_000}
     settings = {"apiVersion": API_VERSION, "kind": "GatewayConfig", "spec": {"queue": queue}}
-    return [settings, *pool_documents(endpoint, 8192 * 16)]
+    pools = pool_documents(endpoints[0], 8192 * 16)
+    for pool in pools:
+        pool["status"]["endpoints"] = list(endpoints)
+    return [settings, *pools]
 
 
 # -- classification (in this process) ---------------------------------------------------------
@@ -722,21 +718,12 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         await time_classification(options, time.perf_counter),
         loop_stalls=await count_stalls(options),
     )
-    with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
-        async with Children() as children:
-            progress("starting a zero-service-time engine and the gateway")
-            engine = await children.start_laneway_async(
-                "sim",
-                ENGINE_ARGS,
-                name="engine",
-            )
-            config = Path(workdir) / "gateway.yaml"
-            config.write_text(yaml.safe_dump_all(gateway_config(engine.url), sort_keys=False))
-            gateway = await children.start_laneway_async(
-                "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
-            )
-            placement = place(options, engine, gateway)
-            levels = await children.watch(measure_levels(options, engine, gateway))
+    async with Children() as children:
+        progress("starting a zero-service-time engine and the gateway")
+        engine = await children.start_laneway_async("sim", ENGINE_ARGS, name="engine")
+        gateway = await start_gateway(children, gateway_config([engine.url]))
+        placement = place(options, engine, gateway)
+        levels = await children.watch(measure_levels(options, engine, gateway))
     return BenchReport(
         machine=machine_description(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

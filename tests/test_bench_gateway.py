@@ -24,7 +24,6 @@ from laneway.bench.gateway import (
     check_options,
     overhead_buckets,
     own_time,
-    parse_concurrency,
     path_result,
     render,
     time_classification,
@@ -141,12 +140,6 @@ def test_the_gateways_own_time_is_what_its_histogram_counted_between_two_reads()
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
     with pytest.raises(UsageError, match=flag):
         check_options(BenchOptions(**changes))  # type: ignore[arg-type]
-
-
-def test_concurrency_levels_parse_from_a_comma_list() -> None:
-    assert parse_concurrency("1, 50,200") == (1, 50, 200)
-    with pytest.raises(UsageError, match="comma-separated"):
-        parse_concurrency("1,many")
 
 
 @pytest.mark.parametrize(
