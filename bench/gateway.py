@@ -408,8 +408,8 @@ def render_own_time(levels: Sequence[LevelResult]) -> list[str]:
         "the gateway's own time per request in ms, as it measured it "
         f"({OVERHEAD_METRIC} on its /metrics, read before and after each round; percentiles "
         "from the buckets as Prometheus' histogram_quantile gives them). request: arrival to "
-        "the engine; chunk: each relayed chunk, read to written; stream: request + the last "
-        "chunk. The client-side 'added' above is what a user measures, the difference of two "
+        "the engine; chunk: each relayed chunk, read to written; stream: request + the chunk "
+        "with [DONE]. The client-side 'added' above is what a user measures, the difference of two "
         "paths, which the processes sharing a core also move; this is the gateway's part alone:",
         *format_table(header, rows),
     ]

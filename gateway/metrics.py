@@ -194,8 +194,9 @@ class GatewayOverhead(Collector):
     - `chunk`: each relayed chunk of a stream, from its bytes read from the engine to their
       write to the client, including any wait for the event loop (and a client that stops
       reading, once its buffers are full: it holds its own chunks);
-    - `stream`: each completed stream's `request` plus its last chunk's: what the gateway
-      added to the moment the client had the whole answer.
+    - `stream`: each stream that reached its `data: [DONE]`, its `request` plus the relay of
+      the chunk that carried it: what the gateway added to the moment the client had the
+      whole answer.
 
     Not in any stage: a wait for the loop before a request's first bytes are read, which
     the client's clock sees and the gateway's cannot."""
@@ -210,7 +211,7 @@ class GatewayOverhead(Collector):
             "laneway_gateway_overhead_seconds",
             "The gateway's own time on a request's path, by stage: request (arrival to the "
             "engine, less the wait in line), chunk (each relayed chunk, read to written), "
-            "stream (a completed stream's request plus its last chunk)",
+            "stream (request plus the relay of the chunk carrying data: [DONE])",
             labels=["stage"],
         )
         for stage, tally in (

@@ -658,7 +658,6 @@ async def _relay_stream(
     gaps = metrics.tbt.labels(*labels)
     overhead = metrics.overhead
     relays = overhead.chunk
-    read_at: float | None = None  # the last chunk's
     slo = exchange.plan.pool.spec.slo
     first_token = FirstTokenWatch()
     last_event: float | None = None
@@ -701,12 +700,15 @@ async def _relay_stream(
                 gaps.observe(gap, within_slo(gap, slo.tbt_millis))
                 last_event = now
             written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
-            outcome.complete = outcome.complete or STREAM_END in written
+            if not outcome.complete and STREAM_END in written:
+                outcome.complete = True
+                # Taken in the step that wrote the end: before the client, which has it, can
+                # ask /metrics for it.
+                overhead.stream.observe(sent.overhead_s + now - read_at)
         rest = rename.flush() if rename else b""
         if not rest or await writes.send(rest):
             outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
-            if await writes.send(b"") and read_at is not None:
-                overhead.stream.observe(sent.overhead_s + clock() - read_at)
+            await writes.send(b"")
         return client
     finally:
         writes.close()
