@@ -1240,15 +1240,36 @@ def test_schema_rules_mirror_the_gateway_parser(helm: str) -> None:
         "gateway.config.scrape.staleAfterMillis=50",
         "--set",
         "gateway.config.maxBodyBytes=1024",
+        "--set",
+        "gateway.config.clients.idleTimeoutMillis=100",
+        "--set",
+        "gateway.config.clients.writeTimeoutMillis=5000",
+        "--set",
+        "gateway.config.tokenizer.kind=huggingface",
+        "--set",
+        "gateway.config.tokenizer.path=/tokenizer/tokenizer.json",
+        "--set",
+        "gateway.config.tokenizer.configPath=/tokenizer/tokenizer_config.json",
     )
     settings = parse_documents(gateway_config_documents(accepted), "cm", allow_pools=False).settings
     assert settings.picking.policy == "random"
     assert settings.scrape.interval_millis == settings.scrape.stale_after_millis == 50
     assert settings.max_body_bytes == 1024
-    rejected = run_helm(
-        helm, "template", RELEASE, str(CHART), "--set", "gateway.config.maxBodyBytes=1023"
-    )
-    assert "/gateway/config/maxBodyBytes" in rejected.stderr
+    assert settings.clients.idle_timeout_millis == 100
+    assert settings.clients.write_timeout_millis == 5000
+    assert settings.tokenizer.config_path == "/tokenizer/tokenizer_config.json"
+    for value, where in (
+        ("gateway.config.maxBodyBytes=1023", "/gateway/config/maxBodyBytes"),
+        (
+            "gateway.config.clients.bodyTimeoutMillis=99",
+            "/gateway/config/clients/bodyTimeoutMillis",
+        ),
+        # A chat template is read only beside a Hugging Face tokenizer, as the gateway says.
+        ("gateway.config.tokenizer.configPath=/t.json", "/gateway/config/tokenizer"),
+    ):
+        rejected = run_helm(helm, "template", RELEASE, str(CHART), "--set", value)
+        assert rejected.returncode != 0, value
+        assert where in rejected.stderr, rejected.stderr
 
 
 # --- documentation ----------------------------------------------------------------------
