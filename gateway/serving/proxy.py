@@ -452,25 +452,26 @@ async def _plan(
     """The request's endpoints best first, by their load now that it holds a slot."""
     registry = app[REGISTRY]
     # The pool as configured now: its endpoints may have changed while the request waited.
-    route = replace(route, pool=registry.current(route.pool) or route.pool)
-    available = registry.available(route.pool)
+    pool = registry.current(route.pool) or route.pool
+    if pool is not route.pool:
+        route = replace(route, pool=pool)
+    available = registry.available(pool)
     loads = await app[TRACKER].loads(available)
     matched = app[PREFIX_INDEX].matched_blocks(blocks.hashes) if blocks.hashes else {}
-    views = [
-        EndpointView(
-            url,
-            loads[url].in_flight,
-            loads[url].prefill_tokens,
-            registry.fresh_metrics(url),
-            cached_prompt_tokens=blocks.cached_tokens(matched.get(url, 0), route.prefill_tokens),
-            session_key=session_key,
+    views = []
+    for url in available:
+        load = loads[url]
+        cached = blocks.cached_tokens(matched.get(url, 0), route.prefill_tokens)
+        # By position: keywords cost a frozen dataclass's __init__ more, once per endpoint.
+        engine = registry.fresh_metrics(url)
+        views.append(
+            EndpointView(
+                url, load.in_flight, load.prefill_tokens, engine, None, None, cached, session_key
+            )
         )
-        for url in available
-    ]
-    rates = {url: registry.prefill_rate(url) for url in available}
     elapsed_ms = (app[CLOCK]() - started) * 1000
     profile = app[PROFILE]
-    return make_plan(route, views, rates, profile, app[RNG], elapsed_ms)
+    return make_plan(route, views, registry.prefill_rates, profile, app[RNG], elapsed_ms)
 
 
 @dataclass(frozen=True)
