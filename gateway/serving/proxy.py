@@ -710,13 +710,15 @@ async def _relay_stream(
                 return client
             if not chunk:
                 break
-            first = first_token.feed(chunk)
-            read_at = clock()  # the engine's side of the token: its prefill rate is learned from it
+            # Only the chunks up to the first token are parsed for it; none after.
+            first = not first_token.seen and first_token.feed(chunk)
+            if first:
+                # The engine's side of the token: its prefill rate is learned from it.
+                read_at = clock()
             if rename:
                 chunk = rename.feed(chunk)  # whole lines: the first token's is among them
                 if not chunk:
                     continue
-            events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
             if not await writes.send(chunk):
                 # The client went away: closing the upstream response tells the engine.
                 upstream.close()
@@ -726,7 +728,7 @@ async def _relay_stream(
             if first:
                 await _note_first_token(exchange, lease, progress, sent, read_at, now)
                 last_event = now
-            elif events and last_event is not None:
+            elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
                 gap = now - last_event
                 gaps.observe(gap, within_slo(gap, slo.tbt_millis))
                 last_event = now
