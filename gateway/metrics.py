@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -39,36 +39,32 @@ class GatewayMetrics:
             ("pool", "lane", "status"),
             registry=self.registry,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "laneway_gateway_ttft_seconds",
             "Time from the request's arrival to its first streamed event carrying output "
             "(text, a tool call, reasoning or logprobs)",
             by_pool_lane,
             buckets=TTFT_BUCKETS,
-            registry=self.registry,
         )
         self.tbt = StreamGaps()
         self.registry.register(self.tbt)
-        self.e2e = Histogram(
+        self.e2e = LoopHistogram(
             "laneway_gateway_request_seconds",
             "Time from the request's arrival to its last byte",
             by_pool_lane,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.prompt_tokens = Histogram(
+        self.prompt_tokens = LoopHistogram(
             "laneway_gateway_prompt_tokens",
             "Prompt tokens of routed requests",
             ("lane",),
             buckets=TOKEN_BUCKETS,
-            registry=self.registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = LoopHistogram(
             "laneway_gateway_queue_wait_seconds",
             "Time a request waited in the gateway's line for a slot in its pool",
             by_pool_lane,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
         self.upstream_errors = Counter(
             "laneway_gateway_upstream_errors",
@@ -76,12 +72,11 @@ class GatewayMetrics:
             ("pool", "endpoint", "kind"),
             registry=self.registry,
         )
-        self.tokenize = Histogram(
+        self.tokenize = LoopHistogram(
             "laneway_gateway_tokenization_seconds",
             "Time to bound or count a request's prompt tokens, by method",
             ("method",),
             buckets=TOKENIZE_BUCKETS,
-            registry=self.registry,
         )
         self.engine_counts = Counter(
             "laneway_gateway_engine_counts",
@@ -98,6 +93,8 @@ class GatewayMetrics:
             ("pool", "lane", "met"),
             registry=self.registry,
         )
+        for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):
+            self.registry.register(histogram)
         self.registry.register(_PoolStateCollector(pools, demand, prefix_index))
         # `labels()` checks, formats and locks on every call (~2 us, six calls a request);
         # the request path looks its children up here instead, once per label set.
@@ -108,6 +105,49 @@ class GatewayMetrics:
         self.tokenize_of = functools.cache(self.tokenize.labels)
         self.ttft_of = functools.cache(self.ttft.labels)
         self.ttft_slo_of = functools.cache(self.ttft_slo.labels)
+
+
+@dataclass
+class BucketTally:
+    """One label set's observations: counts per histogram bucket, and their sum."""
+
+    bounds: tuple[float, ...]
+    buckets: list[int]
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        # bisect_left: a value on a bound counts in that bucket (`le`, as prometheus_client).
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class LoopHistogram(Collector):
+    """A histogram observed only on the event loop, exposed as prometheus_client's Histogram
+    exposes one (less its `_created` samples): plain counts, where prometheus_client's
+    `observe` takes a lock per bucket and per sum and walks the buckets in Python, several
+    times the cost on every request (its shares in docs/BENCHMARKS.md)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = list(labelnames)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._tallies: dict[tuple[str, ...], BucketTally] = {}
+
+    def labels(self, *values: str) -> BucketTally:
+        tally = self._tallies.get(values)
+        if tally is None:
+            tally = BucketTally(self._bounds, [0] * (len(self._bounds) + 1))
+            self._tallies[values] = tally
+        return tally
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for values, tally in self._tallies.items():
+            family.add_metric(list(values), _cumulative(self._bounds, tally.buckets), tally.total)
+        yield family
 
 
 @dataclass
@@ -155,15 +195,20 @@ class StreamGaps(Collector):
             labels=["pool", "lane", "met"],
         )
         for (pool, lane), tally in self._tallies.items():
-            cumulative, running = [], 0
-            for bound, count in zip((*TBT_BUCKETS, float("inf")), tally.buckets, strict=True):
-                running += count
-                cumulative.append((_bound_label(bound), float(running)))
-            gaps.add_metric([pool, lane], cumulative, tally.total_s)
+            gaps.add_metric([pool, lane], _cumulative(TBT_BUCKETS, tally.buckets), tally.total_s)
             slo.add_metric([pool, lane, "true"], tally.slo_met)
             slo.add_metric([pool, lane, "false"], tally.slo_missed)
         yield gaps
         yield slo
+
+
+def _cumulative(bounds: Sequence[float], buckets: Sequence[int]) -> list[tuple[str, float]]:
+    """Counts per bucket as a histogram exposes them: cumulative, each with its `le`."""
+    cumulative, running = [], 0
+    for bound, count in zip((*bounds, float("inf")), buckets, strict=True):
+        running += count
+        cumulative.append((_bound_label(bound), float(running)))
+    return cumulative
 
 
 def _bound_label(bound: float) -> str:
