@@ -71,10 +71,8 @@ def rank(
     total_weight = sum(s.weight for s in profile)
     totals = [0.0] * len(endpoints)
     for weighted in profile:
-        weight = weighted.weight
-        totals = [
-            t + weight * s for t, s in zip(totals, weighted.scorer.score(endpoints), strict=True)
-        ]
+        for index, score in enumerate(weighted.scorer.score(endpoints)):
+            totals[index] += weighted.weight * score
     scores = [t / total_weight for t in totals] if total_weight else [1.0] * len(endpoints)
     # Shuffle, then a stable sort: equal scores end up in random order. The positions are
     # shuffled, not the results, which draws the same numbers from `rng` at less cost.
