@@ -501,8 +501,8 @@ async def _plan(
     for url in available:
         load = loads[url]
         cached = blocks.cached_tokens(matched.get(url, 0), route.prefill_tokens)
-        # By position: keywords cost a frozen dataclass's __init__ more, once per endpoint.
         engine = registry.fresh_metrics(url)
+        # By position: keywords cost a frozen dataclass's __init__ more, once per endpoint.
         views.append(
             EndpointView(
                 url, load.in_flight, load.prefill_tokens, engine, None, None, cached, session_key
