@@ -27,8 +27,13 @@ from typing import Any
 
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
-from laneway.bench.scenario_flags import add_scenario_flags, scenario_options
-from laneway.outputs import write_json
+from laneway.bench.flags import (
+    add_scenario_flags,
+    add_value_flag,
+    parse_names,
+    scenario_options,
+    write_results,
+)
 from laneway.simulator.elastic import (
     COLD_START_S,
     DECISION_INTERVAL_S,
@@ -251,80 +256,50 @@ def register_bench_autoscale(bench: argparse._SubParsersAction[Any]) -> None:
         "operator's scaling decision, with replica cold starts. Prints GPU-hours, interactive "
         "SLO attainment and batch completion; --json and --plot save results.",
     )
-    parser.add_argument(
-        "--day-minutes",
-        type=float,
-        default=default.day_s / 60,
-        help=f"length of the compressed day (default {default.day_s / 60:g})",
+    add_value_flag(parser, "--day-minutes", default.day_s / 60, "length of the compressed day")
+    add_value_flag(parser, "--peak-rps", default.peak_rps, "chat requests per second at midday")
+    add_value_flag(parser, "--peak-to-trough", default.peak_to_trough, "peak over trough chat rate")
+    add_value_flag(parser, "--jobs", default.jobs, "batch jobs in working hours")
+    add_value_flag(
+        parser, "--documents-per-job", default.documents_per_job, "64k-token documents per job"
     )
-    parser.add_argument(
-        "--peak-rps",
-        type=float,
-        default=default.peak_rps,
-        help=f"chat requests per second at midday (default {default.peak_rps:g})",
-    )
-    parser.add_argument(
-        "--peak-to-trough",
-        type=float,
-        default=default.peak_to_trough,
-        help=f"peak over trough chat rate (default {default.peak_to_trough:g})",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=default.jobs,
-        help=f"batch jobs in working hours (default {default.jobs})",
-    )
-    parser.add_argument(
-        "--documents-per-job",
-        type=int,
-        default=default.documents_per_job,
-        help=f"64k-token documents per job (default {default.documents_per_job})",
-    )
-    parser.add_argument(
+    add_value_flag(
+        parser,
         "--batch-replicas",
-        type=int,
-        default=default.batch_replicas,
-        help=f"static batch pool size, the elastic maximum (default {default.batch_replicas})",
+        default.batch_replicas,
+        "static batch pool size, the elastic maximum",
     )
-    parser.add_argument(
+    add_value_flag(
+        parser,
         "--cold-start",
-        type=float,
-        default=default.cold_start_s,
-        help="seconds from adding a replica to its serving: model load, "
-        f"compile, CUDA graph capture (default {default.cold_start_s:g}, "
-        "vLLM with Llama-3-8B)",
+        default.cold_start_s,
+        "seconds from adding a replica to its serving: model load, compile, CUDA graph "
+        "capture; vLLM with Llama-3-8B",
     )
     add_scenario_flags(
         parser,
-        seed_default=default.seed,
-        shown_seed=default.seed,
+        seed=default.seed,
         plot_help="write replicas and demand over the day to this PNG",
     )
-    parser.add_argument(
+    add_value_flag(
+        parser,
         "--spike-factor",
-        type=float,
-        default=default.spike_factor,
-        help="multiply the chat rate by this during a sudden spike (default 1: no spike)",
+        default.spike_factor,
+        "multiply the chat rate by this during a sudden spike; 1: no spike",
     )
-    parser.add_argument(
+    add_value_flag(
+        parser,
         "--spike-at",
-        type=float,
-        default=default.spike_at,
-        help=f"when the spike starts, as a fraction of the day (default {default.spike_at:g})",
+        default.spike_at,
+        "when the spike starts, as a fraction of the day",
     )
-    parser.add_argument(
-        "--spike-minutes",
-        type=float,
-        default=default.spike_s / 60,
-        help=f"how long the spike lasts (default {default.spike_s / 60:g})",
-    )
-    parser.add_argument(
+    add_value_flag(parser, "--spike-minutes", default.spike_s / 60, "how long the spike lasts")
+    add_value_flag(
+        parser,
         "--headroom",
-        type=float,
-        default=default.headroom,
-        help="share of one replica's measured in-flight load kept free for growth during a "
-        f"cold start: the interactive target per replica (default {default.headroom:g})",
+        default.headroom,
+        "share of one replica's measured in-flight load kept free for growth during a cold "
+        "start: the interactive target per replica",
     )
     parser.add_argument(
         "--sweep",
@@ -372,8 +347,7 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
         problems.append("--sweep draws no plot: drop --plot")
     options = scenario_options(args, problems)
     if args.sweep:
-        only = [label.strip() for label in args.sweep_only.split(",") if label.strip()]
-        return _run_sweep(day, args.profile, only, options.json)
+        return _run_sweep(day, args.profile, parse_names(args.sweep_only), options.json)
     profile = options.profile
     sized = plan(day, profile)
     results: dict[str, ElasticResult] = {}
@@ -438,8 +412,7 @@ def run_bench_autoscale(args: argparse.Namespace) -> int:
             if "elastic" in results
             else {},
         }
-        write_json(args.json, document)
-        print(f"wrote {args.json}", file=sys.stderr)
+        write_results(args.json, document)
     if args.plot is not None:
         plot_day(results, day, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -478,8 +451,7 @@ def _run_sweep(base: DayScenario, profile: str, only: list[str], json_path: Path
     print()
     print(sweep_table(results))
     if json_path is not None:
-        write_json(json_path, {"profile": profile, "cells": sweep_json(results)})
-        print(f"wrote {json_path}", file=sys.stderr)
+        write_results(json_path, {"profile": profile, "cells": sweep_json(results)})
     return 0
 
 

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from laneway.bench.autoscale import register_bench_autoscale
 from laneway.bench.chaos_cli import register_bench_chaos
 from laneway.bench.counts_cli import register_bench_counts
+from laneway.bench.flags import (
+    add_json_flag,
+    add_level_flags,
+    add_value_flag,
+    parse_int_list,
+    run_and_report,
+    run_async,
+)
 from laneway.bench.prefix_cli import register_bench_prefix
 from laneway.bench.seed_cli import register_bench_seed
-
-T = TypeVar("T")
 
 
 def register(
@@ -43,7 +47,7 @@ def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
         "client, until Ctrl-C (with --duration 0: at once, without the workload).",
     )
     demo.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
-    demo.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    add_value_flag(demo, "--port", 8080, "gateway port")
     demo.add_argument(
         "--duration",
         type=float,
@@ -51,18 +55,16 @@ def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
         help="seconds during which chat sessions send turns (default 40); 0 with --serve: "
         "serve at once, without the workload",
     )
-    demo.add_argument("--sessions", type=int, default=16, help="chat sessions (default 16)")
-    demo.add_argument(
-        "--long-documents", type=int, default=4, help="32k-98k-token documents (default 4)"
-    )
-    demo.add_argument(
+    add_value_flag(demo, "--sessions", 16, "chat sessions")
+    add_value_flag(demo, "--long-documents", 4, "32k-98k-token documents")
+    add_value_flag(
+        demo,
         "--time-scale",
-        type=float,
-        default=1.0,
-        help="run the engines this many times faster than real time; latencies are "
-        "reported in simulated time (default 1.0)",
+        1.0,
+        "run the engines this many times faster than real time; latencies are reported in "
+        "simulated time",
     )
-    demo.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    add_value_flag(demo, "--seed", 0, "workload seed")
     demo.add_argument(
         "--serve", action="store_true", help="keep serving after the workload, until Ctrl-C"
     )
@@ -84,23 +86,15 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         "and report the added latency (P50/P99), requests/s and requests/s per gateway core; "
         "then time the routing of a 128k-token prompt, bounds-decided and exactly counted.",
     )
-    gateway.add_argument(
-        "--concurrency",
-        default="1,50,200,500",
-        help="comma-separated concurrent streams per level (default 1,50,200,500)",
+    add_level_flags(
+        gateway,
+        (1, 50, 200, 500),
+        "requests per level and path (default max(400, 8 x concurrency))",
     )
-    gateway.add_argument(
-        "--requests",
-        type=int,
-        help="requests per level and path (default: max(400, 8 x concurrency))",
-    )
-    gateway.add_argument("--prompt-tokens", type=int, default=200, help="(default 200)")
-    gateway.add_argument("--output-tokens", type=int, default=16, help="(default 16)")
-    gateway.add_argument(
-        "--classify-tokens",
-        type=int,
-        default=131_072,
-        help="length of the long prompt whose routing is timed (default 131072)",
+    add_value_flag(gateway, "--prompt-tokens", 200, "prompt tokens of each request")
+    add_value_flag(gateway, "--output-tokens", 16, "output tokens of each request")
+    add_value_flag(
+        gateway, "--classify-tokens", 131_072, "length of the long prompt whose routing is timed"
     )
     gateway.add_argument(
         "--own-core",
@@ -119,13 +113,8 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="virtual environment the peers are installed into on demand (default .peers)",
     )
-    gateway.add_argument(
-        "--clients",
-        type=int,
-        default=64,
-        help="with --against: concurrent clients (default 64)",
-    )
-    gateway.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    add_value_flag(gateway, "--clients", 64, "with --against: concurrent clients")
+    add_json_flag(gateway)
     gateway.set_defaults(handler=run_bench_gateway)
 
 
@@ -138,28 +127,20 @@ def register_bench_redis(bench: argparse._SubParsersAction[Any]) -> None:
         "differ only in --redis-url, and for the state operations alone. Starts a "
         "throwaway redis-server unless --redis-url is given.",
     )
-    redis.add_argument(
-        "--concurrency",
-        default="1,32,128",
-        help="comma-separated concurrency levels (default 1,32,128)",
+    add_level_flags(
+        redis,
+        (1, 32, 128),
+        "requests per level through each gateway (default max(300, 4 x concurrency))",
     )
-    redis.add_argument(
-        "--requests",
-        type=int,
-        help="requests per level through each gateway (default max(300, 4 x concurrency))",
-    )
-    redis.add_argument(
-        "--state-ops",
-        type=int,
-        default=3000,
-        help="requests' worth of state operations per level and backend (default 3000)",
+    add_value_flag(
+        redis, "--state-ops", 3000, "requests' worth of state operations per level and backend"
     )
     redis.add_argument(
         "--redis-url",
         help="use this Redis (its current database is flushed) instead of starting one",
     )
-    redis.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
-    redis.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    add_value_flag(redis, "--seed", 0, "prompt seed")
+    add_json_flag(redis)
     redis.set_defaults(handler=run_bench_redis)
 
 
@@ -173,13 +154,9 @@ def register_bench_hostile(bench: argparse._SubParsersAction[Any]) -> None:
         "integers), all shapes together and each alone; report the probe's latency per "
         "phase against the quiet one.",
     )
-    hostile.add_argument(
-        "--seconds", type=float, default=5.0, help="length of each phase (default 5)"
-    )
-    hostile.add_argument(
-        "--senders", type=int, default=3, help="concurrent hostile senders (default 3)"
-    )
-    hostile.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    add_value_flag(hostile, "--seconds", 5.0, "length of each phase")
+    add_value_flag(hostile, "--senders", 3, "concurrent hostile senders")
+    add_json_flag(hostile)
     hostile.set_defaults(handler=run_bench_hostile)
 
 
@@ -192,57 +169,6 @@ def run_bench_hostile(args: argparse.Namespace) -> int:
     return run_and_report(
         lambda command: run_bench(args.seconds, args.senders, command), render, args.json
     )
-
-
-class Report(Protocol):
-    def to_json(self) -> Any: ...
-
-
-R = TypeVar("R", bound=Report)
-
-
-def run_and_report(
-    run: Callable[[str], Coroutine[Any, Any, R]],
-    render: Callable[[R], Iterable[str]],
-    json_path: str | None,
-) -> int:
-    """Check --json's folder, run the benchmark (told its own command line, which its
-    report records), print the report's table and write its JSON if asked."""
-    import shlex
-    import sys
-
-    from laneway.outputs import check_output_folder, write_json
-
-    check_output_folder(json_path, "--json")
-    report = run_async(run("laneway " + shlex.join(sys.argv[1:])))
-    print("\n".join(render(report)))
-    if json_path:
-        write_json(json_path, report.to_json())
-    return 0
-
-
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run(main), where SIGTERM (a container stopping, say) acts as Ctrl-C does.
-
-    Like asyncio's own Ctrl-C handling, it cancels the main task, so every `finally` and
-    context manager (the children's shutdown above all) runs; then KeyboardInterrupt.
-    """
-    import asyncio
-
-    async def cancelled_by_sigterm() -> T:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        try:
-            return await main
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
-
-    try:
-        return asyncio.run(cancelled_by_sigterm())
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -271,18 +197,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench_gateway(args: argparse.Namespace) -> int:
-    from laneway.bench.gateway import (
-        BenchOptions,
-        check_options,
-        parse_concurrency,
-        render,
-        run_bench,
-    )
+    from laneway.bench.gateway import BenchOptions, check_options, render, run_bench
 
     if args.against:
         return run_bench_against(args)
     options = BenchOptions(
-        concurrency=parse_concurrency(args.concurrency),
+        concurrency=parse_int_list(args.concurrency, "--concurrency"),
         requests=args.requests,
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
@@ -316,12 +236,11 @@ def run_bench_against(args: argparse.Namespace) -> int:
 
 
 def run_bench_redis(args: argparse.Namespace) -> int:
-    from laneway.bench.gateway import parse_concurrency
     from laneway.bench.redis import BenchOptions, check_options, render, run_bench
     from laneway.gateway.state.redis_store import redis_settings
 
     options = BenchOptions(
-        concurrency=parse_concurrency(args.concurrency),
+        concurrency=parse_int_list(args.concurrency, "--concurrency"),
         requests=args.requests,
         state_ops=args.state_ops,
         redis_url=args.redis_url,

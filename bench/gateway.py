@@ -22,7 +22,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,9 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
+from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import (
     Distribution,
     PromptFactory,
@@ -93,14 +93,6 @@ def check_options(options: BenchOptions) -> None:
         )
 
 
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
-    return levels
-
-
 # -- results (pure) -------------------------------------------------------------------------
 
 
@@ -114,6 +106,91 @@ class PhaseCpu:
 
 
 @dataclass(frozen=True)
+class OwnTime:
+    """One stage of the gateway's own time, as its `laneway_gateway_overhead_seconds`
+    histogram counted it during a phase; percentiles estimated from the buckets as
+    Prometheus' `histogram_quantile` does."""
+
+    stage: str  # request, chunk or stream (gateway/metrics.py says what each covers)
+    count: int
+    p50_s: float
+    p99_s: float
+    within_goal: float  # the share at or under OWN_TIME_GOAL_S, exact (it is a bucket edge)
+
+
+OVERHEAD_METRIC = "laneway_gateway_overhead_seconds"
+OWN_TIME_GOAL_S = 0.002  # issue 13: unqueued added latency P99 <= 2 ms
+# Cumulative bucket counts by upper bound (`le`), as /metrics gives them, per stage.
+Buckets = dict[str, dict[float, float]]
+
+
+def overhead_buckets(metrics_text: str) -> Buckets:
+    """The gateway's own-time histogram from its /metrics text: stage -> le -> count."""
+    buckets: Buckets = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != OVERHEAD_METRIC:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{OVERHEAD_METRIC}_bucket":
+                stage = buckets.setdefault(sample.labels["stage"], {})
+                stage[float(sample.labels["le"])] = sample.value
+    return buckets
+
+
+def bucket_quantile(q: float, cumulative: Mapping[float, float]) -> float:
+    """The q-quantile (0-1) of a histogram, linear within the bucket it falls in, as
+    Prometheus' `histogram_quantile`: the highest finite edge if it falls past them all."""
+    edges = sorted(cumulative)
+    rank = q * cumulative[edges[-1]]
+    lower, below = 0.0, 0.0
+    for edge in edges:
+        count = cumulative[edge]
+        if count >= rank:
+            if edge == float("inf"):
+                return lower
+            return lower + (edge - lower) * (
+                (rank - below) / (count - below) if count > below else 1.0
+            )
+        lower, below = edge, count
+    return lower
+
+
+def own_time(stage: str, cumulative: Mapping[float, float]) -> OwnTime | None:
+    """Percentiles of one stage's counts; None where it counted nothing."""
+    count = cumulative.get(float("inf"), 0.0)
+    if count <= 0:
+        return None
+    return OwnTime(
+        stage=stage,
+        count=round(count),
+        p50_s=bucket_quantile(0.5, cumulative),
+        p99_s=bucket_quantile(0.99, cumulative),
+        within_goal=cumulative.get(OWN_TIME_GOAL_S, 0.0) / count,
+    )
+
+
+def buckets_between(before: Buckets, after: Buckets) -> Buckets:
+    """What was counted between two reads of the histogram."""
+    return {
+        stage: {edge: count - before.get(stage, {}).get(edge, 0.0) for edge, count in edges.items()}
+        for stage, edges in after.items()
+    }
+
+
+def add_buckets(total: Buckets, more: Buckets) -> Buckets:
+    return {
+        stage: {
+            edge: total.get(stage, {}).get(edge, 0.0) + more.get(stage, {}).get(edge, 0.0)
+            for edge in {*total.get(stage, {}), *more.get(stage, {})}
+        }
+        for stage in {*total, *more}
+    }
+
+
+OWN_STAGES = ("stream", "request", "chunk")
+
+
+@dataclass(frozen=True)
 class PathResult:
     """One path (direct or through the gateway) at one concurrency."""
 
@@ -123,6 +200,11 @@ class PathResult:
     ttft: Distribution | None
     wall_s: float
     cpu: PhaseCpu
+    # The gateway's own time by stage, as it measured it (the gateway path only).
+    own: tuple[OwnTime, ...] = ()
+
+    def own_stage(self, stage: str) -> OwnTime | None:
+        return next((own for own in self.own if own.stage == stage), None)
 
     @property
     def requests_per_s(self) -> float:
@@ -133,8 +215,11 @@ class PathResult:
         return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def path_result(results: Sequence[StreamResult], wall_s: float, cpu: PhaseCpu) -> PathResult:
+def path_result(
+    results: Sequence[StreamResult], wall_s: float, cpu: PhaseCpu, own: Buckets | None = None
+) -> PathResult:
     ok = [r for r in results if r.status == 200 and r.error is None]
+    stages = (own_time(stage, (own or {}).get(stage, {})) for stage in OWN_STAGES)
     return PathResult(
         requests=len(results),
         errors=len(results) - len(ok),
@@ -142,6 +227,7 @@ def path_result(results: Sequence[StreamResult], wall_s: float, cpu: PhaseCpu) -
         ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
         wall_s=wall_s,
         cpu=cpu,
+        own=tuple(stage for stage in stages if stage is not None),
     )
 
 
@@ -264,6 +350,8 @@ def render(report: BenchReport) -> list[str]:
         f"load average {report.load_average:.2f} at the start; {report.placement})",
         *format_table(header, rows),
         "",
+        *render_own_time(report.levels),
+        "",
         f"routing a {classify.prompt_tokens:,}-token prompt ({classify.prompt_bytes:,} bytes "
         f"of JSON body) in ms, {classify.repeats} times; stages are medians:",
         *format_table(
@@ -296,6 +384,37 @@ def render(report: BenchReport) -> list[str]:
     return lines
 
 
+def render_own_time(levels: Sequence[LevelResult]) -> list[str]:
+    """The gateway's own measure of its part, beside the client's difference of two paths."""
+    header = (
+        "concurrency", "stream p50", "stream p99", "request p50", "request p99",
+        "chunk p50", "chunk p99", f"streams <= {OWN_TIME_GOAL_S * 1000:g} ms",
+    )  # fmt: skip
+    rows = []
+    for level in levels:
+        stream, request, chunk = (level.gateway.own_stage(stage) for stage in OWN_STAGES)
+        rows.append(
+            (
+                str(level.concurrency),
+                *(
+                    _ms(getattr(stage, field) if stage else None)
+                    for stage in (stream, request, chunk)
+                    for field in ("p50_s", "p99_s")
+                ),
+                "-" if stream is None else f"{stream.within_goal:.1%}",
+            )
+        )
+    return [
+        "the gateway's own time per request in ms, as it measured it "
+        f"({OVERHEAD_METRIC} on its /metrics, read before and after each round; percentiles "
+        "from the buckets as Prometheus' histogram_quantile gives them). request: arrival to "
+        "the engine; chunk: each relayed chunk, read to written; stream: request + the chunk "
+        "with [DONE]. The client-side 'added' above is what a user measures, the difference of two "
+        "paths, which the processes sharing a core also move; this is the gateway's part alone:",
+        *format_table(header, rows),
+    ]
+
+
 # -- configuration ------------------------------------------------------------------------
 
 
@@ -326,10 +445,15 @@ def pool_documents(
     ]
 
 
-def gateway_config(endpoint: str) -> list[dict[str, Any]]:
+def gateway_config(endpoints: Sequence[str]) -> list[dict[str, Any]]:
+    """A bench gateway's documents: both pools on every one of `endpoints`, and a queue no
+    level of concurrency fills or outwaits."""
     queue = {"maxWaiting": 100_000, "timeoutMillis": 120_000}
     settings = {"apiVersion": API_VERSION, "kind": "GatewayConfig", "spec": {"queue": queue}}
-    return [settings, *pool_documents(endpoint, 8192 * 16)]
+    pools = pool_documents(endpoints[0], 8192 * 16)
+    for pool in pools:
+        pool["status"]["endpoints"] = list(endpoints)
+    return [settings, *pools]
 
 
 # -- classification (in this process) ---------------------------------------------------------
@@ -499,10 +623,11 @@ class _Phase:
     client_s: float = 0.0
     engine_s: float = 0.0
     gateway_s: float = 0.0
+    own: Buckets = dataclasses.field(default_factory=dict)
 
     def result(self) -> PathResult:
         cpu = PhaseCpu(self.client_s, self.engine_s, self.gateway_s)
-        return path_result(self.results, self.wall_s, cpu)
+        return path_result(self.results, self.wall_s, cpu, self.own)
 
 
 async def measured_round(
@@ -514,7 +639,11 @@ async def measured_round(
     children: Mapping[str, ChildProcess],
     phase: _Phase,
 ) -> None:
-    """One closed-loop round, adding its wall time and each process's CPU time to `phase`."""
+    """One closed-loop round, adding its wall time, each process's CPU time and the gateway's
+    own measure of its time to `phase`. The gateway's /metrics is read outside the timed
+    part, so that reading it costs no round anything."""
+    gateway = children.get("gateway")
+    own_before = await read_own_time(session, gateway) if gateway else {}
     before = {name: child.cpu_seconds() for name, child in children.items()}
     client_before, begun = time.process_time(), time.perf_counter()
     phase.results += await closed_loop(session, url, body, concurrency, requests)
@@ -523,6 +652,15 @@ async def measured_round(
     used = {name: child.cpu_seconds() - before[name] for name, child in children.items()}
     phase.engine_s += used["engine"]
     phase.gateway_s += used.get("gateway", 0.0)
+    if gateway:
+        own_after = await read_own_time(session, gateway)
+        phase.own = add_buckets(phase.own, buckets_between(own_before, own_after))
+
+
+async def read_own_time(session: aiohttp.ClientSession, gateway: ChildProcess) -> Buckets:
+    async with session.get(f"{gateway.url}/metrics") as response:
+        response.raise_for_status()
+        return overhead_buckets(await response.text())
 
 
 async def measure_levels(
@@ -580,21 +718,12 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         await time_classification(options, time.perf_counter),
         loop_stalls=await count_stalls(options),
     )
-    with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
-        async with Children() as children:
-            progress("starting a zero-service-time engine and the gateway")
-            engine = await children.start_laneway_async(
-                "sim",
-                ENGINE_ARGS,
-                name="engine",
-            )
-            config = Path(workdir) / "gateway.yaml"
-            config.write_text(yaml.safe_dump_all(gateway_config(engine.url), sort_keys=False))
-            gateway = await children.start_laneway_async(
-                "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
-            )
-            placement = place(options, engine, gateway)
-            levels = await children.watch(measure_levels(options, engine, gateway))
+    async with Children() as children:
+        progress("starting a zero-service-time engine and the gateway")
+        engine = await children.start_laneway_async("sim", ENGINE_ARGS, name="engine")
+        gateway = await start_gateway(children, gateway_config([engine.url]))
+        placement = place(options, engine, gateway)
+        levels = await children.watch(measure_levels(options, engine, gateway))
     return BenchReport(
         machine=machine_description(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

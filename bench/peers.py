@@ -21,7 +21,6 @@ import random
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,17 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from laneway.bench.gateway import (
     ENGINE_ARGS,
     MODEL,
+    gateway_config,
     in_closed_loop,
     machine_description,
     pin,
-    pool_documents,
     progress,
 )
+from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import Distribution, PromptFactory, stream_request
 from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError
@@ -349,54 +348,39 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
     versions = await asyncio.to_thread(ensure_peers, options.venv, options.peers)
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu, other_cpus = cpus[-1], cpus[:-1]
-    with tempfile.TemporaryDirectory(prefix="laneway-bench-") as workdir:
-        async with Children() as children:
-            progress(f"starting {options.engines} zero-service-time engines")
-            engines = [
-                await children.start_laneway_async("sim", ENGINE_ARGS, name=f"engine {i}")
-                for i in range(options.engines)
-            ]
-            urls = [engine.url for engine in engines]
-            for pid in (*(engine.pid for engine in engines), os.getpid()):
-                pin(pid, other_cpus)
-            documents = pool_documents(urls[0], 8192 * 16)
-            for document in documents:
-                document["status"]["endpoints"] = urls
-            queue = {"maxWaiting": 100_000, "timeoutMillis": 120_000}
-            config = Path(workdir) / "gateway.yaml"
-            config.write_text(
-                yaml.safe_dump_all(
-                    [{"apiVersion": documents[0]["apiVersion"], "kind": "GatewayConfig",
-                      "spec": {"queue": queue}}, *documents],
-                    sort_keys=False,
-                )
-            )  # fmt: skip
-            progress("starting the laneway gateway and the peers, each pinned to one CPU")
-            gateway = await children.start_laneway_async(
-                "gateway", ["--config", str(config), "--host", "127.0.0.1", "--port", "0"]
+    async with Children() as children:
+        progress(f"starting {options.engines} zero-service-time engines")
+        engines = [
+            await children.start_laneway_async("sim", ENGINE_ARGS, name=f"engine {i}")
+            for i in range(options.engines)
+        ]
+        urls = [engine.url for engine in engines]
+        for pid in (*(engine.pid for engine in engines), os.getpid()):
+            pin(pid, other_cpus)
+        progress("starting the laneway gateway and the peers, each pinned to one CPU")
+        gateway = await start_gateway(children, gateway_config(urls))
+        pin(gateway.pid, [router_cpu])
+        peers = {
+            peer: await asyncio.to_thread(
+                start_peer, children, options.venv, peer, urls, router_cpu
             )
-            pin(gateway.pid, [router_cpu])
-            peers = {
-                peer: await asyncio.to_thread(
-                    start_peer, children, options.venv, peer, urls, router_cpu
-                )
-                for peer in options.peers
-            }
-            probe = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                     "max_tokens": 1}  # fmt: skip
-            async with aiohttp.ClientSession() as session:
-                for child in peers.values():
-                    await wait_serving(session, child.url, probe)
-            cycle = itertools.cycle(urls)
-            path = "/v1/chat/completions"
-            targets: dict[str, Target] = {
-                DIRECT: (lambda: next(cycle) + path, None),
-                **{
-                    name: (_fixed(child.url + path), child)
-                    for name, child in {LANEWAY: gateway, **peers}.items()
-                },
-            }
-            runs = await children.watch(measure(options, targets))
+            for peer in options.peers
+        }
+        probe = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                 "max_tokens": 1}  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            for child in peers.values():
+                await wait_serving(session, child.url, probe)
+        cycle = itertools.cycle(urls)
+        path = "/v1/chat/completions"
+        targets: dict[str, Target] = {
+            DIRECT: (lambda: next(cycle) + path, None),
+            **{
+                name: (_fixed(child.url + path), child)
+                for name, child in {LANEWAY: gateway, **peers}.items()
+            },
+        }
+        runs = await children.watch(measure(options, targets))
     return AgainstReport(
         machine=machine_description(),
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -10,13 +10,14 @@ import time
 import tracemalloc
 from typing import TYPE_CHECKING, Any
 
-from laneway.bench.scenario_flags import (
+from laneway.bench.flags import (
     LiveFlags,
     ScenarioOptions,
     add_scenario_flags,
+    add_value_flag,
     scenario_options,
+    write_results,
 )
-from laneway.outputs import write_json
 from laneway.stats import percentile
 from laneway.tables import format_table
 
@@ -52,45 +53,32 @@ def register_bench_prefix(bench: argparse._SubParsersAction[Any]) -> None:
         "gateway configured with each picker. Then the prefix index's memory for 100,000 "
         "sessions and its CPU per 4k-token request.",
     )
-    prefix.add_argument(
-        "--duration",
-        type=float,
-        default=full.duration_s,
-        help=f"seconds of sessions (model time) (default {full.duration_s:g})",
-    )
-    prefix.add_argument(
-        "--chat-sessions", type=int, default=full.chat_sessions, help="closed-loop chat sessions"
-    )
-    prefix.add_argument(
+    add_value_flag(prefix, "--duration", full.duration_s, "seconds of sessions (model time)")
+    add_value_flag(prefix, "--chat-sessions", full.chat_sessions, "closed-loop chat sessions")
+    add_value_flag(
+        prefix,
         "--document-sessions",
-        type=int,
-        default=full.document_sessions,
-        help="closed-loop document sessions (batch lane)",
+        full.document_sessions,
+        "closed-loop document sessions (batch lane)",
     )
-    prefix.add_argument(
-        "--document-tokens",
-        type=int,
-        default=full.document_tokens,
-        help="prompt tokens of each shared document",
+    add_value_flag(
+        prefix, "--document-tokens", full.document_tokens, "prompt tokens of each shared document"
     )
-    prefix.add_argument(
+    add_value_flag(
+        prefix,
         "--interactive-replicas",
-        type=int,
-        default=full.interactive_replicas,
-        help="replicas (GPUs) of the chat pool",
+        full.interactive_replicas,
+        "replicas (GPUs) of the chat pool",
     )
-    prefix.add_argument(
-        "--batch-replicas",
-        type=int,
-        default=full.batch_replicas,
-        help="replicas (GPUs) of the document pool",
+    add_value_flag(
+        prefix, "--batch-replicas", full.batch_replicas, "replicas (GPUs) of the document pool"
     )
     live = LiveFlags(
         f"live mode: engines run this many times faster than real time "
         f"(default {LIVE_TIME_SCALE:g})",
         mode_help="virtual (default): discrete-event simulation; live: real processes over HTTP",
     )
-    add_scenario_flags(prefix, seed_default=full.seed, shown_seed=full.seed, live=live)
+    add_scenario_flags(prefix, seed=full.seed, live=live)
     prefix.set_defaults(handler=run_bench_prefix)
 
 
@@ -179,8 +167,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
         )
         output["index"] = index
     if args.json is not None:
-        write_json(args.json, output)
-        print(f"wrote {args.json}", file=sys.stderr)
+        write_results(args.json, output)
     return 0
 
 

@@ -270,7 +270,7 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
             async with Children() as children:
                 progress("starting a zero-service-time engine and two gateways")
                 engine = await children.start_laneway_async("sim", ENGINE_ARGS, name="engine")
-                documents = gateway_config(engine.url)
+                documents = gateway_config([engine.url])
                 tenants = Path(workdir) / "tenants.yaml"
                 tenants.write_text(yaml.safe_dump(tenants_document()))
                 common = [*LOOPBACK_ANY_PORT, "--tenants", str(tenants)]

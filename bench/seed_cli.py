@@ -10,9 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laneway.bench.scenario_flags import LiveFlags, add_scenario_flags, scenario_options
+from laneway.bench.flags import (
+    LiveFlags,
+    add_scenario_flags,
+    add_value_flag,
+    overridden,
+    parse_names,
+    scenario_options,
+    write_results,
+)
 from laneway.errors import UsageError
-from laneway.outputs import write_json
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
 
@@ -45,23 +52,17 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         f"{QUICK.long_requests} x {QUICK.long_tokens} tokens, {QUICK.duration_s:g} s, "
         f"time scale {QUICK_TIME_SCALE:g}",
     )
-    seed.add_argument("--gpus", type=int, help=f"GPUs, one replica each (default {full.gpus})")
-    seed.add_argument(
-        "--sessions", type=int, help=f"closed-loop interactive sessions (default {full.sessions})"
+    add_value_flag(seed, "--gpus", full.gpus, "GPUs, one replica each", preset=True)
+    add_value_flag(
+        seed, "--sessions", full.sessions, "closed-loop interactive sessions", preset=True
     )
-    seed.add_argument(
-        "--long-requests",
-        type=int,
-        help=f"long requests in the burst (default {full.long_requests})",
+    add_value_flag(
+        seed, "--long-requests", full.long_requests, "long requests in the burst", preset=True
     )
-    seed.add_argument(
-        "--long-tokens",
-        type=int,
-        help=f"prompt tokens of each long request (default {full.long_tokens})",
+    add_value_flag(
+        seed, "--long-tokens", full.long_tokens, "prompt tokens of each long request", preset=True
     )
-    seed.add_argument(
-        "--duration", type=float, help=f"seconds sessions start turns (default {full.duration_s:g})"
-    )
+    add_value_flag(seed, "--duration", full.duration_s, "seconds sessions start turns", preset=True)
     seed.add_argument(
         "--configs",
         default=",".join(CONFIG_NAMES),
@@ -87,8 +88,8 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
     )
     add_scenario_flags(
         seed,
-        seed_default=None,
-        shown_seed=full.seed,
+        seed=full.seed,
+        seed_preset=True,
         live=live,
         plot_help="write a PNG of TBT/TTFT over time",
     )
@@ -96,16 +97,17 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def scenario_from(args: argparse.Namespace) -> SeedScenario:
-    base = QUICK if args.quick else SeedScenario()
-    overrides = {
-        "seed": args.seed,
-        "gpus": args.gpus,
-        "sessions": args.sessions,
-        "long_requests": args.long_requests,
-        "long_tokens": args.long_tokens,
-        "duration_s": args.duration,
-    }
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    return overridden(
+        QUICK if args.quick else SeedScenario(),
+        {
+            "seed": args.seed,
+            "gpus": args.gpus,
+            "sessions": args.sessions,
+            "long_requests": args.long_requests,
+            "long_tokens": args.long_tokens,
+            "duration_s": args.duration,
+        },
+    )
 
 
 class _Progress:
@@ -144,7 +146,7 @@ def run_seed(args: argparse.Namespace) -> int:
         problems.append("--sweep draws no plot: drop --plot")
     if args.sweep and args.picking != "seed":
         problems.append("--sweep runs the seed's picking only: drop --picking")
-    wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
+    wanted = parse_names(args.configs)
     unknown = sorted(set(wanted) - set(CONFIG_NAMES))
     if unknown or not wanted:
         problems.append(
@@ -187,9 +189,7 @@ def run_seed(args: argparse.Namespace) -> int:
     if args.json is not None:
         from laneway.bench.seed_report import seed_json
 
-        document = seed_json(scenario, profile.name, summaries, wall_s)
-        write_json(args.json, document)
-        print(f"\nwrote {args.json}", file=sys.stderr)
+        write_results(args.json, seed_json(scenario, profile.name, summaries, wall_s))
     if args.plot is not None:
         from laneway.bench.seed_plot import plot_seed
 
@@ -237,6 +237,5 @@ def _run_sweep(
             "wall_s": round(wall_s, 2),
             "cells": sweep_json(done),
         }
-        write_json(json_path, document)
-        print(f"\nwrote {json_path}", file=sys.stderr)
+        write_results(json_path, document)
     return 0

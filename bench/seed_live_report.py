@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from laneway.api import SLOSpec
+from laneway.bench.flags import write_results
 from laneway.bench.loadgen import INTERACTIVE
 from laneway.bench.seed_live import LiveRun, run_live_config, stderr_say
 from laneway.bench.seed_report import (
@@ -25,7 +26,6 @@ from laneway.bench.seed_report import (
     summarize,
 )
 from laneway.bench.ttft_check import TtftAgreement, agreement, agreement_table
-from laneway.outputs import write_json
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import ClusterConfig, SeedScenario
 from laneway.simulator.seed_experiment import RunResult
@@ -146,8 +146,7 @@ def run_live_mode(
         document["difference_pct"] = {
             v.name: _differences(v, lv) for v, lv in zip(virtual, live, strict=True)
         }
-        write_json(args.json, document)
-        print(f"\nwrote {args.json}", file=sys.stderr)
+        write_results(args.json, document)
     if args.plot is not None:
         from laneway.bench.seed_plot import plot_seed
 

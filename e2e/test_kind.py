@@ -29,6 +29,7 @@ from typing import Any
 import openai
 import pytest
 import yaml
+from kube_laneway import check_long_request_streams_to_batch, lane_pool, public_model
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,15 +197,6 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key(), max_retries=0, timeout=120)
 
 
-def pool_named(pools: list[Manifest], lane: str) -> Manifest:
-    return next(p for p in pools if p["spec"]["lane"] == lane)
-
-
-def model_of(pool: Manifest) -> str:
-    name: str = pool["spec"].get("servedModelName", pool["spec"]["model"])
-    return name
-
-
 @pytest.mark.kind
 def test_example_pools_report_ready_status(pools: list[Manifest]) -> None:
     for pool in pools:
@@ -220,9 +212,9 @@ def test_example_pools_report_ready_status(pools: list[Manifest]) -> None:
 
 @pytest.mark.kind
 def test_short_request_takes_the_interactive_lane(pools: list[Manifest], gateway_url: str) -> None:
-    interactive = pool_named(pools, "interactive")
+    interactive = lane_pool(pools, "interactive")
     raw = client(gateway_url).chat.completions.with_raw_response.create(
-        model=model_of(interactive),
+        model=public_model(interactive),
         messages=[{"role": "user", "content": "Where is my order?"}],
         max_tokens=8,
     )
@@ -239,20 +231,7 @@ def test_short_request_takes_the_interactive_lane(pools: list[Manifest], gateway
 def test_long_request_takes_the_batch_lane_and_streams(
     pools: list[Manifest], gateway_url: str
 ) -> None:
-    batch = pool_named(pools, "batch")
-    interactive_cap = pool_named(pools, "interactive")["spec"]["routing"]["maxPromptTokens"]
-    document = "The contract clause reads as follows. " * (interactive_cap // 4)
-    with client(gateway_url).chat.completions.with_streaming_response.create(
-        model=model_of(batch),
-        messages=[{"role": "user", "content": f"Summarize:\n{document}"}],
-        max_tokens=16,
-        stream=True,
-    ) as response:
-        assert response.headers["x-laneway-lane"] == "batch"
-        assert response.headers["x-laneway-pool"] == batch["metadata"]["name"]
-        assert int(response.headers["x-laneway-prompt-tokens"]) > interactive_cap
-        chunks = list(response.parse())
-    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    check_long_request_streams_to_batch(client(gateway_url), pools)
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -273,10 +252,10 @@ def test_gateway_metrics_count_requests_per_lane(
         urllib.request.urlopen(f"{gateway_url}/metrics", timeout=10)
     assert on_api_port.value.code == 404  # served on the metrics port only
     on_api_port.value.close()
-    interactive = pool_named(pools, "interactive")
+    interactive = lane_pool(pools, "interactive")
     for _ in range(3):
         client(gateway_url).chat.completions.create(
-            model=model_of(interactive),
+            model=public_model(interactive),
             messages=[{"role": "user", "content": "hello"}],
             max_tokens=4,
         )

@@ -140,7 +140,8 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         sock_read=limits.read_timeout_millis / 1000,
     )
     app[UPSTREAM] = upstream = UpstreamPool(
-        UpstreamLimits(limits.connect_timeout_millis / 1000, limits.read_timeout_millis / 1000)
+        UpstreamLimits(limits.connect_timeout_millis / 1000, limits.read_timeout_millis / 1000),
+        app[CLOCK],
     )
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session

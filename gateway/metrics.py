@@ -25,6 +25,10 @@ TTFT_BUCKETS = (0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.0
 TBT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
 TOKEN_BUCKETS = tuple(float(2**n) for n in range(6, 18))  # 64 .. 131072
 TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+# Fine below a few milliseconds, where the gateway's own time lives; 2 ms (issue 13's goal
+# for a stream's added P99) is an edge, so the share within it is exact.
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003,
+                    0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5, 10)  # fmt: skip
 
 
 class GatewayMetrics:
@@ -93,6 +97,8 @@ class GatewayMetrics:
             ("pool", "lane", "met"),
             registry=self.registry,
         )
+        self.overhead = GatewayOverhead()
+        self.registry.register(self.overhead)
         for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):
             self.registry.register(histogram)
         self.registry.register(_PoolStateCollector(pools, demand, prefix_index))
@@ -105,49 +111,6 @@ class GatewayMetrics:
         self.tokenize_of = functools.cache(self.tokenize.labels)
         self.ttft_of = functools.cache(self.ttft.labels)
         self.ttft_slo_of = functools.cache(self.ttft_slo.labels)
-
-
-@dataclass
-class BucketTally:
-    """One label set's observations: counts per histogram bucket, and their sum."""
-
-    bounds: tuple[float, ...]
-    buckets: list[int]
-    total: float = 0.0
-
-    def observe(self, value: float) -> None:
-        # bisect_left: a value on a bound counts in that bucket (`le`, as prometheus_client).
-        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-
-class LoopHistogram(Collector):
-    """A histogram observed only on the event loop, exposed as prometheus_client's Histogram
-    exposes one (less its `_created` samples): plain counts, where prometheus_client's
-    `observe` takes a lock per bucket and per sum and walks the buckets in Python, several
-    times the cost on every request (its shares in docs/BENCHMARKS.md)."""
-
-    def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
-    ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._labelnames = list(labelnames)
-        self._bounds = tuple(float(b) for b in buckets)
-        self._tallies: dict[tuple[str, ...], BucketTally] = {}
-
-    def labels(self, *values: str) -> BucketTally:
-        tally = self._tallies.get(values)
-        if tally is None:
-            tally = BucketTally(self._bounds, [0] * (len(self._bounds) + 1))
-            self._tallies[values] = tally
-        return tally
-
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        for values, tally in self._tallies.items():
-            family.add_metric(list(values), _cumulative(self._bounds, tally.buckets), tally.total)
-        yield family
 
 
 @dataclass
@@ -202,10 +165,93 @@ class StreamGaps(Collector):
         yield slo
 
 
-def _cumulative(bounds: Sequence[float], buckets: Sequence[int]) -> list[tuple[str, float]]:
-    """Counts per bucket as a histogram exposes them: cumulative, each with its `le`."""
+@dataclass
+class Tally:
+    """Histogram buckets and a sum, counted on the event loop (as `GapTally`, without SLO)."""
+
+    bounds: tuple[float, ...]
+    buckets: list[int] = field(init=False)
+    total_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.buckets = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total_s += seconds
+
+
+class LoopHistogram(Collector):
+    """A histogram observed only on the event loop, exposed as prometheus_client's Histogram
+    exposes one (less its `_created` samples): plain counts (`Tally`), where
+    prometheus_client's `observe` takes a lock per bucket and per sum and walks the buckets in
+    Python, several times the cost on every request (its shares in docs/BENCHMARKS.md)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = list(labelnames)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._tallies: dict[tuple[str, ...], Tally] = {}
+
+    def labels(self, *values: str) -> Tally:
+        tally = self._tallies.get(values)
+        if tally is None:
+            tally = self._tallies[values] = Tally(self._bounds)
+        return tally
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for values, tally in self._tallies.items():
+            family.add_metric(list(values), _cumulative(self._bounds, tally.buckets), tally.total_s)
+        yield family
+
+
+class GatewayOverhead(Collector):
+    """The gateway's own time on the path of a request, as it measures it
+    (`laneway_gateway_overhead_seconds`), by stage:
+
+    - `request`: from the request's arrival to its bytes written to the engine, less its wait
+      in the pool's line (`laneway_gateway_queue_wait_seconds`): reading, counting, routing,
+      planning, and a failed first attempt where there was one;
+    - `chunk`: each relayed chunk of a stream, from its bytes read from the engine to their
+      write to the client, including any wait for the event loop (and a client that stops
+      reading, once its buffers are full: it holds its own chunks);
+    - `stream`: each stream that reached its `data: [DONE]`, its `request` plus the relay of
+      the chunk that carried it: what the gateway added to the moment the client had the
+      whole answer.
+
+    Not in any stage: a wait for the loop before a request's first bytes are read, which
+    the client's clock sees and the gateway's cannot."""
+
+    def __init__(self) -> None:
+        self.request = Tally(OVERHEAD_BUCKETS)
+        self.chunk = Tally(OVERHEAD_BUCKETS)
+        self.stream = Tally(OVERHEAD_BUCKETS)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "laneway_gateway_overhead_seconds",
+            "The gateway's own time on a request's path, by stage: request (arrival to the "
+            "engine, less the wait in line), chunk (each relayed chunk, read to written), "
+            "stream (request plus the relay of the chunk carrying data: [DONE])",
+            labels=["stage"],
+        )
+        for stage, tally in (
+            ("request", self.request),
+            ("chunk", self.chunk),
+            ("stream", self.stream),
+        ):
+            family.add_metric([stage], _cumulative(tally.bounds, tally.buckets), tally.total_s)
+        yield family
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts as Prometheus' cumulative `le` buckets."""
     cumulative, running = [], 0
-    for bound, count in zip((*bounds, float("inf")), buckets, strict=True):
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
         running += count
         cumulative.append((_bound_label(bound), float(running)))
     return cumulative

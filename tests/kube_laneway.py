@@ -12,12 +12,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import yaml
 from kube_cluster import Cluster, die_with_parent, eventually
@@ -187,3 +188,39 @@ def engine_for_pool(kube: Cluster, namespace: str, name: str, timeout_s: float) 
     args = list(argv[1:])
     args[args.index("--host") + 1] = network.pod_ip
     return Laneway(args, kube.kubeconfig, kube.log_path(f"engine-{name}"), network.inside)
+
+
+def lane_pool(pools: Sequence[dict[str, Any]], lane: str) -> dict[str, Any]:
+    """The pool of `lane` among `pools`."""
+    return next(p for p in pools if p["spec"]["lane"] == lane)
+
+
+def public_model(pool: dict[str, Any]) -> str:
+    """A model name a client may ask the gateway for to reach `pool`."""
+    spec = pool["spec"]
+    models: list[str] = spec.get("routing", {}).get("models") or [
+        spec.get("servedModelName", spec["model"])
+    ]
+    return models[0]
+
+
+def check_long_request_streams_to_batch(
+    api: openai.OpenAI, pools: Sequence[dict[str, Any]]
+) -> None:
+    """A document longer than the interactive pool's prompt cap, streamed through the gateway
+    with the official client: it takes the batch lane, says so in its headers with a prompt
+    count above the cap, and streams content back."""
+    batch = lane_pool(pools, "batch")
+    cap = lane_pool(pools, "interactive")["spec"]["routing"]["maxPromptTokens"]
+    document = "The contract clause reads as follows. " * (cap // 4)
+    with api.chat.completions.with_streaming_response.create(
+        model=public_model(batch),
+        messages=[{"role": "user", "content": f"Summarize:\n{document}"}],
+        max_tokens=16,
+        stream=True,
+    ) as response:
+        assert response.headers["x-laneway-lane"] == "batch"
+        assert response.headers["x-laneway-pool"] == batch["metadata"]["name"]
+        assert int(response.headers["x-laneway-prompt-tokens"]) > cap
+        chunks = list(response.parse())
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)

@@ -18,8 +18,12 @@ from laneway.bench.gateway import (
     BenchReport,
     LevelResult,
     PhaseCpu,
+    add_buckets,
+    bucket_quantile,
+    buckets_between,
     check_options,
-    parse_concurrency,
+    overhead_buckets,
+    own_time,
     path_result,
     render,
     time_classification,
@@ -66,6 +70,62 @@ def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_co
     assert LevelResult(1, direct, direct).requests_per_core_s is None  # no gateway CPU
 
 
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("q", "cumulative", "expected"),
+    [
+        # 100 observations: 50 up to 1 ms, 40 in (1, 2], 10 in (2, 5]: linear within a bucket.
+        (0.5, {0.001: 50, 0.002: 90, 0.005: 100, INF: 100}, 0.001),
+        (0.7, {0.001: 50, 0.002: 90, 0.005: 100, INF: 100}, 0.0015),
+        (0.99, {0.001: 50, 0.002: 90, 0.005: 100, INF: 100}, 0.0047),
+        # The first bucket starts at zero.
+        (0.5, {0.001: 10, INF: 10}, 0.0005),
+        # Past the highest finite edge: that edge, as histogram_quantile says.
+        (0.99, {0.001: 10, 0.002: 10, INF: 20}, 0.002),
+    ],
+)
+def test_a_quantile_from_buckets_is_prometheus_histogram_quantile(
+    q: float, cumulative: dict[float, float], expected: float
+) -> None:
+    assert bucket_quantile(q, cumulative) == pytest.approx(expected)
+
+
+METRICS_TEXT = """\
+# HELP laneway_gateway_overhead_seconds own time
+# TYPE laneway_gateway_overhead_seconds histogram
+laneway_gateway_overhead_seconds_bucket{{le="0.001",stage="stream"}} {fast}
+laneway_gateway_overhead_seconds_bucket{{le="0.002",stage="stream"}} {fast}
+laneway_gateway_overhead_seconds_bucket{{le="+Inf",stage="stream"}} {all}
+laneway_gateway_overhead_seconds_count{{stage="stream"}} {all}
+laneway_gateway_overhead_seconds_sum{{stage="stream"}} 1.0
+# HELP laneway_gateway_tbt_seconds gaps
+# TYPE laneway_gateway_tbt_seconds histogram
+laneway_gateway_tbt_seconds_bucket{{le="+Inf",lane="interactive",pool="p"}} 7.0
+laneway_gateway_tbt_seconds_count{{lane="interactive",pool="p"}} 7.0
+laneway_gateway_tbt_seconds_sum{{lane="interactive",pool="p"}} 1.0
+"""
+
+
+def test_the_gateways_own_time_is_what_its_histogram_counted_between_two_reads() -> None:
+    before = overhead_buckets(METRICS_TEXT.format(fast=10, all=10))
+    after = overhead_buckets(METRICS_TEXT.format(fast=108, all=110))
+    assert before == {"stream": {0.001: 10, 0.002: 10, INF: 10}}
+    counted = buckets_between(before, after)
+    assert counted == {"stream": {0.001: 98, 0.002: 98, INF: 100}}
+    # Two rounds add up; a stage one round lacks counts as zero there.
+    both = add_buckets(counted, {"chunk": {0.001: 1, INF: 1}, **counted})
+    assert both["stream"][INF] == 200
+    assert both["chunk"] == {0.001: 1, INF: 1}
+    stream = own_time("stream", counted["stream"])
+    assert stream is not None
+    assert (stream.count, stream.within_goal) == (100, 0.98)
+    assert stream.p50_s == pytest.approx(0.001 * 50 / 98)
+    assert stream.p99_s == 0.002  # past the last finite edge
+    assert own_time("chunk", {}) is None
+
+
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
@@ -80,12 +140,6 @@ def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_co
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
     with pytest.raises(UsageError, match=flag):
         check_options(BenchOptions(**changes))  # type: ignore[arg-type]
-
-
-def test_concurrency_levels_parse_from_a_comma_list() -> None:
-    assert parse_concurrency("1, 50,200") == (1, 50, 200)
-    with pytest.raises(UsageError, match="comma-separated"):
-        parse_concurrency("1,many")
 
 
 @pytest.mark.parametrize(
@@ -152,6 +206,12 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
             assert level[path]["e2e"]["count"] == 24
         assert level["gateway"]["cpu"]["gateway"] > 0
         assert level["direct"]["cpu"]["gateway"] == 0
+        # The gateway's own measure: every stream through it, and none of the direct ones.
+        own = {stage["stage"]: stage for stage in level["gateway"]["own"]}
+        assert own["stream"]["count"] == own["request"]["count"] == 24
+        assert own["chunk"]["count"] >= 24
+        assert 0 < own["request"]["p50_s"] <= own["request"]["p99_s"]
+        assert level["direct"]["own"] == []
         assert level["direct"]["cpu"]["engine"] > 0
     assert report["classification"]["bounds_pool"] == "batch"
     stalls = report["classification"]["loop_stalls"]
@@ -163,6 +223,8 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
     table = run.stdout.splitlines()
     assert table[1].split()[0] == "concurrency"
     assert [line.split()[0] for line in table[2:4]] == ["1", "8"]
+    own_header = table.index(next(line for line in table if line.startswith("concurrency  stream")))
+    assert [line.split()[0] for line in table[own_header + 1 : own_header + 3]] == ["1", "8"]
     assert "through the gateway" in run.stderr  # progress goes to stderr
 
 

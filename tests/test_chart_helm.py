@@ -43,6 +43,7 @@ from laneway.gateway.state.redis_store import redis_settings
 from laneway.gateway.state.tenants import load_tenants
 from laneway.operator.cli import parse_allowed_prefixes, parse_images
 from laneway.operator.render import RenderOptions, refused_image
+from laneway.routing.prefix_index import KVEventSource
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"
@@ -680,6 +681,61 @@ def test_network_policy_opens_the_api_port_and_guards_the_metrics_port(
     assert names == {"http", "metrics"}
 
 
+KV_EVENTS = [
+    {"pool": "chat", "bind": "tcp://*:5557"},
+    {"pool": "documents", "bind": "tcp://0.0.0.0:5558", "blockSize": 32},
+]
+
+
+@pytest.mark.parametrize("all_namespaces", [False, True])
+def test_kv_events_reach_the_gateway_config_and_open_their_ports_to_engines_only(
+    helm: str, all_namespaces: bool
+) -> None:
+    objects = template(
+        helm,
+        "--set-json",
+        f"gateway.config.picking.prefix.kvEvents={json.dumps(KV_EVENTS)}",
+        "--set",
+        f"watchAllNamespaces={str(all_namespaces).lower()}",
+    )
+    settings = parse_documents(gateway_config_documents(objects), "cm", allow_pools=False).settings
+    assert settings.picking.prefix.kv_events == (
+        KVEventSource("chat", "tcp://*:5557", 16),
+        KVEventSource("documents", "tcp://0.0.0.0:5558", 32),
+    )
+    gateway = deployment(objects, "gateway")
+    opened = {p["name"]: p["containerPort"] for p in container(gateway)["ports"]}
+    assert opened == {"http": 8080, "metrics": 9090, "kv-events-0": 5557, "kv-events-1": 5558}
+    # Apart from the API Service, and never outside the cluster: these ports shape routing.
+    service = only(objects, "Service", "-gateway-kv-events")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"].items() <= (
+        gateway["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        (5557, "kv-events-0"),
+        (5558, "kv-events-1"),
+    ]
+    api_service = only(objects, "Service", "-gateway")
+    assert {p["name"] for p in api_service["spec"]["ports"]} == {"http", "metrics"}
+    policy = only(objects, "NetworkPolicy", "-gateway")
+    [from_engines] = [
+        rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "kv-events-0"
+    ]
+    engine_pods = {"matchExpressions": [{"key": "laneway.io/pool", "operator": "Exists"}]}
+    expected_peer: Manifest = {"podSelector": engine_pods}
+    if all_namespaces:
+        expected_peer["namespaceSelector"] = {}
+    assert from_engines["from"] == [expected_peer]
+    assert from_engines["ports"] == [
+        {"port": "kv-events-0", "protocol": "TCP"},
+        {"port": "kv-events-1", "protocol": "TCP"},
+    ]
+    for manifest in (gateway, service, policy):
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(manifest, version, strict=True)
+
+
 def test_service_monitor_scrapes_the_gateway_service(rendered: dict[str, list[Manifest]]) -> None:
     objects = rendered["production"]
     monitor = only(objects, "ServiceMonitor")
@@ -1113,6 +1169,44 @@ BAD_VALUES: list[tuple[str, Manifest, str]] = [
         "/operator/allowedImagePrefixes/0",
     ),
     (
+        "kv events over ipc",
+        nested("gateway.config.picking.prefix.kvEvents", [{"pool": "chat", "bind": "ipc:///kv"}]),
+        "at '/gateway/config/picking/prefix/kvEvents/0/bind': 'ipc:///kv' does not match pattern",
+    ),
+    (
+        "kv events without a bind",
+        nested("gateway.config.picking.prefix.kvEvents", [{"pool": "chat"}]),
+        "at '/gateway/config/picking/prefix/kvEvents/0': missing property 'bind'",
+    ),
+    (
+        "kv events on a privileged port",
+        nested("gateway.config.picking.prefix.kvEvents", [{"pool": "chat", "bind": "tcp://*:80"}]),
+        "gateway.config.picking.prefix.kvEvents: pool chat binds port 80; use 1024-65535",
+    ),
+    (
+        "kv events on the metrics port",
+        nested(
+            "gateway.config.picking.prefix.kvEvents", [{"pool": "chat", "bind": "tcp://*:9090"}]
+        ),
+        "pool chat binds port 9090, which gateway.port or gateway.metricsPort already uses",
+    ),
+    (
+        "kv events port bound twice",
+        nested(
+            "gateway.config.picking.prefix.kvEvents",
+            [{"pool": "chat", "bind": "tcp://*:5557"}, {"pool": "docs", "bind": "tcp://*:5557"}],
+        ),
+        "gateway.config.picking.prefix.kvEvents: port 5557 is bound twice",
+    ),
+    (
+        "kv events pool listed twice",
+        nested(
+            "gateway.config.picking.prefix.kvEvents",
+            [{"pool": "chat", "bind": "tcp://*:5557"}, {"pool": "chat", "bind": "tcp://*:5558"}],
+        ),
+        "gateway.config.picking.prefix.kvEvents: pool chat is listed twice",
+    ),
+    (
         "duplicate pool names",
         {"examplePools": {"pools": [EXAMPLE_POOLS[0], EXAMPLE_POOLS[0]]}},
         'examplePools.pools: the name "sim-realtime" is used twice',
@@ -1146,15 +1240,36 @@ def test_schema_rules_mirror_the_gateway_parser(helm: str) -> None:
         "gateway.config.scrape.staleAfterMillis=50",
         "--set",
         "gateway.config.maxBodyBytes=1024",
+        "--set",
+        "gateway.config.clients.idleTimeoutMillis=100",
+        "--set",
+        "gateway.config.clients.writeTimeoutMillis=5000",
+        "--set",
+        "gateway.config.tokenizer.kind=huggingface",
+        "--set",
+        "gateway.config.tokenizer.path=/tokenizer/tokenizer.json",
+        "--set",
+        "gateway.config.tokenizer.configPath=/tokenizer/tokenizer_config.json",
     )
     settings = parse_documents(gateway_config_documents(accepted), "cm", allow_pools=False).settings
     assert settings.picking.policy == "random"
     assert settings.scrape.interval_millis == settings.scrape.stale_after_millis == 50
     assert settings.max_body_bytes == 1024
-    rejected = run_helm(
-        helm, "template", RELEASE, str(CHART), "--set", "gateway.config.maxBodyBytes=1023"
-    )
-    assert "/gateway/config/maxBodyBytes" in rejected.stderr
+    assert settings.clients.idle_timeout_millis == 100
+    assert settings.clients.write_timeout_millis == 5000
+    assert settings.tokenizer.config_path == "/tokenizer/tokenizer_config.json"
+    for value, where in (
+        ("gateway.config.maxBodyBytes=1023", "/gateway/config/maxBodyBytes"),
+        (
+            "gateway.config.clients.bodyTimeoutMillis=99",
+            "/gateway/config/clients/bodyTimeoutMillis",
+        ),
+        # A chat template is read only beside a Hugging Face tokenizer, as the gateway says.
+        ("gateway.config.tokenizer.configPath=/t.json", "/gateway/config/tokenizer"),
+    ):
+        rejected = run_helm(helm, "template", RELEASE, str(CHART), "--set", value)
+        assert rejected.returncode != 0, value
+        assert where in rejected.stderr, rejected.stderr
 
 
 # --- documentation ----------------------------------------------------------------------

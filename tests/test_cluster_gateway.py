@@ -28,8 +28,11 @@ from kube_cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster, eventually, f
 from kube_laneway import (
     Laneway,
     Release,
+    check_long_request_streams_to_batch,
     condition,
     engine_for_pool,
+    lane_pool,
+    public_model,
     released,
     wait_listening,
 )
@@ -223,16 +226,11 @@ def served(stack: Stack) -> list[dict[str, Any]]:
     return pools
 
 
-def lane_of(pools: list[dict[str, Any]], lane: str) -> dict[str, Any]:
-    return next(p for p in pools if p["spec"]["lane"] == lane)
-
-
 def short_request(
     stack: Stack, pools: list[dict[str, Any]]
 ) -> openai._legacy_response.LegacyAPIResponse[ChatCompletion]:
-    interactive = lane_of(pools, "interactive")
     return stack.client().chat.completions.with_raw_response.create(
-        model=interactive["spec"]["model"],
+        model=public_model(lane_pool(pools, "interactive")),
         messages=[{"role": "user", "content": "Where is my order?"}],
         max_tokens=8,
     )
@@ -241,8 +239,7 @@ def short_request(
 def test_the_whole_path_routes_short_and_long_requests_to_their_lanes(
     stack: Stack, served: list[dict[str, Any]]
 ) -> None:
-    interactive, batch = lane_of(served, "interactive"), lane_of(served, "batch")
-    name: str = interactive["metadata"]["name"]
+    name: str = lane_pool(served, "interactive")["metadata"]["name"]
 
     def routable() -> bool:
         try:
@@ -255,25 +252,13 @@ def test_the_whole_path_routes_short_and_long_requests_to_their_lanes(
     assert raw.headers["x-laneway-lane"] == "interactive"
     assert raw.parse().choices[0].message.content
 
-    cap = interactive["spec"]["routing"]["maxPromptTokens"]
-    document = "The contract clause reads as follows. " * (cap // 4)
-    with stack.client().chat.completions.with_streaming_response.create(
-        model=batch["spec"]["model"],
-        messages=[{"role": "user", "content": f"Summarize:\n{document}"}],
-        max_tokens=16,
-        stream=True,
-    ) as response:
-        assert response.headers["x-laneway-lane"] == "batch"
-        assert response.headers["x-laneway-pool"] == batch["metadata"]["name"]
-        assert int(response.headers["x-laneway-prompt-tokens"]) > cap
-        chunks = list(response.parse())
-    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    check_long_request_streams_to_batch(stack.client(), served)
 
 
 def test_the_gateway_routes_while_the_api_server_is_away_and_resyncs_after(
     stack: Stack, served: list[dict[str, Any]]
 ) -> None:
-    interactive = lane_of(served, "interactive")
+    interactive = lane_pool(served, "interactive")
     answered: list[str] = []
 
     def while_down() -> None:

@@ -176,6 +176,48 @@ async def send(api_client: openai.AsyncOpenAI, text: str) -> Routed:
     )
 
 
+async def check_chat_routed_by_engine_count(
+    session: aiohttp.ClientSession,
+    api_client: openai.AsyncOpenAI,
+    engine: ChildProcess,
+    text: str,
+    threshold: int,
+    cap: int,
+) -> int:
+    """Send a one-message chat through the gateway: it reaches the lane the engine's own
+    count picks, with that count in its header and usage, or a 400 naming the count where
+    it does not fit the cap. Returns the engine's count."""
+    expected = await engine_count(session, engine, text)
+    routed = await send(api_client, text)
+    route = expected_route(expected, threshold, cap)
+    if route is None:
+        assert routed.status == 400, text
+        assert f"{expected} tokens" in routed.error, routed.error
+    else:
+        assert routed.header_count == routed.usage_count == expected, text
+        assert routed.pool == route, (text, expected)
+    return expected
+
+
+async def check_completion_counted_as_engine(
+    session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, engine: ChildProcess, text: str
+) -> tuple[dict[str, Any], str]:
+    """Send a text completion through the gateway: its header and usage hold the engine's
+    /tokenize count of the prompt. Returns that answer and the pool the gateway picked."""
+    async with session.post(
+        f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
+    ) as response:
+        tokenized: dict[str, Any] = await response.json()
+    raw = await api_client.completions.with_raw_response.create(
+        model="llama", prompt=text, max_tokens=MAX_TOKENS
+    )
+    completion = raw.parse()
+    assert completion.usage is not None
+    header = int(raw.headers["x-laneway-prompt-tokens"])
+    assert header == completion.usage.prompt_tokens == tokenized["count"], text
+    return tokenized, raw.headers["x-laneway-pool"]
+
+
 def lanes(
     engine: ChildProcess, tokenizer: dict[str, Any], threshold: int, cap: int
 ) -> list[dict[str, Any]]:
@@ -338,33 +380,19 @@ async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
         differs_from_openai_rule = 0
         async with client(gateway) as api_client, aiohttp.ClientSession() as session:
             for text in texts:
-                expected = await engine_count(session, engine, text)
-                routed = await send(api_client, text)
-                route = expected_route(expected, threshold, cap)
-                if route is None:
-                    assert routed.status == 400, text
-                    assert f"{expected} tokens" in routed.error, routed.error
-                    continue
-                assert routed.header_count == routed.usage_count == expected, text
-                assert routed.pool == route, (text, expected)
+                expected = await check_chat_routed_by_engine_count(
+                    session, api_client, engine, text, threshold, cap
+                )
                 differs_from_openai_rule += count_chat(cl100k, [ChatMessage("user", text)]) != (
                     expected
                 )
             # A completion's prompt gets the tokenizer's BOS, at the gateway as at the engine.
             for text in prompts()[:4]:
-                raw = await api_client.completions.with_raw_response.create(
-                    model="llama", prompt=text, max_tokens=MAX_TOKENS
+                tokenized, _ = await check_completion_counted_as_engine(
+                    session, api_client, engine, text
                 )
-                completion = raw.parse()
-                assert completion.usage is not None
-                async with session.post(
-                    f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
-                ) as response:
-                    tokenized = await response.json()
                 assert tokenized["tokens"][0] == ours.encode_prompt("")[0]
                 assert tokenized["count"] == ours.count(text) + 1
-                header = int(raw.headers["x-laneway-prompt-tokens"])
-                assert header == completion.usage.prompt_tokens == tokenized["count"], text
             # Tools reach the template as sent, here and at the engine.
             tools: list[Any] = [{"type": "function", "function": {"name": "route_lane"}}]
             raw_chat = await api_client.chat.completions.with_raw_response.create(
@@ -430,32 +458,18 @@ async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decid
                 if await asked() > before:
                     assert routed.header_count == routed.usage_count == expected, text
             for text in near_edges:
-                expected = await engine_count(session, engine, text)
                 before = await asked()
-                routed = await send(api_client, text)
+                await check_chat_routed_by_engine_count(
+                    session, api_client, engine, text, threshold, cap
+                )
                 # Once for each pool: each may run another model, so each engine counts.
                 assert await asked() == before + 2, text
-                route = expected_route(expected, threshold, cap)
-                if route is None:
-                    assert routed.status == 400, text
-                    assert f"{expected} tokens" in routed.error, routed.error
-                    continue
-                assert routed.header_count == routed.usage_count == expected, text
-                assert routed.pool == route, (text, expected)
             # A completion's prompt, BOS and all, near the threshold.
             for text in straddling(lambda t: len(ours.encode_prompt(t)), threshold, seed=5):
-                async with session.post(
-                    f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
-                ) as response:
-                    expected = (await response.json())["count"]
-                raw = await api_client.completions.with_raw_response.create(
-                    model="llama", prompt=text, max_tokens=MAX_TOKENS
+                tokenized, pool = await check_completion_counted_as_engine(
+                    session, api_client, engine, text
                 )
-                completion = raw.parse()
-                assert completion.usage is not None
-                header = int(raw.headers["x-laneway-prompt-tokens"])
-                assert header == completion.usage.prompt_tokens == expected, text
-                assert raw.headers["x-laneway-pool"] == expected_route(expected, threshold, cap)
+                assert pool == expected_route(tokenized["count"], threshold, cap)
             # The same prompt again is answered from the gateway's cache.
             await send(api_client, near_edges[0])
             samples = await scrape(gateway.url)

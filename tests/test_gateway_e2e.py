@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -347,6 +348,41 @@ async def test_slo_attainment_and_learned_prefill_rates(
     realtime_s = total(samples, rate_metric, pool="realtime")
     assert realtime_s > 0
     assert realtime_s != PRIOR_MS_PER_TOKEN / 1000  # learned from the streams above
+
+
+async def test_the_gateway_reports_its_own_time_within_what_the_client_waited(
+    lanes: ChildProcess, api: openai.AsyncOpenAI
+) -> None:
+    overhead = "laneway_gateway_overhead_seconds"
+    before = await scrape(lanes.url)
+    streams, waited_s, to_first_token_s = 4, 0.0, 0.0
+    for _ in range(streams):
+        begun = time.perf_counter()
+        stream = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "ping"}], max_tokens=8, stream=True
+        )
+        first_token_at = None
+        async for chunk in stream:
+            if first_token_at is None and chunk.choices and chunk.choices[0].delta.content:
+                first_token_at = time.perf_counter()
+        assert first_token_at is not None
+        to_first_token_s += first_token_at - begun
+        waited_s += time.perf_counter() - begun
+    after = await scrape(lanes.url)
+
+    def added(sample: str, stage: str) -> float:
+        name = f"{overhead}_{sample}"
+        return total(after, name, stage=stage) - total(before, name, stage=stage)
+
+    # One observation per request for `request` and `stream`, one per relayed chunk.
+    assert added("count", "request") == streams
+    assert added("count", "stream") == streams
+    assert added("count", "chunk") >= streams
+    # The gateway's own time is a part of what the client waited for: its time before the
+    # engine within the client's time to the first token, each stream's within the whole.
+    assert 0 < added("sum", "request") < to_first_token_s
+    assert added("sum", "request") < added("sum", "stream") < waited_s
+    assert added("sum", "chunk") > 0
 
 
 async def test_both_engine_flavors_are_scraped(lanes: ChildProcess) -> None:

@@ -622,13 +622,16 @@ async def _attempt(
     # What this endpoint will prefill: the prompt less the prefix its cache likely holds.
     lease = await tracker.start(url, endpoint.prefill_tokens)
     progress = _Progress()
-    sent = _Sent(endpoint.backlog_tokens, app[CLOCK]())
+    now = app[CLOCK]()
+    own_s = now - exchange.started - (outcome.queue_ms or 0.0) / 1000
+    sent = _Sent(endpoint.backlog_tokens, now, own_s)
     try:
         upstream = await app[UPSTREAM].post(url, exchange.parsed.endpoint.value, body)
         try:
             if upstream.status >= 500:
                 detail = (await upstream.read())[:300].decode("utf-8", "replace")
                 raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
+            app[METRICS].overhead.request.observe(own_s)
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
                 if rename := rewriter(served, exchange.parsed.model):
@@ -665,6 +668,7 @@ class _Sent:
 
     backlog_tokens: int
     at: float
+    overhead_s: float  # the gateway's own time before it: since arrival, less the queue wait
 
 
 async def _relay_stream(
@@ -692,6 +696,8 @@ async def _relay_stream(
     outcome.status = 200
     writes = _ClientWrites(exchange, client)
     gaps = metrics.tbt.labels(*labels)
+    overhead = metrics.overhead
+    relays = overhead.chunk
     slo = exchange.plan.pool.spec.slo
     first_token = FirstTokenWatch()
     last_event: float | None = None
@@ -710,11 +716,11 @@ async def _relay_stream(
                 return client
             if not chunk:
                 break
+            # The engine's side of the token (its prefill rate is learned from it), and where
+            # the gateway's relay time of these bytes starts.
+            read_at = upstream.received_at
             # Only the chunks up to the first token are parsed for it; none after.
             first = not first_token.seen and first_token.feed(chunk)
-            if first:
-                # The engine's side of the token: its prefill rate is learned from it.
-                read_at = clock()
             if rename:
                 chunk = rename.feed(chunk)  # whole lines: the first token's is among them
                 if not chunk:
@@ -725,6 +731,7 @@ async def _relay_stream(
                 return client
             # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
             now = clock()
+            relays.observe(now - read_at)
             if first:
                 await _note_first_token(exchange, lease, progress, sent, read_at, now)
                 last_event = now
@@ -733,7 +740,11 @@ async def _relay_stream(
                 gaps.observe(gap, within_slo(gap, slo.tbt_millis))
                 last_event = now
             written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
-            outcome.complete = outcome.complete or STREAM_END in written
+            if not outcome.complete and STREAM_END in written:
+                outcome.complete = True
+                # Taken in the step that wrote the end: before the client, which has it, can
+                # ask /metrics for it.
+                overhead.stream.observe(sent.overhead_s + now - read_at)
         rest = rename.flush() if rename else b""
         if not rest or await writes.send(rest):
             outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]

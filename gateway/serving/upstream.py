@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -83,6 +85,9 @@ class UpstreamResponse(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._chunks: deque[bytes] = deque()
+        # When the oldest body bytes not yet read arrived (the pool's clock): the gateway's
+        # relay time of a chunk runs from here, through any wait for the loop to wake it.
+        self.received_at = 0.0
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
@@ -135,6 +140,8 @@ class UpstreamResponse(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if not self._chunks:
+            self.received_at = self._pool.clock()
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > BUFFER_BYTES and not self._paused and self._transport is not None:
@@ -254,8 +261,9 @@ class UpstreamResponse(asyncio.Protocol):
 class UpstreamPool:
     """Keep-alive connections to every engine, and `post` to send a request on one."""
 
-    def __init__(self, limits: UpstreamLimits) -> None:
+    def __init__(self, limits: UpstreamLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
+        self.clock = clock
         self._idle: dict[_Origin, list[UpstreamResponse]] = {}
         self._tls: ssl.SSLContext | None = None
 

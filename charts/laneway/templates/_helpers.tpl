@@ -126,3 +126,18 @@ written record of what each component calls; the chart grants the same, in its n
 {{- define "laneway.gateway.apiKeySecretName" -}}
 {{- printf "%s-api-key" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+The ports of the gateway's KV-event SUB sockets (gateway.config.picking.prefix.kvEvents), as
+JSON {"ports": [{"name", "port", "pool"}]}: named by position, since a port name has at most
+15 characters and a pool name up to 253.
+*/}}
+{{- define "laneway.gateway.kvEventsPorts" -}}
+{{- $ports := list }}
+{{- $prefix := default dict (default dict .Values.gateway.config.picking).prefix }}
+{{- range $index, $source := default list $prefix.kvEvents }}
+{{- $port := regexFind "[0-9]+$" $source.bind | int }}
+{{- $ports = append $ports (dict "name" (printf "kv-events-%d" $index) "port" $port "pool" $source.pool) }}
+{{- end }}
+{{- toJson (dict "ports" $ports) }}
+{{- end }}

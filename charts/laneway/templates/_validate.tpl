@@ -31,6 +31,24 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- if and $gw.metricsPort (eq (int $gw.metricsPort) (int $gw.port)) }}
 {{- fail (printf "gateway.metricsPort (%d) must differ from gateway.port, or be null to serve /metrics on the API port" (int $gw.metricsPort)) }}
 {{- end }}
+{{- $kvPorts := dict }}
+{{- $kvPools := dict }}
+{{- range (include "laneway.gateway.kvEventsPorts" . | fromJson).ports }}
+{{- if or (lt (int .port) 1024) (gt (int .port) 65535) }}
+{{- fail (printf "gateway.config.picking.prefix.kvEvents: pool %s binds port %d; use 1024-65535 (the gateway is not root)" .pool (int .port)) }}
+{{- end }}
+{{- if or (eq (int .port) (int $gw.port)) (and $gw.metricsPort (eq (int .port) (int $gw.metricsPort))) }}
+{{- fail (printf "gateway.config.picking.prefix.kvEvents: pool %s binds port %d, which gateway.port or gateway.metricsPort already uses" .pool (int .port)) }}
+{{- end }}
+{{- if hasKey $kvPorts (toString .port) }}
+{{- fail (printf "gateway.config.picking.prefix.kvEvents: port %d is bound twice; each pool needs a port of its own" (int .port)) }}
+{{- end }}
+{{- if hasKey $kvPools .pool }}
+{{- fail (printf "gateway.config.picking.prefix.kvEvents: pool %s is listed twice" .pool) }}
+{{- end }}
+{{- $_ := set $kvPorts (toString .port) true }}
+{{- $_ := set $kvPools .pool true }}
+{{- end }}
 {{- if and .Values.networkPolicy.engineNamespaces (not .Values.watchAllNamespaces) }}
 {{- fail "networkPolicy.engineNamespaces guards engines in other namespaces, which only a gateway with watchAllNamespaces serves: set watchAllNamespaces, or empty the list" }}
 {{- end }}
