@@ -44,13 +44,14 @@ from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
 from laneway.gateway.serving.arrival import stamp_arrival
+from laneway.gateway.serving.call import AiohttpCall
 from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.serving.upstream import UpstreamLimits, UpstreamPool
 from laneway.gateway.state.demand import DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.gateway.state.shared import SharedStateOptions, install, routing_tenant
+from laneway.gateway.state.shared import SharedStateOptions, caller_of, install, routing_tenant
 from laneway.routing.lanes import serves_tenant
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
@@ -115,7 +116,9 @@ def create_app(
 
 def _completion(endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await handle_completion(request, endpoint)
+        call = AiohttpCall(request)
+        await handle_completion(call, endpoint)
+        return call.response
 
     return handler
 
@@ -222,7 +225,7 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 async def models(request: web.Request) -> web.Response:
     """The models this caller may reach: the open pools' and its own tenant's."""
-    tenant = routing_tenant(request)
+    tenant = routing_tenant(caller_of(request))
     pools = [pool for pool in request.app[REGISTRY].pools() if serves_tenant(pool, tenant)]
     names = sorted({model for pool in pools for model in pool.spec.public_models})
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "laneway"} for name in names]

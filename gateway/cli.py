@@ -187,8 +187,8 @@ async def serve(
     from aiohttp import web
 
     from laneway.gateway.app import create_metrics_app
-    from laneway.gateway.keys import CLOCK, SETTINGS, STOP
-    from laneway.gateway.serving.arrival import listen
+    from laneway.gateway.keys import SETTINGS, STOP
+    from laneway.gateway.serving.server import CompletionServer, drain_with, listen
     from laneway.gateway.state.shared import announce_listening
 
     runner = web.AppRunner(
@@ -201,11 +201,15 @@ async def serve(
         # connects or after its last answer: idle keep-alive and slow headers alike.
         keepalive_timeout=app[SETTINGS].clients.idle_timeout_millis / 1000,
     )
+    # The completion routes are served by the gateway's own server; every other request
+    # hands its connection over to the runner's aiohttp server. Both drain together.
+    completions = CompletionServer(app)
+    drain_with(app, completions, drain_seconds)
     await runner.setup()
     assert runner.server is not None  # set up above
+    completions.hand_over_to(runner.server)
     try:
-        # Not a TCPSite: the listener wraps each connection to note when requests arrive.
-        listener = await listen(runner.server, host, port, app[CLOCK])
+        listener = await listen(completions, host, port)
     except OSError as error:
         await runner.cleanup()
         raise cannot_listen(host, port, error) from None

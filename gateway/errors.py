@@ -43,15 +43,22 @@ class ApiError(Exception):
     def body(self) -> dict[str, object]:
         return error_body(self.status, self.message, self.code, self.param)
 
-    def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
-        all_headers = dict(headers or {})
+    def encoded(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+    def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`extra` and the error's own headers (Retry-After)."""
+        all_headers = dict(extra or {})
         if self.retry_after is not None:
             all_headers["Retry-After"] = str(self.retry_after)
+        return all_headers
+
+    def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
         return web.Response(
             status=self.status,
-            text=json.dumps(self.body()),
+            body=self.encoded(),
             content_type="application/json",
-            headers=all_headers,
+            headers=self.headers(headers),
         )
 
 

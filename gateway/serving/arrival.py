@@ -3,10 +3,12 @@
 aiohttp reads a request's bytes in its protocol's `data_received`, parses the head, wakes the
 connection's task and only then starts the handler: a loop iteration or two later, tens of
 milliseconds on a busy loop (measured on the shared 2-core machine: P50 0.5 ms, P99 49 ms).
-A client's clock runs through all of that, so the gateway's TTFT starts here: each connection's
-protocol is wrapped to stamp the first bytes read while no request is being handled, and a
-middleware hands that stamp to the request (`ARRIVED`). Where the gateway is served without
-the wrapper (an in-process test server), the stamp is the handler's start, as before.
+A client's clock runs through all of that, so the gateway's TTFT starts here. The gateway's
+own server (`server.py`) stamps the requests it serves itself; a connection it hands over to
+aiohttp is wrapped in `ArrivalStamps`, which stamps the first bytes read while no request is
+being handled, and a middleware hands that stamp to the request (`ARRIVED`). Where the
+gateway is served without either (an in-process test server), the stamp is the handler's
+start, as before.
 
 Bytes read while a request is handled (the rest of its body) belong to it; the next
 request's first bytes come after its response, so a stamp never outlives the request it
@@ -64,14 +66,6 @@ class ArrivalStamps(asyncio.Protocol):
     def release(self) -> None:
         """The request's handling is over: the next bytes read start the next request."""
         self._handling = False
-
-
-async def listen(
-    protocols: ProtocolFactory, host: str, port: int, clock: Callable[[], float]
-) -> asyncio.Server:
-    """Serve `protocols` (an aiohttp runner's server) with every connection's arrivals noted."""
-    loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: ArrivalStamps(protocols(), clock), host, port)
 
 
 @web.middleware

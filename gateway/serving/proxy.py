@@ -22,10 +22,9 @@ import orjson
 from aiohttp import web
 
 from laneway.api import InferencePool, Lane
-from laneway.gateway.errors import ApiError, error_body, unreadable_body
+from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
-    ARRIVED,
     CLOCK,
     DEMAND,
     METRICS,
@@ -41,11 +40,11 @@ from laneway.gateway.keys import (
 )
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
+from laneway.gateway.serving.call import Call
 from laneway.gateway.serving.counting import LocalCount, PromptCounter
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
-    LANE_HEADER,
     Endpoint,
     ParsedRequest,
     json_values,
@@ -89,8 +88,6 @@ UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
-# Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
-SESSION_HEADER = "x-laneway-session"
 
 
 @dataclass
@@ -205,35 +202,32 @@ class UpstreamFailed(Exception):
         self.kind = kind
 
 
-async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    clock = request.app[CLOCK]
-    started = request[ARRIVED]  # when its first bytes were read, as the client's clock runs
+async def handle_completion(call: Call, endpoint: Endpoint) -> None:
+    """Serve one completion request; its answer goes out through `call`. A bug propagates
+    (the shell answers 500 and logs it)."""
+    clock = call.app[CLOCK]
+    started = call.arrived  # when its first bytes were read, as the client's clock runs
     outcome = _Outcome()
     try:
-        response = await _serve(request, endpoint, started, outcome)
+        await _serve(call, endpoint, started, outcome)
     except ApiError as error:
         outcome.status, outcome.error = error.status, error.code
-        return error.response(outcome.routing_headers())
+        call.answer(error.status, error.encoded(), error.headers(outcome.routing_headers()))
     except asyncio.CancelledError:
         _client_gone(outcome)
         raise
     except Exception:
-        outcome.status, outcome.error = 500, "internal_error"  # the middleware logs it
+        outcome.status, outcome.error = 500, "internal_error"  # the shell logs it
         raise
     finally:
         total_ms = (clock() - started) * 1000
-        _record(request.app, RequestLog.of(endpoint, outcome, total_ms))
-    return response
+        _record(call.app, RequestLog.of(endpoint, outcome, total_ms))
 
 
-async def _serve(
-    request: web.Request, endpoint: Endpoint, started: float, outcome: _Outcome
-) -> web.StreamResponse:
-    app = request.app
+async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outcome) -> None:
+    app = call.app
     settings = app[SETTINGS]
-    body = await read_body(
-        request, settings.max_body_bytes, settings.clients.body_timeout_millis / 1000
-    )
+    body = await call.body(settings.max_body_bytes, settings.clients.body_timeout_millis / 1000)
     if len(body) <= INLINE_COUNT_BYTES:
         parsed, inline = parse_request(body, endpoint), True
     elif len(body) <= INLINE_PARSE_BYTES and json_values(body) <= INLINE_PARSE_VALUES:
@@ -243,14 +237,14 @@ async def _serve(
         # Parsing is linear in the body, but a few MB of tiny strings still take a while.
         parsed = await asyncio.to_thread(parse_request, body, endpoint)
     outcome.parsed = parsed
-    pinned = parse_lane(request.headers.get(LANE_HEADER))
+    pinned = parse_lane(call.lane)
 
     route, count = await _route(
-        app, parsed, len(body), inline, pinned, routing_tenant(request), outcome
+        app, parsed, len(body), inline, pinned, routing_tenant(call.caller), outcome
     )
     pool = route.pool
     context = pool.spec.limits.max_context_tokens
-    await admit_tenant(request, parsed.charge(route.prefill_tokens, context))
+    await admit_tenant(app, call.caller, parsed.charge(route.prefill_tokens, context))
     outcome.route = route
     try:
         registry = app[REGISTRY]
@@ -269,7 +263,7 @@ async def _serve(
                 async with asyncio.timeout(limit_ms / 1000):
                     await gate.acquire(
                         route.priority,
-                        tenant_name(request),
+                        tenant_name(call.caller),
                         parsed.sequences * route.prefill_tokens,
                     )
         except (AdmissionRefused, TimeoutError) as refused:
@@ -280,54 +274,15 @@ async def _serve(
         try:
             with demand.running(pool.key, route.prefill_tokens):
                 blocks = await _prompt_blocks(app, parsed, pool)
-                session = request.headers.get(SESSION_HEADER, "").strip() or None
+                session = (call.session or "").strip() or None
                 plan = await _plan(app, route, started, blocks, session)
-                exchange = _Exchange(request, parsed, body, plan, blocks, count, started, outcome)
-                return await _forward(exchange)
+                exchange = _Exchange(call, parsed, body, plan, blocks, count, started, outcome)
+                await _forward(exchange)
         finally:
             gate.release()
     finally:
         if not count.done():
             count.cancel()
-
-
-async def read_body(request: web.Request, limit: int, deadline_s: float) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(limit)
-    try:
-        if request.content.is_eof():
-            # The whole body came with the head (most requests): nothing to wait for.
-            body = request.content.read_nowait()
-        else:
-            body = await _read_chunks(request, limit, deadline_s)
-    except web.RequestPayloadError as error:
-        # A body that claims an encoding it does not have (a gzip header on plain text).
-        raise unreadable_body(error) from None
-    if len(body) > limit:
-        raise _too_large(limit)
-    return body
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(
-        413, f"The request body is larger than the limit of {limit} bytes", "body_too_large"
-    )
-
-
-async def _read_chunks(request: web.Request, limit: int, deadline_s: float) -> bytes:
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(deadline_s):
-            async for chunk in request.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(limit)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ApiError(
-            408, f"The request body did not arrive within {deadline_s:g} s", "body_timeout"
-        ) from None
-    return b"".join(chunks)
 
 
 async def _route(
@@ -574,7 +529,7 @@ async def _prompt_blocks(
 class _Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
 
-    request: web.Request
+    call: Call
     parsed: ParsedRequest
     body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
@@ -585,10 +540,10 @@ class _Exchange:
 
     @property
     def app(self) -> web.Application:
-        return self.request.app
+        return self.call.app
 
 
-async def _forward(exchange: _Exchange) -> web.StreamResponse:
+async def _forward(exchange: _Exchange) -> None:
     app, outcome, plan = exchange.app, exchange.outcome, exchange.plan
     metrics = app[METRICS]
     served = plan.pool.spec.served_model_name
@@ -604,7 +559,8 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
         if exchange.prefix.hashes and exchange.prefix.exact_block_size is None:
             app[PREFIX_INDEX].record(candidate.url, exchange.prefix.hashes)
         try:
-            return await _attempt(exchange, candidate, served, body)
+            await _attempt(exchange, candidate, served, body)
+            return
         except UpstreamFailed as failure:
             await _note_failure(app, candidate.url, str(failure), failure.kind == "timeout")
             metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
@@ -615,7 +571,7 @@ async def _forward(exchange: _Exchange) -> web.StreamResponse:
 
 async def _attempt(
     exchange: _Exchange, endpoint: PlannedEndpoint, served: str, body: bytes
-) -> web.StreamResponse:
+) -> None:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome, url = exchange.app, exchange.outcome, endpoint.url
     tracker = app[TRACKER]
@@ -639,15 +595,11 @@ async def _attempt(
                 app[REGISTRY].record_success(url)
                 outcome.prompt_tokens = await exchange.count
                 outcome.status = upstream.status
-                return web.Response(
-                    status=upstream.status,
-                    body=body,
-                    content_type="application/json",
-                    headers=outcome.routing_headers(),
-                )
+                exchange.call.answer(upstream.status, body, outcome.routing_headers())
+                return
             app[REGISTRY].record_success(url)
             rename = rewriter(served, exchange.parsed.model)
-            return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
+            await _relay_stream(exchange, upstream, lease, progress, sent, rename)
         finally:
             upstream.release()
     except (UpstreamError, TimeoutError) as error:
@@ -678,23 +630,16 @@ async def _relay_stream(
     progress: _Progress,
     sent: _Sent,
     rename: ModelNameRewriter | None,
-) -> web.StreamResponse:
+) -> None:
     """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
     app, outcome = exchange.app, exchange.outcome
     clock, metrics = app[CLOCK], app[METRICS]
     labels = (exchange.plan.pool.name, exchange.plan.lane.value)
     outcome.prompt_tokens = await exchange.count
-    client = web.StreamResponse(
-        status=200,
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            **outcome.routing_headers(),
-        },
-    )
-    await client.prepare(exchange.request)
+    client = exchange.call
+    await client.start_stream(outcome.routing_headers())
     outcome.status = 200
-    writes = _ClientWrites(exchange, client)
+    writes = _ClientWrites(exchange)
     gaps = metrics.tbt.labels(*labels)
     overhead = metrics.overhead
     relays = overhead.chunk
@@ -713,7 +658,7 @@ async def _relay_stream(
                 metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
                 outcome.error = "upstream_failed_mid_stream"
                 await _end_with_error(client, error, rename.flush() if rename else b"", written)
-                return client
+                return
             if not chunk:
                 break
             # The engine's side of the token (its prefill rate is learned from it), and where
@@ -728,7 +673,7 @@ async def _relay_stream(
             if not await writes.send(chunk):
                 # The client went away: closing the upstream response tells the engine.
                 upstream.close()
-                return client
+                return
             # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
             now = clock()
             relays.observe(now - read_at)
@@ -749,7 +694,6 @@ async def _relay_stream(
         if not rest or await writes.send(rest):
             outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
             await writes.send(b"")
-        return client
     finally:
         writes.close()
 
@@ -789,9 +733,9 @@ class _ClientWrites:
     write cost a timer and a context manager per relayed chunk.
     """
 
-    def __init__(self, exchange: _Exchange, client: web.StreamResponse) -> None:
+    def __init__(self, exchange: _Exchange) -> None:
         self._exchange = exchange
-        self.client = client
+        self.client = exchange.call
         self._loop = asyncio.get_running_loop()
         self._deadline_s = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
         self._writing_since: float | None = None
@@ -804,7 +748,7 @@ class _ClientWrites:
         if self._timer is None:
             self._timer = self._loop.call_at(now + self._deadline_s, self._check)
         try:
-            await (self.client.write(chunk) if chunk else self.client.write_eof())
+            await (self.client.send(chunk) if chunk else self.client.end())
         except ConnectionError:
             outcome = self._exchange.outcome
             if self._cut_off:
@@ -830,10 +774,9 @@ class _ClientWrites:
             self._timer = self._loop.call_at(since + self._deadline_s, self._check)
             return
         self._cut_off = True
-        if (transport := self._exchange.request.transport) is not None:
-            # close() would wait for the buffer to drain, which it never does; the aborted
-            # connection fails the pending write.
-            transport.abort()
+        # A close would wait for the buffer to drain, which it never does; the aborted
+        # connection fails the pending write.
+        self.client.abort()
 
 
 def _client_gone(outcome: _Outcome) -> None:
@@ -843,7 +786,7 @@ def _client_gone(outcome: _Outcome) -> None:
 
 
 async def _end_with_error(
-    client: web.StreamResponse, error: BaseException, pending: bytes, written: bytes
+    client: Call, error: BaseException, pending: bytes, written: bytes
 ) -> None:
     """End the stream with an error event after `pending`, the rest of a partial event."""
     body = error_body(
@@ -859,8 +802,8 @@ async def _end_with_error(
         + b"\n\n"
     )
     try:
-        await client.write(event)
-        await client.write_eof()
+        await client.send(event)
+        await client.end()
     except ConnectionError:
         return
 

@@ -221,32 +221,59 @@ def _same_secret(given: str, secret: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: the key's tenant, or the dispatcher asking for a tenant's batch item."""
+
+    tenant: Tenant
+    internal: bool = False  # the dispatcher's own call: paced by it, not by per-minute limits
+
+
+def identify(app: web.Application, header: Callable[[str], str | None]) -> Caller | None:
+    """The caller of a request whose header `header` reads (by lower-case name); None when
+    the state layer is not installed. ApiError 401 without a valid key when auth is on.
+
+    Both HTTP shells call it: the tenant middleware for aiohttp's routes, and the gateway's
+    own server for the completion routes (`gateway/serving/server.py`).
+    """
+    if INTERNAL_SECRET not in app:
+        return None
+    internal = header(INTERNAL_HEADER)
+    if internal is not None and _same_secret(internal, app[INTERNAL_SECRET]):
+        return Caller(_named(app, header(TENANT_HEADER) or ""), internal=True)
+    if TENANTS not in app:
+        return Caller(ANONYMOUS_TENANT)
+    authorization = header("authorization")
+    tenant = app[TENANTS].directory.authenticate(authorization)
+    if tenant is None:
+        app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
+        raise ApiError(
+            401,
+            "Incorrect API key provided"
+            if authorization
+            else "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
+            "invalid_api_key",
+        )
+    return Caller(tenant)
+
+
 @web.middleware
 async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Who is asking: the key's tenant, 401 without a valid key when auth is on."""
+    """Who is asking, for aiohttp's routes: `identify`'s answer on the request."""
     if request.path in OPEN_PATHS:
         return await handler(request)
-    app = request.app
-    internal = request.headers.get(INTERNAL_HEADER)
-    if internal is not None and _same_secret(internal, app[INTERNAL_SECRET]):
+    caller = identify(request.app, request.headers.get)
+    assert caller is not None  # the middleware is installed with the state layer
+    request[TENANT] = caller.tenant
+    if caller.internal:
         request[INTERNAL] = True
-        request[TENANT] = _named(app, request.headers.get(TENANT_HEADER, ""))
-    elif TENANTS in app:
-        authorization = request.headers.get("Authorization")
-        tenant = app[TENANTS].directory.authenticate(authorization)
-        if tenant is None:
-            app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
-            raise ApiError(
-                401,
-                "Incorrect API key provided"
-                if authorization
-                else "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
-                "invalid_api_key",
-            )
-        request[TENANT] = tenant
-    else:
-        request[TENANT] = ANONYMOUS_TENANT
     return await handler(request)
+
+
+def caller_of(request: web.Request) -> Caller | None:
+    """The caller the tenant middleware found; None when the state layer is not installed."""
+    tenant = request.get(TENANT)
+    return None if tenant is None else Caller(tenant, request.get(INTERNAL, False))
 
 
 def _named(app: web.Application, name: str) -> Tenant:
@@ -254,27 +281,28 @@ def _named(app: web.Application, name: str) -> Tenant:
     return known or (Tenant(name) if name else ANONYMOUS_TENANT)
 
 
-def tenant_name(request: web.Request) -> str:
+def tenant_name(caller: Caller | None) -> str:
     """Whose request this is, for fair share in the batch lane."""
-    return request[TENANT].name if TENANT in request else ANONYMOUS_TENANT.name
+    return ANONYMOUS_TENANT.name if caller is None else caller.tenant.name
 
 
-def routing_tenant(request: web.Request) -> str | None:
+def routing_tenant(caller: Caller | None) -> str | None:
     """The tenant whose pools the request may use; None when it is not authenticated."""
-    tenant = request.get(TENANT)
-    return None if tenant is None or tenant is ANONYMOUS_TENANT else tenant.name
+    if caller is None or caller.tenant is ANONYMOUS_TENANT:
+        return None
+    return caller.tenant.name
 
 
-async def admit_tenant(request: web.Request, tokens: int) -> None:
+async def admit_tenant(app: web.Application, caller: Caller | None, tokens: int) -> None:
     """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
-    if LIMITER not in request.app or TENANT not in request or request.get(INTERNAL):
+    if LIMITER not in app or caller is None or caller.internal:
         return
-    tenant = request[TENANT]
-    decision = await request.app[LIMITER].admit(tenant, tokens)
+    tenant = caller.tenant
+    decision = await app[LIMITER].admit(tenant, tokens)
     if decision.allowed:
         return
     reason = "too_large" if decision.never else decision.exceeded
-    request.app[STATE_METRICS].refused.labels(tenant.name, reason).inc()
+    app[STATE_METRICS].refused.labels(tenant.name, reason).inc()
     if decision.never:
         raise ApiError(
             429,
