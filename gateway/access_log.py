@@ -30,6 +30,11 @@ class AccessLog:
         self._pending: list[Mapping[str, Any]] = []
         self._flush_scheduled: asyncio.TimerHandle | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """Whether lines are written at all: a caller skips building one when they are not."""
+        return log.isEnabledFor(logging.INFO)
+
     def write(self, fields: Mapping[str, Any]) -> None:
         """Queue one line; it is written within FLUSH_AFTER_S (at once with no loop running)."""
         if not log.isEnabledFor(logging.INFO):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -43,36 +43,32 @@ class GatewayMetrics:
             ("pool", "lane", "status"),
             registry=self.registry,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "laneway_gateway_ttft_seconds",
             "Time from the request's arrival to its first streamed event carrying output "
             "(text, a tool call, reasoning or logprobs)",
             by_pool_lane,
             buckets=TTFT_BUCKETS,
-            registry=self.registry,
         )
         self.tbt = StreamGaps()
         self.registry.register(self.tbt)
-        self.e2e = Histogram(
+        self.e2e = LoopHistogram(
             "laneway_gateway_request_seconds",
             "Time from the request's arrival to its last byte",
             by_pool_lane,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.prompt_tokens = Histogram(
+        self.prompt_tokens = LoopHistogram(
             "laneway_gateway_prompt_tokens",
             "Prompt tokens of routed requests",
             ("lane",),
             buckets=TOKEN_BUCKETS,
-            registry=self.registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = LoopHistogram(
             "laneway_gateway_queue_wait_seconds",
             "Time a request waited in the gateway's line for a slot in its pool",
             by_pool_lane,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
         self.upstream_errors = Counter(
             "laneway_gateway_upstream_errors",
@@ -80,12 +76,11 @@ class GatewayMetrics:
             ("pool", "endpoint", "kind"),
             registry=self.registry,
         )
-        self.tokenize = Histogram(
+        self.tokenize = LoopHistogram(
             "laneway_gateway_tokenization_seconds",
             "Time to bound or count a request's prompt tokens, by method",
             ("method",),
             buckets=TOKENIZE_BUCKETS,
-            registry=self.registry,
         )
         self.engine_counts = Counter(
             "laneway_gateway_engine_counts",
@@ -104,6 +99,8 @@ class GatewayMetrics:
         )
         self.overhead = GatewayOverhead()
         self.registry.register(self.overhead)
+        for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):
+            self.registry.register(histogram)
         self.registry.register(_PoolStateCollector(pools, demand, prefix_index))
         # `labels()` checks, formats and locks on every call (~2 us, six calls a request);
         # the request path looks its children up here instead, once per label set.
@@ -182,6 +179,34 @@ class Tally:
     def observe(self, seconds: float) -> None:
         self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
         self.total_s += seconds
+
+
+class LoopHistogram(Collector):
+    """A histogram observed only on the event loop, exposed as prometheus_client's Histogram
+    exposes one (less its `_created` samples): plain counts (`Tally`), where
+    prometheus_client's `observe` takes a lock per bucket and per sum and walks the buckets in
+    Python, several times the cost on every request (its shares in docs/BENCHMARKS.md)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = list(labelnames)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._tallies: dict[tuple[str, ...], Tally] = {}
+
+    def labels(self, *values: str) -> Tally:
+        tally = self._tallies.get(values)
+        if tally is None:
+            tally = self._tallies[values] = Tally(self._bounds)
+        return tally
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for values, tally in self._tallies.items():
+            family.add_metric(list(values), _cumulative(self._bounds, tally.buckets), tally.total_s)
+        yield family
 
 
 class GatewayOverhead(Collector):

@@ -8,6 +8,7 @@ or a `SpecError` that names every field that is wrong and says what to change.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -178,7 +179,7 @@ class PoolSpec:
     tokenizer: TokenizerSpec | None = None  # None: the gateway's default tokenizer
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
 
-    @property
+    @functools.cached_property  # read by every request's routing
     def public_models(self) -> tuple[str, ...]:
         return self.routing.models or (self.served_model_name,)
 
@@ -200,7 +201,7 @@ class InferencePool:
     # the EndpointSlices of the pool's Service.
     endpoints: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property  # read several times by every request
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 

@@ -130,7 +130,7 @@ def test_registry_limits_follow_healthy_endpoints() -> None:
     assert not registry.record_failure("http://a:1")
     assert registry.record_failure("http://a:1")  # this one ejects
     assert not registry.record_failure("http://a:1")  # already out
-    assert registry.available(realtime) == ["http://b:1"]
+    assert registry.available(realtime) == ("http://b:1",)
     assert registry.ejected() == ["http://a:1"]
     assert registry.gate(realtime).limit == 4
     registry.record_probe("http://a:1", passed=True)

@@ -7,7 +7,7 @@ already admitted finish; those still waiting are refused).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from laneway.api import InferencePool
@@ -15,7 +15,7 @@ from laneway.gateway.config import GatewaySettings
 from laneway.gateway.serving.admission import PoolGate
 from laneway.routing.engine_metrics import EngineMetrics, prefix_cache_reset
 from laneway.routing.health import Health, after_failure, after_probe, after_success
-from laneway.routing.slo import PrefillRate
+from laneway.routing.slo import PRIOR, PrefillRate
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class PoolRegistry:
         self._health: dict[str, Health] = {}
         self._scrapes: dict[str, Scrape] = {}
         self._rates: dict[str, PrefillRate] = {}
+        # Pool key -> its endpoints not ejected: rebuilt whenever a pool or a health changes,
+        # read by every request.
+        self._available: dict[str, tuple[str, ...]] = {}
         self.synced = False  # a source has delivered its first set
 
     def update(self, pools: Sequence[InferencePool]) -> None:
@@ -65,8 +68,15 @@ class PoolRegistry:
         """The pool as now configured, None when it was removed since."""
         return self._pools.get(pool.key)
 
-    def available(self, pool: InferencePool) -> list[str]:
-        return [url for url in pool.endpoints if not self._health.get(url, Health()).ejected]
+    def available(self, pool: InferencePool) -> tuple[str, ...]:
+        if self._pools.get(pool.key) is pool:
+            return self._available[pool.key]
+        return self._not_ejected(pool)  # a pool changed or removed since the caller had it
+
+    def _not_ejected(self, pool: InferencePool) -> tuple[str, ...]:
+        return tuple(
+            url for url in pool.endpoints if not (h := self._health.get(url)) or not h.ejected
+        )
 
     def endpoints(self) -> list[str]:
         return list(self._health)
@@ -88,8 +98,9 @@ class PoolRegistry:
         return after.ejected and not before.ejected
 
     def record_success(self, url: str) -> None:
-        if url in self._health:
-            self._health[url] = after_success(self._health[url])
+        health = self._health.get(url)
+        if health is not None and health.failures:  # most are 0 already: nothing to build
+            self._health[url] = after_success(health)
 
     def record_probe(self, url: str, passed: bool) -> None:
         if url in self._health:
@@ -110,7 +121,12 @@ class PoolRegistry:
             self._rates[url] = self.prefill_rate(url).observed(backlog_tokens, ttft_ms)
 
     def prefill_rate(self, url: str) -> PrefillRate:
-        return self._rates.get(url) or PrefillRate()
+        return self._rates.get(url, PRIOR)
+
+    @property
+    def prefill_rates(self) -> Mapping[str, PrefillRate]:
+        """Every endpoint's learned rate (absent: none learned yet), as the registry holds it."""
+        return self._rates
 
     def fresh_metrics(self, url: str) -> EngineMetrics | None:
         scrape = self._scrapes.get(url)
@@ -122,6 +138,7 @@ class PoolRegistry:
     def _refresh_limits(self) -> None:
         # A pool admits maxConcurrentRequests per healthy replica; beyond that, requests
         # wait in the gateway's line, where interactive ones go first.
+        self._available = {key: self._not_ejected(pool) for key, pool in self._pools.items()}
         for key, pool in self._pools.items():
             per_replica = pool.spec.limits.max_concurrent_requests
-            self._gates[key].set_limit(per_replica * len(self.available(pool)))
+            self._gates[key].set_limit(per_replica * len(self._available[key]))

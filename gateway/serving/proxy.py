@@ -139,23 +139,59 @@ class RequestLog:
     @classmethod
     def of(cls, endpoint: Endpoint, outcome: _Outcome, total_ms: float) -> RequestLog:
         parsed, route, tried = outcome.parsed, outcome.route, outcome.tried
+        # By position: a frozen dataclass's keywords cost more, on every request.
         return cls(
-            path=endpoint.value,
-            status=outcome.status,
-            total_ms=total_ms,
-            model=parsed.model if parsed else "",
-            pool=route.pool.name if route else "",
-            lane=route.lane.value if route else "",
-            reason=route.reason if route else "",
-            endpoint=tried.url if tried else "",
-            prompt_tokens=outcome.prompt_tokens,
-            stream=parsed.stream if parsed else False,
-            attempts=outcome.attempts,
-            queue_ms=outcome.queue_ms,
-            predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
-            ttft_ms=outcome.ttft_ms,
-            error=outcome.error,
+            endpoint.value,
+            outcome.status,
+            total_ms,
+            parsed.model if parsed else "",
+            route.pool.name if route else "",
+            route.lane.value if route else "",
+            route.reason if route else "",
+            tried.url if tried else "",
+            outcome.prompt_tokens,
+            parsed.stream if parsed else False,
+            outcome.attempts,
+            outcome.queue_ms,
+            tried.predicted_ttft_ms if tried else None,
+            outcome.ttft_ms,
+            outcome.error,
         )
+
+    def line(self, at: float) -> dict[str, object]:
+        """The log line's fields, `at` its wall-clock time: empty and unknown ones left out,
+        times in milliseconds to two places."""
+        line: dict[str, object] = {
+            "ts": round(at, 3),
+            "path": self.path,
+            "status": self.status,
+            "total_ms": round(self.total_ms, 2),
+        }
+        # One test per optional field: a comprehension over all of them, then rounding,
+        # cost several times more per request.
+        if self.model:
+            line["model"] = self.model
+        if self.pool:
+            line["pool"] = self.pool
+        if self.lane:
+            line["lane"] = self.lane
+        if self.reason:
+            line["reason"] = self.reason
+        if self.endpoint:
+            line["endpoint"] = self.endpoint
+        if self.prompt_tokens is not None:
+            line["prompt_tokens"] = self.prompt_tokens
+        line["stream"] = self.stream
+        line["attempts"] = self.attempts
+        if self.queue_ms is not None:
+            line["queue_ms"] = round(self.queue_ms, 2)
+        if self.predicted_ttft_ms is not None:
+            line["predicted_ttft_ms"] = round(self.predicted_ttft_ms, 2)
+        if self.ttft_ms is not None:
+            line["ttft_ms"] = round(self.ttft_ms, 2)
+        if self.error:
+            line["error"] = self.error
+        return line
 
 
 class UpstreamFailed(Exception):
@@ -282,6 +318,9 @@ async def _route(
         metrics.tokenize_of("bounds").observe(clock() - begun)
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
+        if len(distinct) == 1:  # one tokenizer counts for every pool, as by default
+            (only,) = counted.values()
+            return RouteRequest(parsed.model, only, parsed.max_tokens, pinned, tenant)
         spanning = TokenBounds(
             min(b.low for b in counted.values()), max(b.high for b in counted.values())
         )
@@ -292,7 +331,7 @@ async def _route(
             parsed.max_tokens,
             pinned,
             tenant,
-            pool_prompt_tokens=per_pool if len(distinct) > 1 else None,
+            pool_prompt_tokens=per_pool,
         )
 
     async def exactly() -> RouteRequest:
@@ -407,25 +446,26 @@ async def _plan(
     """The request's endpoints best first, by their load now that it holds a slot."""
     registry = app[REGISTRY]
     # The pool as configured now: its endpoints may have changed while the request waited.
-    route = replace(route, pool=registry.current(route.pool) or route.pool)
-    available = registry.available(route.pool)
+    pool = registry.current(route.pool) or route.pool
+    if pool is not route.pool:
+        route = replace(route, pool=pool)
+    available = registry.available(pool)
     loads = await app[TRACKER].loads(available)
     matched = app[PREFIX_INDEX].matched_blocks(blocks.hashes) if blocks.hashes else {}
-    views = [
-        EndpointView(
-            url,
-            loads[url].in_flight,
-            loads[url].prefill_tokens,
-            registry.fresh_metrics(url),
-            cached_prompt_tokens=blocks.cached_tokens(matched.get(url, 0), route.prefill_tokens),
-            session_key=session_key,
+    views = []
+    for url in available:
+        load = loads[url]
+        cached = blocks.cached_tokens(matched.get(url, 0), route.prefill_tokens)
+        engine = registry.fresh_metrics(url)
+        # By position: keywords cost a frozen dataclass's __init__ more, once per endpoint.
+        views.append(
+            EndpointView(
+                url, load.in_flight, load.prefill_tokens, engine, None, None, cached, session_key
+            )
         )
-        for url in available
-    ]
-    rates = {url: registry.prefill_rate(url) for url in available}
     elapsed_ms = (app[CLOCK]() - started) * 1000
     profile = app[PROFILE]
-    return make_plan(route, views, rates, profile, app[RNG], elapsed_ms)
+    return make_plan(route, views, registry.prefill_rates, profile, app[RNG], elapsed_ms)
 
 
 @dataclass(frozen=True)
@@ -624,12 +664,12 @@ async def _relay_stream(
             # The engine's side of the token (its prefill rate is learned from it), and where
             # the gateway's relay time of these bytes starts.
             read_at = upstream.received_at
-            first = first_token.feed(chunk)
+            # Only the chunks up to the first token are parsed for it; none after.
+            first = not first_token.seen and first_token.feed(chunk)
             if rename:
                 chunk = rename.feed(chunk)  # whole lines: the first token's is among them
                 if not chunk:
                     continue
-            events = not first and chunk.count(b"data:") > chunk.count(STREAM_END)
             if not await writes.send(chunk):
                 # The client went away: closing the upstream response tells the engine.
                 upstream.close()
@@ -640,7 +680,7 @@ async def _relay_stream(
             if first:
                 await _note_first_token(exchange, lease, progress, sent, read_at, now)
                 last_event = now
-            elif events and last_event is not None:
+            elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
                 gap = now - last_event
                 gaps.observe(gap, within_slo(gap, slo.tbt_millis))
                 last_event = now
@@ -789,11 +829,6 @@ def _record(app: web.Application, record: RequestLog) -> None:
         metrics.e2e_of(record.pool, record.lane).observe(record.total_ms / 1000)
     if record.lane and record.prompt_tokens is not None:
         metrics.prompt_tokens_of(record.lane).observe(record.prompt_tokens)
-    line = {
-        "ts": round(time.time(), 3),
-        **{k: v for k, v in vars(record).items() if v is not None and v != ""},
-    }
-    for key in ("queue_ms", "predicted_ttft_ms", "ttft_ms", "total_ms"):
-        if key in line:
-            line[key] = round(line[key], 2)
-    app[ACCESS_LOG].write(line)
+    access_log = app[ACCESS_LOG]
+    if access_log.enabled:
+        access_log.write(record.line(time.time()))

@@ -149,11 +149,12 @@ class _Eligible:
 
 
 def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
-    visible = [p for p in pools if serves_tenant(p, request.tenant)]
-    candidates = [p for p in visible if request.model in p.spec.public_models]
+    model, tenant = request.model, request.tenant
+    candidates = [p for p in pools if model in p.spec.public_models and serves_tenant(p, tenant)]
     if not candidates:
+        visible = [p for p in pools if serves_tenant(p, tenant)]
         known = sorted({m for p in visible for m in p.spec.public_models})
-        return UnknownModel(request.model, tuple(known))
+        return UnknownModel(model, tuple(known))
 
     eligible: list[_Eligible] = []
     for pool in candidates:
@@ -172,13 +173,14 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
             return NeedsExactCount()
         return _no_fit(request, candidates)
 
-    best = min(eligible, key=lambda e: e.rank)
+    best = eligible[0] if len(eligible) == 1 else min(eligible, key=lambda e: e.rank)
+    bounds = request.prompt_tokens_for(best.pool)
     return Route(
         best.pool,
-        priority=best.pool.spec.lane,
-        prompt_tokens=request.prompt_tokens_for(best.pool),
-        prefill_tokens=prefill_estimate(request.prompt_tokens_for(best.pool)),
-        reason=_reason(best, eligible, request),
+        best.pool.spec.lane,
+        bounds,
+        prefill_estimate(bounds),
+        _reason(best, eligible, request),
     )
 
 

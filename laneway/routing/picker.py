@@ -73,11 +73,10 @@ def rank(
     for weighted in profile:
         for index, score in enumerate(weighted.scorer.score(endpoints)):
             totals[index] += weighted.weight * score
-    ranked = [
-        Ranked(e.url, totals[i] / total_weight if total_weight else 1.0)
-        for i, e in enumerate(endpoints)
-    ]
-    # Shuffle, then a stable sort: equal scores end up in random order.
-    rng.shuffle(ranked)
-    ranked.sort(key=lambda r: r.score, reverse=True)
-    return ranked
+    scores = [t / total_weight for t in totals] if total_weight else [1.0] * len(endpoints)
+    # Shuffle, then a stable sort: equal scores end up in random order. The positions are
+    # shuffled, not the results, which draws the same numbers from `rng` at less cost.
+    order = list(range(len(endpoints)))
+    rng.shuffle(order)
+    order.sort(key=scores.__getitem__, reverse=True)
+    return [Ranked(endpoints[i].url, scores[i]) for i in order]

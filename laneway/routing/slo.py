@@ -49,6 +49,10 @@ class PrefillRate:
         return self.ms_per_token * backlog_tokens
 
 
+# What an endpoint that has learned nothing yet predicts with (immutable, so shared).
+PRIOR = PrefillRate()
+
+
 def within_slo(seconds: float, slo_millis: int) -> bool:
     """The one comparison behind the SLO counters (matching a histogram bucket's `le`)."""
     return seconds <= slo_millis / 1000

@@ -43,7 +43,10 @@ def lower_is_better(values: Sequence[float | None]) -> list[float]:
     low, high = min(known), max(known)
     if high == low:
         return [UNKNOWN if v is None else 1.0 for v in values]
-    return [UNKNOWN if v is None else (high - v) / (high - low) for v in values]
+    span = high - low
+    if len(known) == len(values):  # the usual case, without a test per value
+        return [(high - v) / span for v in known]
+    return [UNKNOWN if v is None else (high - v) / span for v in values]
 
 
 def fewer_is_better(values: Sequence[float | None]) -> list[float]:

@@ -9,4 +9,4 @@ from laneway.routing.scorers.base import EndpointView, lower_is_better
 
 class InFlightScorer:
     def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return lower_is_better([float(e.in_flight) for e in endpoints])
+        return lower_is_better([e.in_flight for e in endpoints])

@@ -13,4 +13,4 @@ from laneway.routing.scorers.base import EndpointView, lower_is_better
 
 class PrefillTokensScorer:
     def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return lower_is_better([float(e.prefill_tokens) for e in endpoints])
+        return lower_is_better([e.prefill_tokens for e in endpoints])
