@@ -13,7 +13,9 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import select
 import socket
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -265,6 +267,27 @@ def test_a_body_declared_past_the_limit_is_413_before_it_is_sent(gateway: ChildP
         answer = read_answer(stream)  # no "100 Continue" first: the body is not wanted
         assert answer.status == 413
         assert answer.json()["error"]["code"] == "body_too_large"
+        assert closed(stream)
+
+
+def test_a_client_still_sending_a_refused_body_reads_its_413(gateway: ChildProcess) -> None:
+    """The 413 goes out as soon as the head is read; the client, which does not wait for it,
+    sends its body on. Closed at once, the gateway's socket would answer those bytes with a
+    reset that can wipe the unread 413 on the client's side: it reads them and drops them."""
+    with connect(gateway) as sock, sock.makefile("rb") as stream:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\n"
+            + f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode()
+        )
+        readable, _, _ = select.select([sock], [], [], PATIENCE)
+        assert readable, "no answer to a head declaring too large a body"
+        for _ in range(16):  # after the answer: each lands on a socket the gateway still reads
+            sock.sendall(b"x" * 16384)
+            time.sleep(0.01)
+        answer = read_answer(stream)
+        assert answer.status == 413
+        assert answer.json()["error"]["code"] == "body_too_large"
+        assert answer.headers["connection"] == "close"
         assert closed(stream)
 
 

@@ -92,6 +92,11 @@ _READ = frozenset(
 # Past this many unsent bytes a stream's writes wait (pause_writing), as aiohttp's did.
 WRITE_BUFFER_BYTES = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# How long a connection closed with its client still sending keeps reading (and dropping)
+# what comes: a socket closed with unread bytes is reset, and the reset can destroy the
+# answer before the client reads it (a 413 sent while the body still arrives). aiohttp's
+# lingering close did the same, for as long.
+LINGER_S = 10.0
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -383,6 +388,7 @@ class _Connection(asyncio.Protocol):
         self._then: Callable[[], None] | None = None
         self._held: list[bytes] | None = None
         self._draining = False
+        self._lingering = False  # answered and closing: what still arrives is dropped
         self._reading_paused = False
         self.writing_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -425,6 +431,8 @@ class _Connection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         if self._then is not None:
             if self._held is not None:
                 self._held.append(data)
@@ -559,7 +567,9 @@ class _Connection(asyncio.Protocol):
 
     def _answered(self, request: _Request) -> None:
         """The answer is written: serve the next request, or do what waits, or rest."""
-        if request.closes or self._draining or not request.answered:
+        if request.answered and not request.complete:
+            self.close_lingering()  # answered before its whole body came (a 413, a 401)
+        elif request.closes or self._draining or not request.answered:
             self.close()
         elif self._queue:
             self._serve(self._queue.popleft())
@@ -631,7 +641,7 @@ class _Connection(asyncio.Protocol):
             _CLOSE,
         )
         self.write((head, error.encoded()))
-        self.close()
+        self.close_lingering()
 
     # -- writing --------------------------------------------------------------------------
 
@@ -667,6 +677,19 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def close_lingering(self) -> None:
+        """Close after the answer, reading what the client still sends for up to LINGER_S."""
+        transport = self._transport
+        if transport is None or transport.is_closing() or not transport.can_write_eof():
+            self.close()
+            return
+        self._lingering = True
+        transport.write_eof()  # the client reads the answer, then the end of the connection
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._loop.call_later(LINGER_S, self.close)
+
     def drain(self) -> None:
         self._draining = True
         if self._serving is None:
@@ -677,6 +700,8 @@ class _Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
+            return
+        if self._lingering:
             return
         pause = bool(self._queue) or self._then is not None or self.writing_paused
         if pause != self._reading_paused:
