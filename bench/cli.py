@@ -81,7 +81,8 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     gateway = bench.add_parser(
         "gateway",
         help="the gateway's own overhead: direct to an engine vs through the gateway",
-        description="Start a zero-service-time simulated engine and a gateway in front of it; "
+        description="Start a simulated engine (zero service time unless --engine-profile) and a "
+        "gateway in front of it; "
         "at each concurrency send the same streamed requests direct and through the gateway "
         "and report the added latency (P50/P99), requests/s and requests/s per gateway core; "
         "then time the routing of a 128k-token prompt, bounds-decided and exactly counted.",
@@ -95,6 +96,14 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     add_value_flag(gateway, "--output-tokens", 16, "output tokens of each request")
     add_value_flag(
         gateway, "--classify-tokens", 131_072, "length of the long prompt whose routing is timed"
+    )
+    gateway.add_argument(
+        "--engine-profile",
+        default="zero",
+        metavar="PROFILE",
+        help="the simulated engine's hardware profile (laneway sim --profile): zero (the "
+        "default) answers at once, so the gateway sets the pace; h200-llama3-8b paces "
+        "tokens as that engine would",
     )
     gateway.add_argument(
         "--own-core",
@@ -208,6 +217,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         output_tokens=args.output_tokens,
         classify_tokens=args.classify_tokens,
         own_core=args.own_core,
+        engine_profile=args.engine_profile,
     )
     check_options(options)
     return run_and_report(lambda command: run_bench(options, command), render, args.json)

@@ -1,6 +1,7 @@
 """`laneway bench gateway`: what the gateway itself costs, measured against going direct.
 
-One run starts a zero-service-time `laneway sim` and a gateway in front of it, then at each
+One run starts a `laneway sim` (zero service time, or a hardware profile's pace with
+`--engine-profile`) and a gateway in front of it, then at each
 concurrency sends the same closed-loop streaming requests straight to the engine (the
 baseline) and through the gateway; the difference of the latency percentiles is what the
 gateway adds. The gateway's CPU time during its phase gives requests per second per core,
@@ -41,6 +42,7 @@ from laneway.bench.loadgen import (
 )
 from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError
+from laneway.simulator.profiles import PROFILES
 from laneway.stats import percentile
 from laneway.tables import format_table
 from laneway.tokens import TokenBounds, default_tokenizer
@@ -52,11 +54,17 @@ DEFAULT_CONCURRENCY = (1, 50, 200, 500)
 INTERACTIVE_MAX_PROMPT = 4096
 ROUNDS = 2  # per level and path
 WARMUP_REQUESTS = 200  # per path, before the first level
-# Zero service time and room for every concurrent stream: the engine never queues.
-ENGINE_ARGS = (
-    "--host", "127.0.0.1", "--port", "0", "--model", MODEL, "--profile", "zero",
-    "--max-num-seqs", "4096", "--token-budget", "8192", "--max-context", "8192",
-)  # fmt: skip
+ZERO_PROFILE = "zero"
+
+
+def engine_args(profile: str = ZERO_PROFILE) -> tuple[str, ...]:
+    """A simulated engine with room for every concurrent stream. With the zero profile it
+    answers at once, so the gateway's own cost decides the pace; with a hardware profile
+    its tokens come at a real engine's pace."""
+    return (
+        "--host", "127.0.0.1", "--port", "0", "--model", MODEL, "--profile", profile,
+        "--max-num-seqs", "4096", "--token-budget", "8192", "--max-context", "8192",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,7 @@ class BenchOptions:
     # Pin the gateway to a CPU of its own, the client and the engine to the others, so
     # that what it adds is not CPU it takes from them.
     own_core: bool = False
+    engine_profile: str = ZERO_PROFILE
 
     def requests_at(self, concurrency: int) -> int:
         return self.requests if self.requests is not None else max(400, 8 * concurrency)
@@ -85,6 +94,9 @@ def check_options(options: BenchOptions) -> None:
         raise UsageError(f"--prompt-tokens must be within 1-{INTERACTIVE_MAX_PROMPT}")
     if options.output_tokens < 1:
         raise UsageError("--output-tokens must be at least 1")
+    if options.engine_profile not in PROFILES:
+        known = ", ".join(sorted(PROFILES))
+        raise UsageError(f"--engine-profile must be one of {known}, got {options.engine_profile!r}")
     if options.own_core and len(os.sched_getaffinity(0)) < 2:
         raise UsageError("--own-core needs at least 2 CPUs to run on")
     if options.classify_tokens <= INTERACTIVE_MAX_PROMPT or options.classify_repeats < 1:
@@ -292,6 +304,7 @@ class BenchReport:
     load_average: float
     levels: tuple[LevelResult, ...]
     classification: ClassifyResult
+    engine_profile: str = ZERO_PROFILE  # the simulated engine's pace
 
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -347,7 +360,8 @@ def render(report: BenchReport) -> list[str]:
     classify = report.classification
     lines = [
         f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
-        f"load average {report.load_average:.2f} at the start; {report.placement})",
+        f"load average {report.load_average:.2f} at the start; {report.placement}; "
+        f"engine profile {report.engine_profile})",
         *format_table(header, rows),
         "",
         *render_own_time(report.levels),
@@ -719,8 +733,10 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         loop_stalls=await count_stalls(options),
     )
     async with Children() as children:
-        progress("starting a zero-service-time engine and the gateway")
-        engine = await children.start_laneway_async("sim", ENGINE_ARGS, name="engine")
+        progress(f"starting a simulated engine (profile {options.engine_profile}) and the gateway")
+        engine = await children.start_laneway_async(
+            "sim", engine_args(options.engine_profile), name="engine"
+        )
         gateway = await start_gateway(children, gateway_config([engine.url]))
         placement = place(options, engine, gateway)
         levels = await children.watch(measure_levels(options, engine, gateway))
@@ -729,6 +745,7 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
         placement=placement,
+        engine_profile=options.engine_profile,
         load_average=load_average,
         levels=tuple(levels),
         classification=classification,

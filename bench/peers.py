@@ -30,8 +30,8 @@ from typing import Any
 import aiohttp
 
 from laneway.bench.gateway import (
-    ENGINE_ARGS,
     MODEL,
+    engine_args,
     gateway_config,
     in_closed_loop,
     machine_description,
@@ -351,7 +351,7 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
     async with Children() as children:
         progress(f"starting {options.engines} zero-service-time engines")
         engines = [
-            await children.start_laneway_async("sim", ENGINE_ARGS, name=f"engine {i}")
+            await children.start_laneway_async("sim", engine_args(), name=f"engine {i}")
             for i in range(options.engines)
         ]
         urls = [engine.url for engine in engines]

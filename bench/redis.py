@@ -29,9 +29,9 @@ import aiohttp
 import yaml
 
 from laneway.bench.gateway import (
-    ENGINE_ARGS,
     MODEL,
     closed_loop,
+    engine_args,
     gateway_config,
     in_closed_loop,
     machine_description,
@@ -269,7 +269,7 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
             comparisons = await measure_state_ops(options, redis_url)
             async with Children() as children:
                 progress("starting a zero-service-time engine and two gateways")
-                engine = await children.start_laneway_async("sim", ENGINE_ARGS, name="engine")
+                engine = await children.start_laneway_async("sim", engine_args(), name="engine")
                 documents = gateway_config([engine.url])
                 tenants = Path(workdir) / "tenants.yaml"
                 tenants.write_text(yaml.safe_dump(tenants_document()))

@@ -135,6 +135,7 @@ def test_the_gateways_own_time_is_what_its_histogram_counted_between_two_reads()
         ({"prompt_tokens": 5000}, "--prompt-tokens"),
         ({"output_tokens": 0}, "--output-tokens"),
         ({"classify_tokens": 100}, "--classify-tokens"),
+        ({"engine_profile": "a100"}, "--engine-profile must be one of h100-llama3-8b, "),
     ],
 )
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
