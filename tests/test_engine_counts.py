@@ -122,6 +122,11 @@ def user(text: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": text}]
 
 
+def user_chat_count(tokenizer: HuggingFaceTokenizer) -> Callable[[str], int]:
+    """A one-message chat's count of `text`, through the tokenizer's chat template."""
+    return lambda text: chat_request(user(text)).count(tokenizer)
+
+
 def chat_request(messages: list[ChatCompletionMessageParam]) -> ParsedRequest:
     body = {"model": "llama", "messages": messages, "max_tokens": MAX_TOKENS}
     return parse_request(orjson.dumps(body), Endpoint.CHAT)
@@ -356,9 +361,7 @@ async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
     tmp_path: Path, model_files: ModelFiles
 ) -> None:
     ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
-
-    def count(text: str) -> int:
-        return chat_request(user(text)).count(ours)
+    count = user_chat_count(ours)
 
     threshold, cap = 120, 1200
     texts = [
@@ -422,9 +425,7 @@ async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decid
     tmp_path: Path, model_files: ModelFiles
 ) -> None:
     ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
-
-    def count(text: str) -> int:
-        return chat_request(user(text)).count(ours)
+    count = user_chat_count(ours)
 
     # The threshold sits above the bounds' allowance for an unknown template, so that short
     # chats are routed without asking.

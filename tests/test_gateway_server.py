@@ -240,6 +240,15 @@ def test_a_chunked_body_is_read_whole(gateway: ChildProcess) -> None:
     connection.close()
 
 
+def assert_too_large_then_closed(stream: BinaryIO) -> None:
+    """The next answer on `stream` is the 413 for a body past maxBodyBytes, and the last."""
+    answer = read_answer(stream)
+    assert answer.status == 413
+    assert answer.json()["error"]["code"] == "body_too_large"
+    assert answer.headers["connection"] == "close"
+    assert closed(stream)
+
+
 def test_a_chunked_body_past_the_limit_is_413_and_closes(gateway: ChildProcess) -> None:
     with connect(gateway) as sock, sock.makefile("rb") as stream:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -251,11 +260,7 @@ def test_a_chunked_body_past_the_limit_is_413_and_closes(gateway: ChildProcess) 
                 sent += len(piece)
         except ConnectionError:
             pass  # the gateway may answer and close before all of it is sent
-        answer = read_answer(stream)
-        assert answer.status == 413
-        assert answer.json()["error"]["code"] == "body_too_large"
-        assert answer.headers["connection"] == "close"
-        assert closed(stream)
+        assert_too_large_then_closed(stream)
 
 
 def test_a_body_declared_past_the_limit_is_413_before_it_is_sent(gateway: ChildProcess) -> None:
@@ -264,10 +269,8 @@ def test_a_body_declared_past_the_limit_is_413_before_it_is_sent(gateway: ChildP
             b"POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
             + f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode()
         )
-        answer = read_answer(stream)  # no "100 Continue" first: the body is not wanted
-        assert answer.status == 413
-        assert answer.json()["error"]["code"] == "body_too_large"
-        assert closed(stream)
+        # No "100 Continue" first: the body is not wanted.
+        assert_too_large_then_closed(stream)
 
 
 def test_a_client_still_sending_a_refused_body_reads_its_413(gateway: ChildProcess) -> None:
@@ -284,11 +287,7 @@ def test_a_client_still_sending_a_refused_body_reads_its_413(gateway: ChildProce
         for _ in range(16):  # after the answer: each lands on a socket the gateway still reads
             sock.sendall(b"x" * 16384)
             time.sleep(0.01)
-        answer = read_answer(stream)
-        assert answer.status == 413
-        assert answer.json()["error"]["code"] == "body_too_large"
-        assert answer.headers["connection"] == "close"
-        assert closed(stream)
+        assert_too_large_then_closed(stream)
 
 
 def test_expect_100_continue(gateway: ChildProcess) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -123,46 +125,43 @@ async def test_an_engine_that_is_not_there_is_an_upstream_error() -> None:
         await pool.post(f"http://127.0.0.1:{port}", "/v1/completions", b"{}")
 
 
-async def test_an_answer_cut_short_is_an_upstream_error() -> None:
+@contextlib.asynccontextmanager
+async def raw_engine(answer: bytes, hang_up_first: bool) -> AsyncIterator[str]:
+    """An engine on a bare socket that reads one request head and writes `answer`, then hangs
+    up at once (`hang_up_first`) or once the client has; yields its URL."""
     served = asyncio.Event()
 
-    async def half_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        writer.write(answer)
         await writer.drain()
+        if not hang_up_first:
+            await reader.read()  # until the client hangs up
         writer.close()
         await writer.wait_closed()
         served.set()
 
-    server = await asyncio.start_server(half_answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    pool = UpstreamPool(LIMITS)
-    answer = await pool.post(f"http://127.0.0.1:{port}", "/v1/completions", b"{}")
-    with pytest.raises(UpstreamError, match="closed the connection mid-answer"):
-        await answer.read()
-    answer.release()
-    await served.wait()
-    server.close()
-    await server.wait_closed()
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        await served.wait()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_answer_cut_short_is_an_upstream_error() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part"
+    async with raw_engine(answer, hang_up_first=True) as url:
+        pool = UpstreamPool(LIMITS)
+        response = await pool.post(url, "/v1/completions", b"{}")
+        with pytest.raises(UpstreamError, match="closed the connection mid-answer"):
+            await response.read()
+        response.release()
 
 
 async def test_an_answer_that_is_not_http_is_an_upstream_error() -> None:
-    served = asyncio.Event()
-
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
-        await writer.drain()
-        await reader.read()  # until the client hangs up
-        writer.close()
-        await writer.wait_closed()
-        served.set()
-
-    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    pool = UpstreamPool(LIMITS)
-    with pytest.raises(UpstreamError, match="not valid HTTP"):
-        await pool.post(f"http://127.0.0.1:{port}", "/v1/completions", b"{}")
-    await served.wait()
-    server.close()
-    await server.wait_closed()
+    async with raw_engine(b"SSH-2.0-OpenSSH\r\n\r\n", hang_up_first=False) as url:
+        pool = UpstreamPool(LIMITS)
+        with pytest.raises(UpstreamError, match="not valid HTTP"):
+            await pool.post(url, "/v1/completions", b"{}")
