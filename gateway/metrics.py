@@ -114,17 +114,31 @@ class GatewayMetrics:
 
 
 @dataclass
-class GapTally:
-    """One pool and lane's gaps between streamed chunks: histogram buckets and SLO counts."""
+class Tally:
+    """Histogram buckets and a sum, counted on the event loop."""
 
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(TBT_BUCKETS) + 1))
+    bounds: tuple[float, ...]
+    buckets: list[int] = field(init=False)
     total_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.buckets = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total_s += seconds
+
+
+@dataclass
+class GapTally:
+    """One pool and lane's gaps between streamed chunks: their histogram and SLO counts."""
+
+    gaps: Tally = field(default_factory=lambda: Tally(TBT_BUCKETS))
     slo_met: int = 0
     slo_missed: int = 0
 
     def observe(self, gap_s: float, within_slo: bool) -> None:
-        self.buckets[bisect.bisect_left(TBT_BUCKETS, gap_s)] += 1
-        self.total_s += gap_s
+        self.gaps.observe(gap_s)
         if within_slo:
             self.slo_met += 1
         else:
@@ -158,27 +172,11 @@ class StreamGaps(Collector):
             labels=["pool", "lane", "met"],
         )
         for (pool, lane), tally in self._tallies.items():
-            gaps.add_metric([pool, lane], _cumulative(TBT_BUCKETS, tally.buckets), tally.total_s)
+            gaps.add_metric([pool, lane], _cumulative(tally.gaps), tally.gaps.total_s)
             slo.add_metric([pool, lane, "true"], tally.slo_met)
             slo.add_metric([pool, lane, "false"], tally.slo_missed)
         yield gaps
         yield slo
-
-
-@dataclass
-class Tally:
-    """Histogram buckets and a sum, counted on the event loop (as `GapTally`, without SLO)."""
-
-    bounds: tuple[float, ...]
-    buckets: list[int] = field(init=False)
-    total_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.buckets = [0] * (len(self.bounds) + 1)
-
-    def observe(self, seconds: float) -> None:
-        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
-        self.total_s += seconds
 
 
 class LoopHistogram(Collector):
@@ -205,7 +203,7 @@ class LoopHistogram(Collector):
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
         for values, tally in self._tallies.items():
-            family.add_metric(list(values), _cumulative(self._bounds, tally.buckets), tally.total_s)
+            family.add_metric(list(values), _cumulative(tally), tally.total_s)
         yield family
 
 
@@ -244,14 +242,14 @@ class GatewayOverhead(Collector):
             ("chunk", self.chunk),
             ("stream", self.stream),
         ):
-            family.add_metric([stage], _cumulative(tally.bounds, tally.buckets), tally.total_s)
+            family.add_metric([stage], _cumulative(tally), tally.total_s)
         yield family
 
 
-def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
-    """Per-bucket counts as Prometheus' cumulative `le` buckets."""
+def _cumulative(tally: Tally) -> list[tuple[str, float]]:
+    """A tally's per-bucket counts as Prometheus' cumulative `le` buckets."""
     cumulative, running = [], 0
-    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+    for bound, count in zip((*tally.bounds, float("inf")), tally.buckets, strict=True):
         running += count
         cumulative.append((_bound_label(bound), float(running)))
     return cumulative
