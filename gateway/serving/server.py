@@ -347,11 +347,8 @@ class _Request:
         await self._connection.send((head,))
 
     async def send(self, chunk: bytes) -> None:
-        connection = self._connection
         framed = (chunk,) if self.http_1_0 else (b"%x\r\n" % len(chunk), chunk, b"\r\n")
-        connection.write_now(framed)
-        if connection.writing_paused:
-            await connection.drained()
+        await self._connection.send(framed)
 
     async def end(self) -> None:
         if not self.http_1_0:
