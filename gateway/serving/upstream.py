@@ -246,6 +246,7 @@ class UpstreamResponse(asyncio.Protocol):
         self._sink = None
         self._stop_timer()
         if self.complete and self.reusable and not self._chunks:
+            self.resume_reading()  # a sink may have paused it as the answer ended
             self.idle_since = self._loop.time()
             self._pool.put_back(self)
         else:
