@@ -23,7 +23,7 @@ import pytest_asyncio
 import yaml
 from aiohttp import web
 from simulated_pools import gateway_doc, pool_doc
-from test_gateway_e2e import scrape
+from test_gateway_e2e import scrape, total
 
 from laneway.bench.procs import ChildProcess, Children
 
@@ -85,6 +85,29 @@ def engine(script: str, written: Written) -> web.Application:
     return app
 
 
+WHOLE_EVENTS = 3
+
+
+async def answer_whole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An engine whose whole streamed answer leaves in one write with its head."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+    body = b"".join(event("served-whole", i) for i in range(WHOLE_EVENTS)) + DONE
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    await reader.read()  # until the gateway closes or reuses it no more
+    writer.close()
+
+
 @dataclass(frozen=True)
 class Rig:
     gateway: ChildProcess
@@ -94,6 +117,7 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="module")
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     runners, documents, written = [], [], {}
+    whole: asyncio.Server | None = None
     try:
         for script in ("flood", "burst"):
             written[script] = Written()
@@ -106,6 +130,11 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             documents.append(
                 pool_doc(script, "interactive", served, [url], routing={"models": [script]})
             )
+        whole = await asyncio.start_server(answer_whole, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{whole.sockets[0].getsockname()[1]}"
+        documents.append(
+            pool_doc("whole", "interactive", "served-whole", [url], routing={"models": ["whole"]})
+        )
         # The flood's client pauses for as long as the test takes to see the engine stop.
         config = gateway_doc(clients={"writeTimeoutMillis": 600_000})
         path = tmp_path / "gateway.yaml"
@@ -116,6 +145,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     finally:
         for runner in runners:
             await runner.cleanup()
+        if whole is not None:
+            whole.close()
 
 
 def request_bytes(gateway: ChildProcess, model: str) -> bytes:
@@ -228,3 +259,21 @@ async def test_bursts_of_events_read_in_one_go_are_relayed_intact_and_in_order(
     sent = b"".join(written.sent) + DONE
     assert sent.count(b'"model":"served-burst"') == BURSTS * EVENTS_PER_BURST
     assert relayed == sent.replace(b'"model":"served-burst"', b'"model":"burst"')
+
+
+@in_the_rigs_loop
+async def test_a_stream_that_arrives_whole_with_its_head_is_relayed_and_timed(rig: Rig) -> None:
+    """Its first token, end and all are pushed before the relay task first waits."""
+    body = {"model": "whole", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{rig.gateway.url}/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status == 200
+        relayed = await response.read()
+    expected = b"".join(event("whole", i) for i in range(WHOLE_EVENTS)) + DONE
+    assert relayed == expected
+    samples = await scrape(rig.gateway.url)
+    labels = {"pool": "whole", "lane": "interactive"}
+    assert total(samples, "laneway_gateway_ttft_seconds_count", **labels) == 1
+    assert await status_counts(rig.gateway, "whole") == {"200": 1}

@@ -645,13 +645,15 @@ async def _relay_stream(
     writes = _ClientWrites(exchange)
     relay = _StreamRelay(exchange, upstream, sent, rename, writes)
     try:
-        upstream.push_to(relay)
-        while not (relay.over or relay.gone):
-            await relay.news()
+        upstream.push_to(relay)  # what came with the head is relayed at once, maybe all
+        while True:
             if relay.first_token is not None:
                 read_at, written_at = relay.first_token
                 relay.first_token = None
                 await _note_first_token(exchange, lease, progress, sent, read_at, written_at)
+            if relay.over or relay.gone:
+                break
+            await relay.news()
         if relay.gone:
             return  # the upstream is closed: the engine sees it
         rest = rename.flush() if rename else b""
