@@ -129,12 +129,16 @@ async def test_the_gateway_routes_to_the_engine_whose_events_say_it_holds_the_pr
         (b"kv@127.0.0.1:8001@llama-small", "http://127.0.0.1:8001"),
         (b"kv@127.0.0.1:8002", "http://127.0.0.1:8002"),
         (b"kv@127.0.0.1:9999", None),  # no such endpoint in the pool
+        # An IPv6 pod: the operator's topic has its bare IP, the endpoint URL brackets it.
+        (b"kv@fd00::5:8000", "http://[fd00::5]:8000"),
+        (b"kv@[fd00::5]:8000", "http://[fd00::5]:8000"),
+        (b"kv@fd00::5:8001", None),
         (b"kv-events", None),  # vLLM's example topic names no endpoint
         (b"", None),
     ],
 )
 def test_the_topic_names_the_endpoint(topic: bytes, expected: str | None) -> None:
-    endpoints = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    endpoints = ["http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://[fd00::5]:8000"]
     assert endpoint_of_topic(topic, endpoints) == expected
 
 

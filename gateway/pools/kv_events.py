@@ -31,7 +31,14 @@ def endpoint_of_topic(topic: bytes, endpoints: Iterable[str]) -> str | None:
     fields = topic.decode(errors="replace").split("@")
     if len(fields) < 2 or fields[0] != "kv":
         return None
-    return next((url for url in endpoints if urlsplit(url).netloc == fields[1]), None)
+    return next((url for url in endpoints if fields[1] in _host_ports(url)), None)
+
+
+def _host_ports(url: str) -> tuple[str, str]:
+    """The ways a topic may name an endpoint: its URL's host:port, and for an IPv6 host the
+    same without brackets, as the operator's `kv@$(pod IP):<port>` renders it."""
+    parts = urlsplit(url)
+    return parts.netloc, f"{parts.hostname}:{parts.port}"
 
 
 class KVEventSubscriber:
