@@ -88,7 +88,8 @@ KV_EVENTS_ENDPOINT_PATTERN = (
     "^tcp://[a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?:"
     "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$"
 )
-# Flags kvEvents renders, under the spellings vLLM's parser takes (it reads `_` as `-`).
+# Flags kvEvents renders, as prefixes of the spellings vLLM's parser takes: `_` for `-`, and
+# `--flag=value` or `--kv-events-config.FIELD value` after either.
 KV_EVENTS_RENDERED_FLAGS = (
     "--kv-events-config",
     "--kv_events_config",
@@ -876,9 +877,9 @@ def _check_kv_events(spec: PoolSpec) -> list[FieldError]:
     path = "spec.engine.kvEvents"
     errors: list[FieldError] = []
     if spec.engine.kind is EngineKind.SGLANG:
-        # docs/OPERATOR.md, "KV events": SGLang v0.5.4's events carry content-only hashes
-        # with broken parent links (fixed later by sgl-project/sglang#13488), and its
-        # blocks are its --page-size, 1 token by default.
+        # docs/OPERATOR.md, "The engines' KV events": SGLang v0.5.4's events carry
+        # content-only block hashes (sequence-level since sgl-project/sglang#13488), and
+        # its blocks are its --page-size, 1 token by default.
         errors.append(
             FieldError(
                 path,
@@ -887,9 +888,8 @@ def _check_kv_events(spec: PoolSpec) -> list[FieldError]:
                 "them; remove engine.kvEvents",
             )
         )
-    if spec.engine.kind is EngineKind.SIMULATOR and kv_events.block_size != (
-        SIMULATOR_KV_BLOCK_SIZE
-    ):
+    simulator = spec.engine.kind is EngineKind.SIMULATOR
+    if simulator and kv_events.block_size != SIMULATOR_KV_BLOCK_SIZE:
         errors.append(
             FieldError(
                 f"{path}.blockSize",

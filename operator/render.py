@@ -181,11 +181,11 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--time-scale", f"{simulator.time_scale:g}"),
         ]
     if spec.engine.kv_events is not None:
-        args += kv_events_flags(spec.engine.kv_events, spec.port, spec.engine.kind)
+        args += _kv_events_flags(spec.engine.kv_events, spec.port, spec.engine.kind)
     return EngineCommand(command, (*args, *spec.engine.args))
 
 
-def kv_events_flags(kv_events: KVEventsSpec, port: int, kind: EngineKind) -> list[str]:
+def _kv_events_flags(kv_events: KVEventsSpec, port: int, kind: EngineKind) -> list[str]:
     """vLLM's --kv-events-config (`laneway sim` takes the same), publishing to the gateway's
     SUB socket under the topic `kv@<pod IP>:<port>`: the host:port of the endpoint URL the
     gateway routes to, which is how it tells whose events a message carries."""

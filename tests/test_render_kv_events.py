@@ -28,6 +28,7 @@ from laneway.gateway.pools.kv_events import KVEventSubscriber
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.operator.render import POD_IP_ENV, render_pool
 from laneway.routing.prefix_index import KVEventSource, PrefixIndex
+from laneway.simulator.scheduler import KV_BLOCK_TOKENS
 
 POD_IP = "127.0.0.1"  # where this test's "pod" listens
 
@@ -73,6 +74,10 @@ def test_the_pod_ip_comes_from_the_downward_api_only_where_kv_events_need_it() -
     quiet = container_of(pool({"engine": {"kind": "vllm"}}))
     assert POD_IP_ENV not in {var["name"] for var in quiet["env"]}
     assert "--kv-events-config" not in quiet["args"]
+
+
+def test_the_simulators_block_size_is_the_one_the_api_allows_it() -> None:
+    assert api.SIMULATOR_KV_BLOCK_SIZE == KV_BLOCK_TOKENS
 
 
 @pytest.mark.parametrize(
