@@ -75,9 +75,9 @@ class SimulatorSpec:
     metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
 
 
-# The block sizes kvEvents may pin: vLLM's --block-size choices (vllm/config/cache.py,
-# BlockSize: 1, 8, 16, 32, 64, 128 and later 256) that its CUDA attention backends take
-# (multiples of 16), and in every release since 0.9.
+# The block sizes kvEvents may pin: vLLM's --block-size choices in every release since 0.9
+# (vllm/config/cache.py, BlockSize: 1, 8, 16, 32, 64, 128, later 256) that its
+# FlashAttention and Triton backends take (multiples of 16).
 KV_EVENT_BLOCK_SIZES = (16, 32, 64, 128)
 DEFAULT_KV_EVENT_BLOCK_SIZE = 16  # vLLM's default on CUDA, and the gateway's
 # `laneway sim` keeps 16-token KV blocks and has no --block-size (simulator/prefix_cache.py).
