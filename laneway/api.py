@@ -515,7 +515,8 @@ def _parse_engine(reader: _Reader, spec: Mapping[str, Any]) -> EngineSpec:
     )
     engine_kind = reader.choice(engine_data, "kind", path, [k.value for k in EngineKind])
     simulator = _parse_simulator(reader, engine_data) if "simulator" in engine_data else None
-    kv_events = _parse_kv_events(reader, engine_data) if "kvEvents" in engine_data else None
+    has_kv_events = engine_data.get("kvEvents") is not None
+    kv_events = _parse_kv_events(reader, engine_data) if has_kv_events else None
     return EngineSpec(
         kind=EngineKind(engine_kind or EngineKind.SIMULATOR),
         image=reader.string(engine_data, "image", path),

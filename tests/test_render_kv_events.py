@@ -71,7 +71,7 @@ def test_the_pod_ip_comes_from_the_downward_api_only_where_kv_events_need_it() -
     argv = kubelet_argv(publishing, "10.1.2.3")
     config = argv[argv.index("--kv-events-config") + 1]
     assert '"topic":"kv@10.1.2.3:8000"' in config
-    quiet = container_of(pool({"engine": {"kind": "vllm"}}))
+    quiet = container_of(pool({"engine": {"kind": "vllm", "kvEvents": None}}))
     assert POD_IP_ENV not in {var["name"] for var in quiet["env"]}
     assert "--kv-events-config" not in quiet["args"]
 
