@@ -16,6 +16,7 @@ from laneway.gateway.serving.upstream import (
     UpstreamError,
     UpstreamLimits,
     UpstreamPool,
+    UpstreamResponse,
 )
 
 LIMITS = UpstreamLimits(connect_s=5.0, read_s=30.0)
@@ -102,6 +103,63 @@ async def test_closing_a_stream_tells_the_engine(engine: tuple[Engine, str]) -> 
     pool = UpstreamPool(LIMITS)
     answer = await pool.post(url, "/v1/stream", b"{}")
     assert (await answer.readany()).startswith(b"data: 0")
+    answer.close()
+    await asyncio.wait_for(fake.stream_cut.wait(), timeout=30)
+    pool.close()
+
+
+class HoldingSink:
+    """A stream sink whose client is always full: it pauses the reads after each one, and
+    resumes them only when told."""
+
+    def __init__(self, answer: UpstreamResponse) -> None:
+        self.answer = answer
+        self.data: list[bytes] = []
+        self.end: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.pushed = asyncio.Event()
+
+    def received(self, data: bytes, at: float) -> None:
+        self.data.append(data)
+        self.answer.pause_reading()
+        self.pushed.set()
+
+    def ended(self, error: Exception | None) -> None:
+        self.end.set_result(error)
+
+
+async def test_a_pushed_answer_ends_whole_and_its_paused_connection_serves_the_next(
+    engine: tuple[Engine, str],
+) -> None:
+    fake, url = engine
+    pool = UpstreamPool(LIMITS)
+    answer = await pool.post(url, "/v1/completions", b'{"n": 0}')
+    sink = HoldingSink(answer)
+    answer.push_to(sink)
+    assert await asyncio.wait_for(sink.end, timeout=30) is None
+    assert b"".join(sink.data) == b'{"model": "m", "choices": []}'
+    answer.release()  # paused by the sink as the answer ended
+    again = await asyncio.wait_for(pool.post(url, "/v1/completions", b'{"n": 1}'), timeout=30)
+    assert await again.read() == b'{"model": "m", "choices": []}'
+    again.release()
+    pool.close()
+    assert len(set(fake.peers)) == 1  # the same connection, reading again
+
+
+async def test_a_pushed_stream_waits_while_paused_and_goes_on_when_resumed(
+    engine: tuple[Engine, str],
+) -> None:
+    fake, url = engine
+    pool = UpstreamPool(LIMITS)
+    answer = await pool.post(url, "/v1/stream", b"{}")
+    sink = HoldingSink(answer)
+    answer.push_to(sink)
+    for _ in range(3):
+        await asyncio.wait_for(sink.pushed.wait(), timeout=30)
+        sink.pushed.clear()
+        answer.resume_reading()
+    relayed = b"".join(sink.data)
+    assert relayed.startswith(b"data: 0\n\ndata: 1\n\n")  # in order, nothing lost
+    assert not sink.end.done()
     answer.close()
     await asyncio.wait_for(fake.stream_cut.wait(), timeout=30)
     pool.close()

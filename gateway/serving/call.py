@@ -2,7 +2,7 @@
 
 The proxy (`proxy.py`) needs little of an HTTP request: the app, when the request arrived,
 two headers, who is asking, the body, and a way to answer (a whole response, or a stream
-started, written chunk by chunk and ended). `Call` is that and no more, so the request path
+started, pushed chunk by chunk and ended). `Call` is that and no more, so the request path
 runs the same under two shells: the gateway's own server (`server.py`), which serves the
 completion routes on the connections it keeps, and `AiohttpCall` here, for completion
 requests on connections handed over to aiohttp and for in-process test servers.
@@ -11,10 +11,11 @@ requests on connections handed over to aiohttp and for in-process test servers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import ARRIVED
@@ -27,7 +28,12 @@ SESSION_HEADER = "x-laneway-session"
 
 class Call(Protocol):
     """A completion request and its answer. The answer is given once: `answer`, or
-    `start_stream` then `send`s and `end`."""
+    `start_stream` then `push`es and `end`.
+
+    A stream's chunks are pushed, never awaited: the proxy writes them from the engine
+    connection's callback as they arrive (no task woken per chunk), and holds the engine
+    back itself while the client's buffer is full (`push` returns False, then
+    `when_writable`)."""
 
     @property
     def app(self) -> web.Application: ...
@@ -58,9 +64,14 @@ class Call(Protocol):
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         """A 200 server-sent-event stream's head."""
 
-    async def send(self, chunk: bytes) -> None:
-        """One chunk of the stream; waits only while the client's buffer is full.
-        ConnectionError when the client is gone."""
+    def push(self, chunk: bytes) -> bool:
+        """Write one chunk of the stream now; False when the client's buffer is then over its
+        high-water mark. ConnectionError when the client is gone."""
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once, when the client's buffer is below its low-water mark again.
+        A client lost meanwhile cancels the request where the shell cancels on disconnect;
+        elsewhere the callback comes and the next push fails."""
 
     async def end(self) -> None:
         """The stream's end. ConnectionError when the client is gone."""
@@ -90,6 +101,7 @@ class AiohttpCall:
         self.session = request.headers.get(SESSION_HEADER)
         self.caller = caller_of(request)
         self._response: web.StreamResponse | None = None
+        self._drain: asyncio.Task[None] | None = None
 
     @property
     def response(self) -> web.StreamResponse:
@@ -136,10 +148,29 @@ class AiohttpCall:
             status=200,
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers},
         )
+        if self._request.version >= HttpVersion11:  # `push` frames what it writes by this
+            self._response.enable_chunked_encoding()
         await self._response.prepare(self._request)
 
-    async def send(self, chunk: bytes) -> None:
-        await self.response.write(chunk)
+    def push(self, chunk: bytes) -> bool:
+        # Straight to the transport, framed as the prepared response frames (it sent its
+        # head at `prepare`): aiohttp's own `write` is a coroutine to await per chunk.
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        if self.response.chunked:
+            transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        else:
+            transport.write(chunk)
+        return not self._request.protocol.writing_paused
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        async def drained() -> None:
+            with contextlib.suppress(ConnectionError):  # the next push says it is gone
+                await self._request.writer.drain()
+            callback()
+
+        self._drain = asyncio.get_running_loop().create_task(drained())
 
     async def end(self) -> None:
         await self.response.write_eof()

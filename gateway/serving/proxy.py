@@ -631,71 +631,166 @@ async def _relay_stream(
     sent: _Sent,
     rename: ModelNameRewriter | None,
 ) -> None:
-    """Relay SSE chunk by chunk as it arrives; after the first byte there is no retry."""
+    """Relay SSE as it arrives; after the first byte there is no retry.
+
+    The engine connection pushes each read to `_StreamRelay`, which writes it to the client
+    from that callback; this task sleeps until what only it can do: the first token (the
+    tracker's I/O), the end, an error, the client gone.
+    """
     app, outcome = exchange.app, exchange.outcome
-    clock, metrics = app[CLOCK], app[METRICS]
-    labels = (exchange.plan.pool.name, exchange.plan.lane.value)
     outcome.prompt_tokens = await exchange.count
     client = exchange.call
     await client.start_stream(outcome.routing_headers())
     outcome.status = 200
     writes = _ClientWrites(exchange)
-    gaps = metrics.tbt.labels(*labels)
-    overhead = metrics.overhead
-    relays = overhead.chunk
-    slo = exchange.plan.pool.spec.slo
-    first_token = FirstTokenWatch()
-    last_event: float | None = None
-    # The end of what the client has: enough to tell an event boundary and the end marker.
-    written = b"\n\n"
+    relay = _StreamRelay(exchange, upstream, sent, rename, writes)
     try:
+        upstream.push_to(relay)  # what came with the head is relayed at once, maybe all
         while True:
-            try:
-                chunk = await upstream.readany()
-            except (UpstreamError, TimeoutError) as error:
-                why = f"mid-stream: {type(error).__name__}: {error}"
-                await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
-                metrics.upstream_errors.labels(labels[0], lease.endpoint, "mid_stream").inc()
-                outcome.error = "upstream_failed_mid_stream"
-                await _end_with_error(client, error, rename.flush() if rename else b"", written)
-                return
-            if not chunk:
+            if relay.first_token is not None:
+                read_at, written_at = relay.first_token
+                relay.first_token = None
+                await _note_first_token(exchange, lease, progress, sent, read_at, written_at)
+            if relay.over or relay.gone:
                 break
-            # The engine's side of the token (its prefill rate is learned from it), and where
-            # the gateway's relay time of these bytes starts.
-            read_at = upstream.received_at
-            # Only the chunks up to the first token are parsed for it; none after.
-            first = not first_token.seen and first_token.feed(chunk)
-            if rename:
-                chunk = rename.feed(chunk)  # whole lines: the first token's is among them
-                if not chunk:
-                    continue
-            if not await writes.send(chunk):
-                # The client went away: closing the upstream response tells the engine.
-                upstream.close()
-                return
-            # The client's side: TTFT and TBT are taken once the bytes are on their way to it.
-            now = clock()
-            relays.observe(now - read_at)
-            if first:
-                await _note_first_token(exchange, lease, progress, sent, read_at, now)
-                last_event = now
-            elif last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
-                gap = now - last_event
-                gaps.observe(gap, within_slo(gap, slo.tbt_millis))
-                last_event = now
-            written = (written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
-            if not outcome.complete and STREAM_END in written:
-                outcome.complete = True
-                # Taken in the step that wrote the end: before the client, which has it, can
-                # ask /metrics for it.
-                overhead.stream.observe(sent.overhead_s + now - read_at)
+            await relay.news()
+        if relay.gone:
+            return  # the upstream is closed: the engine sees it
         rest = rename.flush() if rename else b""
-        if not rest or await writes.send(rest):
-            outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
-            await writes.send(b"")
+        if relay.error is not None:
+            error, pool = relay.error, exchange.plan.pool.name
+            why = f"mid-stream: {type(error).__name__}: {error}"
+            await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
+            app[METRICS].upstream_errors.labels(pool, lease.endpoint, "mid_stream").inc()
+            outcome.error = "upstream_failed_mid_stream"
+            await _end_with_error(writes, error, rest, relay.written)
+            return
+        if rest:
+            try:
+                client.push(rest)
+            except ConnectionError:
+                writes.gone()
+                return
+        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
+        await writes.end()
     finally:
+        relay.stop()
         writes.close()
+
+
+class _StreamRelay:
+    """A stream's engine-to-client relay, run from the engine connection's reads (its
+    `StreamSink`): each read's bytes are renamed, written to the client and timed there.
+
+    Per read, no task is woken and no future made: a burst of chunks from one engine step
+    costs the loop one callback, not a task step per chunk with a new request waiting
+    behind them. While the client's buffer is full the engine's socket is not read (TCP
+    holds the engine back); the write deadline runs meanwhile (`_ClientWrites`).
+    """
+
+    def __init__(
+        self,
+        exchange: _Exchange,
+        upstream: UpstreamResponse,
+        sent: _Sent,
+        rename: ModelNameRewriter | None,
+        writes: _ClientWrites,
+    ) -> None:
+        app, plan = exchange.app, exchange.plan
+        metrics = app[METRICS]
+        self._upstream = upstream
+        self._rename = rename
+        self._writes = writes
+        self._client = exchange.call
+        self._outcome = exchange.outcome
+        self._clock = app[CLOCK]
+        self._overhead = metrics.overhead
+        self._gaps = metrics.tbt.labels(plan.pool.name, plan.lane.value)
+        self._tbt_slo_millis = plan.pool.spec.slo.tbt_millis
+        self._sent_overhead_s = sent.overhead_s
+        self._first_token = FirstTokenWatch()
+        self._last_event: float | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        # The end of what the client has: enough to tell an event boundary and the end marker.
+        self.written = b"\n\n"
+        # For the relay task: (read, written) times of the first token's bytes, not yet noted.
+        self.first_token: tuple[float, float] | None = None
+        self.over = False  # the engine's answer ended, with `error` if it broke
+        self.error: Exception | None = None
+        self.gone = False  # the client is gone (or the relay task stopped)
+
+    async def news(self) -> None:
+        """Until there is something for the relay task to do."""
+        if self.first_token is None and not self.over and not self.gone:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def stop(self) -> None:
+        """The relay task is done: a late callback changes nothing."""
+        self.gone = True
+
+    # -- StreamSink -----------------------------------------------------------------------
+
+    def received(self, data: bytes, at: float) -> None:
+        if self.gone:
+            return
+        # Only the chunks up to the first token are parsed for it; none after.
+        first = not self._first_token.seen and self._first_token.feed(data)
+        chunk = self._rename.feed(data) if self._rename else data  # whole lines
+        if not chunk:
+            return
+        try:
+            room = self._client.push(chunk)
+        except ConnectionError:
+            self._client_gone()
+            return
+        # TTFT and TBT are taken once the bytes are on their way to the client; the
+        # gateway's relay time of them runs from when the engine's read began.
+        now = self._clock()
+        self._overhead.chunk.observe(now - at)
+        if first:
+            self.first_token = (at, now)
+            self._last_event = now
+            self._wake()
+        elif self._last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
+            gap = now - self._last_event
+            self._gaps.observe(gap, within_slo(gap, self._tbt_slo_millis))
+            self._last_event = now
+        self.written = (self.written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+        if not self._outcome.complete and STREAM_END in self.written:
+            self._outcome.complete = True
+            # Taken in the callback that wrote the end: before the client, which has it, can
+            # ask /metrics for it.
+            self._overhead.stream.observe(self._sent_overhead_s + now - at)
+        if not room:
+            self._upstream.pause_reading()
+            self._writes.block()
+            self._client.when_writable(self._writable)
+
+    def ended(self, error: Exception | None) -> None:
+        self.over, self.error = True, error
+        self._wake()
+
+    # -- the rest -------------------------------------------------------------------------
+
+    def _writable(self) -> None:
+        if self.gone or self.over:
+            return
+        self._writes.unblock()
+        self._upstream.resume_reading()
+
+    def _client_gone(self) -> None:
+        self.gone = True
+        self._writes.gone()
+        self._upstream.close()  # the engine sees its client go away
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 async def _note_first_token(
@@ -725,40 +820,49 @@ async def _note_first_token(
 
 
 class _ClientWrites:
-    """A stream's writes to its client, each under the write deadline (issue 14).
+    """A stream's write deadline (issue 14), and what a client that left means.
 
-    A client that reads nothing fills the socket's buffer and then blocks the write: after
+    A client that reads nothing fills the socket's buffer and then blocks the stream: after
     the deadline it is cut off, so it holds neither the engine nor the pool's slot. One
     timer watches the whole stream, re-armed at most once per deadline, where a timeout per
     write cost a timer and a context manager per relayed chunk.
     """
 
     def __init__(self, exchange: _Exchange) -> None:
-        self._exchange = exchange
+        self._outcome = exchange.outcome
         self.client = exchange.call
         self._loop = asyncio.get_running_loop()
         self._deadline_s = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
-        self._writing_since: float | None = None
+        self._blocked_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._cut_off = False
 
-    async def send(self, chunk: bytes) -> bool:
-        """Write `chunk` (the end of the stream when empty); False when the client is gone."""
-        self._writing_since = now = self._loop.time()
-        if self._timer is None:
-            self._timer = self._loop.call_at(now + self._deadline_s, self._check)
+    def block(self) -> None:
+        """The client's buffer is full: the deadline runs from now, until `unblock`."""
+        if self._blocked_since is None:
+            self._blocked_since = now = self._loop.time()
+            if self._timer is None:
+                self._timer = self._loop.call_at(now + self._deadline_s, self._check)
+
+    def unblock(self) -> None:
+        self._blocked_since = None
+
+    async def end(self) -> None:
+        """The stream's end, under the deadline while it waits for the client to read."""
+        self.block()
         try:
-            await (self.client.send(chunk) if chunk else self.client.end())
+            await self.client.end()
         except ConnectionError:
-            outcome = self._exchange.outcome
-            if self._cut_off:
-                outcome.status, outcome.error = CLIENT_CLOSED, "client_not_reading"
-            else:
-                _client_gone(outcome)
-            return False
+            self.gone()
         finally:
-            self._writing_since = None
-        return True
+            self.unblock()
+
+    def gone(self) -> None:
+        """The client's connection is gone: cut off, or closed by the client."""
+        if self._cut_off:
+            self._outcome.status, self._outcome.error = CLIENT_CLOSED, "client_not_reading"
+        else:
+            _client_gone(self._outcome)
 
     def close(self) -> None:
         if self._timer is not None:
@@ -767,26 +871,28 @@ class _ClientWrites:
 
     def _check(self) -> None:
         self._timer = None
-        since = self._writing_since
+        since = self._blocked_since
         if since is None:
-            return  # no write pending: the next one arms the timer again
+            return  # the client reads again: the next block arms the timer again
         if self._loop.time() - since < self._deadline_s:
             self._timer = self._loop.call_at(since + self._deadline_s, self._check)
             return
         self._cut_off = True
+        self.gone()  # before the abort: a shell that cancels the request on it keeps this
         # A close would wait for the buffer to drain, which it never does; the aborted
-        # connection fails the pending write.
+        # connection fails the next write, or cancels the request.
         self.client.abort()
 
 
 def _client_gone(outcome: _Outcome) -> None:
-    """The client closed its connection: a 499 unless it already had the whole response."""
-    if not outcome.complete:
+    """The client closed its connection: a 499 unless it already had the whole response (or
+    was cut off for not reading, which says more)."""
+    if not outcome.complete and outcome.status != CLIENT_CLOSED:
         outcome.status, outcome.error = CLIENT_CLOSED, "client_disconnected"
 
 
 async def _end_with_error(
-    client: Call, error: BaseException, pending: bytes, written: bytes
+    writes: _ClientWrites, error: BaseException, pending: bytes, written: bytes
 ) -> None:
     """End the stream with an error event after `pending`, the rest of a partial event."""
     body = error_body(
@@ -802,10 +908,11 @@ async def _end_with_error(
         + b"\n\n"
     )
     try:
-        await client.send(event)
-        await client.end()
+        writes.client.push(event)
     except ConnectionError:
+        writes.gone()
         return
+    await writes.end()
 
 
 async def _note_failure(app: web.Application, url: str, why: str, timed_out: bool) -> None:

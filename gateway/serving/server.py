@@ -7,7 +7,8 @@ CPU per non-streaming request, and most of the rest after the engine's chunks ar
 a streamed one (docs/BENCHMARKS.md, "The hot path, fourth pass"). The two completion routes
 are the traffic, so this server serves them itself: llhttp (via httptools) parses each
 request in the protocol's `data_received`, the proxy runs as one task per request, and its
-answer is written as framed bytes straight to the transport (one `writelines` per chunk).
+answer is written as framed bytes straight to the transport (a stream's chunks pushed
+from the engine connection's callback, one `writelines` per chunk).
 
 Everything else goes to aiohttp, unchanged: a request for another route (or one this server
 leaves to it: an Upgrade, a Content-Encoding to decode, an unusual Expect) hands the whole
@@ -31,9 +32,10 @@ What aiohttp gave the completion routes, kept here:
   it) and the body deadline (`clients.bodyTimeoutMillis`, 408), the connection then closed;
 - `Expect: 100-continue`, keep-alive, `Connection: close`, HTTP/1.0 (a stream to an HTTP/1.0
   client ends with the connection), pipelined completion requests answered in order;
-- flow control: a write waits while the transport's buffer is over its high-water mark
-  (`pause_writing`), and no more requests are read meanwhile; the write deadline is the
-  proxy's (`_ClientWrites`);
+- flow control: while the transport's buffer is over its high-water mark (`pause_writing`)
+  a stream's push says so and the proxy stops reading from the engine until
+  `resume_writing`; no more requests are read meanwhile; the write deadline is the proxy's
+  (`_ClientWrites`);
 - a client that disconnects cancels its request (the upstream is closed, so the engine
   stops), as aiohttp's `handler_cancellation=True` did;
 - the tenant check (`identify`, the same function as aiohttp's tenant middleware), OpenAI-
@@ -346,9 +348,18 @@ class _Request:
         self.streaming = True
         await self._connection.send((head,))
 
-    async def send(self, chunk: bytes) -> None:
-        framed = (chunk,) if self.http_1_0 else (b"%x\r\n" % len(chunk), chunk, b"\r\n")
-        await self._connection.send(framed)
+    def push(self, chunk: bytes) -> bool:
+        connection = self._connection
+        connection.write_now(
+            (chunk,) if self.http_1_0 else (b"%x\r\n" % len(chunk), chunk, b"\r\n")
+        )
+        return not connection.writing_paused
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        if self._connection.writing_paused:
+            self._connection.on_writable = callback
+        else:
+            callback()
 
     async def end(self) -> None:
         if not self.http_1_0:
@@ -389,6 +400,7 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self.writing_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
+        self.on_writable: Callable[[], None] | None = None  # a stream's, once writes resume
         self._idle_since: float | None = None  # waiting for a head since then
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -409,6 +421,7 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         self._stop_idle_timer()
         self._queue.clear()
+        self.on_writable = None  # the task is cancelled below: nothing is pushed any more
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             # The stream's pending write fails: the proxy sees its client gone.
@@ -425,6 +438,9 @@ class _Connection(asyncio.Protocol):
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        callback, self.on_writable = self.on_writable, None
+        if callback is not None:
+            callback()
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:

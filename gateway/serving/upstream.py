@@ -6,7 +6,9 @@ chunk: about a third of the gateway's CPU per request in the profile in docs/BEN
 The engines speak one thing to the gateway (a JSON POST answered with JSON or with SSE), so
 this client does only that: the request head is precomputed per endpoint and path and
 written with the client's body bytes in one call; llhttp (via httptools) parses the answer
-in the protocol's `data_received` and hands its body, de-chunked, to whoever waits.
+in the protocol's `data_received` and hands its body, de-chunked, to whoever waits; or, once
+a stream's reader has pushed it to a `StreamSink`, straight to the sink from the callback,
+all the body bytes of one read at once, with no task woken per chunk.
 
 Connections are kept alive per endpoint and reused while they stay idle for less than
 IDLE_S, under the 5 s idle timeout of uvicorn (vLLM's and SGLang's server), so the engine
@@ -15,7 +17,8 @@ did not end cleanly, or that its reader closed early, is aborted: the engine see
 client go away and stops generating.
 
 Flow control: past BUFFER_BYTES of unread body the protocol stops reading from the socket,
-so a slow client holds back the engine by TCP, not the gateway's memory.
+so a slow client holds back the engine by TCP, not the gateway's memory; a sink pauses and
+resumes the reads itself (`pause_reading`, `resume_reading`) as its client's buffer fills.
 
 Errors: `UpstreamError` for a connection that cannot be made or breaks, or an answer that is
 not HTTP; `TimeoutError` when connecting, or waiting for the next bytes, takes too long.
@@ -30,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -41,6 +44,18 @@ BUFFER_BYTES = 256 * 1024  # unread body past which the engine's socket is not r
 
 class UpstreamError(Exception):
     """The engine could not be reached, or its connection broke, or its answer was not HTTP."""
+
+
+class StreamSink(Protocol):
+    """Where a pushed answer's body goes, from the connection's callbacks."""
+
+    def received(self, data: bytes, at: float) -> None:
+        """The body bytes (de-chunked) that one read of the socket brought, read at `at`
+        (the pool's clock)."""
+
+    def ended(self, error: Exception | None) -> None:
+        """The answer is over: whole (None), broken, or silent for longer than `read_s`
+        (TimeoutError). Called once; nothing is received after it."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,8 @@ class UpstreamResponse(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._chunks: deque[bytes] = deque()
+        self._sink: StreamSink | None = None
+        self._batch: list[bytes] = []  # a pushed answer's body bytes from the current read
         # When the oldest body bytes not yet read arrived (the pool's clock): the gateway's
         # relay time of a chunk runs from here, through any wait for the loop to wake it.
         self.received_at = 0.0
@@ -109,11 +126,14 @@ class UpstreamResponse(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._silent_since = self._loop.time()
+        if self._sink is not None:
+            self.received_at = self._pool.clock()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._fail(UpstreamError(f"the engine's answer is not valid HTTP: {error}"))
             self._abort()
+        self._deliver()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -124,6 +144,7 @@ class UpstreamResponse(asyncio.Protocol):
         elif not self.complete:
             why = f": {exc}" if exc else ""
             self._fail(UpstreamError(f"the engine closed the connection mid-answer{why}"))
+        self._deliver()
 
     # -- llhttp callbacks -------------------------------------------------------------------
 
@@ -140,6 +161,9 @@ class UpstreamResponse(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._batch.append(body)
+            return
         if not self._chunks:
             self.received_at = self._pool.clock()
         self._chunks.append(body)
@@ -190,11 +214,39 @@ class UpstreamResponse(asyncio.Protocol):
             parts.append(chunk)
         return b"".join(parts)
 
+    def push_to(self, sink: StreamSink) -> None:
+        """From now on the body goes to `sink` as it arrives, starting with what came with
+        the head; until the answer ends, or `release` or `close`."""
+        self._sink = sink
+        if self._chunks:
+            self._batch.extend(self._chunks)
+            self._chunks.clear()
+            self._buffered = 0
+        self.resume_reading()
+        self._deliver()
+
+    def pause_reading(self) -> None:
+        """Stop reading from the engine (the sink's client reads too slowly)."""
+        if not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read from the engine again; the read timeout runs from now."""
+        self._silent_since = self._loop.time()
+        if self._sink is not None and self._silence_timer is None:
+            self._arm(self._silent_since)
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
     def release(self) -> None:
         """Done with the answer: the connection goes back to its pool if it ended cleanly,
         and is aborted otherwise (the engine then stops work on it)."""
+        self._sink = None
         self._stop_timer()
         if self.complete and self.reusable and not self._chunks:
+            self.resume_reading()  # a sink may have paused it as the answer ended
             self.idle_since = self._loop.time()
             self._pool.put_back(self)
         else:
@@ -202,6 +254,7 @@ class UpstreamResponse(asyncio.Protocol):
 
     def close(self) -> None:
         """Abort the answer: the engine sees its client go away."""
+        self._sink = None
         self._stop_timer()
         self._abort()
 
@@ -237,16 +290,34 @@ class UpstreamResponse(asyncio.Protocol):
         one per wait cost a timer per relayed chunk."""
         self._silence_timer = None
         waiter = self._waiter
-        if waiter is None or waiter.done():
-            return  # nobody waits: the next wait arms it again
-        if self._loop.time() - self._silent_since >= self._pool.limits.read_s:
+        pushing = self._sink is not None and not self._paused
+        if not pushing and (waiter is None or waiter.done()):
+            return  # nobody waits: the next wait (or resumed push) arms it again
+        if self._loop.time() - self._silent_since < self._pool.limits.read_s:
+            self._arm(self._silent_since)
+        elif waiter is not None:
             waiter.set_exception(TimeoutError())
         else:
-            self._arm(self._silent_since)
+            self._fail(TimeoutError())
+            self._deliver()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _deliver(self) -> None:
+        """Hand a pushed answer's sink what this read brought, then its end if it came."""
+        sink = self._sink
+        if sink is None:
+            return
+        if self._batch:
+            batch = self._batch
+            self._batch = []
+            sink.received(batch[0] if len(batch) == 1 else b"".join(batch), self.received_at)
+        if self._sink is sink and (self.complete or self._error is not None):
+            self._sink = None
+            self._stop_timer()
+            sink.ended(self._error)
 
     def _fail(self, error: Exception) -> None:
         if self._error is None:
