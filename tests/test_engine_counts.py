@@ -155,6 +155,20 @@ async def engine_count(session: aiohttp.ClientSession, engine: ChildProcess, tex
     return count
 
 
+async def streamed_count(
+    session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, body: dict[str, Any]
+) -> int:
+    """The request's x-laneway-prompt-tokens as a stream: the gateway's own count (a
+    non-streaming answer's header is the engine's usage)."""
+    path = "chat/completions" if "messages" in body else "completions"
+    async with session.post(
+        f"{api_client.base_url}{path}", json={**body, "stream": True}
+    ) as response:
+        assert response.status == 200, await response.text()
+        await response.read()
+        return int(response.headers["x-laneway-prompt-tokens"])
+
+
 @dataclass(frozen=True)
 class Routed:
     status: int
@@ -190,8 +204,9 @@ async def check_chat_routed_by_engine_count(
     cap: int,
 ) -> int:
     """Send a one-message chat through the gateway: it reaches the lane the engine's own
-    count picks, with that count in its header and usage, or a 400 naming the count where
-    it does not fit the cap. Returns the engine's count."""
+    count picks, with that count in its header and usage and, as a stream, in the header of
+    the gateway's own count, or a 400 naming the count where it does not fit the cap.
+    Returns the engine's count."""
     expected = await engine_count(session, engine, text)
     routed = await send(api_client, text)
     route = expected_route(expected, threshold, cap)
@@ -201,14 +216,17 @@ async def check_chat_routed_by_engine_count(
     else:
         assert routed.header_count == routed.usage_count == expected, text
         assert routed.pool == route, (text, expected)
+        body = {"model": "llama", "messages": user(text), "max_tokens": MAX_TOKENS}
+        assert await streamed_count(session, api_client, body) == expected, text
     return expected
 
 
 async def check_completion_counted_as_engine(
     session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, engine: ChildProcess, text: str
 ) -> tuple[dict[str, Any], str]:
-    """Send a text completion through the gateway: its header and usage hold the engine's
-    /tokenize count of the prompt. Returns that answer and the pool the gateway picked."""
+    """Send a text completion through the gateway: its header and usage, and its header as
+    a stream (the gateway's own count), hold the engine's /tokenize count of the prompt.
+    Returns that answer and the pool the gateway picked."""
     async with session.post(
         f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
     ) as response:
@@ -220,6 +238,8 @@ async def check_completion_counted_as_engine(
     assert completion.usage is not None
     header = int(raw.headers["x-laneway-prompt-tokens"])
     assert header == completion.usage.prompt_tokens == tokenized["count"], text
+    body = {"model": "llama", "prompt": text, "max_tokens": MAX_TOKENS}
+    assert await streamed_count(session, api_client, body) == tokenized["count"], text
     return tokenized, raw.headers["x-laneway-pool"]
 
 

@@ -14,8 +14,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import orjson
@@ -42,6 +43,7 @@ from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
 from laneway.gateway.serving.call import Call
 from laneway.gateway.serving.counting import LocalCount, PromptCounter
+from laneway.gateway.serving.engine_usage import engine_prompt_tokens
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
@@ -281,8 +283,7 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
         finally:
             gate.release()
     finally:
-        if not count.done():
-            count.cancel()
+        count.cancel()
 
 
 async def _route(
@@ -293,7 +294,7 @@ async def _route(
     pinned: Lane | None,
     tenant: str | None,
     outcome: _Outcome,
-) -> tuple[Route, asyncio.Future[int]]:
+) -> tuple[Route, _PromptCount]:
     """Classify from bounds where they decide; the exact count follows off the loop.
 
     Each pool's prompt is counted with its own tokenizer (once per distinct tokenizer);
@@ -306,7 +307,10 @@ async def _route(
     by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
     distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
     begun = clock()
-    if body_bytes <= INLINE_COUNT_BYTES:
+    # A non-streaming answer carries the engine's own count (engine_usage.py): its prompt is
+    # counted only where the bounds do not decide the route. A stream's header goes out
+    # before the engine's usage, so a small one is counted here, where it is cheap.
+    if body_bytes <= INLINE_COUNT_BYTES and parsed.stream:
         bounds = {id(t): t.inline(parsed) for t in distinct}
         metrics.tokenize_of("inline").observe(clock() - begun)
     elif inline:
@@ -348,15 +352,41 @@ async def _route(
         raise ApiError(400, decision.message, code, param)
     assert isinstance(decision, Route)
 
-    count: asyncio.Future[int]
+    count = _PromptCount(app, parsed, by_pool[decision.pool.key].once_routed)
     if decision.prompt_tokens.exact:
-        count = asyncio.get_running_loop().create_future()
-        count.set_result(decision.prompt_tokens.low)
-    else:
+        count.known = decision.prompt_tokens.low
+    elif parsed.stream:
         # The route is settled; count for the header and metrics while the engine works.
-        counter = by_pool[decision.pool.key].once_routed
-        count = asyncio.ensure_future(_count_exactly(app, parsed, counter))
+        count.counting = asyncio.ensure_future(_count_exactly(app, parsed, count.counter))
     return decision, count
+
+
+@dataclass
+class _PromptCount:
+    """The prompt's exact count, for the header, the prompt-token metric and the log line:
+    known where routing needed it, else being counted (a stream), else counted only when it
+    is awaited (a non-streaming answer that does not carry the engine's count)."""
+
+    app: web.Application
+    parsed: ParsedRequest
+    counter: PromptCounter  # the routed pool's
+    known: int | None = None
+    counting: asyncio.Future[int] | None = None
+
+    def __await__(self) -> Generator[Any, None, int]:
+        return self._exact().__await__()
+
+    async def _exact(self) -> int:
+        if self.known is None:
+            if self.counting is None:
+                self.known = await _count_exactly(self.app, self.parsed, self.counter)
+            else:
+                self.known = await self.counting
+        return self.known
+
+    def cancel(self) -> None:
+        if self.counting is not None and not self.counting.done():
+            self.counting.cancel()
 
 
 async def settle_route(
@@ -534,7 +564,7 @@ class _Exchange:
     body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
     prefix: _PromptBlocks
-    count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
+    count: _PromptCount
     started: float
     outcome: _Outcome
 
@@ -590,10 +620,17 @@ async def _attempt(
             app[METRICS].overhead.request.observe(own_s)
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
+                engine_count = (
+                    engine_prompt_tokens(body)
+                    if upstream.status == 200 and exchange.parsed.sequences == 1
+                    else None
+                )
                 if rename := rewriter(served, exchange.parsed.model):
                     body = rename.whole(body)
                 app[REGISTRY].record_success(url)
-                outcome.prompt_tokens = await exchange.count
+                outcome.prompt_tokens = (
+                    await exchange.count if engine_count is None else engine_count
+                )
                 outcome.status = upstream.status
                 exchange.call.answer(upstream.status, body, outcome.routing_headers())
                 return
