@@ -259,17 +259,19 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
             raise _no_endpoint(app, pool, "every endpoint is ejected")
         gate, demand = registry.gate(pool), app[DEMAND]
         waiting_since = app[CLOCK]()
-        limit_ms = settings.queue.wait_limit_millis(bool(pool.endpoints))
-        try:
-            with demand.waiting(pool.key, route.prefill_tokens):
-                async with asyncio.timeout(limit_ms / 1000):
-                    await gate.acquire(
-                        route.priority,
-                        tenant_name(call.caller),
-                        parsed.sequences * route.prefill_tokens,
-                    )
-        except (AdmissionRefused, TimeoutError) as refused:
-            raise _refused(app, pool, refused, limit_ms, gate.active, gate.waiting) from None
+        # A free slot is taken at once: no timer, no count in the line, for the usual case.
+        if not gate.admit_now():
+            limit_ms = settings.queue.wait_limit_millis(bool(pool.endpoints))
+            try:
+                with demand.waiting(pool.key, route.prefill_tokens):
+                    async with asyncio.timeout(limit_ms / 1000):
+                        await gate.acquire(
+                            route.priority,
+                            tenant_name(call.caller),
+                            parsed.sequences * route.prefill_tokens,
+                        )
+            except (AdmissionRefused, TimeoutError) as refused:
+                raise _refused(app, pool, refused, limit_ms, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait_of(pool.name, route.lane.value).observe(waited)
