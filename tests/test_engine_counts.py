@@ -377,6 +377,17 @@ def test_bounds_without_a_tokenizer_hold_for_the_engines_count(model_files: Mode
     assert tokenizer_free_bounds(with_tools).high > 2**60, "a template renders tools its way"
 
 
+def test_a_chat_a_template_frames_has_no_length_bounds(model_files: ModelFiles) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+    assert chat_request(user("lane")).length_bounds(ours) is None
+    # A completion's prompt is the text as sent, BOS and all.
+    body = {"model": "llama", "prompt": " ".join(WORDS)}
+    completion = parse_request(orjson.dumps(body), Endpoint.COMPLETIONS)
+    bounds = completion.length_bounds(ours)
+    assert bounds is not None
+    assert bounds.low <= completion.count(ours) <= bounds.high
+
+
 async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
     tmp_path: Path, model_files: ModelFiles
 ) -> None:

@@ -85,6 +85,10 @@ class PromptCounter(Protocol):
     def inline(self, parsed: ParsedRequest) -> TokenBounds:
         """Where the body is small: the exact count if it costs nothing to take, else bounds."""
 
+    def length_bounds(self, parsed: ParsedRequest) -> TokenBounds | None:
+        """Looser bounds from the texts' lengths alone, tried first; None where there are
+        none cheaper than `bounds`."""
+
     def bounds(self, parsed: ParsedRequest) -> TokenBounds:
         """Cheap bounds on the count (run in a thread for big bodies)."""
 
@@ -146,6 +150,9 @@ class LocalCount:
         count = _refused_chat_is_bad_request(parsed.count, self.tokenizer)
         return TokenBounds(count, count)
 
+    def length_bounds(self, parsed: ParsedRequest) -> TokenBounds | None:
+        return parsed.length_bounds(self.tokenizer)
+
     def bounds(self, parsed: ParsedRequest) -> TokenBounds:
         return _refused_chat_is_bad_request(parsed.bounds, self.tokenizer)
 
@@ -184,6 +191,9 @@ class EngineCount:
 
     def inline(self, parsed: ParsedRequest) -> TokenBounds:
         return self.bounds(parsed)
+
+    def length_bounds(self, parsed: ParsedRequest) -> TokenBounds | None:
+        return None  # `bounds` takes the lengths alone already
 
     def bounds(self, parsed: ParsedRequest) -> TokenBounds:
         return tokenizer_free_bounds(parsed)

@@ -308,20 +308,6 @@ async def _route(
     serving = [pool for pool in pools if parsed.model in pool.spec.public_models]
     by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
     distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
-    begun = clock()
-    # A non-streaming answer carries the engine's own count (engine_usage.py): its prompt is
-    # counted only where the bounds do not decide the route. A stream's header goes out
-    # before the engine's usage, so a small one is counted here, where it is cheap.
-    if body_bytes <= INLINE_COUNT_BYTES and parsed.stream:
-        bounds = {id(t): t.inline(parsed) for t in distinct}
-        metrics.tokenize_of("inline").observe(clock() - begun)
-    elif inline:
-        bounds = {id(t): t.bounds(parsed) for t in distinct}
-        metrics.tokenize_of("bounds").observe(clock() - begun)
-    else:
-        # Bounds of a body past INLINE_PARSE_BYTES cost milliseconds per tokenizer.
-        bounds = await asyncio.to_thread(lambda: {id(t): t.bounds(parsed) for t in distinct})
-        metrics.tokenize_of("bounds").observe(clock() - begun)
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
         if len(distinct) == 1:  # one tokenizer counts for every pool, as by default
@@ -344,7 +330,31 @@ async def _route(
         counts = await asyncio.gather(*(_count_exactly(app, parsed, t) for t in distinct))
         return ask({id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)})
 
-    decision = await settle_route(ask(bounds), pools, exactly)
+    # A non-streaming answer carries the engine's own count (engine_usage.py): its prompt is
+    # counted only where the bounds do not decide the route. A stream's header goes out
+    # before the engine's usage, so a small one is counted here, where it is cheap.
+    decision: Decision
+    if body_bytes <= INLINE_COUNT_BYTES and parsed.stream:
+        begun = clock()
+        exact = {id(t): t.inline(parsed) for t in distinct}
+        metrics.tokenize_of("inline").observe(clock() - begun)
+        decision = await settle_route(ask(exact), pools, exactly)
+    else:
+        # The texts' lengths alone route most prompts; the bounds that scan them next, and
+        # the exact count last, only where those do not.
+        loose = {id(t): b for t in distinct if (b := t.length_bounds(parsed)) is not None}
+        decision = classify(ask(loose), pools) if len(loose) == len(distinct) else NeedsExactCount()
+        if isinstance(decision, NeedsExactCount):
+            begun = clock()
+            if inline:
+                bounds = {id(t): t.bounds(parsed) for t in distinct}
+            else:
+                # Bounds of a body past INLINE_PARSE_BYTES cost milliseconds per tokenizer.
+                bounds = await asyncio.to_thread(
+                    lambda: {id(t): t.bounds(parsed) for t in distinct}
+                )
+            metrics.tokenize_of("bounds").observe(clock() - begun)
+            decision = await settle_route(ask(bounds), pools, exactly)
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
