@@ -68,6 +68,16 @@ def rank(
     profile: Sequence[WeightedScorer],
     rng: random.Random,
 ) -> list[Ranked]:
+    order, scores = ranked_positions(endpoints, profile, rng)
+    return [Ranked(endpoints[i].url, scores[i]) for i in order]
+
+
+def ranked_positions(
+    endpoints: Sequence[EndpointView],
+    profile: Sequence[WeightedScorer],
+    rng: random.Random,
+) -> tuple[list[int], list[float]]:
+    """`rank` as the endpoints' positions best first, and each position's score."""
     total_weight = sum(s.weight for s in profile)
     totals = [0.0] * len(endpoints)
     for weighted in profile:
@@ -79,4 +89,4 @@ def rank(
     order = list(range(len(endpoints)))
     rng.shuffle(order)
     order.sort(key=scores.__getitem__, reverse=True)
-    return [Ranked(endpoints[i].url, scores[i]) for i in order]
+    return order, scores
