@@ -7,7 +7,10 @@ requests/s, the latency each router adds over going straight to the engines (P50
 the CPU milliseconds the router process spent per request, with the ratio to laneway's.
 
 The peers are Python packages with Rust cores: they are installed on demand into a virtual
-environment of their own (`--peers-venv`), never as a dependency of laneway.
+environment of their own (`--peers-venv`), never as a dependency of laneway. One more peer,
+`python-floor`, is laneway's own measuring stick (bench/floor_proxy.py): a proxy on the
+gateway's event loop and HTTP parser that does nothing but forward, so the gap between it and
+laneway is laneway's own work, and the gap between it and the Rust routers is Python's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import platform
 import random
 import socket
 import subprocess
@@ -28,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httptools
 
+from laneway.bench import floor_proxy
 from laneway.bench.gateway import (
     MODEL,
     engine_args,
@@ -42,6 +48,7 @@ from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import Distribution, PromptFactory, stream_request
 from laneway.bench.procs import ChildProcess, Children
 from laneway.errors import UsageError
+from laneway.gateway.cli import event_loop_factory
 from laneway.tables import format_table
 from laneway.tokens import default_tokenizer
 
@@ -50,6 +57,7 @@ PEER_COMMANDS = {
     "sglang-router": ("sglang-router", "launch"),
     "vllm-router": ("vllm-router",),
 }
+FLOOR = "python-floor"  # bench/floor_proxy.py, run by this Python
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"
 READY_LINE = "peer router starting: "
@@ -79,9 +87,9 @@ class AgainstOptions:
 
 def parse_peers(text: str) -> tuple[str, ...]:
     peers = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [peer for peer in peers if peer not in PEER_COMMANDS]
+    unknown = [peer for peer in peers if peer not in (*PEER_COMMANDS, FLOOR)]
     if not peers or unknown:
-        known = ", ".join(PEER_COMMANDS)
+        known = ", ".join((*PEER_COMMANDS, FLOOR))
         raise UsageError(f"--against takes one or more of {known}; got {text!r}")
     return peers
 
@@ -185,6 +193,10 @@ def _added(run: RouterRun, direct: RouterRun | None, which: str) -> float | None
 
 def ensure_peers(venv: Path, peers: Sequence[str]) -> dict[str, str]:
     """Install missing peers into `venv` (created if absent); their versions by name."""
+    versions = {FLOOR: _floor_version()} if FLOOR in peers else {}
+    peers = [peer for peer in peers if peer != FLOOR]
+    if not peers:
+        return versions
     python = venv / "bin" / "python"
     if not python.exists():
         progress(f"creating {venv} for the peer routers")
@@ -196,7 +208,13 @@ def ensure_peers(venv: Path, peers: Sequence[str]) -> dict[str, str]:
         done = subprocess.run(install, capture_output=True, text=True)
         if done.returncode != 0:
             raise UsageError(f"cannot install {', '.join(missing)}: {done.stderr[-2000:]}")
-    return {peer: _installed_version(python, peer) for peer in peers}
+    return versions | {peer: _installed_version(python, peer) for peer in peers}
+
+
+def _floor_version() -> str:
+    loop = event_loop_factory()
+    name = "uvloop" if loop is not None else "asyncio"
+    return f"Python {platform.python_version()}, {name} loop, httptools {httptools.__version__}"
 
 
 def _installed_version(python: Path, package: str) -> str:
@@ -224,6 +242,10 @@ def start_peer(
 ) -> ChildProcess:
     """The peer, born pinned to `cpu` (so its runtime sizes its threads to one core)."""
     port = _free_port()
+    if peer == FLOOR:
+        floor = [sys.executable, "-P", "-m", "laneway.bench.floor_proxy"]
+        argv = ["taskset", "-c", str(cpu), *floor, "--port", str(port), "--worker-urls", *workers]
+        return children.start(peer, argv, floor_proxy.READY_LINE)
     script, *words = PEER_COMMANDS[peer]
     flags = [
         "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,

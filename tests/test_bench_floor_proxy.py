@@ -1,0 +1,96 @@
+"""The floor proxy `bench gateway --against python-floor` measures (bench/floor_proxy.py).
+
+Its figures mean something only if it does the routers' job: every request reaches an engine,
+in turn, and every answer, whole or streamed, reaches the client intact. Real `laneway sim`
+engines, the official openai client, over loopback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from simulated_pools import start_sim
+
+from laneway.bench import floor_proxy
+from laneway.bench.peers import FLOOR, parse_peers
+from laneway.bench.procs import ChildProcess, Children
+from laneway.errors import UsageError
+
+MODEL = "llama-small"
+PROMPT = "the floor forwards what it is given " * 20
+
+
+@pytest.fixture(scope="module")
+def engines_and_floor() -> Iterator[tuple[list[ChildProcess], ChildProcess]]:
+    with Children() as children:
+        engines = [start_sim(children, MODEL, "--time-scale", "1000") for _ in range(2)]
+        argv = [sys.executable, "-P", "-m", "laneway.bench.floor_proxy", "--worker-urls"]
+        floor = children.start("floor", [*argv, *(e.url for e in engines)], floor_proxy.READY_LINE)
+        yield engines, floor
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def prompt_tokens_served(engine: ChildProcess) -> float:
+    with urllib.request.urlopen(engine.url + "/metrics", timeout=60) as answer:
+        text = answer.read().decode()
+    found = re.search(r"^vllm:prompt_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0  # the counter shows from its first request
+
+
+def test_whole_answers_arrive_intact_and_engines_take_turns(
+    engines_and_floor: tuple[list[ChildProcess], ChildProcess],
+) -> None:
+    engines, floor = engines_and_floor
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT}]
+    direct = client(engines[0].url).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5
+    )
+    before = [prompt_tokens_served(engine) for engine in engines]
+    answers = [
+        client(floor.url).chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+        for _ in range(4)
+    ]
+    after = [prompt_tokens_served(engine) for engine in engines]
+    assert direct.usage is not None
+    for answer in answers:
+        assert answer.usage is not None
+        assert answer.usage.prompt_tokens == direct.usage.prompt_tokens
+        assert answer.usage.completion_tokens == 5
+        assert answer.choices[0].message.content
+    # Round robin: two requests each, every token of their prompts counted by the engine.
+    served = [later - earlier for earlier, later in zip(before, after, strict=True)]
+    assert served == [2 * direct.usage.prompt_tokens] * 2
+
+
+def test_a_stream_arrives_chunk_by_chunk_to_its_end(
+    engines_and_floor: tuple[list[ChildProcess], ChildProcess],
+) -> None:
+    _, floor = engines_and_floor
+    stream = client(floor.url).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    usage = [chunk.usage for chunk in chunks if chunk.usage is not None]
+    assert len(usage) == 1
+    assert usage[0].completion_tokens == 12
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta]
+    assert len([d for d in deltas if d]) == 12
+
+
+def test_the_floor_is_a_peer_by_name() -> None:
+    assert parse_peers(f"vllm-router, {FLOOR}") == ("vllm-router", FLOOR)
+    with pytest.raises(UsageError, match="python-floor"):
+        parse_peers("nginx")
