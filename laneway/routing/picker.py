@@ -81,8 +81,8 @@ def ranked_positions(
     total_weight = sum(s.weight for s in profile)
     totals = [0.0] * len(endpoints)
     for weighted in profile:
-        for index, score in enumerate(weighted.scorer.score(endpoints)):
-            totals[index] += weighted.weight * score
+        weight, scored = weighted.weight, weighted.scorer.score(endpoints)
+        totals = [t + weight * s for t, s in zip(totals, scored, strict=True)]
     scores = [t / total_weight for t in totals] if total_weight else [1.0] * len(endpoints)
     # Shuffle, then a stable sort: equal scores end up in random order. The positions are
     # shuffled, not the results, which draws the same numbers from `rng` at less cost.
