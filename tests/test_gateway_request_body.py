@@ -279,3 +279,14 @@ def test_length_bounds_of_token_prompts_are_exact() -> None:
     parsed = parse_request(body({"model": "m", "prompt": [[1, 2, 3], [4]]}), Endpoint.COMPLETIONS)
     assert parsed.length_bounds(default_tokenizer()) == parsed.bounds(default_tokenizer())
     assert parsed.bounds(default_tokenizer()).exact
+
+
+@pytest.mark.parametrize(("lists", "refused"), [(62, False), (63, False), (64, True)])
+def test_nesting_is_refused_past_the_limit_and_not_at_it(lists: int, refused: bool) -> None:
+    # The object and `lists` lists inside it: 1 + lists levels, and as many containers.
+    nested = {"model": "m", "prompt": "x", "x": json.loads("[" * lists + "]" * lists)}
+    if refused:
+        with pytest.raises(ApiError, match="deeper than 64 levels"):
+            parse_request(body(nested), Endpoint.COMPLETIONS)
+    else:
+        assert parse_request(body(nested), Endpoint.COMPLETIONS).prompts == ("x",)
