@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -74,6 +75,37 @@ class SimulatorSpec:
     metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
 
 
+# The block sizes kvEvents may pin: vLLM's --block-size choices in every release since 0.9
+# (vllm/config/cache.py, BlockSize: 1, 8, 16, 32, 64, 128, later 256) that its
+# FlashAttention and Triton backends take (multiples of 16).
+KV_EVENT_BLOCK_SIZES = (16, 32, 64, 128)
+DEFAULT_KV_EVENT_BLOCK_SIZE = 16  # vLLM's default on CUDA, and the gateway's
+# `laneway sim` keeps 16-token KV blocks and has no --block-size (simulator/prefix_cache.py).
+SIMULATOR_KV_BLOCK_SIZE = 16
+# tcp://HOST:PORT, HOST a DNS name (the gateway's KV events Service) or an IPv4 address and
+# PORT 1-65535; the CRD's CEL rule holds the same pattern.
+KV_EVENTS_ENDPOINT_PATTERN = (
+    "^tcp://[a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?:"
+    "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$"
+)
+# Flags kvEvents renders, as prefixes of the spellings vLLM's parser takes: `_` for `-`, and
+# `--flag=value` or `--kv-events-config.FIELD value` after either.
+KV_EVENTS_RENDERED_FLAGS = (
+    "--kv-events-config",
+    "--kv_events_config",
+    "--block-size",
+    "--block_size",
+)
+
+
+@dataclass(frozen=True)
+class KVEventsSpec:
+    """The engines publish their KV cache events to the gateway (vLLM --kv-events-config)."""
+
+    endpoint: str  # tcp://HOST:PORT of the gateway's SUB socket; the engines connect to it
+    block_size: int = DEFAULT_KV_EVENT_BLOCK_SIZE  # the engines' --block-size
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     kind: EngineKind
@@ -82,6 +114,7 @@ class EngineSpec:
     env: tuple[Mapping[str, Any], ...] = ()  # Kubernetes EnvVar objects, passed through
     resources: Mapping[str, Any] = field(default_factory=dict)  # Kubernetes ResourceRequirements
     simulator: SimulatorSpec | None = None  # only for kind simulator; None: SimulatorSpec()
+    kv_events: KVEventsSpec | None = None  # None: the engines publish no KV events
 
 
 # One type for the spec and the decision that reads it (`laneway.autoscale.decide`).
@@ -475,10 +508,15 @@ def _parse_spec(reader: _Reader, spec: Mapping[str, Any]) -> PoolSpec | None:
 def _parse_engine(reader: _Reader, spec: Mapping[str, Any]) -> EngineSpec:
     path = "spec.engine"
     engine_data = reader.mapping(
-        spec, "engine", "spec", ("kind", "image", "args", "env", "resources", "simulator")
+        spec,
+        "engine",
+        "spec",
+        ("kind", "image", "args", "env", "resources", "simulator", "kvEvents"),
     )
     engine_kind = reader.choice(engine_data, "kind", path, [k.value for k in EngineKind])
     simulator = _parse_simulator(reader, engine_data) if "simulator" in engine_data else None
+    has_kv_events = engine_data.get("kvEvents") is not None
+    kv_events = _parse_kv_events(reader, engine_data) if has_kv_events else None
     return EngineSpec(
         kind=EngineKind(engine_kind or EngineKind.SIMULATOR),
         image=reader.string(engine_data, "image", path),
@@ -486,7 +524,27 @@ def _parse_engine(reader: _Reader, spec: Mapping[str, Any]) -> EngineSpec:
         env=reader.object_list(engine_data, "env", path),
         resources=reader.mapping(engine_data, "resources", path),
         simulator=simulator,
+        kv_events=kv_events,
     )
+
+
+def _parse_kv_events(reader: _Reader, engine_data: Mapping[str, Any]) -> KVEventsSpec | None:
+    sub = "spec.engine.kvEvents"
+    data = reader.mapping(engine_data, "kvEvents", "spec.engine", ("endpoint", "blockSize"))
+    endpoint = reader.required_string(data, "endpoint", sub)
+    if endpoint and not re.fullmatch(KV_EVENTS_ENDPOINT_PATTERN, endpoint):
+        reader.fail(
+            f"{sub}.endpoint",
+            f"must be tcp://HOST:PORT, the gateway's KV events address the engines connect "
+            f"to (e.g. tcp://laneway-gateway-kv-events.laneway.svc:5557), got {endpoint!r}",
+        )
+    block_size = reader.integer(data, "blockSize", sub, DEFAULT_KV_EVENT_BLOCK_SIZE, minimum=1)
+    if block_size not in KV_EVENT_BLOCK_SIZES:
+        reader.fail(
+            f"{sub}.blockSize",
+            f"must be one of {', '.join(map(str, KV_EVENT_BLOCK_SIZES))}, got {block_size}",
+        )
+    return KVEventsSpec(endpoint, block_size) if endpoint else None
 
 
 def _parse_simulator(reader: _Reader, engine_data: Mapping[str, Any]) -> SimulatorSpec:
@@ -795,7 +853,7 @@ def _check_engine_flags(spec: PoolSpec) -> list[FieldError]:
 
 
 def _check_field_combinations(spec: PoolSpec) -> list[FieldError]:
-    errors: list[FieldError] = []
+    errors: list[FieldError] = [*_check_kv_events(spec)]
     if spec.engine.simulator is not None and spec.engine.kind is not EngineKind.SIMULATOR:
         errors.append(
             FieldError(
@@ -807,6 +865,55 @@ def _check_field_combinations(spec: PoolSpec) -> list[FieldError]:
         errors.append(
             FieldError(
                 "spec.autoscaling", "cannot be set with spec.selector: adopted pods are not scaled"
+            )
+        )
+    return errors
+
+
+def _check_kv_events(spec: PoolSpec) -> list[FieldError]:
+    """What the operator cannot render for engine.kvEvents; the CRD's CEL rules say the same."""
+    kv_events = spec.engine.kv_events
+    if kv_events is None:
+        return []
+    path = "spec.engine.kvEvents"
+    errors: list[FieldError] = []
+    if spec.engine.kind is EngineKind.SGLANG:
+        # docs/OPERATOR.md, "The engines' KV events": SGLang v0.5.4's events carry
+        # content-only block hashes (sequence-level since sgl-project/sglang#13488), and
+        # its blocks are its --page-size, 1 token by default.
+        errors.append(
+            FieldError(
+                path,
+                "is for engine kind vllm or simulator: SGLang's KV events (v0.5.4, the "
+                "operator's default image) do not chain their blocks as the gateway reads "
+                "them; remove engine.kvEvents",
+            )
+        )
+    simulator = spec.engine.kind is EngineKind.SIMULATOR
+    if simulator and kv_events.block_size != SIMULATOR_KV_BLOCK_SIZE:
+        errors.append(
+            FieldError(
+                f"{path}.blockSize",
+                f"must be {SIMULATOR_KV_BLOCK_SIZE} for engine kind simulator (its KV blocks), "
+                f"got {kv_events.block_size}",
+            )
+        )
+    if spec.selector is not None:
+        errors.append(
+            FieldError(
+                path,
+                "cannot be set with spec.selector: the operator renders no engine pods for "
+                "adopted ones; give those pods --kv-events-config themselves",
+            )
+        )
+    rendered = [a for a in spec.engine.args if a.startswith(KV_EVENTS_RENDERED_FLAGS)]
+    if rendered:
+        errors.append(
+            FieldError(
+                "spec.engine.args",
+                f"must not carry {rendered[0].split('=')[0]} with engine.kvEvents, which "
+                "renders --kv-events-config and --block-size: remove it from engine.args "
+                "(the block size is engine.kvEvents.blockSize)",
             )
         )
     return errors

@@ -9,6 +9,7 @@ runs `spec.replicas`. No I/O, no clock: the same pool always renders the same ma
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from laneway.api import (
     POOL_LABEL,
     EngineKind,
     InferencePool,
+    KVEventsSpec,
     SchedulingPolicy,
     SimulatorSpec,
 )
@@ -66,6 +68,13 @@ _GPU_SCRATCH_ENV: tuple[Mapping[str, str], ...] = (
     {"name": "HF_HOME", "value": "/cache/hf"},
     {"name": "USER", "value": "engine"},
 )
+# The pod's IP, from the downward API, for the KV events topic: Kubernetes expands $(NAME)
+# in a container's args from its env. Named apart from a POD_IP that engine.env may set.
+POD_IP_ENV = "LANEWAY_POD_IP"
+_POD_IP_VAR: Mapping[str, Any] = {
+    "name": POD_IP_ENV,
+    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+}
 # The simulator writes nothing; a GPU engine's /tmp holds compiled kernels of a size no one
 # bounds, and an emptyDir over its sizeLimit gets the pod evicted, so only it is unbounded.
 _SIMULATOR_TMP: Mapping[str, str] = {"sizeLimit": "64Mi"}
@@ -171,7 +180,28 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--metrics-flavor", simulator.metrics_flavor.value),
             *("--time-scale", f"{simulator.time_scale:g}"),
         ]
+    if spec.engine.kv_events is not None:
+        args += _kv_events_flags(spec.engine.kv_events, spec.port, spec.engine.kind)
     return EngineCommand(command, (*args, *spec.engine.args))
+
+
+def _kv_events_flags(kv_events: KVEventsSpec, port: int, kind: EngineKind) -> list[str]:
+    """vLLM's --kv-events-config (`laneway sim` takes the same), publishing to the gateway's
+    SUB socket under the topic `kv@<pod IP>:<port>`: the host:port of the endpoint URL the
+    gateway routes to, which is how it tells whose events a message carries."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        # Without `*` the engine connects, as every engine of the pool must to one socket.
+        "endpoint": kv_events.endpoint,
+        "topic": f"kv@$({POD_IP_ENV}):{port}",
+    }
+    flags = ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+    if kind is EngineKind.VLLM:
+        # Pinned, so that the blocks the events describe are the gateway's blockSize
+        # whatever default the attention backend would pick.
+        flags += ["--block-size", str(kv_events.block_size)]
+    return flags
 
 
 def pool_labels(pool: InferencePool) -> dict[str, str]:
@@ -335,6 +365,8 @@ def _engine_container(
             {"name": "cache", "mountPath": "/cache"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ]
+    if spec.engine.kv_events is not None:
+        env.append(_POD_IP_VAR)
     env += list(spec.engine.env)
     container: dict[str, Any] = {
         "name": "engine",

@@ -34,7 +34,14 @@ import yaml
 from merging import merged
 
 from laneway import __version__
-from laneway.api import API_VERSION, KIND, InferencePool, check_pool_set, parse_pool
+from laneway.api import (
+    API_VERSION,
+    KIND,
+    InferencePool,
+    KVEventsSpec,
+    check_pool_set,
+    parse_pool,
+)
 from laneway.bench.procs import Children, laneway_argv
 from laneway.bench.redis_server import free_port
 from laneway.cli import build_parser
@@ -842,6 +849,39 @@ def test_example_pools_pass_the_crd_schema_and_laneways_own_checks(
     parsed = [parse_pool(pool) for pool in pools]
     assert check_pool_set(parsed) == []
     assert not any(o["kind"] == "InferencePool" for o in rendered["minimal"])
+
+
+def test_example_pools_the_gateway_hears_kv_events_from_publish_to_its_service(
+    helm: str,
+) -> None:
+    """An example pool named in gateway.config.picking.prefix.kvEvents gets
+    spec.engine.kvEvents pointing at the chart's KV events Service on that entry's port, so
+    the operator renders its engines' --kv-events-config; one whose spec names its own keeps
+    it, and the others publish nothing."""
+    own = {"endpoint": "tcp://elsewhere:6000"}
+    pools_with_own = yaml.safe_load((CHART / "values.yaml").read_text())["examplePools"]["pools"]
+    (batch,) = [p for p in pools_with_own if p["name"] == "sim-batch"]
+    batch["spec"]["engine"]["kvEvents"] = own
+    sources = [
+        {"pool": "sim-realtime", "bind": "tcp://*:5557"},
+        {"pool": "sim-batch", "bind": "tcp://*:5558"},
+    ]
+    objects = template(
+        helm,
+        "--set-json",
+        f"gateway.config.picking.prefix.kvEvents={json.dumps(sources)}",
+        "--set-json",
+        f"examplePools.pools={json.dumps(pools_with_own)}",
+    )
+    service = only(objects, "Service", "-gateway-kv-events")
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    pools = {p["metadata"]["name"]: parse_pool(p) for p in objects if p["kind"] == "InferencePool"}
+    realtime = pools["sim-realtime"].spec.engine.kv_events
+    assert realtime == KVEventsSpec(f"tcp://{name}.{namespace}.svc:5557", block_size=16)
+    assert 5557 in {p["port"] for p in service["spec"]["ports"]}
+    assert pools["sim-batch"].spec.engine.kv_events == KVEventsSpec("tcp://elsewhere:6000")
+    quiet = template(helm)
+    assert all("kvEvents" not in p["spec"]["engine"] for p in quiet if p["kind"] == KIND)
 
 
 def operator_render(pools: list[Manifest], image: str) -> list[Manifest]:

@@ -31,6 +31,10 @@ from kube_laneway import (
     released,
     wait_listening,
 )
+from test_render_kv_events import kubelet_argv
+
+from laneway.gateway.pools.kv_events import endpoint_of_topic
+from laneway.operator.render import POD_IP_ENV
 
 # Each step waits generously for a loaded machine; a whole test may take more than the
 # suite-wide 300 s before it is judged hung.
@@ -243,6 +247,34 @@ def test_a_pool_with_a_selector_adopts_pods_and_drops_its_deployment(
         READY_TIMEOUT_S,
     )
     assert pools.exists("deployment", "hand-made-engines")
+
+
+def test_a_pool_asking_for_kv_events_gets_each_pod_naming_its_own_endpoint(
+    operator: Laneway, pools: Pools
+) -> None:
+    """spec.engine.kvEvents through the real API server: the Deployment it stores carries the
+    rendered --kv-events-config and the downward-API env its topic reads, and the topic the
+    kubelet would expand for the running pod names the endpoint the pool reports, the way
+    the gateway's subscriber files the pod's events."""
+    endpoint = f"tcp://laneway-gateway-kv-events.{pools.ns}.svc:5557"
+    engine = {"kind": "simulator", "kvEvents": {"endpoint": endpoint}}
+    pools.apply(pool("publisher", replicas=1, engine=engine))
+    pools.wait_converged("publisher", 1)
+    (container,) = pools.get("deployment", "publisher")["spec"]["template"]["spec"]["containers"]
+    (pod_ip_var,) = [var for var in container["env"] if var["name"] == POD_IP_ENV]
+    assert pod_ip_var["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    config = json.loads(container["args"][container["args"].index("--kv-events-config") + 1])
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "topic": f"kv@$({POD_IP_ENV}):8000",
+    }
+    (pod,) = pools.kube.get("pods", "-n", pools.ns, "-l", "laneway.io/pool=publisher")["items"]
+    argv = kubelet_argv(container, pod["status"]["podIP"])
+    topic = json.loads(argv[argv.index("--kv-events-config") + 1])["topic"]
+    (url,) = pools.get("lwpool", "publisher")["status"]["endpoints"]
+    assert endpoint_of_topic(topic.encode(), [url]) == url
 
 
 def test_a_deleted_pool_takes_its_children_with_it(operator: Laneway, pools: Pools) -> None:

@@ -180,6 +180,81 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
         },
         None,
     ),
+    (
+        "vLLM publishing KV events to the gateway's Service",
+        {
+            "engine": {
+                "kvEvents": {
+                    "endpoint": "tcp://laneway-gateway-kv-events.laneway.svc:5557",
+                    "blockSize": 32,
+                }
+            }
+        },
+        None,
+    ),
+    (
+        "a simulator publishing KV events to an IPv4 address",
+        {"engine": {"kind": "simulator", "kvEvents": {"endpoint": "tcp://10.96.0.12:65535"}}},
+        None,
+    ),
+    (
+        "KV events from SGLang",
+        {"engine": {"kind": "sglang", "kvEvents": {"endpoint": "tcp://gw:5557"}}},
+        "self.kind != 'sglang' || !has(self.kvEvents)",
+    ),
+    (
+        "KV events from a simulator with blocks it does not keep",
+        {
+            "engine": {
+                "kind": "simulator",
+                "kvEvents": {"endpoint": "tcp://gw:5557", "blockSize": 32},
+            }
+        },
+        "self.kvEvents.blockSize == 16",
+    ),
+    (
+        "KV events with the block size also in engine.args",
+        {"engine": {"kvEvents": {"endpoint": "tcp://gw:5557"}, "args": ["--block-size=32"]}},
+        "a.startsWith('--block-size')",
+    ),
+    (
+        "KV events with a hand-written --kv-events-config too",
+        {
+            "engine": {
+                "kvEvents": {"endpoint": "tcp://gw:5557"},
+                "args": ["--kv_events_config", "{}"],
+            }
+        },
+        "a.startsWith('--kv-events-config')",
+    ),
+    (
+        "KV events for adopted pods",
+        {
+            "selector": {"matchLabels": {"app": "x"}},
+            "engine": {"kvEvents": {"endpoint": "tcp://gw:5557"}},
+        },
+        "has(self.selector) && has(self.engine.kvEvents)",
+    ),
+    (
+        "a KV events endpoint the engine would bind",
+        {"engine": {"kvEvents": {"endpoint": "tcp://*:5557"}}},
+        "self.endpoint.matches(",
+    ),
+    (
+        "a KV events endpoint without a port",
+        {"engine": {"kvEvents": {"endpoint": "tcp://laneway-gateway-kv-events"}}},
+        "self.endpoint.matches(",
+    ),
+    (
+        "a KV events endpoint past the last port",
+        {"engine": {"kvEvents": {"endpoint": "tcp://gw:65536"}}},
+        "self.endpoint.matches(",
+    ),
+    (
+        "a KV events endpoint over IPC, which no other pod can reach",
+        {"engine": {"kvEvents": {"endpoint": "ipc:///tmp/kv"}}},
+        "self.endpoint.matches(",
+    ),
     ("the engine's /tokenize", {"tokenizer": {"kind": "engine", "timeoutMillis": 200}}, None),
     ("a mounted tokenizer.json", {"tokenizer": {"kind": "huggingface", "path": "/t.json"}}, None),
     ("a tiktoken encoding", {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}}, None),

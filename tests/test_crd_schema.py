@@ -131,6 +131,7 @@ def test_defaults_and_enums_agree_with_the_api_model() -> None:
         ".spec.engine.simulator.profile": api.SimulatorSpec().profile,
         ".spec.engine.simulator.timeScale": api.SimulatorSpec().time_scale,
         ".spec.engine.simulator.metricsFlavor": api.SimulatorSpec().metrics_flavor.value,
+        ".spec.engine.kvEvents.blockSize": api.DEFAULT_KV_EVENT_BLOCK_SIZE,
     }
     for path, value in expected.items():
         assert _node(path)["default"] == value, path
@@ -145,6 +146,10 @@ def test_defaults_and_enums_agree_with_the_api_model() -> None:
     assert _node(".spec.limits.maxConcurrentRequests")["maximum"] == api.MAX_CONCURRENT_REQUESTS
     assert _node(".spec.prefill.maxPartialPrefills")["maximum"] == api.MAX_PARTIAL_PREFILLS
     assert _node(".spec.replicas")["maximum"] == api.MAX_REPLICAS
+    assert _node(".spec.engine.kvEvents.blockSize")["enum"] == list(api.KV_EVENT_BLOCK_SIZES)
+    # The endpoint's CEL rule and parse_pool match the same pattern.
+    (endpoint_rule,) = _node(".spec.engine.kvEvents")["x-kubernetes-validations"]
+    assert endpoint_rule["rule"] == f"self.endpoint.matches('{api.KV_EVENTS_ENDPOINT_PATTERN}')"
 
 
 @pytest.mark.parametrize(
@@ -186,6 +191,15 @@ def test_examples_cover_both_lanes_every_engine_and_the_seed_caps() -> None:
         ({"engine": {"kind": "simulator", "simulator": {"timeScale": 0}}}, "timeScale"),
         ({"routing": {"modelz": ["x"]}}, "modelz"),
         ({"prefill": {"tokenBudget": "2048"}}, "tokenBudget"),
+        ({"engine": {"kind": "simulator", "kvEvents": {"blockSize": 16}}}, "endpoint"),
+        (
+            {"engine": {"kind": "vllm", "kvEvents": {"endpoint": "tcp://gw:1", "blockSize": 24}}},
+            "blockSize",
+        ),
+        (
+            {"engine": {"kind": "vllm", "kvEvents": {"endpoint": "tcp://gw:1", "topic": "t"}}},
+            "topic",
+        ),
     ],
 )
 def test_schema_rejects_bad_fields(patch: dict[str, Any], needle: str) -> None:

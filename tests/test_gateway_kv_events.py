@@ -129,12 +129,16 @@ async def test_the_gateway_routes_to_the_engine_whose_events_say_it_holds_the_pr
         (b"kv@127.0.0.1:8001@llama-small", "http://127.0.0.1:8001"),
         (b"kv@127.0.0.1:8002", "http://127.0.0.1:8002"),
         (b"kv@127.0.0.1:9999", None),  # no such endpoint in the pool
+        # An IPv6 pod: the operator's topic has its bare IP, the endpoint URL brackets it.
+        (b"kv@fd00::5:8000", "http://[fd00::5]:8000"),
+        (b"kv@[fd00::5]:8000", "http://[fd00::5]:8000"),
+        (b"kv@fd00::5:8001", None),
         (b"kv-events", None),  # vLLM's example topic names no endpoint
         (b"", None),
     ],
 )
 def test_the_topic_names_the_endpoint(topic: bytes, expected: str | None) -> None:
-    endpoints = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    endpoints = ["http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://[fd00::5]:8000"]
     assert endpoint_of_topic(topic, endpoints) == expected
 
 
@@ -157,6 +161,34 @@ def test_unreadable_messages_are_skipped_and_a_taken_address_is_a_clear_error() 
             KVEventSubscriber(source, registry, index)
     finally:
         subscriber.close()
+
+
+def test_an_engine_whose_blocks_are_not_the_entrys_size_is_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = PoolRegistry(GatewaySettings(), time.monotonic)
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    registry.update([parse_pool(pool_doc("docs", "batch", MODEL, urls))])
+    source = KVEventSource("docs", f"tcp://127.0.0.1:{free_port()}", block_size=16)
+    subscriber = KVEventSubscriber(source, registry, PrefixIndex(capacity_blocks=100))
+
+    def stored(topic: bytes, block_size: int) -> None:
+        event = ["BlockStored", [1], None, list(range(block_size)), block_size, None, "GPU"]
+        subscriber.receive([topic, b"\0" * 8, msgpack.packb([0.0, [event], 0])])
+
+    try:
+        with caplog.at_level("WARNING", logger="laneway.gateway.pools.kv_events"):
+            for _ in range(3):
+                stored(b"kv@127.0.0.1:8001", 32)
+                stored(b"kv@127.0.0.1:8002", 16)
+    finally:
+        subscriber.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "kv events from http://127.0.0.1:8001: the engine stores 32-token blocks, but "
+        "spec.picking.prefix.kvEvents gives pool docs blockSize 16, so none of its blocks can "
+        "match a prompt: make the two the same (the engine's --block-size, "
+        "spec.engine.kvEvents.blockSize on an operator-run pool)"
+    ]
 
 
 def test_a_missing_kvevents_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

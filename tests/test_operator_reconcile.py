@@ -262,6 +262,19 @@ async def test_a_spec_that_cannot_work_ends_not_ready_with_what_to_change() -> N
     assert again.events == ()  # said once, not on every resync
 
 
+async def test_kv_events_the_operator_cannot_render_end_not_ready_with_what_to_change() -> None:
+    # An SGLang pool with engine.kvEvents, stored before the CRD's rule refused it.
+    cluster = FakeCluster()
+    engine = {"kind": "sglang", "kvEvents": {"endpoint": "tcp://laneway-gateway-kv-events:5557"}}
+    cluster.create(pool_document("realtime", {**SPEC, "engine": engine}))
+    outcome = await run_pass(cluster)
+    assert children(cluster) == []
+    ready = condition(outcome, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.engine.kvEvents: is for engine kind vllm or simulator" in ready["message"]
+    assert "remove engine.kvEvents" in ready["message"]
+
+
 async def test_an_image_outside_the_allowed_registries_is_refused_and_nothing_applied() -> None:
     cluster = FakeCluster()
     allowed = RenderOptions(allowed_image_prefixes=("registry.example.com/inference",))

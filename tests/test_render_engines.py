@@ -72,6 +72,20 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
          "--no-enable-chunked-prefill"],
     ),
     (
+        "vLLM publishing KV events to the gateway, topic the pod's endpoint, blocks pinned",
+        {"engine": {"kind": "vllm", "kvEvents": {
+            "endpoint": "tcp://laneway-gateway-kv-events.laneway.svc:5557", "blockSize": 32}}},
+        ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
+         "--port", "8000", "--max-model-len", "8192", "--max-num-seqs", "256",
+         "--max-num-batched-tokens", "2048", "--scheduling-policy", "fcfs",
+         "--enable-chunked-prefill", "--long-prefill-token-threshold", "1024",
+         "--kv-events-config",
+         '{"enable_kv_cache_events":true,"publisher":"zmq",'
+         '"endpoint":"tcp://laneway-gateway-kv-events.laneway.svc:5557",'
+         '"topic":"kv@$(LANEWAY_POD_IP):8000"}',
+         "--block-size", "32"],
+    ),
+    (
         "SGLang, chunked",
         {**KNOBS, "prefill": {"chunkSize": 1024, "tokenBudget": 2048},
          "engine": {"kind": "sglang", "args": ["--tp-size", "2"]}},
@@ -117,6 +131,18 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
          "--chunk-size", "1024", "--max-context", "8192", "--max-num-seqs", "256",
          "--max-partial-prefills", "1", "--scheduling-policy", "priority",
          "--metrics-flavor", "vllm", "--time-scale", "1"],
+    ),
+    (
+        "simulator publishing KV events (its blocks are 16 tokens: no --block-size)",
+        {"engine": {"kind": "simulator", "kvEvents": {"endpoint": "tcp://10.96.0.12:5557"}},
+         "port": 9000},
+        ["laneway", "sim", "--host", "0.0.0.0", "--port", "9000", "--model", "m",
+         "--profile", "h200-llama3-8b", "--scheduler", "chunked", "--token-budget", "2048",
+         "--chunk-size", "1024", "--max-context", "8192", "--max-num-seqs", "256",
+         "--max-partial-prefills", "1", "--scheduling-policy", "fcfs",
+         "--metrics-flavor", "vllm", "--time-scale", "1", "--kv-events-config",
+         '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://10.96.0.12:5557",'
+         '"topic":"kv@$(LANEWAY_POD_IP):9000"}'],
     ),
     (
         "simulator defaults, whole prefills",

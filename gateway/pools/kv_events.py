@@ -19,7 +19,13 @@ from urllib.parse import urlsplit
 
 from laneway.errors import UsageError, missing_extra
 from laneway.gateway.pools.registry import PoolRegistry
-from laneway.routing.kv_events import EngineBlockFeed, KVEventError, parse_event_batch
+from laneway.routing.kv_events import (
+    BlockStored,
+    EngineBlockFeed,
+    KVEvent,
+    KVEventError,
+    parse_event_batch,
+)
 from laneway.routing.prefix_index import KVEventSource, PrefixIndex
 
 log = logging.getLogger(__name__)
@@ -31,7 +37,14 @@ def endpoint_of_topic(topic: bytes, endpoints: Iterable[str]) -> str | None:
     fields = topic.decode(errors="replace").split("@")
     if len(fields) < 2 or fields[0] != "kv":
         return None
-    return next((url for url in endpoints if urlsplit(url).netloc == fields[1]), None)
+    return next((url for url in endpoints if fields[1] in _host_ports(url)), None)
+
+
+def _host_ports(url: str) -> tuple[str, str]:
+    """The ways a topic may name an endpoint: its URL's host:port, and for an IPv6 host the
+    same without brackets, as the operator's `kv@$(pod IP):<port>` renders it."""
+    parts = urlsplit(url)
+    return parts.netloc, f"{parts.hostname}:{parts.port}"
 
 
 class KVEventSubscriber:
@@ -59,6 +72,7 @@ class KVEventSubscriber:
             ) from None
         self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
         self._feeds: dict[str, EngineBlockFeed] = {}
+        self._misfits: set[str] = set()  # engines already warned about their block size
 
     async def run(self) -> None:
         """Apply the pool's engines' events to the index until cancelled."""
@@ -80,7 +94,30 @@ class KVEventSubscriber:
         feed = self._feeds.get(url) or self._feeds.setdefault(
             url, EngineBlockFeed(url, self._index)
         )
+        if url not in self._misfits:
+            self._check_block_size(url, events)
         feed.apply(events)
+
+    def _check_block_size(self, url: str, events: Sequence[KVEvent]) -> None:
+        """Blocks of another size than the entry's never match a prompt cut into blockSize
+        blocks, so the pool would quietly get no affinity: say so, once per engine."""
+        wanted = self.source.block_size
+        size = next(
+            (e.block_size for e in events if isinstance(e, BlockStored) and e.block_size != wanted),
+            None,
+        )
+        if size is not None:
+            self._misfits.add(url)
+            log.warning(
+                "kv events from %s: the engine stores %d-token blocks, but "
+                "spec.picking.prefix.kvEvents gives pool %s blockSize %d, so none of its blocks "
+                "can match a prompt: make the two the same (the engine's --block-size, "
+                "spec.engine.kvEvents.blockSize on an operator-run pool)",
+                url,
+                size,
+                self.source.pool,
+                wanted,
+            )
 
     def close(self) -> None:
         self._socket.close(linger=0)
