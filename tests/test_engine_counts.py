@@ -42,6 +42,7 @@ from laneway.gateway.serving.counting import (
     EngineTokenize,
     LocalCount,
     OffLoopCounter,
+    PoolTokenizers,
     tokenizer_free_bounds,
 )
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
@@ -634,3 +635,26 @@ async def test_the_worker_process_renders_the_template_as_the_loop_does(
         assert await counter.count(parsed, ours) == parsed.count(ours)
     finally:
         counter.close()
+
+
+def test_each_models_counters_are_built_once_per_set_of_pools(model_files: ModelFiles) -> None:
+    tokenizer = {"kind": "huggingface", "path": str(model_files.tokenizer)}
+    documents = [pool_doc("short", "interactive", "tiny", ["http://127.0.0.1:1"])]
+    documents.append(pool_doc("long", "batch", "tiny", ["http://127.0.0.1:1"]))
+    documents[1]["spec"]["tokenizer"] = tokenizer
+    pools = tuple(api.parse_pool(doc) for doc in documents)
+    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
+    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=CollectorRegistry())
+    engine = EngineTokenize(lambda: aiohttp.ClientSession(), registry, outcomes)
+    tokenizers = PoolTokenizers(default_tokenizer(), 1, OffLoopCounter(), engine)
+
+    counters = tokenizers.serving(pools, "llama")
+    assert set(counters.by_pool) == {pool.key for pool in pools}
+    assert counters.by_pool[pools[0].key] is tokenizers.default
+    assert len(counters.distinct) == 2, "the default and the pool's own tokenizer"
+    assert tokenizers.serving(pools, "llama") is counters
+    # Another set of pools (an update) builds them again; an unknown model is not kept.
+    assert tokenizers.serving(pools[:1], "llama").distinct == (tokenizers.default,)
+    unknown = tokenizers.serving(pools[:1], "gpt-nothing")
+    assert (dict(unknown.by_pool), unknown.distinct) == ({}, (tokenizers.default,))
+    assert tokenizers.serving(pools[:1], "gpt-nothing") is not unknown

@@ -27,7 +27,7 @@ import logging
 import multiprocessing
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -113,6 +113,24 @@ class PoolTokenizers:
         self._worker = worker
         self._engine = engine
         self._loaded: dict[TokenizerSpec, LocalCount] = {}
+        # Per served model, its pools' counters, for the pools they were built from.
+        self._serving_pools: tuple[InferencePool, ...] = ()
+        self._serving: dict[str, ModelCounters] = {}
+
+    def serving(self, pools: tuple[InferencePool, ...], model: str) -> ModelCounters:
+        """The counters of the pools among `pools` that serve `model`: built once per model
+        while `pools` (the registry's tuple) is unchanged. Unknown models are not kept."""
+        if pools is not self._serving_pools:
+            self._serving_pools, self._serving = pools, {}
+        known = self._serving.get(model)
+        if known is not None:
+            return known
+        by_pool = {pool.key: self.of(pool) for pool in pools if model in pool.spec.public_models}
+        distinct = tuple({id(t): t for t in by_pool.values()}.values()) or (self.default,)
+        counters = ModelCounters(by_pool, distinct)
+        if by_pool:
+            self._serving[model] = counters
+        return counters
 
     def of(self, pool: InferencePool) -> PromptCounter:
         spec = pool.spec.tokenizer
@@ -136,6 +154,12 @@ class PoolTokenizers:
                 ) from None
             loaded = self._loaded[spec] = LocalCount(tokenizer, self._worker)
         return loaded
+
+
+@dataclass(frozen=True)
+class ModelCounters:
+    by_pool: Mapping[str, PromptCounter]  # pool key -> how that pool counts
+    distinct: tuple[PromptCounter, ...]  # each counter once: a prompt is counted once by each
 
 
 @dataclass(frozen=True)

@@ -306,10 +306,8 @@ async def _route(
     """
     metrics, clock = app[METRICS], app[CLOCK]
     pools = app[REGISTRY].pools()
-    tokenizers = app[POOL_TOKENIZERS]
-    serving = [pool for pool in pools if parsed.model in pool.spec.public_models]
-    by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
-    distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
+    counters = app[POOL_TOKENIZERS].serving(pools, parsed.model)
+    by_pool, distinct = counters.by_pool, counters.distinct
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
         if len(distinct) == 1:  # one tokenizer counts for every pool, as by default
