@@ -208,6 +208,10 @@ class Tokenizer(Protocol):
 
     def bounds(self, text: str) -> TokenBounds: ...
 
+    def length_bounds(self, utf8_bytes: int) -> TokenBounds:
+        """Bounds on the tokens of texts of `utf8_bytes` bytes in all, from that alone: looser
+        than `bounds`, and free where the caller knows the length (`utf8_length` of ASCII)."""
+
 
 class TiktokenTokenizer:
     def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
@@ -257,6 +261,10 @@ class TiktokenTokenizer:
         word_starts = np.count_nonzero(space[:-1] & ~space[1:]) + (0 if space[0] else 1)
         fewest_tokens = -(-data.size // self._longest_token_bytes)
         return TokenBounds(low=max(int(word_starts), fewest_tokens), high=int(data.size))
+
+    def length_bounds(self, utf8_bytes: int) -> TokenBounds:
+        # No token is longer than the longest, so texts' counts sum to at least this.
+        return TokenBounds(-(-utf8_bytes // self._longest_token_bytes), utf8_bytes)
 
 
 class HuggingFaceTokenizer:
@@ -313,6 +321,9 @@ class HuggingFaceTokenizer:
     def bounds(self, text: str) -> TokenBounds:
         # Pre-tokenizers vary across tokenizer.json files, so no lower bound is safe here.
         return TokenBounds(low=0, high=utf8_length(text))
+
+    def length_bounds(self, utf8_bytes: int) -> TokenBounds:
+        return TokenBounds(0, utf8_bytes)
 
 
 def utf8_length(text: str) -> int:

@@ -42,6 +42,7 @@ from laneway.gateway.serving.counting import (
     EngineTokenize,
     LocalCount,
     OffLoopCounter,
+    PoolTokenizers,
     tokenizer_free_bounds,
 )
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
@@ -155,6 +156,20 @@ async def engine_count(session: aiohttp.ClientSession, engine: ChildProcess, tex
     return count
 
 
+async def streamed_count(
+    session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, body: dict[str, Any]
+) -> int:
+    """The request's x-laneway-prompt-tokens as a stream: the gateway's own count (a
+    non-streaming answer's header is the engine's usage)."""
+    path = "chat/completions" if "messages" in body else "completions"
+    async with session.post(
+        f"{api_client.base_url}{path}", json={**body, "stream": True}
+    ) as response:
+        assert response.status == 200, await response.text()
+        await response.read()
+        return int(response.headers["x-laneway-prompt-tokens"])
+
+
 @dataclass(frozen=True)
 class Routed:
     status: int
@@ -190,8 +205,9 @@ async def check_chat_routed_by_engine_count(
     cap: int,
 ) -> int:
     """Send a one-message chat through the gateway: it reaches the lane the engine's own
-    count picks, with that count in its header and usage, or a 400 naming the count where
-    it does not fit the cap. Returns the engine's count."""
+    count picks, with that count in its header and usage and, as a stream, in the header of
+    the gateway's own count, or a 400 naming the count where it does not fit the cap.
+    Returns the engine's count."""
     expected = await engine_count(session, engine, text)
     routed = await send(api_client, text)
     route = expected_route(expected, threshold, cap)
@@ -201,14 +217,17 @@ async def check_chat_routed_by_engine_count(
     else:
         assert routed.header_count == routed.usage_count == expected, text
         assert routed.pool == route, (text, expected)
+        body = {"model": "llama", "messages": user(text), "max_tokens": MAX_TOKENS}
+        assert await streamed_count(session, api_client, body) == expected, text
     return expected
 
 
 async def check_completion_counted_as_engine(
     session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, engine: ChildProcess, text: str
 ) -> tuple[dict[str, Any], str]:
-    """Send a text completion through the gateway: its header and usage hold the engine's
-    /tokenize count of the prompt. Returns that answer and the pool the gateway picked."""
+    """Send a text completion through the gateway: its header and usage, and its header as
+    a stream (the gateway's own count), hold the engine's /tokenize count of the prompt.
+    Returns that answer and the pool the gateway picked."""
     async with session.post(
         f"{engine.url}/tokenize", json={"model": "tiny", "prompt": text}
     ) as response:
@@ -220,6 +239,8 @@ async def check_completion_counted_as_engine(
     assert completion.usage is not None
     header = int(raw.headers["x-laneway-prompt-tokens"])
     assert header == completion.usage.prompt_tokens == tokenized["count"], text
+    body = {"model": "llama", "prompt": text, "max_tokens": MAX_TOKENS}
+    assert await streamed_count(session, api_client, body) == tokenized["count"], text
     return tokenized, raw.headers["x-laneway-pool"]
 
 
@@ -355,6 +376,17 @@ def test_bounds_without_a_tokenizer_hold_for_the_engines_count(model_files: Mode
         orjson.dumps({**tools.payload, "tools": [{"type": "function"}]}), Endpoint.CHAT
     )
     assert tokenizer_free_bounds(with_tools).high > 2**60, "a template renders tools its way"
+
+
+def test_a_chat_a_template_frames_has_no_length_bounds(model_files: ModelFiles) -> None:
+    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
+    assert chat_request(user("lane")).length_bounds(ours) is None
+    # A completion's prompt is the text as sent, BOS and all.
+    body = {"model": "llama", "prompt": " ".join(WORDS)}
+    completion = parse_request(orjson.dumps(body), Endpoint.COMPLETIONS)
+    bounds = completion.length_bounds(ours)
+    assert bounds is not None
+    assert bounds.low <= completion.count(ours) <= bounds.high
 
 
 async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
@@ -603,3 +635,26 @@ async def test_the_worker_process_renders_the_template_as_the_loop_does(
         assert await counter.count(parsed, ours) == parsed.count(ours)
     finally:
         counter.close()
+
+
+def test_each_models_counters_are_built_once_per_set_of_pools(model_files: ModelFiles) -> None:
+    tokenizer = {"kind": "huggingface", "path": str(model_files.tokenizer)}
+    documents = [pool_doc("short", "interactive", "tiny", ["http://127.0.0.1:1"])]
+    documents.append(pool_doc("long", "batch", "tiny", ["http://127.0.0.1:1"]))
+    documents[1]["spec"]["tokenizer"] = tokenizer
+    pools = tuple(api.parse_pool(doc) for doc in documents)
+    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
+    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=CollectorRegistry())
+    engine = EngineTokenize(lambda: aiohttp.ClientSession(), registry, outcomes)
+    tokenizers = PoolTokenizers(default_tokenizer(), 1, OffLoopCounter(), engine)
+
+    counters = tokenizers.serving(pools, "llama")
+    assert set(counters.by_pool) == {pool.key for pool in pools}
+    assert counters.by_pool[pools[0].key] is tokenizers.default
+    assert len(counters.distinct) == 2, "the default and the pool's own tokenizer"
+    assert tokenizers.serving(pools, "llama") is counters
+    # Another set of pools (an update) builds them again; an unknown model is not kept.
+    assert tokenizers.serving(pools[:1], "llama").distinct == (tokenizers.default,)
+    unknown = tokenizers.serving(pools[:1], "gpt-nothing")
+    assert (dict(unknown.by_pool), unknown.distinct) == ({}, (tokenizers.default,))
+    assert tokenizers.serving(pools[:1], "gpt-nothing") is not unknown

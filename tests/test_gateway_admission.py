@@ -106,3 +106,18 @@ async def test_closing_for_shutdown_says_so_to_waiters_and_newcomers() -> None:
     assert late.value.reason == "shutting_down"
     gate.release()
     assert (gate.active, gate.waiting) == (0, 0)
+
+
+async def test_admit_now_takes_only_a_free_slot_nobody_waits_for() -> None:
+    gate = PoolGate(limit=1, max_waiting=5)
+    assert gate.admit_now()
+    assert not gate.admit_now(), "the one slot is taken"
+    waiter = asyncio.create_task(gate.acquire(Lane.INTERACTIVE))
+    await settle()
+    gate.set_limit(2)  # frees a slot, which the waiter takes first
+    await waiter
+    assert not gate.admit_now()
+    gate.set_limit(3)
+    gate.close("shutting_down")
+    assert not gate.admit_now(), "a closed gate admits nobody, free slot or not"
+    assert (gate.active, gate.waiting) == (2, 0)

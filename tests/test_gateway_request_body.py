@@ -251,3 +251,42 @@ def test_a_body_no_longer_than_the_value_limit_is_within_it(raw: bytes) -> None:
     limit = max(len(raw), 1)
     with patch("laneway.gateway.serving.request_body.MAX_JSON_VALUES", limit):
         assert json_values(raw) <= limit
+
+
+@given(
+    st.lists(st.text(max_size=300), min_size=1, max_size=4),
+    st.sampled_from([Endpoint.CHAT, Endpoint.COMPLETIONS]),
+    st.booleans(),
+)
+def test_length_bounds_hold_the_count_and_no_less_than_the_scanned_bounds(
+    texts: list[str], endpoint: Endpoint, extra: bool
+) -> None:
+    if endpoint is Endpoint.CHAT:
+        messages = [{"role": "user", "content": text} for text in texts]
+        tools = [{"type": "function", "function": {"name": texts[0]}}]
+        payload = {"model": "m", "messages": messages, **({"tools": tools} if extra else {})}
+    else:
+        payload = {"model": "m", "prompt": texts, **({"suffix": texts[-1]} if extra else {})}
+    parsed = parse_request(body(payload), endpoint)
+    tokenizer = default_tokenizer()
+    loose, tight = parsed.length_bounds(tokenizer), parsed.bounds(tokenizer)
+    assert loose is not None
+    assert loose.low <= parsed.count(tokenizer) <= tight.high <= loose.high
+    assert tight.low <= parsed.count(tokenizer)
+
+
+def test_length_bounds_of_token_prompts_are_exact() -> None:
+    parsed = parse_request(body({"model": "m", "prompt": [[1, 2, 3], [4]]}), Endpoint.COMPLETIONS)
+    assert parsed.length_bounds(default_tokenizer()) == parsed.bounds(default_tokenizer())
+    assert parsed.bounds(default_tokenizer()).exact
+
+
+@pytest.mark.parametrize(("lists", "refused"), [(62, False), (63, False), (64, True)])
+def test_nesting_is_refused_past_the_limit_and_not_at_it(lists: int, refused: bool) -> None:
+    # The object and `lists` lists inside it: 1 + lists levels, and as many containers.
+    nested = {"model": "m", "prompt": "x", "x": json.loads("[" * lists + "]" * lists)}
+    if refused:
+        with pytest.raises(ApiError, match="deeper than 64 levels"):
+            parse_request(body(nested), Endpoint.COMPLETIONS)
+    else:
+        assert parse_request(body(nested), Endpoint.COMPLETIONS).prompts == ("x",)

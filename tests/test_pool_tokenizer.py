@@ -110,6 +110,15 @@ async def test_gateway_and_engine_counts_agree_on_every_prompt(
                 ) as response:
                     tokenized = await response.json()
                 assert gateway_count == engine_count == tokenized["count"], text
+                # A non-streaming answer's header is the engine's usage; a stream's is the
+                # gateway's own count, which must be the same.
+                streamed = {"model": "llama", "messages": messages, "max_tokens": 2, "stream": True}
+                async with session.post(
+                    f"{gateway.url}/v1/chat/completions", json=streamed
+                ) as response:
+                    assert response.status == 200
+                    await response.read()
+                    assert int(response.headers["x-laneway-prompt-tokens"]) == engine_count
                 # The lane was chosen at the engine's count.
                 expected = "short" if engine_count <= THRESHOLD else "long"
                 assert raw.headers["x-laneway-pool"] == expected, (text, engine_count)

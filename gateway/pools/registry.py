@@ -29,6 +29,7 @@ class PoolRegistry:
         self._settings = settings
         self._clock = clock
         self._pools: dict[str, InferencePool] = {}
+        self._pool_list: tuple[InferencePool, ...] = ()  # the same, built once per update
         self._gates: dict[str, PoolGate] = {}
         self._health: dict[str, Health] = {}
         self._scrapes: dict[str, Scrape] = {}
@@ -45,6 +46,7 @@ class PoolRegistry:
         for key in incoming.keys() - self._pools.keys():
             self._gates[key] = PoolGate(0, self._settings.queue.max_waiting)
         self._pools = incoming
+        self._pool_list = tuple(incoming.values())
         urls = dict.fromkeys(url for pool in pools for url in pool.endpoints)
         self._health = {url: self._health.get(url, Health()) for url in urls}
         self._scrapes = {url: s for url, s in self._scrapes.items() if url in urls}
@@ -58,8 +60,9 @@ class PoolRegistry:
         for gate in self._gates.values():
             gate.close("shutting_down")
 
-    def pools(self) -> list[InferencePool]:
-        return list(self._pools.values())
+    def pools(self) -> tuple[InferencePool, ...]:
+        """The pools now configured: the same tuple until the next update."""
+        return self._pool_list
 
     def gate(self, pool: InferencePool) -> PoolGate:
         return self._gates[pool.key]

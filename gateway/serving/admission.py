@@ -44,6 +44,13 @@ class PoolGate:
         self._limit = limit
         self._grant()
 
+    def admit_now(self) -> bool:
+        """Take a slot if one is free and nobody waits for it; False: `acquire` decides."""
+        if self._closed is None and self._active < self._limit and not self._line:
+            self._active += 1
+            return True
+        return False
+
     async def acquire(self, priority: Lane, tenant: str = "", tokens: int = 0) -> None:
         """Return once admitted; raise AdmissionRefused when full or closed.
 
@@ -53,8 +60,7 @@ class PoolGate:
         """
         if self._closed is not None:
             raise AdmissionRefused(self._closed)
-        if self._active < self._limit and not self.waiting:
-            self._active += 1
+        if self.admit_now():
             return
         if self.waiting >= self._max_waiting:
             raise AdmissionRefused("queue_full")

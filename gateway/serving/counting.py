@@ -27,7 +27,7 @@ import logging
 import multiprocessing
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -85,6 +85,10 @@ class PromptCounter(Protocol):
     def inline(self, parsed: ParsedRequest) -> TokenBounds:
         """Where the body is small: the exact count if it costs nothing to take, else bounds."""
 
+    def length_bounds(self, parsed: ParsedRequest) -> TokenBounds | None:
+        """Looser bounds from the texts' lengths alone, tried first; None where there are
+        none cheaper than `bounds`."""
+
     def bounds(self, parsed: ParsedRequest) -> TokenBounds:
         """Cheap bounds on the count (run in a thread for big bodies)."""
 
@@ -109,6 +113,24 @@ class PoolTokenizers:
         self._worker = worker
         self._engine = engine
         self._loaded: dict[TokenizerSpec, LocalCount] = {}
+        # Per served model, its pools' counters, for the pools they were built from.
+        self._serving_pools: tuple[InferencePool, ...] = ()
+        self._serving: dict[str, ModelCounters] = {}
+
+    def serving(self, pools: tuple[InferencePool, ...], model: str) -> ModelCounters:
+        """The counters of the pools among `pools` that serve `model`: built once per model
+        while `pools` (the registry's tuple) is unchanged. Unknown models are not kept."""
+        if pools is not self._serving_pools:
+            self._serving_pools, self._serving = pools, {}
+        known = self._serving.get(model)
+        if known is not None:
+            return known
+        by_pool = {pool.key: self.of(pool) for pool in pools if model in pool.spec.public_models}
+        distinct = tuple({id(t): t for t in by_pool.values()}.values()) or (self.default,)
+        counters = ModelCounters(by_pool, distinct)
+        if by_pool:
+            self._serving[model] = counters
+        return counters
 
     def of(self, pool: InferencePool) -> PromptCounter:
         spec = pool.spec.tokenizer
@@ -135,6 +157,12 @@ class PoolTokenizers:
 
 
 @dataclass(frozen=True)
+class ModelCounters:
+    by_pool: Mapping[str, PromptCounter]  # pool key -> how that pool counts
+    distinct: tuple[PromptCounter, ...]  # each counter once: a prompt is counted once by each
+
+
+@dataclass(frozen=True)
 class LocalCount:
     """Counts with a tokenizer the gateway holds (and its chat template, if it has one)."""
 
@@ -145,6 +173,9 @@ class LocalCount:
     def inline(self, parsed: ParsedRequest) -> TokenBounds:
         count = _refused_chat_is_bad_request(parsed.count, self.tokenizer)
         return TokenBounds(count, count)
+
+    def length_bounds(self, parsed: ParsedRequest) -> TokenBounds | None:
+        return parsed.length_bounds(self.tokenizer)
 
     def bounds(self, parsed: ParsedRequest) -> TokenBounds:
         return _refused_chat_is_bad_request(parsed.bounds, self.tokenizer)
@@ -184,6 +215,9 @@ class EngineCount:
 
     def inline(self, parsed: ParsedRequest) -> TokenBounds:
         return self.bounds(parsed)
+
+    def length_bounds(self, parsed: ParsedRequest) -> TokenBounds | None:
+        return None  # `bounds` takes the lengths alone already
 
     def bounds(self, parsed: ParsedRequest) -> TokenBounds:
         return tokenizer_free_bounds(parsed)

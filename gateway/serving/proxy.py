@@ -14,8 +14,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import orjson
@@ -42,6 +43,7 @@ from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admission import AdmissionRefused
 from laneway.gateway.serving.call import Call
 from laneway.gateway.serving.counting import LocalCount, PromptCounter
+from laneway.gateway.serving.engine_usage import engine_prompt_tokens
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
@@ -116,7 +118,9 @@ class _Outcome:
         return headers
 
 
-@dataclass(frozen=True)
+# Slotted, not frozen: one per request, and fifteen fields through a frozen dataclass's
+# __init__ cost several times more. Nothing assigns to one after it is built.
+@dataclass(slots=True)
 class RequestLog:
     """One request as its log line and metrics tell it, built once when it ends."""
 
@@ -257,17 +261,19 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
             raise _no_endpoint(app, pool, "every endpoint is ejected")
         gate, demand = registry.gate(pool), app[DEMAND]
         waiting_since = app[CLOCK]()
-        limit_ms = settings.queue.wait_limit_millis(bool(pool.endpoints))
-        try:
-            with demand.waiting(pool.key, route.prefill_tokens):
-                async with asyncio.timeout(limit_ms / 1000):
-                    await gate.acquire(
-                        route.priority,
-                        tenant_name(call.caller),
-                        parsed.sequences * route.prefill_tokens,
-                    )
-        except (AdmissionRefused, TimeoutError) as refused:
-            raise _refused(app, pool, refused, limit_ms, gate.active, gate.waiting) from None
+        # A free slot is taken at once: no timer, no count in the line, for the usual case.
+        if not gate.admit_now():
+            limit_ms = settings.queue.wait_limit_millis(bool(pool.endpoints))
+            try:
+                with demand.waiting(pool.key, route.prefill_tokens):
+                    async with asyncio.timeout(limit_ms / 1000):
+                        await gate.acquire(
+                            route.priority,
+                            tenant_name(call.caller),
+                            parsed.sequences * route.prefill_tokens,
+                        )
+            except (AdmissionRefused, TimeoutError) as refused:
+                raise _refused(app, pool, refused, limit_ms, gate.active, gate.waiting) from None
         waited = app[CLOCK]() - waiting_since
         outcome.queue_ms = waited * 1000
         app[METRICS].queue_wait_of(pool.name, route.lane.value).observe(waited)
@@ -281,8 +287,7 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
         finally:
             gate.release()
     finally:
-        if not count.done():
-            count.cancel()
+        count.cancel()
 
 
 async def _route(
@@ -293,7 +298,7 @@ async def _route(
     pinned: Lane | None,
     tenant: str | None,
     outcome: _Outcome,
-) -> tuple[Route, asyncio.Future[int]]:
+) -> tuple[Route, _PromptCount]:
     """Classify from bounds where they decide; the exact count follows off the loop.
 
     Each pool's prompt is counted with its own tokenizer (once per distinct tokenizer);
@@ -301,21 +306,8 @@ async def _route(
     """
     metrics, clock = app[METRICS], app[CLOCK]
     pools = app[REGISTRY].pools()
-    tokenizers = app[POOL_TOKENIZERS]
-    serving = [pool for pool in pools if parsed.model in pool.spec.public_models]
-    by_pool = {pool.key: tokenizers.of(pool) for pool in serving}
-    distinct = list({id(t): t for t in by_pool.values()}.values()) or [tokenizers.default]
-    begun = clock()
-    if body_bytes <= INLINE_COUNT_BYTES:
-        bounds = {id(t): t.inline(parsed) for t in distinct}
-        metrics.tokenize_of("inline").observe(clock() - begun)
-    elif inline:
-        bounds = {id(t): t.bounds(parsed) for t in distinct}
-        metrics.tokenize_of("bounds").observe(clock() - begun)
-    else:
-        # Bounds of a body past INLINE_PARSE_BYTES cost milliseconds per tokenizer.
-        bounds = await asyncio.to_thread(lambda: {id(t): t.bounds(parsed) for t in distinct})
-        metrics.tokenize_of("bounds").observe(clock() - begun)
+    counters = app[POOL_TOKENIZERS].serving(pools, parsed.model)
+    by_pool, distinct = counters.by_pool, counters.distinct
 
     def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
         if len(distinct) == 1:  # one tokenizer counts for every pool, as by default
@@ -338,7 +330,31 @@ async def _route(
         counts = await asyncio.gather(*(_count_exactly(app, parsed, t) for t in distinct))
         return ask({id(t): _exact(n) for t, n in zip(distinct, counts, strict=True)})
 
-    decision = await settle_route(ask(bounds), pools, exactly)
+    # A non-streaming answer carries the engine's own count (engine_usage.py): its prompt is
+    # counted only where the bounds do not decide the route. A stream's header goes out
+    # before the engine's usage, so a small one is counted here, where it is cheap.
+    decision: Decision
+    if body_bytes <= INLINE_COUNT_BYTES and parsed.stream:
+        begun = clock()
+        exact = {id(t): t.inline(parsed) for t in distinct}
+        metrics.tokenize_of("inline").observe(clock() - begun)
+        decision = await settle_route(ask(exact), pools, exactly)
+    else:
+        # The texts' lengths alone route most prompts; the bounds that scan them next, and
+        # the exact count last, only where those do not.
+        loose = {id(t): b for t in distinct if (b := t.length_bounds(parsed)) is not None}
+        decision = classify(ask(loose), pools) if len(loose) == len(distinct) else NeedsExactCount()
+        if isinstance(decision, NeedsExactCount):
+            begun = clock()
+            if inline:
+                bounds = {id(t): t.bounds(parsed) for t in distinct}
+            else:
+                # Bounds of a body past INLINE_PARSE_BYTES cost milliseconds per tokenizer.
+                bounds = await asyncio.to_thread(
+                    lambda: {id(t): t.bounds(parsed) for t in distinct}
+                )
+            metrics.tokenize_of("bounds").observe(clock() - begun)
+            decision = await settle_route(ask(bounds), pools, exactly)
     if isinstance(decision, UnknownModel):
         raise ApiError(404, decision.message, "model_not_found", "model")
     if isinstance(decision, NoFit):
@@ -348,15 +364,41 @@ async def _route(
         raise ApiError(400, decision.message, code, param)
     assert isinstance(decision, Route)
 
-    count: asyncio.Future[int]
+    count = _PromptCount(app, parsed, by_pool[decision.pool.key].once_routed)
     if decision.prompt_tokens.exact:
-        count = asyncio.get_running_loop().create_future()
-        count.set_result(decision.prompt_tokens.low)
-    else:
+        count.known = decision.prompt_tokens.low
+    elif parsed.stream:
         # The route is settled; count for the header and metrics while the engine works.
-        counter = by_pool[decision.pool.key].once_routed
-        count = asyncio.ensure_future(_count_exactly(app, parsed, counter))
+        count.counting = asyncio.ensure_future(_count_exactly(app, parsed, count.counter))
     return decision, count
+
+
+@dataclass
+class _PromptCount:
+    """The prompt's exact count, for the header, the prompt-token metric and the log line:
+    known where routing needed it, else being counted (a stream), else counted only when it
+    is awaited (a non-streaming answer that does not carry the engine's count)."""
+
+    app: web.Application
+    parsed: ParsedRequest
+    counter: PromptCounter  # the routed pool's
+    known: int | None = None
+    counting: asyncio.Future[int] | None = None
+
+    def __await__(self) -> Generator[Any, None, int]:
+        return self._exact().__await__()
+
+    async def _exact(self) -> int:
+        if self.known is None:
+            if self.counting is None:
+                self.known = await _count_exactly(self.app, self.parsed, self.counter)
+            else:
+                self.known = await self.counting
+        return self.known
+
+    def cancel(self) -> None:
+        if self.counting is not None and not self.counting.done():
+            self.counting.cancel()
 
 
 async def settle_route(
@@ -525,7 +567,7 @@ async def _prompt_blocks(
     return _PromptBlocks(hashes, source.block_size)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per request; nothing assigns to one once built
 class _Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
 
@@ -534,7 +576,7 @@ class _Exchange:
     body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
     prefix: _PromptBlocks
-    count: asyncio.Future[int]  # the exact prompt count, maybe still being computed
+    count: _PromptCount
     started: float
     outcome: _Outcome
 
@@ -590,10 +632,17 @@ async def _attempt(
             app[METRICS].overhead.request.observe(own_s)
             if upstream.status != 200 or not exchange.parsed.stream:
                 body = await upstream.read()
+                engine_count = (
+                    engine_prompt_tokens(body)
+                    if upstream.status == 200 and exchange.parsed.sequences == 1
+                    else None
+                )
                 if rename := rewriter(served, exchange.parsed.model):
                     body = rename.whole(body)
                 app[REGISTRY].record_success(url)
-                outcome.prompt_tokens = await exchange.count
+                outcome.prompt_tokens = (
+                    await exchange.count if engine_count is None else engine_count
+                )
                 outcome.status = upstream.status
                 exchange.call.answer(upstream.status, body, outcome.routing_headers())
                 return

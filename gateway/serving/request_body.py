@@ -21,6 +21,8 @@ import orjson
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.tokens import (
+    TOKENS_PER_MESSAGE,
+    TOKENS_REPLY_PRIMING,
     ChatMessage,
     TemplateChat,
     TokenBounds,
@@ -32,6 +34,7 @@ from laneway.tokens import (
     rendered_chat_bounds,
     template_chat,
     texts_bounds,
+    utf8_length,
 )
 
 LANE_HEADER = "x-laneway-lane"
@@ -101,6 +104,25 @@ class ParsedRequest:
             TokenBounds(n, n) for n in self.token_prompt_lengths
         ]
         return TokenBounds(max(b.low for b in bounds), max(b.high for b in bounds)) + extra
+
+    def length_bounds(self, tokenizer: Tokenizer) -> TokenBounds | None:
+        """`bounds` from the texts' lengths alone (in constant time for ASCII text): looser,
+        and often enough to route. None for a chat a template frames: its text is unknown
+        until rendered."""
+        if self.endpoint is Endpoint.CHAT and tokenizer.chat_template is not None:
+            return None
+        extra = sum(utf8_length(t) for t in self.extra_texts)
+        if self.endpoint is Endpoint.CHAT:
+            framing = TOKENS_REPLY_PRIMING + TOKENS_PER_MESSAGE * len(self.messages)
+            texts = sum(utf8_length(m.role) + utf8_length(m.content) for m in self.messages)
+            counted = tokenizer.length_bounds(texts + extra)
+            return TokenBounds(counted.low + framing, counted.high + framing)
+        specials = tokenizer.prompt_specials
+        prompts = [tokenizer.length_bounds(utf8_length(p)) for p in self.prompts]
+        lows = [b.low + specials for b in prompts] + list(self.token_prompt_lengths)
+        highs = [b.high + specials for b in prompts] + list(self.token_prompt_lengths)
+        around = tokenizer.length_bounds(extra)
+        return TokenBounds(max(lows) + around.low, max(highs) + around.high)
 
     def prefix_text(self) -> str:
         """The prompt as one string whose prefixes are the prompt's prefixes (for affinity):

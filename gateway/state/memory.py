@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True)
+# Slotted, not frozen: one is built per endpoint per request; nothing assigns to one after.
+@dataclass(slots=True)
 class EndpointLoad:
     in_flight: int = 0
     prefill_tokens: int = 0  # prompt tokens sent whose first token has not come back

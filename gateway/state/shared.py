@@ -236,15 +236,18 @@ def identify(app: web.Application, header: Callable[[str], str | None]) -> Calle
     Both HTTP shells call it: the tenant middleware for aiohttp's routes, and the gateway's
     own server for the completion routes (`gateway/serving/server.py`).
     """
-    if INTERNAL_SECRET not in app:
+    # `app.get`, not `in`: a key an aiohttp app lacks costs a KeyError raised and caught.
+    secret = app.get(INTERNAL_SECRET)
+    if secret is None:
         return None
     internal = header(INTERNAL_HEADER)
-    if internal is not None and _same_secret(internal, app[INTERNAL_SECRET]):
+    if internal is not None and _same_secret(internal, secret):
         return Caller(_named(app, header(TENANT_HEADER) or ""), internal=True)
-    if TENANTS not in app:
+    tenants = app.get(TENANTS)
+    if tenants is None:
         return Caller(ANONYMOUS_TENANT)
     authorization = header("authorization")
-    tenant = app[TENANTS].directory.authenticate(authorization)
+    tenant = tenants.directory.authenticate(authorization)
     if tenant is None:
         app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
         raise ApiError(
@@ -295,10 +298,11 @@ def routing_tenant(caller: Caller | None) -> str | None:
 
 async def admit_tenant(app: web.Application, caller: Caller | None, tokens: int) -> None:
     """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
-    if LIMITER not in app or caller is None or caller.internal:
+    limiter = app.get(LIMITER)
+    if limiter is None or caller is None or caller.internal:
         return
     tenant = caller.tenant
-    decision = await app[LIMITER].admit(tenant, tokens)
+    decision = await limiter.admit(tenant, tokens)
     if decision.allowed:
         return
     reason = "too_large" if decision.never else decision.exceeded

@@ -68,15 +68,25 @@ def rank(
     profile: Sequence[WeightedScorer],
     rng: random.Random,
 ) -> list[Ranked]:
+    order, scores = ranked_positions(endpoints, profile, rng)
+    return [Ranked(endpoints[i].url, scores[i]) for i in order]
+
+
+def ranked_positions(
+    endpoints: Sequence[EndpointView],
+    profile: Sequence[WeightedScorer],
+    rng: random.Random,
+) -> tuple[list[int], list[float]]:
+    """`rank` as the endpoints' positions best first, and each position's score."""
     total_weight = sum(s.weight for s in profile)
     totals = [0.0] * len(endpoints)
     for weighted in profile:
-        for index, score in enumerate(weighted.scorer.score(endpoints)):
-            totals[index] += weighted.weight * score
+        weight, scored = weighted.weight, weighted.scorer.score(endpoints)
+        totals = [t + weight * s for t, s in zip(totals, scored, strict=True)]
     scores = [t / total_weight for t in totals] if total_weight else [1.0] * len(endpoints)
     # Shuffle, then a stable sort: equal scores end up in random order. The positions are
     # shuffled, not the results, which draws the same numbers from `rng` at less cost.
     order = list(range(len(endpoints)))
     rng.shuffle(order)
     order.sort(key=scores.__getitem__, reverse=True)
-    return [Ranked(endpoints[i].url, scores[i]) for i in order]
+    return order, scores

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 from laneway.api import InferencePool, Lane
 from laneway.routing.lanes import Route
-from laneway.routing.picker import WeightedScorer, rank
+from laneway.routing.picker import WeightedScorer, ranked_positions
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import PRIOR, PrefillRate
 
 
-@dataclass(frozen=True)
+# Slotted, not frozen: one is built per endpoint per request, and a frozen dataclass's
+# __init__ costs several times more. Nothing assigns to one after it is built.
+@dataclass(slots=True)
 class PlannedEndpoint:
     url: str
     score: float  # the profile's weighted mean, in [0, 1]
@@ -73,13 +75,13 @@ def make_plan(
     # Built by position in one pass: `dataclasses.replace` per endpoint and a dict per
     # quantity cost more than the ranking itself.
     views = []
-    planned: dict[str, tuple[int, float, int]] = {}  # url -> backlog, prediction, own prefill
+    planned = []  # by position: backlog, prediction, own prefill
     for e in endpoints:
         # What the prefix cache likely holds of this prompt needs no prefill there.
         own = route.prefill_tokens - (e.cached_prompt_tokens or 0)
         backlog = e.prefill_tokens + own
         predicted = elapsed_ms + rates[e.url].predict_ttft_ms(backlog)
-        planned[e.url] = (backlog, predicted, own)
+        planned.append((backlog, predicted, own))
         views.append(
             EndpointView(
                 e.url,
@@ -93,9 +95,9 @@ def make_plan(
                 backlog,
             )
         )
-    ranked = rank(views, profile, rng)
+    order, scores = ranked_positions(views, profile, rng)
     return RoutingPlan(
-        route, tuple(PlannedEndpoint(r.url, r.score, *planned[r.url]) for r in ranked)
+        route, tuple(PlannedEndpoint(views[i].url, scores[i], *planned[i]) for i in order)
     )
 
 
