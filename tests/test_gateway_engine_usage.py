@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
+from scripted_engines import engine_app
 from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
 from test_gateway_e2e import client, scrape, total
 from test_pool_tokenizer import prompts, train_tokenizer
@@ -139,15 +140,7 @@ def scripted_answer(usage: bool, status: int = 200) -> web.Application:
             answer["usage"] = {"prompt_tokens": ENGINE_COUNT, "completion_tokens": 1}
         return web.json_response(answer)
 
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_post("/v1/completions", generate)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", health)
-    return app
+    return engine_app(generate)
 
 
 @pytest.fixture

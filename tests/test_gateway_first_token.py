@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from aiohttp import web
+from scripted_engines import Script, scripted_engine
 from simulated_pools import gateway_doc, pool_doc
 from test_gateway_e2e import scrape, total
 
@@ -115,8 +116,6 @@ def test_a_request_is_stamped_with_its_first_bytes_and_only_those() -> None:
 
 # --- through the gateway --------------------------------------------------------------------
 
-Script = Callable[[web.StreamResponse], Awaitable[None]]
-
 
 async def role_on_arrival(response: web.StreamResponse) -> None:
     await response.write(ROLE)
@@ -172,26 +171,6 @@ SCRIPTS: dict[str, Script] = {
     "lingers": lingers_after_done,
     "stalls": stalls_mid_answer,
 }
-
-
-def scripted_engine(script: Script) -> web.Application:
-    async def generate(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await script(response)
-        await response.write_eof()
-        return response
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_post("/v1/completions", generate)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", health)
-    return app
 
 
 @dataclass(frozen=True)

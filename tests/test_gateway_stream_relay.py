@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from aiohttp import web
+from scripted_engines import scripted_engine
 from simulated_pools import gateway_doc, pool_doc
 from test_gateway_e2e import scrape, total
 
@@ -55,10 +56,7 @@ class Written:
 
 
 def engine(script: str, written: Written) -> web.Application:
-    async def generate(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
+    async def stream(response: web.StreamResponse) -> None:
         if script == "flood":
             for index in range(FLOOD_EVENTS):
                 await response.write(event("served-flood", index, PADDING))
@@ -72,17 +70,8 @@ def engine(script: str, written: Written) -> web.Application:
                 written.events += EVENTS_PER_BURST
                 await asyncio.sleep(0.01)
         await response.write(DONE)
-        await response.write_eof()
-        return response
 
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", health)
-    return app
+    return scripted_engine(stream)
 
 
 WHOLE_EVENTS = 3
