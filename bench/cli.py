@@ -113,7 +113,8 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     gateway.add_argument(
         "--against",
         metavar="PEERS",
-        help="instead: laneway beside these routers (sglang-router, vllm-router, python-floor; "
+        help="instead: laneway beside these routers (sglang-router, vllm-router, python-floor, "
+        "laneway@DIR: laneway installed in DIR; "
         "comma-separated) on 4 engines, each pinned to one CPU, non-streaming and streaming",
     )
     gateway.add_argument(

@@ -77,8 +77,9 @@ async def start_gateway(
     gateway_args: Sequence[str] = LOOPBACK_ANY_PORT,
     config_dir: Path | None = None,
     name: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ChildProcess:
-    """Start `laneway gateway` configured with `documents`.
+    """Start `laneway gateway` configured with `documents` (`env` added to its environment).
 
     The YAML goes to `config_dir` when given (a gateway that serves on keeps its file);
     otherwise to a folder removed once the gateway has read it.
@@ -87,7 +88,7 @@ async def start_gateway(
         path = (config_dir or Path(directory)) / "gateway.yaml"
         path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
         return await children.start_laneway_async(
-            "gateway", ["--config", str(path), *gateway_args], name
+            "gateway", ["--config", str(path), *gateway_args], name, env=env
         )
 
 

@@ -11,6 +11,8 @@ environment of their own (`--peers-venv`), never as a dependency of laneway. One
 `python-floor`, is laneway's own measuring stick (bench/floor_proxy.py): a proxy on the
 gateway's event loop and HTTP parser that does nothing but forward, so the gap between it and
 laneway is laneway's own work, and the gap between it and the Rust routers is Python's.
+And `laneway@DIR` is laneway as installed in DIR (`pip install --no-deps --target DIR` of
+another checkout): the same bench, before and after a change, in one run.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ PEER_COMMANDS = {
     "vllm-router": ("vllm-router",),
 }
 FLOOR = "python-floor"  # bench/floor_proxy.py, run by this Python
+BASELINE = "laneway@"  # laneway@DIR: laneway imported from DIR, e.g. an earlier commit's
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"
 READY_LINE = "peer router starting: "
@@ -87,11 +90,24 @@ class AgainstOptions:
 
 def parse_peers(text: str) -> tuple[str, ...]:
     peers = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [peer for peer in peers if peer not in (*PEER_COMMANDS, FLOOR)]
+    unknown = [p for p in peers if p not in (*PEER_COMMANDS, FLOOR) and not p.startswith(BASELINE)]
     if not peers or unknown:
-        known = ", ".join((*PEER_COMMANDS, FLOOR))
+        known = ", ".join((*PEER_COMMANDS, FLOOR, f"{BASELINE}DIR"))
         raise UsageError(f"--against takes one or more of {known}; got {text!r}")
+    for peer in peers:
+        if (
+            peer.startswith(BASELINE)
+            and not _baseline_dir(peer).joinpath("laneway", "gateway", "__init__.py").is_file()
+        ):
+            raise UsageError(
+                f"{peer}: {_baseline_dir(peer)} holds no laneway package with its gateway; "
+                "make one with `pip install --no-deps --target DIR CHECKOUT`"
+            )
     return peers
+
+
+def _baseline_dir(peer: str) -> Path:
+    return Path(peer.removeprefix(BASELINE)).expanduser().resolve()
 
 
 def check_against(options: AgainstOptions) -> None:
@@ -194,7 +210,8 @@ def _added(run: RouterRun, direct: RouterRun | None, which: str) -> float | None
 def ensure_peers(venv: Path, peers: Sequence[str]) -> dict[str, str]:
     """Install missing peers into `venv` (created if absent); their versions by name."""
     versions = {FLOOR: _floor_version()} if FLOOR in peers else {}
-    peers = [peer for peer in peers if peer != FLOOR]
+    versions |= {p: str(_baseline_dir(p)) for p in peers if p.startswith(BASELINE)}
+    peers = [peer for peer in peers if peer in PEER_COMMANDS]
     if not peers:
         return versions
     python = venv / "bin" / "python"
@@ -382,12 +399,16 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
         progress("starting the laneway gateway and the peers, each pinned to one CPU")
         gateway = await start_gateway(children, gateway_config(urls))
         pin(gateway.pid, [router_cpu])
-        peers = {
-            peer: await asyncio.to_thread(
-                start_peer, children, options.venv, peer, urls, router_cpu
-            )
-            for peer in options.peers
-        }
+        peers = {}
+        for peer in options.peers:
+            if peer.startswith(BASELINE):
+                env = {"PYTHONPATH": str(_baseline_dir(peer))}
+                peers[peer] = await start_gateway(children, gateway_config(urls), env=env)
+                pin(peers[peer].pid, [router_cpu])
+            else:
+                peers[peer] = await asyncio.to_thread(
+                    start_peer, children, options.venv, peer, urls, router_cpu
+                )
         probe = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                  "max_tokens": 1}  # fmt: skip
         async with aiohttp.ClientSession() as session:

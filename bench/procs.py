@@ -243,13 +243,16 @@ class Children:
         args: Sequence[str],
         name: str | None = None,
         timeout: float = DEFAULT_READY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
     ) -> ChildProcess:
-        """Start `laneway sim ...` or `laneway gateway ...` and wait for its ready line."""
+        """Start `laneway sim ...` or `laneway gateway ...` and wait for its ready line;
+        `env` adds to this process's environment."""
         return self.start(
             name or f"laneway {subcommand}",
             laneway_argv(subcommand, *args),
             READY_PREFIXES[subcommand],
             timeout,
+            env,
         )
 
     async def start_laneway_async(
@@ -258,8 +261,11 @@ class Children:
         args: Sequence[str],
         name: str | None = None,
         ready_within: float = DEFAULT_READY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
     ) -> ChildProcess:
-        return await asyncio.to_thread(self.start_laneway, subcommand, args, name, ready_within)
+        return await asyncio.to_thread(
+            self.start_laneway, subcommand, args, name, ready_within, env
+        )
 
     def crashed(self) -> list[ChildProcess]:
         """Children that have exited on their own (none should, until close)."""

@@ -1,4 +1,5 @@
-"""The floor proxy `bench gateway --against python-floor` measures (bench/floor_proxy.py).
+"""The floor proxy `bench gateway --against python-floor` measures (bench/floor_proxy.py), and
+the peers `--against` takes by name.
 
 Its figures mean something only if it does the routers' job: every request reaches an engine,
 in turn, and every answer, whole or streamed, reaches the client intact. Real `laneway sim`
@@ -11,6 +12,7 @@ import re
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -94,3 +96,12 @@ def test_the_floor_is_a_peer_by_name() -> None:
     assert parse_peers(f"vllm-router, {FLOOR}") == ("vllm-router", FLOOR)
     with pytest.raises(UsageError, match="python-floor"):
         parse_peers("nginx")
+
+
+def test_a_baseline_names_a_directory_laneway_is_installed_in(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="holds no laneway package"):
+        parse_peers(f"laneway@{tmp_path}")
+    gateway = tmp_path / "laneway" / "gateway"
+    gateway.mkdir(parents=True)
+    (gateway / "__init__.py").touch()
+    assert parse_peers(f"laneway@{tmp_path},python-floor") == (f"laneway@{tmp_path}", FLOOR)
