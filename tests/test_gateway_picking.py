@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
@@ -106,25 +107,38 @@ def test_scores(scorer: Scorer, endpoints: list[EndpointView], expected: list[fl
     assert all(0.0 <= s <= 1.0 for s in scores)
 
 
+def ranked(
+    endpoints: list[EndpointView], profile: Sequence[WeightedScorer], rng: random.Random
+) -> list[tuple[str, float]]:
+    """`rank`'s answer as (url, score) best first."""
+    order, scores = rank(endpoints, profile, rng)
+    return [(endpoints[i].url, scores[i]) for i in order]
+
+
+def urls(
+    endpoints: list[EndpointView], profile: Sequence[WeightedScorer], rng: random.Random
+) -> list[str]:
+    return [url for url, _ in ranked(endpoints, profile, rng)]
+
+
 def test_weights_combine_into_a_mean_in_unit_range() -> None:
     profile = (
         WeightedScorer("inFlightRequests", InFlightScorer(), 3),
         WeightedScorer("prefillTokens", PrefillTokensScorer(), 1),
     )
     endpoints = [view("busy", in_flight=4, prefill=0), view("idle", in_flight=0, prefill=8000)]
-    ranked = rank(endpoints, profile, random.Random(1))
     # idle: in-flight 1.0 x3 + prefill 0.0 x1 = 0.75; busy: 0.0 x3 + 1.0 x1 = 0.25
-    assert [(r.url, r.score) for r in ranked] == [("idle", 0.75), ("busy", 0.25)]
+    assert ranked(endpoints, profile, random.Random(1)) == [("idle", 0.75), ("busy", 0.25)]
 
 
 def test_ties_break_at_random_with_the_injected_generator() -> None:
     profile = scorers_from_weights("scored", {"inFlightRequests": 1})
     endpoints = [view(name) for name in "abcd"]
-    winners = Counter(rank(endpoints, profile, random.Random(seed))[0].url for seed in range(400))
+    winners = Counter(urls(endpoints, profile, random.Random(seed))[0] for seed in range(400))
     assert set(winners) == set("abcd")
     assert min(winners.values()) > 60  # roughly uniform, never stuck on the first
-    first = [r.url for r in rank(endpoints, profile, random.Random(42))]
-    again = [r.url for r in rank(endpoints, profile, random.Random(42))]
+    first = urls(endpoints, profile, random.Random(42))
+    again = urls(endpoints, profile, random.Random(42))
     assert first == again
 
 
@@ -137,7 +151,7 @@ def test_random_policy_has_no_scorers_and_weight_zero_turns_a_scorer_off() -> No
 def test_the_ranking_keeps_every_candidate_for_the_retry() -> None:
     profile = scorers_from_weights("scored", {"inFlightRequests": 1})
     endpoints = [view("a", in_flight=3), view("b", in_flight=1), view("c", in_flight=2)]
-    assert [r.url for r in rank(endpoints, profile, random.Random(0))] == ["b", "c", "a"]
+    assert urls(endpoints, profile, random.Random(0)) == ["b", "c", "a"]
 
 
 def test_the_default_profile_steers_away_from_a_predicted_slo_miss() -> None:
@@ -148,4 +162,4 @@ def test_the_default_profile_steers_away_from_a_predicted_slo_miss() -> None:
         view("fast", prefill=2000, waiting=1, predicted_ms=120, slo_ms=300),
     ]
     for seed in range(20):
-        assert [r.url for r in rank(endpoints, profile, random.Random(seed))] == ["fast", "slow"]
+        assert urls(endpoints, profile, random.Random(seed)) == ["fast", "slow"]

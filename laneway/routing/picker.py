@@ -48,12 +48,6 @@ class WeightedScorer:
     weight: int
 
 
-@dataclass(frozen=True)
-class Ranked:
-    url: str
-    score: float  # weighted mean of the scorers, in [0, 1]
-
-
 def scorers_from_weights(policy: str, weights: Mapping[str, int]) -> tuple[WeightedScorer, ...]:
     """The configured profile; the "random" policy scores nothing, so every pick is a tie."""
     if policy == "random":
@@ -67,17 +61,9 @@ def rank(
     endpoints: Sequence[EndpointView],
     profile: Sequence[WeightedScorer],
     rng: random.Random,
-) -> list[Ranked]:
-    order, scores = ranked_positions(endpoints, profile, rng)
-    return [Ranked(endpoints[i].url, scores[i]) for i in order]
-
-
-def ranked_positions(
-    endpoints: Sequence[EndpointView],
-    profile: Sequence[WeightedScorer],
-    rng: random.Random,
 ) -> tuple[list[int], list[float]]:
-    """`rank` as the endpoints' positions best first, and each position's score."""
+    """The endpoints' positions best first (ties in random order), and each position's
+    score: the weighted mean of the scorers, in [0, 1]."""
     total_weight = sum(s.weight for s in profile)
     totals = [0.0] * len(endpoints)
     for weighted in profile:

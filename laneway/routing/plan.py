@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from laneway.api import InferencePool, Lane
 from laneway.routing.lanes import Route
-from laneway.routing.picker import WeightedScorer, ranked_positions
+from laneway.routing.picker import WeightedScorer, rank
 from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import PRIOR, PrefillRate
 
@@ -95,7 +95,7 @@ def make_plan(
                 backlog,
             )
         )
-    order, scores = ranked_positions(views, profile, rng)
+    order, scores = rank(views, profile, rng)
     return RoutingPlan(
         route, tuple(PlannedEndpoint(views[i].url, scores[i], *planned[i]) for i in order)
     )
