@@ -168,9 +168,8 @@ class UpstreamResponse(asyncio.Protocol):
             self.received_at = self._pool.clock()
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > BUFFER_BYTES and not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
+        if self._buffered > BUFFER_BYTES:
+            self.pause_reading()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -202,9 +201,7 @@ class UpstreamResponse(asyncio.Protocol):
         chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._buffered = 0
-        if self._paused and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
+        self.resume_reading()
         return chunk
 
     async def read(self) -> bytes:
