@@ -422,8 +422,13 @@ def count_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> int:
     )
 
 
+def chat_framing_tokens(messages: int) -> int:
+    """The framing OpenAI's rule adds to a chat of `messages` messages, beyond their texts."""
+    return TOKENS_REPLY_PRIMING + TOKENS_PER_MESSAGE * messages
+
+
 def chat_bounds(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> TokenBounds:
-    framing = TOKENS_REPLY_PRIMING + TOKENS_PER_MESSAGE * len(messages)
+    framing = chat_framing_tokens(len(messages))
     texts = [text for m in messages for text in (m.role, m.content)]
     return TokenBounds(framing, framing) + texts_bounds(tokenizer, texts)
 

@@ -21,13 +21,12 @@ import orjson
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.tokens import (
-    TOKENS_PER_MESSAGE,
-    TOKENS_REPLY_PRIMING,
     ChatMessage,
     TemplateChat,
     TokenBounds,
     Tokenizer,
     chat_bounds,
+    chat_framing_tokens,
     count_chat,
     count_rendered_chat,
     count_texts,
@@ -113,7 +112,7 @@ class ParsedRequest:
             return None
         extra = sum(utf8_length(t) for t in self.extra_texts)
         if self.endpoint is Endpoint.CHAT:
-            framing = TOKENS_REPLY_PRIMING + TOKENS_PER_MESSAGE * len(self.messages)
+            framing = chat_framing_tokens(len(self.messages))
             texts = sum(utf8_length(m.role) + utf8_length(m.content) for m in self.messages)
             counted = tokenizer.length_bounds(texts + extra)
             return TokenBounds(counted.low + framing, counted.high + framing)
