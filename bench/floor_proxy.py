@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import sys
 from collections.abc import Iterator, Sequence
 from typing import cast
 from urllib.parse import urlsplit
@@ -185,6 +186,12 @@ class _ClientConnection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+
+def argv(worker_urls: Sequence[str], port: int = 0) -> list[str]:
+    """The command that starts this proxy in front of `worker_urls`, by this Python."""
+    module = [sys.executable, "-P", "-m", "laneway.bench.floor_proxy"]
+    return [*module, "--port", str(port), "--worker-urls", *worker_urls]
 
 
 async def serve(host: str, port: int, worker_urls: Sequence[str]) -> None:

@@ -95,12 +95,10 @@ def parse_peers(text: str) -> tuple[str, ...]:
         known = ", ".join((*PEER_COMMANDS, FLOOR, f"{BASELINE}DIR"))
         raise UsageError(f"--against takes one or more of {known}; got {text!r}")
     for peer in peers:
-        if (
-            peer.startswith(BASELINE)
-            and not _baseline_dir(peer).joinpath("laneway", "gateway", "__init__.py").is_file()
-        ):
+        where = _baseline_dir(peer) if peer.startswith(BASELINE) else None
+        if where is not None and not (where / "laneway" / "gateway" / "__init__.py").is_file():
             raise UsageError(
-                f"{peer}: {_baseline_dir(peer)} holds no laneway package with its gateway; "
+                f"{peer}: {where} holds no laneway package with its gateway; "
                 "make one with `pip install --no-deps --target DIR CHECKOUT`"
             )
     return peers
@@ -260,8 +258,7 @@ def start_peer(
     """The peer, born pinned to `cpu` (so its runtime sizes its threads to one core)."""
     port = _free_port()
     if peer == FLOOR:
-        floor = [sys.executable, "-P", "-m", "laneway.bench.floor_proxy"]
-        argv = ["taskset", "-c", str(cpu), *floor, "--port", str(port), "--worker-urls", *workers]
+        argv = ["taskset", "-c", str(cpu), *floor_proxy.argv(workers, port)]
         return children.start(peer, argv, floor_proxy.READY_LINE)
     script, *words = PEER_COMMANDS[peer]
     flags = [

@@ -9,7 +9,6 @@ engines, the official openai client, over loopback.
 from __future__ import annotations
 
 import re
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +31,8 @@ PROMPT = "the floor forwards what it is given " * 20
 def engines_and_floor() -> Iterator[tuple[list[ChildProcess], ChildProcess]]:
     with Children() as children:
         engines = [start_sim(children, MODEL, "--time-scale", "1000") for _ in range(2)]
-        argv = [sys.executable, "-P", "-m", "laneway.bench.floor_proxy", "--worker-urls"]
-        floor = children.start("floor", [*argv, *(e.url for e in engines)], floor_proxy.READY_LINE)
+        argv = floor_proxy.argv([e.url for e in engines])
+        floor = children.start("floor", argv, floor_proxy.READY_LINE)
         yield engines, floor
 
 
