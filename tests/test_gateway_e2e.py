@@ -59,6 +59,16 @@ def total(
     )
 
 
+async def requests_by_status(gateway: ChildProcess, pool: str) -> dict[str, float]:
+    """`pool`'s requests counted so far by the gateway, by status."""
+    samples = await scrape(gateway.url)
+    return {
+        labels["status"]: value
+        for labels, value in samples.get("laneway_gateway_requests_total", [])
+        if labels.get("pool") == pool
+    }
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 60) -> None:
     async with asyncio.timeout(within):
         # Polling another process over HTTP: there is no event to wait on.

@@ -23,7 +23,7 @@ import yaml
 from aiohttp import web
 from scripted_engines import Script, scripted_engine
 from simulated_pools import gateway_doc, pool_doc
-from test_gateway_e2e import scrape, total
+from test_gateway_e2e import requests_by_status, scrape, total
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.gateway.serving.arrival import ArrivalStamps
@@ -238,15 +238,6 @@ async def test_ttft_its_slo_count_and_the_learned_rate_wait_for_output(
     learned = learned_s * 1000
     assert prompt_tokens >= 256
     assert learned >= (PRIOR_MS_PER_TOKEN + FIRST_TOKEN_AFTER_S * 1000 / prompt_tokens) / 2
-
-
-async def requests_by_status(gateway: ChildProcess, pool: str) -> dict[str, float]:
-    samples = await scrape(gateway.url)
-    return {
-        labels["status"]: value
-        for labels, value in samples.get("laneway_gateway_requests_total", [])
-        if labels.get("pool") == pool
-    }
 
 
 async def leave_after(rig: Rig, model: str, marker: bytes) -> dict[str, float]:

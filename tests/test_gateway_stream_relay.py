@@ -24,7 +24,7 @@ import yaml
 from aiohttp import web
 from scripted_engines import scripted_engine
 from simulated_pools import gateway_doc, pool_doc
-from test_gateway_e2e import scrape, total
+from test_gateway_e2e import requests_by_status, scrape, total
 
 from laneway.bench.procs import ChildProcess, Children
 
@@ -164,15 +164,6 @@ def dechunk(raw: bytes) -> bytes:
         rest = rest[size + 2 :]
 
 
-async def status_counts(gateway: ChildProcess, pool: str) -> dict[str, float]:
-    samples = await scrape(gateway.url)
-    return {
-        labels["status"]: value
-        for labels, value in samples.get("laneway_gateway_requests_total", [])
-        if labels.get("pool") == pool
-    }
-
-
 async def settled(written: Written) -> int:
     """The engine's count of written events once it stops changing: the engine is either
     done or held back by the sockets."""
@@ -219,7 +210,7 @@ async def test_a_client_that_stops_reading_holds_the_engine_back_and_then_gets_i
     expected = b"".join(event("flood", i, PADDING) for i in range(FLOOD_EVENTS)) + DONE
     assert dechunk(raw) == expected  # renamed, whole, in order
     async with asyncio.timeout(PATIENCE_S):
-        while not (counted := await status_counts(rig.gateway, "flood")):  # noqa: ASYNC110
+        while not (counted := await requests_by_status(rig.gateway, "flood")):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
     assert counted == {"200": 1}
 
@@ -265,4 +256,4 @@ async def test_a_stream_that_arrives_whole_with_its_head_is_relayed_and_timed(ri
     samples = await scrape(rig.gateway.url)
     labels = {"pool": "whole", "lane": "interactive"}
     assert total(samples, "laneway_gateway_ttft_seconds_count", **labels) == 1
-    assert await status_counts(rig.gateway, "whole") == {"200": 1}
+    assert await requests_by_status(rig.gateway, "whole") == {"200": 1}
