@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 from laneway.bench.autoscale import register_bench_autoscale
@@ -124,6 +125,14 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         help="virtual environment the peers are installed into on demand (default .peers)",
     )
     add_value_flag(gateway, "--clients", 64, "with --against: concurrent clients")
+    gateway.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="with --against: sample laneway's rounds with py-spy (installed into "
+        "--peers-venv), write the collapsed stacks into DIR (created) and print the functions "
+        "with their share of laneway's CPU per request",
+    )
     add_json_flag(gateway)
     gateway.set_defaults(handler=run_bench_gateway)
 
@@ -208,9 +217,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_bench_gateway(args: argparse.Namespace) -> int:
     from laneway.bench.gateway import BenchOptions, check_options, render, run_bench
+    from laneway.errors import UsageError
 
     if args.against:
         return run_bench_against(args)
+    if args.profile is not None:
+        raise UsageError("--profile profiles laneway beside its peers: it needs --against")
     options = BenchOptions(
         concurrency=parse_int_list(args.concurrency, "--concurrency"),
         requests=args.requests,
@@ -225,8 +237,6 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
 
 
 def run_bench_against(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from laneway.bench.peers import (
         AgainstOptions,
         check_against,
@@ -241,6 +251,7 @@ def run_bench_against(args: argparse.Namespace) -> int:
         concurrency=args.clients,
         requests=args.requests or AgainstOptions.requests,
         prompt_tokens=args.prompt_tokens,
+        profile_dir=None if args.profile is None else args.profile.absolute(),
     )
     check_against(options)
     return run_and_report(lambda command: run_against(options, command), render_against, args.json)

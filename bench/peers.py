@@ -49,6 +49,7 @@ from laneway.bench.gateway import (
 from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import Distribution, PromptFactory, stream_request
 from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.profile import Profile, Sampler, render_profiles, summarize
 from laneway.errors import UsageError
 from laneway.gateway.cli import event_loop_factory
 from laneway.tables import format_table
@@ -64,6 +65,7 @@ BASELINE = "laneway@"  # laneway@DIR: laneway imported from DIR, e.g. an earlier
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"
 READY_LINE = "peer router starting: "
+PY_SPY = "py-spy"  # the sampling profiler of --profile, installed beside the peers
 ROUNDS = 2  # per router and mode, the order reversed in the second
 
 
@@ -86,6 +88,7 @@ class AgainstOptions:
     engines: int = 4
     prompt_tokens: int = 200
     seed: int = 0
+    profile_dir: Path | None = None  # py-spy laneway's rounds, the stacks written here
 
 
 def parse_peers(text: str) -> tuple[str, ...]:
@@ -149,6 +152,7 @@ class AgainstReport:
     load_average: float
     versions: tuple[tuple[str, str], ...]
     runs: tuple[RouterRun, ...]
+    profiles: tuple[Profile, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -193,6 +197,7 @@ def render_against(report: AgainstReport) -> list[str]:
         f"laneway beside other routers ({report.machine}; load average "
         f"{report.load_average:.2f} at the start; {report.placement}; {versions})",
         *format_table(header, rows),
+        *render_profiles(report.profiles),
     ]
 
 
@@ -205,25 +210,30 @@ def _added(run: RouterRun, direct: RouterRun | None, which: str) -> float | None
 # -- the peers' environment -------------------------------------------------------------------
 
 
-def ensure_peers(venv: Path, peers: Sequence[str]) -> dict[str, str]:
-    """Install missing peers into `venv` (created if absent); their versions by name."""
+def ensure_peers(venv: Path, peers: Sequence[str], profiling: bool = False) -> dict[str, str]:
+    """Install missing peers (and py-spy, when profiling) into `venv`, created if absent;
+    their versions by name."""
     versions = {FLOOR: _floor_version()} if FLOOR in peers else {}
     versions |= {p: str(_baseline_dir(p)) for p in peers if p.startswith(BASELINE)}
-    peers = [peer for peer in peers if peer in PEER_COMMANDS]
-    if not peers:
+    packages = [peer for peer in peers if peer in PEER_COMMANDS] + ([PY_SPY] if profiling else [])
+    if not packages:
         return versions
     python = venv / "bin" / "python"
     if not python.exists():
         progress(f"creating {venv} for the peer routers")
         subprocess.run([sys.executable, "-P", "-m", "venv", str(venv)], check=True)
-    missing = [peer for peer in peers if not (venv / "bin" / PEER_COMMANDS[peer][0]).exists()]
+    missing = [name for name in packages if not (venv / "bin" / _command_of(name)).exists()]
     if missing:
         progress(f"installing {', '.join(missing)} into {venv}")
         install = [str(python), "-P", "-m", "pip", "install", "-q", *missing]
         done = subprocess.run(install, capture_output=True, text=True)
         if done.returncode != 0:
             raise UsageError(f"cannot install {', '.join(missing)}: {done.stderr[-2000:]}")
-    return versions | {peer: _installed_version(python, peer) for peer in peers}
+    return versions | {name: _installed_version(python, name) for name in packages}
+
+
+def _command_of(package: str) -> str:
+    return PEER_COMMANDS[package][0] if package in PEER_COMMANDS else package
 
 
 def _floor_version() -> str:
@@ -327,7 +337,11 @@ async def _stream(
 Target = tuple[Callable[[], str], ChildProcess | None]  # the next URL to send to; the router
 
 
-async def measure(options: AgainstOptions, targets: dict[str, Target]) -> list[RouterRun]:
+async def measure(
+    options: AgainstOptions, targets: dict[str, Target], profiles: list[Profile]
+) -> list[RouterRun]:
+    """Each router's runs, mode by mode; with `options.profile_dir`, laneway's profile of
+    each mode appended to `profiles`."""
     content = PromptFactory(default_tokenizer()).chat_content(
         random.Random(options.seed), options.prompt_tokens
     )
@@ -347,12 +361,17 @@ async def measure(options: AgainstOptions, targets: dict[str, Target]) -> list[R
         totals: dict[str, tuple[list[_Result], list[float]]] = {
             name: ([], [0.0, 0.0]) for name in targets
         }
+        stacks: list[str] = []
         for round_index in range(ROUNDS):
             order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
             for name in order:
                 progress(f"{mode.name}: {name}, round {round_index + 1} of {ROUNDS}")
                 next_url, child = targets[name]
                 results, sums = totals[name]
+                sampler = None
+                if options.profile_dir is not None and name == LANEWAY and child is not None:
+                    output = options.profile_dir / f"laneway-{mode.name}-{round_index + 1}.txt"
+                    sampler = Sampler(options.venv / "bin" / PY_SPY, child.pid, output)
                 cpu_before = child.cpu_seconds() if child else 0.0
                 begun = time.perf_counter()
                 async with _fresh_session() as session:
@@ -363,6 +382,8 @@ async def measure(options: AgainstOptions, targets: dict[str, Target]) -> list[R
                     )
                 sums[0] += time.perf_counter() - begun
                 sums[1] += (child.cpu_seconds() - cpu_before) if child else 0.0
+                if sampler is not None:
+                    stacks.append(await asyncio.to_thread(sampler.stop))
         for name, (results, (wall_s, cpu_s)) in totals.items():
             ok = [r.e2e_s for r in results if r.ok]
             runs.append(
@@ -376,12 +397,21 @@ async def measure(options: AgainstOptions, targets: dict[str, Target]) -> list[R
                     e2e=Distribution.of(ok),
                 )
             )
+        if options.profile_dir is not None:
+            ours = next(run for run in runs if run.router == LANEWAY and run.mode == mode.name)
+            path = options.profile_dir / f"laneway-{mode.name}.txt"
+            collapsed = "".join(stacks)
+            path.write_text(collapsed)
+            profiles.append(summarize(collapsed, mode.name, ours.cpu_ms_per_request, str(path)))
     return runs
 
 
 async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
     load_average = os.getloadavg()[0]
-    versions = await asyncio.to_thread(ensure_peers, options.venv, options.peers)
+    profiling = options.profile_dir is not None
+    if options.profile_dir is not None:
+        options.profile_dir.mkdir(parents=True, exist_ok=True)
+    versions = await asyncio.to_thread(ensure_peers, options.venv, options.peers, profiling)
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu, other_cpus = cpus[-1], cpus[:-1]
     async with Children() as children:
@@ -420,7 +450,8 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
                 for name, child in {LANEWAY: gateway, **peers}.items()
             },
         }
-        runs = await children.watch(measure(options, targets))
+        profiles: list[Profile] = []
+        runs = await children.watch(measure(options, targets, profiles))
     return AgainstReport(
         machine=machine_description(),
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -432,4 +463,5 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
         load_average=load_average,
         versions=tuple(sorted(versions.items())),
         runs=tuple(runs),
+        profiles=tuple(profiles),
     )
