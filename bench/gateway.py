@@ -212,6 +212,8 @@ class PathResult:
     ttft: Distribution | None
     wall_s: float
     cpu: PhaseCpu
+    # The mean number of streams open at once: with think time fewer than the clients.
+    in_flight: float
     # The gateway's own time by stage, as it measured it (the gateway path only).
     own: tuple[OwnTime, ...] = ()
 
@@ -227,6 +229,12 @@ class PathResult:
         return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
+def mean_in_flight(e2e_s: Sequence[float], wall_s: float) -> float:
+    """Little's law: the mean number of requests open at once over `wall_s` is their arrival
+    rate (count / wall) times their mean time open, that is the sum of their e2e over wall."""
+    return sum(e2e_s) / wall_s if wall_s > 0 else 0.0
+
+
 def path_result(
     results: Sequence[StreamResult], wall_s: float, cpu: PhaseCpu, own: Buckets | None = None
 ) -> PathResult:
@@ -239,6 +247,7 @@ def path_result(
         ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
         wall_s=wall_s,
         cpu=cpu,
+        in_flight=mean_in_flight([r.e2e_s for r in ok], wall_s),
         own=tuple(stage for stage in stages if stage is not None),
     )
 
@@ -325,7 +334,7 @@ def render(report: BenchReport) -> list[str]:
     header = (
         "concurrency", "direct p50", "direct p99", "gateway p50", "gateway p99",
         "added p50", "added p99", "p99 ratio", "direct req/s", "gateway req/s",
-        "req/s per gw core", "cores client/engine/gw", "errors",
+        "req/s per gw core", "cores client/engine/gw", "in flight direct/gw", "errors",
     )  # fmt: skip
     rows = []
     for level in report.levels:
@@ -354,6 +363,7 @@ def render(report: BenchReport) -> list[str]:
                 f"{gateway.requests_per_s:.0f}",
                 "-" if per_core is None else f"{per_core:.0f}",
                 cores,
+                f"{direct.in_flight:.1f}/{gateway.in_flight:.1f}",
                 f"{direct.errors}/{gateway.errors}",
             )
         )
@@ -361,7 +371,8 @@ def render(report: BenchReport) -> list[str]:
     lines = [
         f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
         f"load average {report.load_average:.2f} at the start; {report.placement}; "
-        f"engine profile {report.engine_profile})",
+        f"engine profile {report.engine_profile}); concurrency: the clients; in flight: the "
+        "mean of streams open at once, by Little's law (successful requests x mean e2e / wall s)",
         *format_table(header, rows),
         "",
         *render_own_time(report.levels),

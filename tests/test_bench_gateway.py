@@ -22,6 +22,7 @@ from laneway.bench.gateway import (
     bucket_quantile,
     buckets_between,
     check_options,
+    mean_in_flight,
     overhead_buckets,
     own_time,
     path_result,
@@ -68,6 +69,16 @@ def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_co
     all_failed = path_result([result(1.0, status=503)], 1.0, NO_CPU)
     assert LevelResult(1, all_failed, gateway).added_p99_s is None
     assert LevelResult(1, direct, direct).requests_per_core_s is None  # no gateway CPU
+
+
+def test_streams_in_flight_are_littles_law_over_the_successful_requests() -> None:
+    # Four half-second streams in one second: two open at once on average.
+    assert mean_in_flight([0.5] * 4, wall_s=1.0) == 2.0
+    assert mean_in_flight([], wall_s=1.0) == 0.0
+    assert mean_in_flight([0.5], wall_s=0.0) == 0.0
+    failed = [result(0.5, status=503), result(0.5, error="broke")]
+    path = path_result([result(0.5)] * 4 + failed, wall_s=2.0, cpu=NO_CPU)
+    assert path.in_flight == 1.0  # the failed ones left out, as from the latencies
 
 
 INF = float("inf")
@@ -232,15 +243,20 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
 def test_render_lists_every_level_in_order() -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
     classification = asyncio.run(time_classification(options, time.perf_counter))
-    direct = path_result([result(0.01)], 1.0, PhaseCpu(0.1, 0.1, 0.1))
+    direct = path_result([result(0.01)] * 50, 1.0, PhaseCpu(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
     report = BenchReport(
         "a machine", "today", "laneway bench gateway", "shared", 0.5, levels, classification
     )
     lines = render(report)
     assert "a machine" in lines[0]
+    assert "Little's law" in lines[0]
+    assert lines[1].split()[-4:-1] == ["in", "flight", "direct/gw"]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
-    assert json.loads(json.dumps(report.to_json()))["levels"][2]["added_p50_s"] == 0
+    assert lines[2].split()[-2] == "0.5/0.5"  # 50 streams of 10 ms in 1 s
+    document = json.loads(json.dumps(report.to_json()))
+    assert document["levels"][2]["added_p50_s"] == 0
+    assert document["levels"][2]["gateway"]["in_flight"] == pytest.approx(0.5)
 
 
 def _resource_tracker(pid: int) -> bool:
