@@ -108,7 +108,13 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     gateway.add_argument(
         "--own-core",
         action="store_true",
-        help="pin the gateway to a CPU of its own and the client and engine to the others",
+        help="pin the gateway to a CPU of its own and the client and engines to the others",
+    )
+    add_value_flag(
+        gateway,
+        "--engines",
+        1,
+        "simulated engines, all behind the gateway; the direct path takes them in turn",
     )
     gateway.add_argument(
         "--against",
@@ -219,6 +225,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         classify_tokens=args.classify_tokens,
         own_core=args.own_core,
         engine_profile=args.engine_profile,
+        engines=args.engines,
     )
     check_options(options)
     return run_and_report(lambda command: run_bench(options, command), render, args.json)

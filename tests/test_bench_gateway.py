@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from marked_processes import marked_environment, processes_marked
+from test_gateway_e2e import scrape, total
 
 from laneway.bench.gateway import (
     BenchOptions,
@@ -22,15 +23,19 @@ from laneway.bench.gateway import (
     bucket_quantile,
     buckets_between,
     check_options,
+    gateway_config,
     mean_in_flight,
+    measure_levels,
     overhead_buckets,
     own_time,
     path_result,
     render,
+    start_engines,
     time_classification,
 )
+from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import StreamResult
-from laneway.bench.procs import laneway_argv
+from laneway.bench.procs import Children, laneway_argv
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.tables import format_table
@@ -147,6 +152,7 @@ def test_the_gateways_own_time_is_what_its_histogram_counted_between_two_reads()
         ({"output_tokens": 0}, "--output-tokens"),
         ({"classify_tokens": 100}, "--classify-tokens"),
         ({"engine_profile": "a100"}, "--engine-profile must be one of h100-llama3-8b, "),
+        ({"engines": 0}, "--engines must be at least 1, got 0"),
     ],
 )
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
@@ -159,6 +165,7 @@ def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], fl
     [
         ["bench", "gateway", "--concurrency", "x"],
         ["bench", "gateway", "--requests", "0"],
+        ["bench", "gateway", "--engines", "0"],
         ["bench", "gateway", "--json", "/no/such/folder/out.json"],
     ],
 )
@@ -240,16 +247,25 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
     assert "through the gateway" in run.stderr  # progress goes to stderr
 
 
-def test_render_lists_every_level_in_order() -> None:
+@pytest.mark.parametrize(("engines", "said"), [(1, "; 1 engine)"), (2, "; 2 engines)")])
+def test_render_lists_every_level_in_order(engines: int, said: str) -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
     classification = asyncio.run(time_classification(options, time.perf_counter))
     direct = path_result([result(0.01)] * 50, 1.0, PhaseCpu(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
     report = BenchReport(
-        "a machine", "today", "laneway bench gateway", "shared", 0.5, levels, classification
+        "a machine",
+        "today",
+        "laneway bench gateway",
+        "shared",
+        0.5,
+        levels,
+        classification,
+        engines=engines,
     )
     lines = render(report)
     assert "a machine" in lines[0]
+    assert said in lines[0]
     assert "Little's law" in lines[0]
     assert lines[1].split()[-4:-1] == ["in", "flight", "direct/gw"]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
@@ -257,6 +273,24 @@ def test_render_lists_every_level_in_order() -> None:
     document = json.loads(json.dumps(report.to_json()))
     assert document["levels"][2]["added_p50_s"] == 0
     assert document["levels"][2]["gateway"]["in_flight"] == pytest.approx(0.5)
+    assert document["engines"] == engines
+
+
+async def test_both_paths_reach_every_engine() -> None:
+    options = BenchOptions(
+        concurrency=(8,), requests=24, prompt_tokens=20, output_tokens=4, engines=2
+    )
+    async with asyncio.timeout(HANG_S), Children() as children:
+        engines = await start_engines(children, options)
+        gateway = await start_gateway(children, gateway_config([e.url for e in engines]))
+        [level] = await measure_levels(options, engines, gateway)
+        served = [total(await scrape(e.url), "vllm:request_success_total") for e in engines]
+    for path in (level.direct, level.gateway):
+        assert (path.requests, path.errors) == (24, 0)
+        assert 0 < path.in_flight <= 8
+    assert all(count > 0 for count in served), served
+    # Every request of both paths, the warm-up's (24 each) too, reached one of the engines.
+    assert sum(served) == 2 * (24 + 24)
 
 
 def _resource_tracker(pid: int) -> bool:
