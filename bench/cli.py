@@ -116,6 +116,13 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         1,
         "simulated engines, all behind the gateway; the direct path takes them in turn",
     )
+    add_value_flag(
+        gateway,
+        "--think-ms",
+        0.0,
+        "each client's mean think time before each request, exponentially distributed, so "
+        "that arrivals are independent as chat users' are; 0: the next as soon as one ends",
+    )
     gateway.add_argument(
         "--against",
         metavar="PEERS",
@@ -226,6 +233,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         own_core=args.own_core,
         engine_profile=args.engine_profile,
         engines=args.engines,
+        think_ms=args.think_ms,
     )
     check_options(options)
     return run_and_report(lambda command: run_bench(options, command), render, args.json)

@@ -4,8 +4,11 @@ One run starts a `laneway sim` (zero service time, or a hardware profile's pace 
 `--engine-profile`; `--engines N` of them) and a gateway in front of it, then at each
 concurrency sends the same closed-loop streaming requests straight to the engines in turn
 (the baseline) and through the gateway; the difference of the latency percentiles is what the
-gateway adds. The gateway's CPU time during its phase gives requests per second per core, and
-every process's CPU time shows which of them was the bottleneck.
+gateway adds. By default each client sends its next request as soon as one ends; with
+`--think-ms` it first waits an exponential think time, so that arrivals are independent, as
+chat users' turns are, and not synchronised by the engine's steps. The gateway's CPU time
+during its phase gives requests per second per core, and every process's CPU time shows which
+of them was the bottleneck.
 Separately, in this process, it times the gateway's routing of a 128k-token prompt: once
 where the token bounds decide the lane, once where the exact count must.
 
@@ -19,6 +22,7 @@ import dataclasses
 import datetime
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -82,6 +86,8 @@ class BenchOptions:
     own_core: bool = False
     engine_profile: str = ZERO_PROFILE
     engines: int = 1
+    # Each client's mean wait before each request; 0: none, the next goes as one ends.
+    think_ms: float = 0.0
 
     def requests_at(self, concurrency: int) -> int:
         return self.requests if self.requests is not None else max(400, 8 * concurrency)
@@ -101,6 +107,8 @@ def check_options(options: BenchOptions) -> None:
         raise UsageError(f"--engine-profile must be one of {known}, got {options.engine_profile!r}")
     if options.engines < 1:
         raise UsageError(f"--engines must be at least 1, got {options.engines}")
+    if not (math.isfinite(options.think_ms) and options.think_ms >= 0):
+        raise UsageError(f"--think-ms must be 0 (no think time) or more, got {options.think_ms:g}")
     if options.own_core and len(os.sched_getaffinity(0)) < 2:
         raise UsageError("--own-core needs at least 2 CPUs to run on")
     if options.classify_tokens <= INTERACTIVE_MAX_PROMPT or options.classify_repeats < 1:
@@ -319,6 +327,7 @@ class BenchReport:
     classification: ClassifyResult
     engine_profile: str = ZERO_PROFILE  # the simulated engine's pace
     engines: int = 1
+    think_ms: float = 0.0  # each client's mean think time before a request
 
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -374,10 +383,15 @@ def render(report: BenchReport) -> list[str]:
         )
     classify = report.classification
     engines = "1 engine" if report.engines == 1 else f"{report.engines} engines"
+    think = (
+        f"think time exponential, mean {report.think_ms:g} ms"
+        if report.think_ms > 0
+        else "no think time"
+    )
     lines = [
         f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
         f"load average {report.load_average:.2f} at the start; {report.placement}; "
-        f"engine profile {report.engine_profile}; {engines}); "
+        f"engine profile {report.engine_profile}; {engines}; {think}); "
         "concurrency: the clients; in flight: the mean of streams open at once, by Little's "
         "law (successful requests x mean e2e / wall s)",
         *format_table(header, rows),
@@ -620,30 +634,59 @@ def progress(message: str) -> None:
     print(f"laneway bench gateway: {message}", file=sys.stderr, flush=True)
 
 
+def think_time(mean_ms: float, rng: random.Random) -> Callable[[], float] | None:
+    """Draws of a client's think time in seconds, exponential of mean `mean_ms`: each client's
+    requests then arrive as a Poisson process, independent of the others' and of when the
+    engine ends their streams. None for no think time."""
+    if mean_ms == 0:
+        return None
+    rate = 1000 / mean_ms
+    return lambda: rng.expovariate(rate)
+
+
+def round_think(
+    options: BenchOptions, concurrency: int, round_index: int
+) -> Callable[[], float] | None:
+    """One round's think times: both paths of a round draw the same sequence, so that they
+    differ only in the path; each round of each level its own."""
+    rng = random.Random(f"{options.seed}/{concurrency}/{round_index}")
+    return think_time(options.think_ms, rng)
+
+
 async def closed_loop(
     session: aiohttp.ClientSession,
     url: str | Iterator[str],
     body: dict[str, Any],
     concurrency: int,
     requests: int,
+    think: Callable[[], float] | None = None,
 ) -> list[StreamResult]:
     """`concurrency` workers send `requests` in all to `url` (or to each next URL it gives),
-    each the next as soon as one ends."""
+    each the next as soon as one ends, or `think()` seconds after it and before the first."""
     urls = itertools.repeat(url) if isinstance(url, str) else url
     return await in_closed_loop(
-        lambda: stream_request(session, next(urls), body), concurrency, requests
+        lambda: stream_request(session, next(urls), body), concurrency, requests, think
     )
 
 
-async def in_closed_loop(job: Callable[[], Awaitable[T]], concurrency: int, count: int) -> list[T]:
-    """`concurrency` workers run `job` `count` times in all, each again as soon as it ends."""
+async def in_closed_loop(
+    job: Callable[[], Awaitable[T]],
+    concurrency: int,
+    count: int,
+    think: Callable[[], float] | None = None,
+) -> list[T]:
+    """`concurrency` workers run `job` `count` times in all, each again as soon as it ends,
+    or where `think` is given, `think()` seconds after it, and as long before its first."""
     results: list[T] = []
     remaining = count
 
     async def worker() -> None:
         nonlocal remaining
         while remaining > 0:
+            # Claimed before thinking, so that no other worker starts a job past `count`.
             remaining -= 1
+            if think is not None:
+                await asyncio.sleep(think())
             results.append(await job())
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
@@ -682,6 +725,7 @@ async def measured_round(
     concurrency: int,
     requests: int,
     phase: _Phase,
+    think: Callable[[], float] | None,
 ) -> None:
     """One closed-loop round, adding its wall time, each process's CPU time and the gateway's
     own measure of its time to `phase`. The gateway's /metrics is read outside the timed
@@ -691,7 +735,7 @@ async def measured_round(
     engines_before = sum(engine.cpu_seconds() for engine in path.engines)
     gateway_before = gateway.cpu_seconds() if gateway else 0.0
     client_before, begun = time.process_time(), time.perf_counter()
-    phase.results += await closed_loop(session, path.url, body, concurrency, requests)
+    phase.results += await closed_loop(session, path.url, body, concurrency, requests, think)
     phase.wall_s += time.perf_counter() - begun
     phase.client_s += time.process_time() - client_before
     phase.engine_s += sum(engine.cpu_seconds() for engine in path.engines) - engines_before
@@ -748,7 +792,13 @@ async def measure_levels(
                 for which in order:
                     if share:
                         await measured_round(
-                            session, paths[which], body, concurrency, share, phases[which]
+                            session,
+                            paths[which],
+                            body,
+                            concurrency,
+                            share,
+                            phases[which],
+                            round_think(options, concurrency, round_index),
                         )
             levels.append(LevelResult(concurrency, phases[0].result(), phases[1].result()))
     return levels
@@ -777,6 +827,7 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         placement=placement,
         engine_profile=options.engine_profile,
         engines=options.engines,
+        think_ms=options.think_ms,
         load_average=load_average,
         levels=tuple(levels),
         classification=classification,

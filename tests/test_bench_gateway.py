@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -24,13 +25,16 @@ from laneway.bench.gateway import (
     buckets_between,
     check_options,
     gateway_config,
+    in_closed_loop,
     mean_in_flight,
     measure_levels,
     overhead_buckets,
     own_time,
     path_result,
     render,
+    round_think,
     start_engines,
+    think_time,
     time_classification,
 )
 from laneway.bench.live_cluster import start_gateway
@@ -84,6 +88,49 @@ def test_streams_in_flight_are_littles_law_over_the_successful_requests() -> Non
     failed = [result(0.5, status=503), result(0.5, error="broke")]
     path = path_result([result(0.5)] * 4 + failed, wall_s=2.0, cpu=NO_CPU)
     assert path.in_flight == 1.0  # the failed ones left out, as from the latencies
+
+
+def test_think_times_are_exponential_of_the_mean_and_the_same_for_a_seed() -> None:
+    draw = think_time(20.0, random.Random(7))
+    assert draw is not None
+    draws = [draw() for _ in range(20_000)]
+    again = think_time(20.0, random.Random(7))
+    assert again is not None
+    assert [again() for _ in range(100)] == draws[:100]
+    other = think_time(20.0, random.Random(8))
+    assert other is not None
+    assert [other() for _ in range(100)] != draws[:100]
+    assert all(d >= 0 for d in draws)
+    # Seconds, of mean 20 ms; the standard error of 20,000 draws' mean is 0.7 % of it.
+    assert sum(draws) / len(draws) == pytest.approx(0.020, rel=0.05)
+    # Exponential, not constant: a share 1/e of the draws exceeds the mean.
+    assert sum(d > 0.020 for d in draws) / len(draws) == pytest.approx(0.368, abs=0.02)
+    assert think_time(0.0, random.Random(7)) is None
+
+
+async def test_a_closed_loop_with_think_time_waits_before_every_job() -> None:
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    starts: list[float] = []
+    thought: list[float] = []
+
+    def think() -> float:
+        thought.append(0.03)
+        return 0.03
+
+    async def job() -> float:
+        starts.append(loop.time() - begun)
+        await asyncio.sleep(0.01)
+        return 0.01
+
+    results = await in_closed_loop(job, 2, 4, think)
+    assert results == [0.01] * 4  # the think time is in no job's result
+    assert len(thought) == 4  # once before each job
+    # A sleep ends no earlier than asked (but for the clock's resolution): each worker's
+    # first job after one think time, its second after a job and another think time.
+    first, second = sorted(starts)[:2], sorted(starts)[2:]
+    assert min(first) >= 0.03 - 0.001
+    assert min(second) >= 0.03 + 0.01 + 0.03 - 0.001
 
 
 INF = float("inf")
@@ -153,6 +200,8 @@ def test_the_gateways_own_time_is_what_its_histogram_counted_between_two_reads()
         ({"classify_tokens": 100}, "--classify-tokens"),
         ({"engine_profile": "a100"}, "--engine-profile must be one of h100-llama3-8b, "),
         ({"engines": 0}, "--engines must be at least 1, got 0"),
+        ({"think_ms": -1.0}, "--think-ms must be 0"),
+        ({"think_ms": float("inf")}, "--think-ms must be 0"),
     ],
 )
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
@@ -166,6 +215,7 @@ def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], fl
         ["bench", "gateway", "--concurrency", "x"],
         ["bench", "gateway", "--requests", "0"],
         ["bench", "gateway", "--engines", "0"],
+        ["bench", "gateway", "--think-ms", "-5"],
         ["bench", "gateway", "--json", "/no/such/folder/out.json"],
     ],
 )
@@ -247,8 +297,14 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
     assert "through the gateway" in run.stderr  # progress goes to stderr
 
 
-@pytest.mark.parametrize(("engines", "said"), [(1, "; 1 engine)"), (2, "; 2 engines)")])
-def test_render_lists_every_level_in_order(engines: int, said: str) -> None:
+@pytest.mark.parametrize(
+    ("engines", "think_ms", "said"),
+    [
+        (1, 0.0, "; 1 engine; no think time)"),
+        (2, 20.0, "; 2 engines; think time exponential, mean 20 ms)"),
+    ],
+)
+def test_render_lists_every_level_in_order(engines: int, think_ms: float, said: str) -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
     classification = asyncio.run(time_classification(options, time.perf_counter))
     direct = path_result([result(0.01)] * 50, 1.0, PhaseCpu(0.1, 0.1, 0.1))
@@ -262,6 +318,7 @@ def test_render_lists_every_level_in_order(engines: int, said: str) -> None:
         levels,
         classification,
         engines=engines,
+        think_ms=think_ms,
     )
     lines = render(report)
     assert "a machine" in lines[0]
@@ -273,21 +330,27 @@ def test_render_lists_every_level_in_order(engines: int, said: str) -> None:
     document = json.loads(json.dumps(report.to_json()))
     assert document["levels"][2]["added_p50_s"] == 0
     assert document["levels"][2]["gateway"]["in_flight"] == pytest.approx(0.5)
-    assert document["engines"] == engines
+    assert (document["engines"], document["think_ms"]) == (engines, think_ms)
 
 
-async def test_both_paths_reach_every_engine() -> None:
+async def test_clients_with_think_time_reach_every_engine_with_fewer_streams_open() -> None:
     options = BenchOptions(
-        concurrency=(8,), requests=24, prompt_tokens=20, output_tokens=4, engines=2
+        concurrency=(8,), requests=24, prompt_tokens=20, output_tokens=4, engines=2, think_ms=20
     )
     async with asyncio.timeout(HANG_S), Children() as children:
         engines = await start_engines(children, options)
         gateway = await start_gateway(children, gateway_config([e.url for e in engines]))
         [level] = await measure_levels(options, engines, gateway)
         served = [total(await scrape(e.url), "vllm:request_success_total") for e in engines]
+    # Each round's 8 clients were open or thinking at most the round's wall time, so the
+    # streams open on average are at most the 8 less the think time (its draws are the
+    # seed's, 12 a round) over the wall time; without think time they would be near 8.
+    rounds = [round_think(options, 8, index) for index in range(2)]
+    thought_s = sum(think() for think in rounds if think is not None for _ in range(12))
+    assert thought_s > 0
     for path in (level.direct, level.gateway):
         assert (path.requests, path.errors) == (24, 0)
-        assert 0 < path.in_flight <= 8
+        assert 0 < path.in_flight <= 8 - (thought_s - 0.001) / path.wall_s < 8
     assert all(count > 0 for count in served), served
     # Every request of both paths, the warm-up's (24 each) too, reached one of the engines.
     assert sum(served) == 2 * (24 + 24)
