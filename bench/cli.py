@@ -109,7 +109,20 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
     gateway.add_argument(
         "--own-core",
         action="store_true",
-        help="pin the gateway to a CPU of its own and the client and engine to the others",
+        help="pin the gateway to a CPU of its own and the client and engines to the others",
+    )
+    add_value_flag(
+        gateway,
+        "--engines",
+        1,
+        "simulated engines, all behind the gateway; the direct path takes them in turn",
+    )
+    add_value_flag(
+        gateway,
+        "--think-ms",
+        0.0,
+        "each client's mean think time before each request, exponentially distributed, so "
+        "that arrivals are independent as chat users' are; 0: the next as soon as one ends",
     )
     gateway.add_argument(
         "--against",
@@ -231,6 +244,8 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         classify_tokens=args.classify_tokens,
         own_core=args.own_core,
         engine_profile=args.engine_profile,
+        engines=args.engines,
+        think_ms=args.think_ms,
     )
     check_options(options)
     return run_and_report(lambda command: run_bench(options, command), render, args.json)

@@ -1,11 +1,14 @@
 """`laneway bench gateway`: what the gateway itself costs, measured against going direct.
 
 One run starts a `laneway sim` (zero service time, or a hardware profile's pace with
-`--engine-profile`) and a gateway in front of it, then at each
-concurrency sends the same closed-loop streaming requests straight to the engine (the
-baseline) and through the gateway; the difference of the latency percentiles is what the
-gateway adds. The gateway's CPU time during its phase gives requests per second per core,
-and every process's CPU time shows which of them was the bottleneck.
+`--engine-profile`; `--engines N` of them) and a gateway in front of it, then at each
+concurrency sends the same closed-loop streaming requests straight to the engines in turn
+(the baseline) and through the gateway; the difference of the latency percentiles is what the
+gateway adds. By default each client sends its next request as soon as one ends; with
+`--think-ms` it first waits an exponential think time, so that arrivals are independent, as
+chat users' turns are, and not synchronised by the engine's steps. The gateway's CPU time
+during its phase gives requests per second per core, and every process's CPU time shows which
+of them was the bottleneck.
 Separately, in this process, it times the gateway's routing of a 128k-token prompt: once
 where the token bounds decide the lane, once where the exact count must.
 
@@ -17,14 +20,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import itertools
 import json
+import math
 import os
 import platform
 import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,6 +85,9 @@ class BenchOptions:
     # that what it adds is not CPU it takes from them.
     own_core: bool = False
     engine_profile: str = ZERO_PROFILE
+    engines: int = 1
+    # Each client's mean wait before each request; 0: none, the next goes as one ends.
+    think_ms: float = 0.0
 
     def requests_at(self, concurrency: int) -> int:
         return self.requests if self.requests is not None else max(400, 8 * concurrency)
@@ -97,6 +105,10 @@ def check_options(options: BenchOptions) -> None:
     if options.engine_profile not in PROFILES:
         known = ", ".join(sorted(PROFILES))
         raise UsageError(f"--engine-profile must be one of {known}, got {options.engine_profile!r}")
+    if options.engines < 1:
+        raise UsageError(f"--engines must be at least 1, got {options.engines}")
+    if not (math.isfinite(options.think_ms) and options.think_ms >= 0):
+        raise UsageError(f"--think-ms must be 0 (no think time) or more, got {options.think_ms:g}")
     if options.own_core and len(os.sched_getaffinity(0)) < 2:
         raise UsageError("--own-core needs at least 2 CPUs to run on")
     if options.classify_tokens <= INTERACTIVE_MAX_PROMPT or options.classify_repeats < 1:
@@ -212,6 +224,8 @@ class PathResult:
     ttft: Distribution | None
     wall_s: float
     cpu: PhaseCpu
+    # The mean number of streams open at once: with think time fewer than the clients.
+    in_flight: float
     # The gateway's own time by stage, as it measured it (the gateway path only).
     own: tuple[OwnTime, ...] = ()
 
@@ -227,6 +241,12 @@ class PathResult:
         return cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
+def mean_in_flight(e2e_s: Sequence[float], wall_s: float) -> float:
+    """Little's law: the mean number of requests open at once over `wall_s` is their arrival
+    rate (count / wall) times their mean time open, that is the sum of their e2e over wall."""
+    return sum(e2e_s) / wall_s if wall_s > 0 else 0.0
+
+
 def path_result(
     results: Sequence[StreamResult], wall_s: float, cpu: PhaseCpu, own: Buckets | None = None
 ) -> PathResult:
@@ -239,6 +259,7 @@ def path_result(
         ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
         wall_s=wall_s,
         cpu=cpu,
+        in_flight=mean_in_flight([r.e2e_s for r in ok], wall_s),
         own=tuple(stage for stage in stages if stage is not None),
     )
 
@@ -305,6 +326,8 @@ class BenchReport:
     levels: tuple[LevelResult, ...]
     classification: ClassifyResult
     engine_profile: str = ZERO_PROFILE  # the simulated engine's pace
+    engines: int = 1
+    think_ms: float = 0.0  # each client's mean think time before a request
 
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -325,7 +348,7 @@ def render(report: BenchReport) -> list[str]:
     header = (
         "concurrency", "direct p50", "direct p99", "gateway p50", "gateway p99",
         "added p50", "added p99", "p99 ratio", "direct req/s", "gateway req/s",
-        "req/s per gw core", "cores client/engine/gw", "errors",
+        "req/s per gw core", "cores client/engine/gw", "in flight direct/gw", "errors",
     )  # fmt: skip
     rows = []
     for level in report.levels:
@@ -354,14 +377,23 @@ def render(report: BenchReport) -> list[str]:
                 f"{gateway.requests_per_s:.0f}",
                 "-" if per_core is None else f"{per_core:.0f}",
                 cores,
+                f"{direct.in_flight:.1f}/{gateway.in_flight:.1f}",
                 f"{direct.errors}/{gateway.errors}",
             )
         )
     classify = report.classification
+    engines = "1 engine" if report.engines == 1 else f"{report.engines} engines"
+    think = (
+        f"think time exponential, mean {report.think_ms:g} ms"
+        if report.think_ms > 0
+        else "no think time"
+    )
     lines = [
         f"gateway overhead, end-to-end latency of streamed requests in ms ({report.machine}; "
         f"load average {report.load_average:.2f} at the start; {report.placement}; "
-        f"engine profile {report.engine_profile})",
+        f"engine profile {report.engine_profile}; {engines}; {think}); "
+        "concurrency: the clients; in flight: the mean of streams open at once, by Little's "
+        "law (successful requests x mean e2e / wall s)",
         *format_table(header, rows),
         "",
         *render_own_time(report.levels),
@@ -602,26 +634,59 @@ def progress(message: str) -> None:
     print(f"laneway bench gateway: {message}", file=sys.stderr, flush=True)
 
 
+def think_time(mean_ms: float, rng: random.Random) -> Callable[[], float] | None:
+    """Draws of a client's think time in seconds, exponential of mean `mean_ms`: each client's
+    requests then arrive as a Poisson process, independent of the others' and of when the
+    engine ends their streams. None for no think time."""
+    if mean_ms == 0:
+        return None
+    rate = 1000 / mean_ms
+    return lambda: rng.expovariate(rate)
+
+
+def round_think(
+    options: BenchOptions, concurrency: int, round_index: int
+) -> Callable[[], float] | None:
+    """One round's think times: both paths of a round draw the same sequence, so that they
+    differ only in the path; each round of each level its own."""
+    rng = random.Random(f"{options.seed}/{concurrency}/{round_index}")
+    return think_time(options.think_ms, rng)
+
+
 async def closed_loop(
     session: aiohttp.ClientSession,
-    url: str,
+    url: str | Iterator[str],
     body: dict[str, Any],
     concurrency: int,
     requests: int,
+    think: Callable[[], float] | None = None,
 ) -> list[StreamResult]:
-    """`concurrency` workers send `requests` in all, each the next as soon as one ends."""
-    return await in_closed_loop(lambda: stream_request(session, url, body), concurrency, requests)
+    """`concurrency` workers send `requests` in all to `url` (or to each next URL it gives),
+    each the next as soon as one ends, or `think()` seconds after it and before the first."""
+    urls = itertools.repeat(url) if isinstance(url, str) else url
+    return await in_closed_loop(
+        lambda: stream_request(session, next(urls), body), concurrency, requests, think
+    )
 
 
-async def in_closed_loop(job: Callable[[], Awaitable[T]], concurrency: int, count: int) -> list[T]:
-    """`concurrency` workers run `job` `count` times in all, each again as soon as it ends."""
+async def in_closed_loop(
+    job: Callable[[], Awaitable[T]],
+    concurrency: int,
+    count: int,
+    think: Callable[[], float] | None = None,
+) -> list[T]:
+    """`concurrency` workers run `job` `count` times in all, each again as soon as it ends,
+    or where `think` is given, `think()` seconds after it, and as long before its first."""
     results: list[T] = []
     remaining = count
 
     async def worker() -> None:
         nonlocal remaining
         while remaining > 0:
+            # Claimed before thinking, so that no other worker starts a job past `count`.
             remaining -= 1
+            if think is not None:
+                await asyncio.sleep(think())
             results.append(await job())
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
@@ -644,29 +709,38 @@ class _Phase:
         return path_result(self.results, self.wall_s, cpu, self.own)
 
 
+@dataclass(frozen=True)
+class _Path:
+    """One way to the engines, and the processes whose CPU time it costs."""
+
+    url: str | Iterator[str]  # the gateway's, or each engine's in turn
+    engines: tuple[ChildProcess, ...]
+    gateway: ChildProcess | None  # None on the direct path
+
+
 async def measured_round(
     session: aiohttp.ClientSession,
-    url: str,
+    path: _Path,
     body: dict[str, Any],
     concurrency: int,
     requests: int,
-    children: Mapping[str, ChildProcess],
     phase: _Phase,
+    think: Callable[[], float] | None,
 ) -> None:
     """One closed-loop round, adding its wall time, each process's CPU time and the gateway's
     own measure of its time to `phase`. The gateway's /metrics is read outside the timed
     part, so that reading it costs no round anything."""
-    gateway = children.get("gateway")
+    gateway = path.gateway
     own_before = await read_own_time(session, gateway) if gateway else {}
-    before = {name: child.cpu_seconds() for name, child in children.items()}
+    engines_before = sum(engine.cpu_seconds() for engine in path.engines)
+    gateway_before = gateway.cpu_seconds() if gateway else 0.0
     client_before, begun = time.process_time(), time.perf_counter()
-    phase.results += await closed_loop(session, url, body, concurrency, requests)
+    phase.results += await closed_loop(session, path.url, body, concurrency, requests, think)
     phase.wall_s += time.perf_counter() - begun
     phase.client_s += time.process_time() - client_before
-    used = {name: child.cpu_seconds() - before[name] for name, child in children.items()}
-    phase.engine_s += used["engine"]
-    phase.gateway_s += used.get("gateway", 0.0)
+    phase.engine_s += sum(engine.cpu_seconds() for engine in path.engines) - engines_before
     if gateway:
+        phase.gateway_s += gateway.cpu_seconds() - gateway_before
         own_after = await read_own_time(session, gateway)
         phase.own = add_buckets(phase.own, buckets_between(own_before, own_after))
 
@@ -678,7 +752,7 @@ async def read_own_time(session: aiohttp.ClientSession, gateway: ChildProcess) -
 
 
 async def measure_levels(
-    options: BenchOptions, engine: ChildProcess, gateway: ChildProcess
+    options: BenchOptions, engines: Sequence[ChildProcess], gateway: ChildProcess
 ) -> list[LevelResult]:
     tokenizer = default_tokenizer()
     content = PromptFactory(tokenizer).chat_content(
@@ -690,10 +764,10 @@ async def measure_levels(
         "max_tokens": options.output_tokens,
         "stream": True,
     }
-    path = "/v1/chat/completions"
+    route = "/v1/chat/completions"
     paths = (
-        (engine.url + path, {"engine": engine}),
-        (gateway.url + path, {"engine": engine, "gateway": gateway}),
+        _Path(itertools.cycle([engine.url + route for engine in engines]), tuple(engines), None),
+        _Path(gateway.url + route, tuple(engines), gateway),
     )
     levels = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -701,8 +775,8 @@ async def measure_levels(
         # Enough to open connections and warm caches; never more than a level sends.
         warmup = min(WARMUP_REQUESTS, max(map(options.requests_at, options.concurrency)))
         progress(f"warming up both paths ({warmup} requests each)")
-        for url, _ in paths:
-            await closed_loop(session, url, body, 20, warmup)
+        for path in paths:
+            await closed_loop(session, path.url, body, 20, warmup)
         for concurrency in options.concurrency:
             count = options.requests_at(concurrency)
             progress(
@@ -716,10 +790,15 @@ async def measure_levels(
                 share = count // ROUNDS + (1 if round_index < count % ROUNDS else 0)
                 order = (0, 1) if round_index % 2 == 0 else (1, 0)
                 for which in order:
-                    url, measured = paths[which]
                     if share:
                         await measured_round(
-                            session, url, body, concurrency, share, measured, phases[which]
+                            session,
+                            paths[which],
+                            body,
+                            concurrency,
+                            share,
+                            phases[which],
+                            round_think(options, concurrency, round_index),
                         )
             levels.append(LevelResult(concurrency, phases[0].result(), phases[1].result()))
     return levels
@@ -733,37 +812,50 @@ async def run_bench(options: BenchOptions, command: str) -> BenchReport:
         loop_stalls=await count_stalls(options),
     )
     async with Children() as children:
-        progress(f"starting a simulated engine (profile {options.engine_profile}) and the gateway")
-        engine = await children.start_laneway_async(
-            "sim", engine_args(options.engine_profile), name="engine"
+        engines_named = (
+            "a simulated engine" if options.engines == 1 else f"{options.engines} simulated engines"
         )
-        gateway = await start_gateway(children, gateway_config([engine.url]))
-        placement = place(options, engine, gateway)
-        levels = await children.watch(measure_levels(options, engine, gateway))
+        progress(f"starting {engines_named} (profile {options.engine_profile}) and the gateway")
+        engines = await start_engines(children, options)
+        gateway = await start_gateway(children, gateway_config([e.url for e in engines]))
+        placement = place(options, engines, gateway)
+        levels = await children.watch(measure_levels(options, engines, gateway))
     return BenchReport(
         machine=machine_description(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
         placement=placement,
         engine_profile=options.engine_profile,
+        engines=options.engines,
+        think_ms=options.think_ms,
         load_average=load_average,
         levels=tuple(levels),
         classification=classification,
     )
 
 
-def place(options: BenchOptions, engine: ChildProcess, gateway: ChildProcess) -> str:
+async def start_engines(children: Children, options: BenchOptions) -> list[ChildProcess]:
+    return [
+        await children.start_laneway_async(
+            "sim", engine_args(options.engine_profile), name=f"engine {index}"
+        )
+        for index in range(options.engines)
+    ]
+
+
+def place(options: BenchOptions, engines: Sequence[ChildProcess], gateway: ChildProcess) -> str:
     """Pin the processes as the options ask; say where they run."""
     cpus = sorted(os.sched_getaffinity(0))
     if not options.own_core:
         return f"all processes share CPUs {_cpu_list(cpus)}"
     gateway_cpus, other_cpus = cpus[-1:], cpus[:-1]
     pin(gateway.pid, gateway_cpus)
-    for pid in (engine.pid, os.getpid()):
+    for pid in (*(engine.pid for engine in engines), os.getpid()):
         pin(pid, other_cpus)
+    engine_part = "engine" if len(engines) == 1 else f"{len(engines)} engines"
     return (
         f"gateway alone on CPU {_cpu_list(gateway_cpus)}, "
-        f"client and engine on {_cpu_list(other_cpus)}"
+        f"client and {engine_part} on {_cpu_list(other_cpus)}"
     )
 
 

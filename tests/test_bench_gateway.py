@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from marked_processes import marked_environment, processes_marked
+from test_gateway_e2e import scrape, total
 
 from laneway.bench.gateway import (
     BenchOptions,
@@ -22,14 +24,22 @@ from laneway.bench.gateway import (
     bucket_quantile,
     buckets_between,
     check_options,
+    gateway_config,
+    in_closed_loop,
+    mean_in_flight,
+    measure_levels,
     overhead_buckets,
     own_time,
     path_result,
     render,
+    round_think,
+    start_engines,
+    think_time,
     time_classification,
 )
+from laneway.bench.live_cluster import start_gateway
 from laneway.bench.loadgen import StreamResult
-from laneway.bench.procs import laneway_argv
+from laneway.bench.procs import Children, laneway_argv
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.tables import format_table
@@ -68,6 +78,59 @@ def test_added_latency_is_the_difference_of_percentiles_and_cpu_gives_req_per_co
     all_failed = path_result([result(1.0, status=503)], 1.0, NO_CPU)
     assert LevelResult(1, all_failed, gateway).added_p99_s is None
     assert LevelResult(1, direct, direct).requests_per_core_s is None  # no gateway CPU
+
+
+def test_streams_in_flight_are_littles_law_over_the_successful_requests() -> None:
+    # Four half-second streams in one second: two open at once on average.
+    assert mean_in_flight([0.5] * 4, wall_s=1.0) == 2.0
+    assert mean_in_flight([], wall_s=1.0) == 0.0
+    assert mean_in_flight([0.5], wall_s=0.0) == 0.0
+    failed = [result(0.5, status=503), result(0.5, error="broke")]
+    path = path_result([result(0.5)] * 4 + failed, wall_s=2.0, cpu=NO_CPU)
+    assert path.in_flight == 1.0  # the failed ones left out, as from the latencies
+
+
+def test_think_times_are_exponential_of_the_mean_and_the_same_for_a_seed() -> None:
+    draw = think_time(20.0, random.Random(7))
+    assert draw is not None
+    draws = [draw() for _ in range(20_000)]
+    again = think_time(20.0, random.Random(7))
+    assert again is not None
+    assert [again() for _ in range(100)] == draws[:100]
+    other = think_time(20.0, random.Random(8))
+    assert other is not None
+    assert [other() for _ in range(100)] != draws[:100]
+    assert all(d >= 0 for d in draws)
+    # Seconds, of mean 20 ms; the standard error of 20,000 draws' mean is 0.7 % of it.
+    assert sum(draws) / len(draws) == pytest.approx(0.020, rel=0.05)
+    # Exponential, not constant: a share 1/e of the draws exceeds the mean.
+    assert sum(d > 0.020 for d in draws) / len(draws) == pytest.approx(0.368, abs=0.02)
+    assert think_time(0.0, random.Random(7)) is None
+
+
+async def test_a_closed_loop_with_think_time_waits_before_every_job() -> None:
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    starts: list[float] = []
+    thought: list[float] = []
+
+    def think() -> float:
+        thought.append(0.03)
+        return 0.03
+
+    async def job() -> float:
+        starts.append(loop.time() - begun)
+        await asyncio.sleep(0.01)
+        return 0.01
+
+    results = await in_closed_loop(job, 2, 4, think)
+    assert results == [0.01] * 4  # the think time is in no job's result
+    assert len(thought) == 4  # once before each job
+    # A sleep ends no earlier than asked (but for the clock's resolution): each worker's
+    # first job after one think time, its second after a job and another think time.
+    first, second = sorted(starts)[:2], sorted(starts)[2:]
+    assert min(first) >= 0.03 - 0.001
+    assert min(second) >= 0.03 + 0.01 + 0.03 - 0.001
 
 
 INF = float("inf")
@@ -136,6 +199,9 @@ def test_the_gateways_own_time_is_what_its_histogram_counted_between_two_reads()
         ({"output_tokens": 0}, "--output-tokens"),
         ({"classify_tokens": 100}, "--classify-tokens"),
         ({"engine_profile": "a100"}, "--engine-profile must be one of h100-llama3-8b, "),
+        ({"engines": 0}, "--engines must be at least 1, got 0"),
+        ({"think_ms": -1.0}, "--think-ms must be 0"),
+        ({"think_ms": float("inf")}, "--think-ms must be 0"),
     ],
 )
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], flag: str) -> None:
@@ -148,6 +214,8 @@ def test_options_that_cannot_work_name_their_flag(changes: dict[str, object], fl
     [
         ["bench", "gateway", "--concurrency", "x"],
         ["bench", "gateway", "--requests", "0"],
+        ["bench", "gateway", "--engines", "0"],
+        ["bench", "gateway", "--think-ms", "-5"],
         ["bench", "gateway", "--json", "/no/such/folder/out.json"],
     ],
 )
@@ -229,18 +297,63 @@ def test_a_short_run_measures_both_paths_at_every_level(tmp_path: Path) -> None:
     assert "through the gateway" in run.stderr  # progress goes to stderr
 
 
-def test_render_lists_every_level_in_order() -> None:
+@pytest.mark.parametrize(
+    ("engines", "think_ms", "said"),
+    [
+        (1, 0.0, "; 1 engine; no think time)"),
+        (2, 20.0, "; 2 engines; think time exponential, mean 20 ms)"),
+    ],
+)
+def test_render_lists_every_level_in_order(engines: int, think_ms: float, said: str) -> None:
     options = BenchOptions(classify_tokens=5000, classify_repeats=1)
     classification = asyncio.run(time_classification(options, time.perf_counter))
-    direct = path_result([result(0.01)], 1.0, PhaseCpu(0.1, 0.1, 0.1))
+    direct = path_result([result(0.01)] * 50, 1.0, PhaseCpu(0.1, 0.1, 0.1))
     levels = tuple(LevelResult(c, direct, direct) for c in (1, 50, 200))
     report = BenchReport(
-        "a machine", "today", "laneway bench gateway", "shared", 0.5, levels, classification
+        "a machine",
+        "today",
+        "laneway bench gateway",
+        "shared",
+        0.5,
+        levels,
+        classification,
+        engines=engines,
+        think_ms=think_ms,
     )
     lines = render(report)
     assert "a machine" in lines[0]
+    assert said in lines[0]
+    assert "Little's law" in lines[0]
+    assert lines[1].split()[-4:-1] == ["in", "flight", "direct/gw"]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "50", "200"]
-    assert json.loads(json.dumps(report.to_json()))["levels"][2]["added_p50_s"] == 0
+    assert lines[2].split()[-2] == "0.5/0.5"  # 50 streams of 10 ms in 1 s
+    document = json.loads(json.dumps(report.to_json()))
+    assert document["levels"][2]["added_p50_s"] == 0
+    assert document["levels"][2]["gateway"]["in_flight"] == pytest.approx(0.5)
+    assert (document["engines"], document["think_ms"]) == (engines, think_ms)
+
+
+async def test_clients_with_think_time_reach_every_engine_with_fewer_streams_open() -> None:
+    options = BenchOptions(
+        concurrency=(8,), requests=24, prompt_tokens=20, output_tokens=4, engines=2, think_ms=20
+    )
+    async with asyncio.timeout(HANG_S), Children() as children:
+        engines = await start_engines(children, options)
+        gateway = await start_gateway(children, gateway_config([e.url for e in engines]))
+        [level] = await measure_levels(options, engines, gateway)
+        served = [total(await scrape(e.url), "vllm:request_success_total") for e in engines]
+    # Each round's 8 clients were open or thinking at most the round's wall time, so the
+    # streams open on average are at most the 8 less the think time (its draws are the
+    # seed's, 12 a round) over the wall time; without think time they would be near 8.
+    rounds = [round_think(options, 8, index) for index in range(2)]
+    thought_s = sum(think() for think in rounds if think is not None for _ in range(12))
+    assert thought_s > 0
+    for path in (level.direct, level.gateway):
+        assert (path.requests, path.errors) == (24, 0)
+        assert 0 < path.in_flight <= 8 - (thought_s - 0.001) / path.wall_s < 8
+    assert all(count > 0 for count in served), served
+    # Every request of both paths, the warm-up's (24 each) too, reached one of the engines.
+    assert sum(served) == 2 * (24 + 24)
 
 
 def _resource_tracker(pid: int) -> bool:
