@@ -6,6 +6,7 @@ winner, is returned so a request that fails before its first byte can retry on t
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,11 +66,17 @@ def rank(
     """The endpoints' positions best first (ties in random order), and each position's
     score: the weighted mean of the scorers, in [0, 1]."""
     total_weight = sum(s.weight for s in profile)
-    totals = [0.0] * len(endpoints)
-    for weighted in profile:
-        weight, scored = weighted.weight, weighted.scorer.score(endpoints)
-        totals = [t + weight * s for t, s in zip(totals, scored, strict=True)]
-    scores = [t / total_weight for t in totals] if total_weight else [1.0] * len(endpoints)
+    if total_weight:
+        # Each scorer's column once, then one weighted sum per endpoint: a running total
+        # rebuilt per scorer cost as much as the scorers themselves.
+        columns = [weighted.scorer.score(endpoints) for weighted in profile]
+        weights = [weighted.weight for weighted in profile]
+        scores = [
+            sum(map(operator.mul, weights, row)) / total_weight
+            for row in zip(*columns, strict=True)
+        ]
+    else:
+        scores = [1.0] * len(endpoints)
     # Shuffle, then a stable sort: equal scores end up in random order. The positions are
     # shuffled, not the results, which draws the same numbers from `rng` at less cost.
     order = list(range(len(endpoints)))
