@@ -28,6 +28,8 @@ from laneway.gateway.state.settings import (
 
 # Where Kubernetes mounts a pod's own namespace with its service account token.
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Objects alive beyond the last collection that start the next one (settle_heap says why).
+YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
 def register(
@@ -142,9 +144,17 @@ def settle_heap() -> None:
     collected once, then kept out of the collector's sight. Otherwise every full collection
     walks those ~65,000 objects again, holding the event loop for 10-25 ms each time
     (measured in docs/BENCHMARKS.md, "The tail"), where after this it walks what requests
-    left behind."""
+    left behind.
+
+    And the youngest generation is collected once YOUNG_COLLECTION_THRESHOLD more objects
+    are alive than at the last collection, not 700 (CPython's default): a request's objects
+    die with it by reference counting, but 64 requests in flight hold a few thousand at
+    once, so at 700 a collection ran every twenty requests, walking live requests that it
+    could not free (17 us per request, measured in docs/BENCHMARKS.md, "The collector")."""
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

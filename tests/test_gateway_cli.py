@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,29 @@ def test_help_states_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert str(POD_NAMESPACE_FILE) in text.replace(" ", "")
     assert "every namespace when that file does not exist" in text
     assert "--all-namespaces with --kubernetes: watch every namespace, even in a pod" in text
+
+
+SETTLED_COLLECTIONS = """
+import gc
+from laneway.gateway.cli import YOUNG_COLLECTION_THRESHOLD, settle_heap
+
+settle_heap()
+collections = []
+gc.callbacks.append(lambda phase, info: phase == "stop" and collections.append(info))
+in_flight = [{} for _ in range(4000)]  # 64 requests in flight, their objects alive
+held = len(collections)
+in_flight += [{} for _ in range(YOUNG_COLLECTION_THRESHOLD)]
+print(gc.get_freeze_count() > 0, held, len(collections) > 0)
+"""
+
+
+def test_the_settled_heap_is_frozen_and_live_requests_start_no_collection() -> None:
+    # In a process of its own: freezing and thresholds are the whole interpreter's.
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", SETTLED_COLLECTIONS],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # Frozen; the objects of the requests in flight started no collection; past it, one ran.
+    assert done.stdout.split() == ["True", "0", "True"]
