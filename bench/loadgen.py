@@ -236,6 +236,7 @@ class StreamResult:
     error: str | None
     error_code: str | None = None  # the OpenAI error's `code`, when the error had one
     text: str = ""  # the streamed content, when asked to keep it
+    sent_at: float = 0.0  # when it was sent, on the clock it was timed by
 
 
 async def stream_request(
@@ -259,7 +260,15 @@ async def stream_request(
             reply = await response.read()
             error, code = _error_message(reply), _error_code(reply)
             return StreamResult(
-                response.status, reply_headers, None, (), clock() - start, 0, error, code
+                response.status,
+                reply_headers,
+                None,
+                (),
+                clock() - start,
+                0,
+                error,
+                code,
+                sent_at=start,
             )
         done = False
         async for raw in response.content:
@@ -286,7 +295,7 @@ async def stream_request(
     ttft = arrivals[0] - start if arrivals else None
     text = "".join(parts)
     return StreamResult(
-        200, reply_headers, ttft, gaps, end - start, len(arrivals), error, code, text
+        200, reply_headers, ttft, gaps, end - start, len(arrivals), error, code, text, start
     )
 
 

@@ -31,8 +31,10 @@ from laneway.bench.gateway import (
     overhead_buckets,
     own_time,
     path_result,
+    poisson_quantile,
     render,
     round_think,
+    send_clumps,
     start_engines,
     think_time,
     time_classification,
@@ -388,3 +390,24 @@ def test_ctrl_c_or_kill_mid_run_stops_the_engine_and_the_gateway(
     assert "interrupted" in stderr
     assert "Traceback" not in stderr
     assert processes_marked(marker) == []
+
+
+def test_poisson_quantiles_match_the_distribution() -> None:
+    # Poisson(1): P(X <= 3) = 0.981, P(X <= 4) = 0.996.
+    assert poisson_quantile(0.99, 1.0) == 4
+    assert poisson_quantile(0.98, 1.0) == 3
+    assert poisson_quantile(0.99, 0.0) == 0
+
+
+def test_evenly_spaced_sends_are_no_clump_and_sends_together_are() -> None:
+    # One send a millisecond for a second: each has itself and the next ten within 10 ms.
+    even = send_clumps([i / 1000 for i in range(1000)])
+    assert even is not None
+    assert even.p50 == 11
+    assert even.poisson_p99 == 1 + poisson_quantile(0.99, 1000 / 0.999 * 0.010)
+    # The same thousand sends, twenty at a time every twenty milliseconds.
+    together = send_clumps([(i // 20) * 0.020 for i in range(1000)])
+    assert together is not None
+    assert together.p99 == 20 > together.poisson_p99
+    assert send_clumps([5.0]) is None
+    assert send_clumps([1.0, 1.0]) is None  # no time between them: no rate
