@@ -6,7 +6,6 @@ winner, is returned so a request that fails before its first byte can retry on t
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,9 +69,9 @@ def rank(
         # Each scorer's column once, then one weighted sum per endpoint: a running total
         # rebuilt per scorer cost as much as the scorers themselves.
         columns = [weighted.scorer.score(endpoints) for weighted in profile]
-        weights = [weighted.weight for weighted in profile]
+        weights = [float(weighted.weight) for weighted in profile]
         scores = [
-            sum(map(operator.mul, weights, row)) / total_weight
+            sum(map(float.__mul__, weights, row)) / total_weight
             for row in zip(*columns, strict=True)
         ]
     else:
