@@ -138,6 +138,13 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         help="virtual environment the peers are installed into on demand (default .peers)",
     )
     add_value_flag(gateway, "--clients", 64, "with --against: concurrent clients")
+    add_value_flag(
+        gateway,
+        "--rounds",
+        2,
+        "with --against: rounds per router and mode, the routers' order reversed in every "
+        "other one; more, shorter rounds spread the machine's drift over the routers",
+    )
     gateway.add_argument(
         "--profile",
         type=Path,
@@ -264,8 +271,9 @@ def run_bench_against(args: argparse.Namespace) -> int:
         peers=parse_peers(args.against),
         venv=Path(args.peers_venv).absolute(),
         concurrency=args.clients,
-        requests=args.requests or AgainstOptions.requests,
+        requests=AgainstOptions.requests if args.requests is None else args.requests,
         prompt_tokens=args.prompt_tokens,
+        rounds=args.rounds,
         profile_dir=None if args.profile is None else args.profile.absolute(),
     )
     check_against(options)

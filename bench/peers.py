@@ -66,7 +66,7 @@ DIRECT = "direct"  # the clients straight to the engines, round robin: the basel
 LANEWAY = "laneway"
 READY_LINE = "peer router starting: "
 PY_SPY = "py-spy"  # the sampling profiler of --profile, installed beside the peers
-ROUNDS = 2  # per router and mode, the order reversed in the second
+ROUNDS = 2  # per router and mode by default, the order reversed in every other one
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class AgainstOptions:
     venv: Path
     concurrency: int = 64
     requests: int = 3000  # per router, mode and round
+    rounds: int = ROUNDS
     engines: int = 4
     prompt_tokens: int = 200
     seed: int = 0
@@ -114,8 +115,8 @@ def _baseline_dir(peer: str) -> Path:
 def check_against(options: AgainstOptions) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         raise UsageError("--against needs at least 2 CPUs: one for the routers, one for the rest")
-    if options.concurrency < 1 or options.requests < 1:
-        raise UsageError("--against needs a positive concurrency and number of requests")
+    if options.concurrency < 1 or options.requests < 1 or options.rounds < 1:
+        raise UsageError("--against needs a positive concurrency, number of requests and of rounds")
 
 
 # -- results (pure) -------------------------------------------------------------------------
@@ -362,10 +363,10 @@ async def measure(
             name: ([], [0.0, 0.0]) for name in targets
         }
         stacks: list[str] = []
-        for round_index in range(ROUNDS):
+        for round_index in range(options.rounds):
             order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
             for name in order:
-                progress(f"{mode.name}: {name}, round {round_index + 1} of {ROUNDS}")
+                progress(f"{mode.name}: {name}, round {round_index + 1} of {options.rounds}")
                 next_url, child = targets[name]
                 results, sums = totals[name]
                 sampler = None

@@ -8,6 +8,7 @@ engines, the official openai client, over loopback.
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from simulated_pools import start_sim
 from laneway.bench import floor_proxy
 from laneway.bench.peers import FLOOR, parse_peers
 from laneway.bench.procs import ChildProcess, Children
+from laneway.cli import main
 from laneway.errors import UsageError
 
 MODEL = "llama-small"
@@ -104,3 +106,13 @@ def test_a_baseline_names_a_directory_laneway_is_installed_in(tmp_path: Path) ->
     gateway.mkdir(parents=True)
     (gateway / "__init__.py").touch()
     assert parse_peers(f"laneway@{tmp_path},python-floor") == (f"laneway@{tmp_path}", FLOOR)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--against needs 2 CPUs")
+@pytest.mark.parametrize("flag", ["--rounds", "--clients", "--requests"])
+def test_against_refuses_no_rounds_clients_or_requests(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "gateway", "--against", FLOOR, flag, "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--against needs a positive concurrency, number of requests and of rounds" in err
