@@ -150,7 +150,8 @@ def settle_heap() -> None:
     are alive than at the last collection, not 700 (CPython's default): a request's objects
     die with it by reference counting, but 64 requests in flight hold a few thousand at
     once, so at 700 a collection ran every twenty requests, walking live requests that it
-    could not free (17 us per request, measured in docs/BENCHMARKS.md, "The collector")."""
+    could not free (18 us per request, measured in docs/BENCHMARKS.md, "The hot path, sixth
+    pass")."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
