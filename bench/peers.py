@@ -339,14 +339,15 @@ Target = tuple[Callable[[], str], ChildProcess | None]  # the next URL to send t
 
 
 async def measure(
-    options: AgainstOptions, targets: dict[str, Target], profiles: list[Profile]
-) -> list[RouterRun]:
-    """Each router's runs, mode by mode; with `options.profile_dir`, laneway's profile of
-    each mode appended to `profiles`."""
+    options: AgainstOptions, targets: dict[str, Target]
+) -> tuple[list[RouterRun], list[Profile]]:
+    """Each router's runs, mode by mode, and with `options.profile_dir` laneway's profile of
+    each mode."""
     content = PromptFactory(default_tokenizer()).chat_content(
         random.Random(options.seed), options.prompt_tokens
     )
     runs = []
+    profiles = []
     for mode in MODES:
         body = {
             "model": MODEL,
@@ -404,14 +405,14 @@ async def measure(
             collapsed = "".join(stacks)
             path.write_text(collapsed)
             profiles.append(summarize(collapsed, mode.name, ours.cpu_ms_per_request, str(path)))
-    return runs
+    return runs, profiles
 
 
 async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
     load_average = os.getloadavg()[0]
-    profiling = options.profile_dir is not None
     if options.profile_dir is not None:
         options.profile_dir.mkdir(parents=True, exist_ok=True)
+    profiling = options.profile_dir is not None
     versions = await asyncio.to_thread(ensure_peers, options.venv, options.peers, profiling)
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu, other_cpus = cpus[-1], cpus[:-1]
@@ -451,8 +452,7 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
                 for name, child in {LANEWAY: gateway, **peers}.items()
             },
         }
-        profiles: list[Profile] = []
-        runs = await children.watch(measure(options, targets, profiles))
+        runs, profiles = await children.watch(measure(options, targets))
     return AgainstReport(
         machine=machine_description(),
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

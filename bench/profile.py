@@ -20,7 +20,6 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from laneway.errors import UsageError
 from laneway.tables import format_table
@@ -45,15 +44,6 @@ class Profile:
     cpu_ms_per_request: float | None
     frames: tuple[FrameShare, ...]  # the most inclusive first
     path: str  # the collapsed stacks
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "samples": self.samples,
-            "cpu_ms_per_request": self.cpu_ms_per_request,
-            "path": self.path,
-            "frames": [vars(frame) for frame in self.frames],
-        }
 
 
 def frame_name(frame: str) -> str:
