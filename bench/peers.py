@@ -117,6 +117,14 @@ def check_against(options: AgainstOptions) -> None:
         raise UsageError("--against needs at least 2 CPUs: one for the routers, one for the rest")
     if options.concurrency < 1 or options.requests < 1 or options.rounds < 1:
         raise UsageError("--against needs a positive concurrency, number of requests and of rounds")
+    if options.profile_dir is not None:
+        # Made here, before the run, so that a folder that cannot be is a usage error.
+        try:
+            options.profile_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(
+                f"--profile: cannot create {options.profile_dir}: {error.strerror or error}"
+            ) from None
 
 
 # -- results (pure) -------------------------------------------------------------------------
@@ -410,8 +418,6 @@ async def measure(
 
 async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
     load_average = os.getloadavg()[0]
-    if options.profile_dir is not None:
-        options.profile_dir.mkdir(parents=True, exist_ok=True)
     profiling = options.profile_dir is not None
     versions = await asyncio.to_thread(ensure_peers, options.venv, options.peers, profiling)
     cpus = sorted(os.sched_getaffinity(0))

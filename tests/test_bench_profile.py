@@ -4,6 +4,7 @@ process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -113,3 +114,15 @@ def test_profile_needs_the_peers_beside_laneway(capsys: pytest.CaptureFixture[st
     assert (
         "--profile profiles laneway beside its peers: it needs --against" in capsys.readouterr().err
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--against needs 2 CPUs")
+def test_a_profile_folder_that_cannot_be_made_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.touch()
+    assert main(["bench", "gateway", "--against", "python-floor", "--profile", f"{blocker}/x"]) == 2
+    err = capsys.readouterr().err
+    assert f"--profile: cannot create {blocker}/x: Not a directory" in err
+    assert "Traceback" not in err
