@@ -8,14 +8,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from crd_tools import load_crd
+from pydantic import ConfigDict, Field
 
 from laneway import __version__
 from laneway.api import crd
-from laneway.api.schema import pool_schema
+from laneway.api.schema import pool_schema, structural
+from laneway.api.wire import Wire, rule, rules
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = "run `python -m laneway.api.crd` and commit the result"
@@ -49,6 +52,74 @@ def test_every_spec_field_has_a_row_in_the_table() -> None:
         assert f"| `{path}` |" in table, path
     assert "| `spec.prefill.chunkSize` | integer | 16 to 4194304 | `1024` |" in table
     assert "| `spec.lane` | string | `interactive` \\| `batch` | required |" in table
+
+
+class _Inner(Wire):
+    """A docstring the field's description replaces."""
+
+    size: int = Field(default=16, ge=1, description="How big.")
+
+
+class _Outer(Wire):
+    model_config = ConfigDict(
+        json_schema_extra=rules(rule("self.ratio <= 1.0", ".ratio", "at most 1"))
+    )
+
+    ratio: float = Field(gt=0, le=2, description="A share.")
+    inner: _Inner | None = Field(default=None, description="Optional settings.")
+    quantities: dict[str, int | str] = Field(default_factory=dict, description="Amounts.")
+    anything: dict[str, Any] = Field(default_factory=dict, description="Passed through.")
+
+
+def test_the_json_schema_becomes_a_structural_one() -> None:
+    assert structural(_Outer) == {
+        "type": "object",
+        "required": ["ratio"],
+        "x-kubernetes-validations": [
+            {"rule": "self.ratio <= 1.0", "fieldPath": ".ratio", "message": "at most 1"}
+        ],
+        "properties": {
+            "ratio": {
+                "type": "number",
+                "exclusiveMinimum": True,
+                "minimum": 0,
+                "maximum": 2,
+                "description": "A share.",
+            },
+            # inlined, not null-able, described by the field; a default_factory is no default
+            "inner": {
+                "type": "object",
+                "description": "Optional settings.",
+                "properties": {
+                    "size": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "default": 16,
+                        "description": "How big.",
+                    }
+                },
+            },
+            "quantities": {
+                "type": "object",
+                "description": "Amounts.",
+                "additionalProperties": {"x-kubernetes-int-or-string": True},
+            },
+            "anything": {
+                "type": "object",
+                "description": "Passed through.",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+        },
+    }
+
+
+class _Either(Wire):
+    choice: _Inner | _Outer
+
+
+def test_a_union_kubernetes_cannot_state_is_refused() -> None:
+    with pytest.raises(ValueError, match="no structural form"):
+        structural(_Either)
 
 
 def test_a_printer_column_must_name_a_field() -> None:

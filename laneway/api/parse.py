@@ -5,10 +5,10 @@ Every consumer calls it: the gateway's YAML config and Kubernetes watcher, the o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from laneway.api.checks import check_spec
@@ -18,9 +18,9 @@ from laneway.api.resource import InferencePool, PoolDocument
 
 def parse_pool(document: Mapping[str, Any]) -> InferencePool:
     """Parse and validate one InferencePool document; raise SpecError naming every problem."""
-    # As JSON, the API server's reading: a YAML document's "2048" is no integer, and its
-    # dates are the strings the API server would hold.
-    wire = orjson.dumps(_without_nulls(document), default=str, option=orjson.OPT_NON_STR_KEYS)
+    # As JSON, as kubectl sends a YAML document and the API server reads it: "2048" is no
+    # integer, and a YAML date is a string.
+    wire = json.dumps(_as_json(document), default=str)
     try:
         parsed = PoolDocument.model_validate_json(wire, by_alias=True, by_name=False)
     except ValidationError as error:
@@ -38,10 +38,11 @@ def parse_pool(document: Mapping[str, Any]) -> InferencePool:
     )
 
 
-def _without_nulls(value: Any) -> Any:
-    """A field set to null is a field left out, as `kubectl apply` treats it."""
+def _as_json(value: Any) -> Any:
+    """`value` with string keys, and without the fields set to null: the API server prunes
+    those, so null and absent are one to both."""
     if isinstance(value, Mapping):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {str(k): _as_json(v) for k, v in value.items() if v is not None}
     if isinstance(value, list | tuple):
-        return [_without_nulls(v) for v in value]
+        return [_as_json(v) for v in value]
     return value

@@ -21,6 +21,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
+from laneway.api.resource import PoolDocument
+
 Schema = dict[str, Any]
 
 # The order keys are written in: what a node is, its bounds, its words, then its children.
@@ -30,6 +32,7 @@ KEY_ORDER = (
     "enum",
     "exclusiveMinimum",
     "minimum",
+    "exclusiveMaximum",
     "maximum",
     "minLength",
     "maxLength",
@@ -66,23 +69,12 @@ def structural(model: type[BaseModel]) -> Schema:
 @functools.cache
 def pool_schema() -> Schema:
     """The InferencePool CRD's openAPIV3Schema; callers must not change it."""
-    from laneway.api.resource import PoolDocument  # the models import nothing of this module
-
     return structural(PoolDocument)
 
 
 def _node(schema: Schema, defs: Schema) -> Schema:
-    node = dict(schema)
-    ref = node.pop("$ref", None)
-    if ref is not None:
-        target = dict(defs[ref.rsplit("/", 1)[-1]])
-        target.pop("description", None)  # the model's docstring, not this field's words
-        node = {**target, **node}
-    members = node.pop("anyOf", None)
-    if members is not None:
-        node = {**_union(members, defs), **node}
     out: Schema = {}
-    for key, value in node.items():
+    for key, value in _resolved(schema, defs).items():
         if key in _DROPPED or (key == "default" and value is None):
             continue
         if key == "properties":
@@ -94,7 +86,7 @@ def _node(schema: Schema, defs: Schema) -> Schema:
                 out[key] = _node(value, defs)
             elif value is True or value == {}:
                 out["x-kubernetes-preserve-unknown-fields"] = True
-        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             out[key] = True
         elif key == "description":
@@ -104,13 +96,24 @@ def _node(schema: Schema, defs: Schema) -> Schema:
     return _ordered(out)
 
 
-def _union(members: list[Schema], defs: Schema) -> Schema:
-    present = [m for m in members if m != {"type": "null"}]
-    if len(present) == 1:
-        return _node(present[0], defs)
-    if sorted(m.get("type", "") for m in present) == ["integer", "string"]:
-        return {"x-kubernetes-int-or-string": True}
-    raise ValueError(f"a union with no structural form: {members}")
+def _resolved(schema: Schema, defs: Schema) -> Schema:
+    """`schema` as one node: its `$ref` and its `X | None` taken in, its own keys winning."""
+    node = dict(schema)
+    members = node.pop("anyOf", None)
+    if members is not None:
+        present = [m for m in members if m != {"type": "null"}]
+        if len(present) == 1:
+            node = {**_resolved(present[0], defs), **node}
+        elif sorted(m.get("type", "") for m in present) == ["integer", "string"]:
+            node["x-kubernetes-int-or-string"] = True
+        else:
+            raise ValueError(f"a union with no structural form: {members}")
+    ref = node.pop("$ref", None)
+    if ref is not None:
+        target = dict(defs[ref.rsplit("/", 1)[-1]])
+        target.pop("description", None)  # the model's docstring, not this field's words
+        node = {**target, **node}
+    return node
 
 
 def _ordered(node: Schema) -> Schema:
