@@ -242,6 +242,8 @@ def _allowed(node: Schema) -> str:
         return f"{node.get('minLength', 0)} to {node['maxLength']} characters"
     if "maxItems" in node:
         return f"at most {node['maxItems']} items"
+    if node.get("minLength"):
+        return "non-empty"
     return "at least 1 entry" if node.get("minProperties") else ""
 
 

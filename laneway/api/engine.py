@@ -53,6 +53,10 @@ class SimulatorSpec(Wire):
 
 
 _ENDPOINT_RULE = f"self.endpoint.matches('{KV_EVENTS_ENDPOINT_PATTERN}')"
+_ENDPOINT_WANTED = (
+    "must be tcp://HOST:PORT, the gateway's KV events address the engines connect to (e.g. "
+    "tcp://laneway-gateway-kv-events.laneway.svc:5557)"
+)
 
 
 class KVEventsSpec(Wire):
@@ -60,13 +64,7 @@ class KVEventsSpec(Wire):
 
     model_config = ConfigDict(
         json_schema_extra=rules(
-            rule(
-                _ENDPOINT_RULE,
-                ".endpoint",
-                "engine.kvEvents.endpoint must be tcp://HOST:PORT, the gateway's KV events "
-                "address the engines connect to (e.g. "
-                "tcp://laneway-gateway-kv-events.laneway.svc:5557)",
-            )
+            rule(_ENDPOINT_RULE, ".endpoint", f"engine.kvEvents.endpoint {_ENDPOINT_WANTED}")
         )
     )
 
@@ -92,8 +90,7 @@ class KVEventsSpec(Wire):
         if not re.fullmatch(KV_EVENTS_ENDPOINT_PATTERN, endpoint):
             raise PydanticCustomError(
                 "kv_events_endpoint",
-                "must be tcp://HOST:PORT, the gateway's KV events address the engines connect "
-                "to (e.g. tcp://laneway-gateway-kv-events.laneway.svc:5557), got {endpoint}",
+                f"{_ENDPOINT_WANTED}, got {{endpoint}}",
                 {"endpoint": repr(endpoint)},
             )
         return endpoint

@@ -21,20 +21,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-WIRE = ConfigDict(
-    frozen=True,
-    extra="forbid",
-    alias_generator=to_camel,
-    # Python code builds models by attribute name; documents use the wire names only
-    # (parse.py validates with by_name=False).
-    validate_by_name=True,
-    validate_by_alias=True,
-    strict=True,
-)
-
 
 class Wire(BaseModel):
-    model_config = WIRE
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        # Python code builds models by attribute name; documents use the wire names only
+        # (parse.py validates with by_name=False).
+        validate_by_name=True,
+        validate_by_alias=True,
+        strict=True,
+    )
 
 
 def rules(*validations: dict[str, str]) -> dict[str, Any]:
