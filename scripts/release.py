@@ -124,7 +124,7 @@ def versions_in_tree(root: Path) -> dict[str, str]:
 def api_version_problems(root: Path) -> list[str]:
     """The CRD must store the version laneway's API model speaks, and serve every version
     an example or the chart writes."""
-    api = root / "laneway" / "api.py"
+    api = root / "laneway" / "api" / "names.py"
     version = one_match(API_VERSION, api.read_text(encoding="utf-8"), api)["v"]
     crd = read_yaml(root / CRD)
     group = crd["spec"]["group"]
@@ -132,7 +132,7 @@ def api_version_problems(root: Path) -> list[str]:
     stored = [v["name"] for v in crd["spec"]["versions"] if v["storage"]]
     problems = []
     if stored != [version]:
-        problems.append(f"{CRD} stores {stored}, laneway/api.py speaks {version}")
+        problems.append(f"{CRD} stores {stored}, laneway/api/names.py speaks {version}")
     users = sorted((root / "manifests" / "examples").glob("*.yaml"))
     users += sorted((root / CHART / "templates").glob("*.yaml"))
     for path in users:

@@ -6,12 +6,16 @@ import copy
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from laneway.api import (
     EngineKind,
     InferencePool,
+    KVEventsSpec,
     Lane,
     SpecError,
+    TokenizerKind,
+    TokenizerSpec,
     check_pool_set,
     parse_pool,
 )
@@ -162,3 +166,60 @@ def test_overlapping_interactive_ranges_are_rejected_unless_prioritised() -> Non
     assert check_pool_set([first, preferred]) == []
     other_model = named(pool_doc(routing={"models": ["other"], "maxPromptTokens": 3072}), "e")
     assert check_pool_set([first, other_model]) == []
+
+
+def test_null_is_absent_as_the_api_server_prunes_it() -> None:
+    pool = parse_pool(pool_doc(autoscaling=None, selector=None, tokenizer=None))
+    assert (pool.spec.autoscaling, pool.spec.selector, pool.spec.tokenizer) == (None, None, None)
+    assert (
+        parse_pool(pool_doc(engine={"kind": "vllm", "kvEvents": None})).spec.engine.kv_events
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "message"),
+    [
+        # a typo is named with the field it is close to
+        (
+            {"routing": {"maxPromtTokens": 3072}},
+            "spec.routing.maxPromtTokens",
+            "is not a field; did you mean maxPromptTokens?",
+        ),
+        # documents use the wire names only, whatever Python calls the attribute
+        (
+            {"served_model_name": "x"},
+            "spec.served_model_name",
+            "is not a field; did you mean servedModelName?",
+        ),
+        ({"prefill": {"tokenBudget": "2048"}}, "spec.prefill.tokenBudget", "must be an integer"),
+        ({"prefill": {"chunkedPrefill": "yes"}}, "spec.prefill.chunkedPrefill", "true or false"),
+        (
+            {"tolerations": [{"key": "gpu", "operator": "Maybe"}]},
+            "spec.tolerations[0].operator",
+            "must be one of Exists, Equal, got 'Maybe'",
+        ),
+        ({"nodeSelector": {"gpu": 1}}, "spec.nodeSelector", "must map strings to strings"),
+        ({"model": "m" * 513}, "spec.model", "must be at most 512 characters, got 513"),
+        ({"engine": {"kind": "vllm", "args": ["--x"] * 129}}, "spec.engine.args", "at most 128"),
+        ({"engine": {}}, "spec.engine.kind", "is required, one of vllm, sglang, simulator"),
+    ],
+)
+def test_shape_errors_are_worded_from_the_schema(
+    overrides: dict[str, Any], path: str, message: str
+) -> None:
+    errors = errors_of(pool_doc(**overrides))
+    assert path in errors, errors
+    assert message in errors[path]
+
+
+def test_parsed_objects_are_frozen_and_built_by_attribute_name() -> None:
+    pool = parse_pool(pool_doc(tokenizer={"kind": "tiktoken", "encoding": "cl100k_base"}))
+    with pytest.raises(ValidationError):
+        pool.spec.prefill.chunk_size = 1
+    assert pool.spec.tokenizer is not None
+    # The gateway keys its loaded tokenizers by spec.
+    assert {pool.spec.tokenizer: 1}[
+        TokenizerSpec(kind=TokenizerKind.TIKTOKEN, encoding="cl100k_base")
+    ]
+    assert KVEventsSpec(endpoint="tcp://gw:1", block_size=32).block_size == 32

@@ -877,9 +877,9 @@ def test_example_pools_the_gateway_hears_kv_events_from_publish_to_its_service(
     name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
     pools = {p["metadata"]["name"]: parse_pool(p) for p in objects if p["kind"] == "InferencePool"}
     realtime = pools["sim-realtime"].spec.engine.kv_events
-    assert realtime == KVEventsSpec(f"tcp://{name}.{namespace}.svc:5557", block_size=16)
+    assert realtime == KVEventsSpec(endpoint=f"tcp://{name}.{namespace}.svc:5557", block_size=16)
     assert 5557 in {p["port"] for p in service["spec"]["ports"]}
-    assert pools["sim-batch"].spec.engine.kv_events == KVEventsSpec("tcp://elsewhere:6000")
+    assert pools["sim-batch"].spec.engine.kv_events == KVEventsSpec(endpoint="tcp://elsewhere:6000")
     quiet = template(helm)
     assert all("kvEvents" not in p["spec"]["engine"] for p in quiet if p["kind"] == KIND)
 
