@@ -12,7 +12,7 @@ from aiohttp import web
 from laneway.gateway.access_log import AccessLog
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import Dispatcher
-from laneway.gateway.batch.files import FileQuota, FileStore
+from laneway.gateway.batch.files import FileStore
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
@@ -22,6 +22,7 @@ from laneway.gateway.serving.upstream import UpstreamPool
 from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
+from laneway.gateway.state.settings import FileQuota
 from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
 from laneway.routing.picker import WeightedScorer
 from laneway.routing.prefix_index import PrefixIndex

@@ -20,15 +20,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 
-from laneway.gateway.batch.batches import (
-    BatchStore,
+from laneway.gateway.batch.batches import BatchStore, QueuedItem
+from laneway.gateway.batch.lines import (
     ItemOutcome,
     LineError,
-    QueuedItem,
     Result,
     Status,
     error_line,
@@ -37,29 +35,18 @@ from laneway.gateway.batch.batches import (
 from laneway.gateway.serving.request_body import LANE_HEADER
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import REDIS_DOWN, OutageLog
-from laneway.gateway.state.settings import BATCH_CONCURRENCY, BATCH_LEASE_S
+from laneway.gateway.state.settings import DispatchSettings
+from laneway.gateway.state.tenants import INTERNAL_HEADER, TENANT_HEADER
 from laneway.routing.fairshare import FairShareQueue
 
 log = logging.getLogger("laneway.gateway.batch.dispatcher")
 
-INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
-TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
 # The lane is full or has no endpoint right now: wait and try again, for as long as the
 # batch's window lasts (batch items are paced by this dispatcher, not by per-minute limits,
 # so a 429 here always means saturation).
 SATURATED = (429, 503)
 UPSTREAM_FAILED = (500, 502, 504)  # counted: the item fails after max_attempts of these
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
-
-
-@dataclass(frozen=True)
-class DispatchSettings:
-    concurrency: int = BATCH_CONCURRENCY
-    lease_s: float = BATCH_LEASE_S
-    poll_s: float = 0.2  # how often to look for new items when idle
-    max_attempts: int = 5  # failed tries (5xx, unreachable) before an item fails
-    retry_backoff_s: float = 1.0
-    request_timeout_s: float = 3600.0
 
 
 class Dispatcher:
@@ -70,7 +57,7 @@ class Dispatcher:
         target: Callable[[], str | None],
         secret: str,
         consumer: str,
-        settings: DispatchSettings = DispatchSettings(),
+        settings: DispatchSettings,
         weight: Callable[[str], float] = lambda _tenant: 1.0,
         clock: Callable[[], float] = time.time,
         metrics: StateMetrics | None = None,

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from laneway.gateway.errors import ApiError, bad_request, not_found
+from laneway.gateway.state.settings import FileQuota
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
@@ -31,14 +32,6 @@ LIST_CHUNK = 100  # file ids read per round trip when listing
 # The only ids this gateway hands out; anything else is refused before it becomes a Redis
 # key, so no string a client sends can reach another kind of key or fail to encode.
 ID_PATTERNS = {"file": re.compile(r"file-[0-9a-f]{32}"), "batch": re.compile(r"batch_[0-9a-f]{32}")}
-
-
-@dataclass(frozen=True)
-class FileQuota:
-    """What one tenant may store at once."""
-
-    files: int
-    bytes: int
 
 
 @dataclass(frozen=True)

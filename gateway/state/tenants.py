@@ -41,6 +41,9 @@ from laneway.gateway.state.redis_store import REDIS_DOWN
 log = logging.getLogger("laneway.gateway.state.tenants")
 
 ANONYMOUS = "anonymous"  # the tenant of every request when auth is off
+# The batch dispatcher's calls on loopback say whose item they carry with these two headers.
+INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
+TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
 SECONDS_PER_MINUTE = 60.0
 
 
