@@ -100,7 +100,14 @@ def test_two_requests_filling_the_same_block_share_it() -> None:
 # -- in the engine ------------------------------------------------------------------------
 
 H200 = PROFILES["h200-llama3-8b"]
-CHUNKED = SchedulerConfig("chunked", 2048, 1024, 16, 4, 32768)
+CHUNKED = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=16,
+    max_partial_prefills=4,
+    max_context=32768,
+)
 
 
 def run_alone(core: EngineCore, rid: str, tokens: list[int], output: int = 4) -> list[int]:

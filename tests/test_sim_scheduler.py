@@ -221,7 +221,14 @@ def test_every_request_finishes_within_kv_and_budget(kind: str) -> None:
     arrivals += [
         (rng.randint(0, 400), rng.randint(9000, 15000), rng.randint(1, 20)) for _ in range(6)
     ]
-    config = SchedulerConfig(kind, 1024 if kind == "chunked" else 16384, 512, 32, 2, 16384)  # type: ignore[arg-type]
+    config = SchedulerConfig(
+        kind=kind,  # type: ignore[arg-type]
+        token_budget=1024 if kind == "chunked" else 16384,
+        chunk_size=512,
+        max_num_seqs=32,
+        max_partial_prefills=2,
+        max_context=16384,
+    )
     core = EngineCore(small_kv_profile(40_000), config)
     arrivals.sort()
     tokens, peak_kv = drive_to_completion(core, arrivals)

@@ -238,7 +238,7 @@ class BatchStore:
                 },
             )
             for error in errors:
-                result = Result(ItemOutcome.FAILED, error_line(batch_id, error))
+                result = Result(outcome=ItemOutcome.FAILED, line=error_line(batch_id, error))
                 tx.set(self.result_key(batch_id, error.index), result.encode())
             for item, body in zip(items, bodies, strict=True):
                 tx.xadd(

@@ -206,7 +206,7 @@ class Dispatcher:
                 return None  # the batch is gone (Redis lost it): nothing to write
             status, expires_at = state
             if status in (Status.CANCELLING, Status.CANCELLED):
-                return Result(ItemOutcome.SKIPPED, None)
+                return Result(outcome=ItemOutcome.SKIPPED, line=None)
             if self._clock() > expires_at:
                 return _give_up(item, ItemOutcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
             answer = await self._try(item)
@@ -256,11 +256,11 @@ class Dispatcher:
         body = _json_or_text(raw)
         line = response_line(item.batch_id, item.index, item.custom_id, status, body)
         if not 200 <= status < 300:
-            return Result(ItemOutcome.FAILED, line)
+            return Result(outcome=ItemOutcome.FAILED, line=line)
         if isinstance(body, dict):
             usage = body.get("usage") or {}
             self._ready.charge(item.tenant, int(usage.get("completion_tokens", 0)))
-        return Result(ItemOutcome.COMPLETED, line)
+        return Result(outcome=ItemOutcome.COMPLETED, line=line)
 
 
 class _HandOver(Exception):
@@ -268,8 +268,8 @@ class _HandOver(Exception):
 
 
 def _give_up(item: QueuedItem, outcome: ItemOutcome, code: str, message: str) -> Result:
-    error = LineError(item.index, item.custom_id, code, message)
-    return Result(outcome, error_line(item.batch_id, error))
+    error = LineError(index=item.index, custom_id=item.custom_id, code=code, message=message)
+    return Result(outcome=outcome, line=error_line(item.batch_id, error))
 
 
 def _json_or_text(raw: bytes) -> object:

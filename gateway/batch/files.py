@@ -169,7 +169,13 @@ class FileStore:
     def new_file(self, size: int, filename: str, purpose: str, owner: str) -> FileObject:
         created = int(time.time())
         return FileObject(
-            new_file_id(), size, created, filename, purpose, owner, created + self.ttl_s
+            id=new_file_id(),
+            bytes=size,
+            created_at=created,
+            filename=filename,
+            purpose=purpose,
+            owner=owner,
+            expires_at=created + self.ttl_s,
         )
 
     async def list_page(

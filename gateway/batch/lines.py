@@ -61,11 +61,12 @@ def parse_input(content: bytes, endpoint: str) -> tuple[list[Item], list[LineErr
             continue
         parsed = _parse_line(raw, index, endpoint)
         if isinstance(parsed, Item) and parsed.custom_id in seen:
+            used = f"custom_id {parsed.custom_id!r} is used by an earlier line"
             parsed = LineError(
-                index,
-                parsed.custom_id,
-                "duplicate_custom_id",
-                f"line {index + 1}: custom_id {parsed.custom_id!r} is used by an earlier line",
+                index=index,
+                custom_id=parsed.custom_id,
+                code="duplicate_custom_id",
+                message=f"line {index + 1}: {used}",
             )
         if isinstance(parsed, Item):
             seen.add(parsed.custom_id)
@@ -83,22 +84,33 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
         json.dumps(line)
     except (ValueError, RecursionError) as error:
         message = f"{where}: not valid JSON: {error}"[:300]
-        return LineError(index, None, "invalid_json", message)
+        return LineError(index=index, custom_id=None, code="invalid_json", message=message)
     if not isinstance(line, dict):
-        return LineError(index, None, "invalid_request", f"{where}: must be a JSON object")
+        return LineError(
+            index=index,
+            custom_id=None,
+            code="invalid_request",
+            message=f"{where}: must be a JSON object",
+        )
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return LineError(
-            index, None, "missing_custom_id", f"{where}: 'custom_id' must be a non-empty string"
+            index=index,
+            custom_id=None,
+            code="missing_custom_id",
+            message=f"{where}: 'custom_id' must be a non-empty string",
         )
     if not _is_utf8(custom_id):
         # A lone surrogate (JSON allows "\ud800") cannot be stored or written back out.
         return LineError(
-            index, None, "invalid_custom_id", f"{where}: 'custom_id' is not valid Unicode"
+            index=index,
+            custom_id=None,
+            code="invalid_custom_id",
+            message=f"{where}: 'custom_id' is not valid Unicode",
         )
 
     def fail(code: str, message: str) -> LineError:
-        return LineError(index, custom_id, code, f"{where}: {message}")
+        return LineError(index=index, custom_id=custom_id, code=code, message=f"{where}: {message}")
 
     if line.get("method") != "POST":
         return fail("invalid_method", f"'method' must be 'POST', got {line.get('method')!r}")
@@ -112,7 +124,7 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
         return fail("invalid_body", "'body' must be a JSON object")
     if body.get("stream"):
         return fail("invalid_body", "'stream' is not supported in a batch")
-    return Item(index, custom_id, body)
+    return Item(index=index, custom_id=custom_id, body=body)
 
 
 def _is_utf8(text: str) -> bool:
@@ -171,7 +183,7 @@ class Result:
     @staticmethod
     def decode(raw: bytes) -> Result:
         data = json.loads(raw)
-        return Result(ItemOutcome(data["outcome"]), data["line"])
+        return Result(outcome=ItemOutcome(data["outcome"]), line=data["line"])
 
 
 def jsonl(lines: Sequence[Mapping[str, object]]) -> bytes:
@@ -214,7 +226,7 @@ def parse_create(payload: object) -> CreateRequest:
             f"'metadata' must map at most {MAX_METADATA_PAIRS} strings to strings", "metadata"
         )
     assert isinstance(endpoint, str)
-    return CreateRequest(file_id, endpoint, metadata)
+    return CreateRequest(input_file_id=file_id, endpoint=endpoint, metadata=metadata)
 
 
 def final_status(record: Mapping[str, Any]) -> tuple[Status, str]:

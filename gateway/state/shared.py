@@ -224,7 +224,7 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
 def caller_of(request: web.Request) -> Caller | None:
     """The caller the tenant middleware found; None when the state layer is not installed."""
     tenant = request.get(TENANT)
-    return None if tenant is None else Caller(tenant, request.get(INTERNAL, False))
+    return None if tenant is None else Caller(tenant, internal=request.get(INTERNAL, False))
 
 
 def _named(app: web.Application, name: str) -> Tenant:
