@@ -79,13 +79,13 @@ class SharedStateOptions:
     redis: RedisSettings | None = None  # None: in-memory, one replica
     tenants: TenantKeys | None = None  # None: auth off, every request is anonymous
     tenants_reload_s: float = TENANTS_RELOAD_S
-    # For the batch room on top (batch/layer.py): one set of options, as the flags are.
+    load_lease_s: float = DEFAULT_LEASE_S
+    # For the batch room on top (batch/layer.py), which the same flags configure.
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     max_file_bytes: int = MAX_FILE_BYTES
     file_quota: FileQuota = field(default_factory=FileQuota)
     file_ttl_s: int = FILE_TTL_S
     batch_tokens: int = TENANT_BATCH_TOKENS
-    load_lease_s: float = DEFAULT_LEASE_S
 
 
 @dataclass(frozen=True)
