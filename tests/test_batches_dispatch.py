@@ -84,7 +84,9 @@ class Harness:
         content = "\n".join(lines).encode()
         file = self.files.new_file(len(content), "in.jsonl", "batch", tenant)
         await self.files.put(file, content, FileQuota(files=100, bytes=10**9))
-        request = CreateRequest(file.id, "/v1/chat/completions", None)
+        request = CreateRequest(
+            input_file_id=file.id, endpoint="/v1/chat/completions", metadata=None
+        )
         batch = await self.store.create(request, tenant, now=0.0, token_limit=token_limit)
         return str(batch["id"])
 

@@ -34,15 +34,23 @@ def small_kv_profile(kv_tokens: int) -> Profile:
 
 
 def decoding(rid: str, prompt: int = 100, generated: int = 1) -> RequestState:
-    return RequestState(rid, prompt, 50, computed_prompt_tokens=prompt, generated_tokens=generated)
+    return RequestState(
+        request_id=rid,
+        prompt_tokens=prompt,
+        max_output_tokens=50,
+        computed_prompt_tokens=prompt,
+        generated_tokens=generated,
+    )
 
 
 def prefilling(rid: str, prompt: int, computed: int) -> RequestState:
-    return RequestState(rid, prompt, 50, computed_prompt_tokens=computed)
+    return RequestState(
+        request_id=rid, prompt_tokens=prompt, max_output_tokens=50, computed_prompt_tokens=computed
+    )
 
 
 def waiting(rid: str, prompt: int, output: int = 50) -> RequestState:
-    return RequestState(rid, prompt, output)
+    return RequestState(request_id=rid, prompt_tokens=prompt, max_output_tokens=output)
 
 
 CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num_seqs=8,
