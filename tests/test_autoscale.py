@@ -137,7 +137,7 @@ def test_no_flapping_on_a_steady_noisy_load(policy: ScalePolicy, level: float) -
 
 
 def test_history_older_than_both_windows_is_forgotten() -> None:
-    old = (Recommendation(0.0, 8), Recommendation(500.0, 2))
+    old = (Recommendation(at_s=0.0, replicas=8), Recommendation(at_s=500.0, replicas=2))
     decision = decide(BATCH, tokens(200_000), 2, old, 600.0)
     assert [r.at_s for r in decision.history] == [500.0, 600.0]
 
