@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from laneway.autoscale import DEMAND_PATH
 from laneway.gateway.access_log import AccessLog
+from laneway.gateway.batch.layer import install as install_batches
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.errors import ApiError, unreadable_body
 from laneway.gateway.keys import (
@@ -110,7 +111,8 @@ def create_app(
         app.router.add_get("/metrics", metrics)
     app.router.add_get(DEMAND_PATH, demand)
     if shared is not None:
-        install(app, shared)
+        redis = install(app, shared)
+        install_batches(app, shared, redis)
     return app
 
 

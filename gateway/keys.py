@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
 from laneway.gateway.access_log import AccessLog
-from laneway.gateway.batch.batches import BatchStore
-from laneway.gateway.batch.dispatcher import Dispatcher
-from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.lifecycle import Stop
 from laneway.gateway.metrics import GatewayMetrics
@@ -22,10 +20,18 @@ from laneway.gateway.serving.upstream import UpstreamPool
 from laneway.gateway.state.demand import DemandBook, RedisDemandShare
 from laneway.gateway.state.memory import LoadTracker
 from laneway.gateway.state.metrics import StateMetrics
+from laneway.gateway.state.settings import FileQuota
 from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
 from laneway.routing.picker import WeightedScorer
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer
+
+if TYPE_CHECKING:
+    # The batch room builds on the state layer, whose modules read these keys: its types
+    # are named here for the type checker only, so the state layer never imports it.
+    from laneway.gateway.batch.batches import BatchStore
+    from laneway.gateway.batch.dispatcher import Dispatcher
+    from laneway.gateway.batch.files import FileStore
 
 SETTINGS = web.AppKey("settings", GatewaySettings)
 REGISTRY = web.AppKey("registry", PoolRegistry)
@@ -49,8 +55,9 @@ ACCESS_LOG = web.AppKey("access_log", AccessLog)
 TENANTS = web.AppKey("tenants", TenantKeys)  # absent: auth is off
 LIMITER = web.AppKey("limiter", RateLimiter)
 INTERNAL_SECRET = web.AppKey("internal_secret", str)  # the dispatcher's proof on loopback
-FILE_STORE = web.AppKey("file_store", FileStore)  # absent: no Redis, no Files/Batches API
-BATCH_STORE = web.AppKey("batch_store", BatchStore)
+# Absent: no Redis, no Files/Batches API.
+FILE_STORE: web.AppKey[FileStore] = web.AppKey("file_store")
+BATCH_STORE: web.AppKey[BatchStore] = web.AppKey("batch_store")
 FILE_SIZE_LIMIT = web.AppKey("file_size_limit", int)
 FILE_QUOTA = web.AppKey("file_quota", FileQuota)  # for tenants whose entry sets none
 BATCH_TOKEN_LIMIT = web.AppKey("batch_token_limit", int)  # the same
@@ -67,7 +74,7 @@ class Loopback:
 
 LOOPBACK = web.AppKey("loopback", Loopback)  # where the dispatcher reaches the batch lane
 # The dispatcher and its task, stopped when shutdown begins.
-DISPATCHING = web.AppKey("dispatching", list[tuple[Dispatcher, asyncio.Task[None]]])
+DISPATCHING: web.AppKey[list[tuple[Dispatcher, asyncio.Task[None]]]] = web.AppKey("dispatching")
 
 TENANT = web.RequestKey("tenant", Tenant)
 # When the request's first bytes were read (the CLOCK's time; serving/arrival.py).

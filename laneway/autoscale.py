@@ -96,17 +96,17 @@ class DemandCount:
 
     def plus(self, other: DemandCount) -> DemandCount:
         return DemandCount(
-            *(getattr(self, name) + getattr(other, name) for name in _WIRE_FIELDS.values())
+            **{name: getattr(self, name) + getattr(other, name) for name in _WIRE_FIELDS.values()}
         )
 
     def lane_demand(self) -> LaneDemand:
         measured = self.ttft_met + self.ttft_missed
         return LaneDemand(
-            self.queued_requests,
-            self.queued_prompt_tokens,
-            self.in_flight_requests,
-            self.in_flight_prompt_tokens,
-            self.ttft_met / measured if measured else None,
+            queued_requests=self.queued_requests,
+            queued_prompt_tokens=self.queued_prompt_tokens,
+            in_flight_requests=self.in_flight_requests,
+            in_flight_prompt_tokens=self.in_flight_prompt_tokens,
+            slo_attainment=self.ttft_met / measured if measured else None,
         )
 
     def to_wire(self) -> dict[str, int]:
@@ -140,7 +140,9 @@ def first_sight(policy: ScalePolicy, current: int, now_s: float) -> tuple[Recomm
     """The history for a pool first seen now (a new pool, a restarted operator, the start of
     a simulated day): the current count, as if recommended just outside the up window, so a
     scale-down still waits a whole down window while a scale-up is not delayed."""
-    return (Recommendation(now_s - policy.scale_up_window_s - FIRST_SIGHT_S, current),)
+    return (
+        Recommendation(at_s=now_s - policy.scale_up_window_s - FIRST_SIGHT_S, replicas=current),
+    )
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def decide(
     recommended, why = recommend(policy, demand, current)
     keep = max(policy.scale_up_window_s, policy.scale_down_window_s)
     recent = [r for r in history if now_s - r.at_s < keep]
-    remembered = (*recent, Recommendation(now_s, recommended))
+    remembered = (*recent, Recommendation(at_s=now_s, replicas=recommended))
 
     def within(window_s: float) -> list[int]:
         return [r.replicas for r in remembered if now_s - r.at_s <= window_s]
@@ -206,4 +208,6 @@ def decide(
             reason = f"scaling down {current} -> {desired}: {why}"
     else:
         desired, reason = current, f"steady at {current}: {why}"
-    return ScaleDecision(desired, recommended, reason, remembered)
+    return ScaleDecision(
+        desired=desired, recommendation=recommended, reason=reason, history=remembered
+    )

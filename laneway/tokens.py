@@ -10,8 +10,8 @@ pre-tokenizer never lets one piece span whitespace between two non-whitespace ru
 number of whitespace-separated words bounds it from below, as does the byte length divided
 by the longest token's (128 bytes for cl100k_base): a run without spaces can not hide its
 length from the bounds. Only ASCII whitespace is counted
-as a separator there (vectorised over the UTF-8 bytes): treating fewer characters as spaces
-can only merge words, so the bound stays sound and costs about a millisecond for 500 KB.
+as a separator there, so that the count is one vectorised pass over the UTF-8 bytes:
+treating fewer characters as spaces can only merge words, so the bound stays sound.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class TokenBounds:
     high: int
 
     def __add__(self, other: TokenBounds) -> TokenBounds:
-        return TokenBounds(self.low + other.low, self.high + other.high)
+        return TokenBounds(low=self.low + other.low, high=self.high + other.high)
 
     @property
     def exact(self) -> bool:
@@ -225,7 +225,7 @@ class TiktokenTokenizer:
                 f"tiktoken encoding {encoding!r} is not available offline: {error}"
             ) from None
         self._name = f"tiktoken/{encoding}"
-        self._recipe = TokenizerRecipe("tiktoken", encoding)
+        self._recipe = TokenizerRecipe(kind="tiktoken", encoding=encoding)
         self._longest_token_bytes = max(len(t) for t in self._encoding.token_byte_values())
 
     @property
@@ -256,7 +256,7 @@ class TiktokenTokenizer:
     def bounds(self, text: str) -> TokenBounds:
         data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
         if data.size == 0:
-            return TokenBounds(0, 0)
+            return TokenBounds(low=0, high=0)
         space = (data == 0x20) | ((data >= 0x09) & (data <= 0x0D))
         word_starts = np.count_nonzero(space[:-1] & ~space[1:]) + (0 if space[0] else 1)
         fewest_tokens = -(-data.size // self._longest_token_bytes)
@@ -264,7 +264,7 @@ class TiktokenTokenizer:
 
     def length_bounds(self, utf8_bytes: int) -> TokenBounds:
         # No token is longer than the longest, so texts' counts sum to at least this.
-        return TokenBounds(-(-utf8_bytes // self._longest_token_bytes), utf8_bytes)
+        return TokenBounds(low=-(-utf8_bytes // self._longest_token_bytes), high=utf8_bytes)
 
 
 class HuggingFaceTokenizer:
@@ -286,7 +286,7 @@ class HuggingFaceTokenizer:
         self._template = ChatTemplate(chat_template) if chat_template else None
         self._name = f"huggingface/{Path(path).name}"
         self._recipe = TokenizerRecipe(
-            "huggingface", path=str(path), chat_template=str(chat_template or "") or None
+            kind="huggingface", path=str(path), chat_template=str(chat_template or "") or None
         )
 
     @property
@@ -323,7 +323,7 @@ class HuggingFaceTokenizer:
         return TokenBounds(low=0, high=utf8_length(text))
 
     def length_bounds(self, utf8_bytes: int) -> TokenBounds:
-        return TokenBounds(0, utf8_bytes)
+        return TokenBounds(low=0, high=utf8_bytes)
 
 
 def utf8_length(text: str) -> int:
@@ -363,8 +363,8 @@ def template_chat(
     (transformers' templates take them as objects; none or empty is `{}`) and dropped when
     empty; a tool message's `tool_call_id`; a `name`. Other fields are not the template's."""
     return TemplateChat(
-        tuple(_template_message(m, c) for m, c in zip(messages, contents, strict=True)),
-        tuple(tools) if tools is not None else None,
+        messages=tuple(_template_message(m, c) for m, c in zip(messages, contents, strict=True)),
+        tools=tuple(tools) if tools is not None else None,
     )
 
 
@@ -430,7 +430,7 @@ def chat_framing_tokens(messages: int) -> int:
 def chat_bounds(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> TokenBounds:
     framing = chat_framing_tokens(len(messages))
     texts = [text for m in messages for text in (m.role, m.content)]
-    return TokenBounds(framing, framing) + texts_bounds(tokenizer, texts)
+    return TokenBounds(low=framing, high=framing) + texts_bounds(tokenizer, texts)
 
 
 def texts_bounds(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenBounds:
@@ -440,10 +440,10 @@ def texts_bounds(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenBounds:
     taken off the upper bound again, and their most tokens (one per byte) off the lower.
     """
     if not texts:
-        return TokenBounds(0, 0)
+        return TokenBounds(low=0, high=0)
     joined = tokenizer.bounds("\n".join(texts))
     separators = len(texts) - 1
-    return TokenBounds(max(joined.low - separators, 0), joined.high - separators)
+    return TokenBounds(low=max(joined.low - separators, 0), high=joined.high - separators)
 
 
 def count_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> int:

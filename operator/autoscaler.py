@@ -66,20 +66,27 @@ def slo_condition(pool: InferencePool, count: DemandCount) -> Condition | None:
     target = pool.spec.slo.ttft_millis
     measured = count.ttft_met + count.ttft_missed
     if not measured:
-        return Condition("SloMet", True, "NoRecentStreams", "no streamed request finished recently")
+        return Condition(
+            type="SloMet",
+            status=True,
+            reason="NoRecentStreams",
+            message="no streamed request finished recently",
+        )
     attainment = count.ttft_met / measured
     summary = (
         f"{attainment:.1%} of the last {measured} streams had their first token within "
         f"{target} ms (spec.slo.ttftMillis); the floor is {floor:.1%}"
     )
     if attainment >= floor:
-        return Condition("SloMet", True, "WithinSlo", summary)
+        return Condition(type="SloMet", status=True, reason="WithinSlo", message=summary)
     advice = (
         "the autoscaler adds replicas while it is missed"
         if pool.spec.autoscaling is not None
         else "add replicas, or set spec.autoscaling"
     )
-    return Condition("SloMet", False, "SloMissed", f"{summary}: {advice}")
+    return Condition(
+        type="SloMet", status=False, reason="SloMissed", message=f"{summary}: {advice}"
+    )
 
 
 def pool_step(
@@ -113,7 +120,7 @@ def pool_step(
 
     policy, current = pool.spec.autoscaling, pool.spec.replicas
     if policy is None:
-        return PoolStep(None, status, (), ())
+        return PoolStep(replicas=None, status=status, events=(), history=())
     earlier: Mapping[str, Any] = previous.get("autoscaling") or {}
     if count is None:
         status["autoscaling"] = {
@@ -121,7 +128,7 @@ def pool_step(
             "desiredReplicas": current,
             "reason": f"holding {current}: {unavailable}",
         }
-        return PoolStep(None, status, (), history)
+        return PoolStep(replicas=None, status=status, events=(), history=history)
     if not history:
         history = first_sight(policy, current, now_s)
     decision = decide(policy, count.lane_demand(), current, history, now_s)
@@ -132,11 +139,13 @@ def pool_step(
         "reason": decision.reason,
     }
     if not decision.changes(current):
-        return PoolStep(None, status, (), decision.history)
+        return PoolStep(replicas=None, status=status, events=(), history=decision.history)
     status["autoscaling"]["lastScaleTime"] = now
     why = "ScaledUp" if decision.desired > current else "ScaledDown"
-    event = Event("Normal", why, decision.reason)
-    return PoolStep(decision.desired, status, (event,), decision.history)
+    event = Event(type="Normal", reason=why, message=decision.reason)
+    return PoolStep(
+        replicas=decision.desired, status=status, events=(event,), history=decision.history
+    )
 
 
 def changed(status: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:

@@ -168,7 +168,9 @@ async def reconcile(
             stale = await cluster.get(kind, pool.namespace, pool.name)
             if stale is not None and owned_by(stale, pool.uid):
                 await cluster.delete(kind, pool.namespace, pool.name)
-                events.append(Event("Normal", "Deleted", f"deleted {kind}/{pool.name}"))
+                events.append(
+                    Event(type="Normal", reason="Deleted", message=f"deleted {kind}/{pool.name}")
+                )
 
     slices = await cluster.list(
         "EndpointSlice", pool.namespace, f"{SERVICE_NAME_LABEL}={pool.name}"
@@ -190,12 +192,14 @@ async def reconcile(
     conflict = await _routing_conflict(pool, cluster)
     if conflict:
         conditions = [
-            Condition("Ready", False, "RoutingConflict", conflict),
+            Condition(type="Ready", status=False, reason="RoutingConflict", message=conflict),
             conditions[1],
-            Condition("Degraded", True, "RoutingConflict", conflict),
+            Condition(type="Degraded", status=True, reason="RoutingConflict", message=conflict),
         ]
     events += _transition_events(conditions, previous)
-    return ReconcileOutcome(status_document(observed, conditions, previous, now), tuple(events))
+    return ReconcileOutcome(
+        status=status_document(observed, conditions, previous, now), events=tuple(events)
+    )
 
 
 async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:
@@ -225,18 +229,26 @@ def _problem(
 ) -> ReconcileOutcome:
     conditions = problem_conditions(reason, message)
     return ReconcileOutcome(
-        problem_status(generation, conditions, previous, now),
-        tuple(_transition_events(conditions, previous)),
+        status=problem_status(generation, conditions, previous, now),
+        events=tuple(_transition_events(conditions, previous)),
     )
 
 
 def _change_event(kind: str, name: str, differences: Sequence[str], spec_changed: bool) -> Event:
     if not differences:
-        return Event("Normal", "Created", f"created {kind}/{name}")
+        return Event(type="Normal", reason="Created", message=f"created {kind}/{name}")
     fields = ", ".join(differences[:5]) + (" ..." if len(differences) > 5 else "")
     if spec_changed:
-        return Event("Normal", "Updated", f"updated {kind}/{name} to the new spec ({fields})")
-    return Event("Warning", "Restored", f"put back {kind}/{name} after a manual edit ({fields})")
+        return Event(
+            type="Normal",
+            reason="Updated",
+            message=f"updated {kind}/{name} to the new spec ({fields})",
+        )
+    return Event(
+        type="Warning",
+        reason="Restored",
+        message=f"put back {kind}/{name} after a manual edit ({fields})",
+    )
 
 
 def _transition_events(conditions: Sequence[Condition], previous: Mapping[str, Any]) -> list[Event]:
@@ -249,7 +261,7 @@ def _transition_events(conditions: Sequence[Condition], previous: Mapping[str, A
         if old.get("status") == status and old.get("reason") == condition.reason:
             continue
         if condition.type == "Ready" and condition.status:
-            events.append(Event("Normal", "Ready", condition.message))
+            events.append(Event(type="Normal", reason="Ready", message=condition.message))
         elif condition.type == "Degraded" and condition.status:
-            events.append(Event("Warning", condition.reason, condition.message))
+            events.append(Event(type="Warning", reason=condition.reason, message=condition.message))
     return events

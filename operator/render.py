@@ -182,7 +182,7 @@ def engine_command(pool: InferencePool) -> EngineCommand:
         ]
     if spec.engine.kv_events is not None:
         args += _kv_events_flags(spec.engine.kv_events, spec.port, spec.engine.kind)
-    return EngineCommand(command, (*args, *spec.engine.args))
+    return EngineCommand(command=command, args=(*args, *spec.engine.args))
 
 
 def _kv_events_flags(kv_events: KVEventsSpec, port: int, kind: EngineKind) -> list[str]:
@@ -246,7 +246,7 @@ def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> Re
     if pool.spec.selector is None:
         children.append(_deployment(pool, engine, options))
     children.append(_disruption_budget(pool))
-    return RenderedPool(engine, tuple(children))
+    return RenderedPool(engine=engine, children=tuple(children))
 
 
 def _metadata(pool: InferencePool) -> dict[str, Any]:

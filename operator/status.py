@@ -36,9 +36,14 @@ class Observed:
 def problem_conditions(reason: str, message: str) -> tuple[Condition, ...]:
     """A pool that cannot work as written: not ready, not progressing, degraded."""
     return (
-        Condition("Ready", False, reason, message),
-        Condition("Progressing", False, reason, "nothing rolls out until this is fixed"),
-        Condition("Degraded", True, reason, message),
+        Condition(type="Ready", status=False, reason=reason, message=message),
+        Condition(
+            type="Progressing",
+            status=False,
+            reason=reason,
+            message="nothing rolls out until this is fixed",
+        ),
+        Condition(type="Degraded", status=True, reason=reason, message=message),
     )
 
 
@@ -46,19 +51,34 @@ def serving_conditions(observed: Observed) -> tuple[Condition, ...]:
     ready = len(observed.endpoints)
     if observed.desired_replicas is None:
         if ready:
-            readiness = Condition("Ready", True, "EndpointsReady", f"{ready} adopted pods ready")
+            readiness = Condition(
+                type="Ready",
+                status=True,
+                reason="EndpointsReady",
+                message=f"{ready} adopted pods ready",
+            )
         else:
             readiness = Condition(
-                "Ready",
-                False,
-                "NoReadyPods",
-                f"no ready pods match spec.selector ({observed.selector}): label the engine "
-                "pods or fix spec.selector.matchLabels",
+                type="Ready",
+                status=False,
+                reason="NoReadyPods",
+                message=f"no ready pods match spec.selector ({observed.selector}): label the "
+                "engine pods or fix spec.selector.matchLabels",
             )
         return (
             readiness,
-            Condition("Progressing", False, "Adopted", "pods are managed outside laneway"),
-            Condition("Degraded", False, "Adopted", "pods are managed outside laneway"),
+            Condition(
+                type="Progressing",
+                status=False,
+                reason="Adopted",
+                message="pods are managed outside laneway",
+            ),
+            Condition(
+                type="Degraded",
+                status=False,
+                reason="Adopted",
+                message="pods are managed outside laneway",
+            ),
         )
 
     desired = observed.desired_replicas
@@ -70,31 +90,49 @@ def serving_conditions(observed: Observed) -> tuple[Condition, ...]:
             if observed.autoscaled
             else "spec.replicas is 0: raise it to serve requests"
         )
-        readiness = Condition("Ready", False, "ScaledToZero", zero)
+        readiness = Condition(type="Ready", status=False, reason="ScaledToZero", message=zero)
     elif ready:
-        readiness = Condition("Ready", True, "EndpointsReady", f"{ready}/{desired} replicas ready")
+        readiness = Condition(
+            type="Ready",
+            status=True,
+            reason="EndpointsReady",
+            message=f"{ready}/{desired} replicas ready",
+        )
     else:
         readiness = Condition(
-            "Ready", False, "NoReadyReplicas", f"0/{desired} replicas ready" + rollout.detail
+            type="Ready",
+            status=False,
+            reason="NoReadyReplicas",
+            message=f"0/{desired} replicas ready" + rollout.detail,
         )
     progressing = Condition(
-        "Progressing",
-        rollout.in_progress,
-        "RollingOut" if rollout.in_progress else "Complete",
-        rollout.summary,
+        type="Progressing",
+        status=rollout.in_progress,
+        reason="RollingOut" if rollout.in_progress else "Complete",
+        message=rollout.summary,
     )
     short = ready < desired and not rollout.in_progress
     if rollout.failure:
-        degraded = Condition("Degraded", True, rollout.failure, rollout.summary + rollout.detail)
+        degraded = Condition(
+            type="Degraded",
+            status=True,
+            reason=rollout.failure,
+            message=rollout.summary + rollout.detail,
+        )
     elif short:
         degraded = Condition(
-            "Degraded",
-            True,
-            "ReplicasUnavailable",
-            f"{ready}/{desired} replicas ready after the rollout finished" + rollout.detail,
+            type="Degraded",
+            status=True,
+            reason="ReplicasUnavailable",
+            message=f"{ready}/{desired} replicas ready after the rollout finished" + rollout.detail,
         )
     else:
-        degraded = Condition("Degraded", False, "AsExpected", f"{ready}/{desired} replicas ready")
+        degraded = Condition(
+            type="Degraded",
+            status=False,
+            reason="AsExpected",
+            message=f"{ready}/{desired} replicas ready",
+        )
     return readiness, progressing, degraded
 
 
@@ -108,7 +146,9 @@ class _Rollout:
 
 def _rollout(deployment: Mapping[str, Any] | None, desired: int) -> _Rollout:
     if deployment is None:
-        return _Rollout(True, "creating the engine Deployment", "", "")
+        return _Rollout(
+            in_progress=True, summary="creating the engine Deployment", detail="", failure=""
+        )
     status = deployment.get("status") or {}
     generation = deployment.get("metadata", {}).get("generation", 0)
     updated = int(status.get("updatedReplicas") or 0)
@@ -132,7 +172,7 @@ def _rollout(deployment: Mapping[str, Any] | None, desired: int) -> _Rollout:
         not seen or updated < desired or total > updated or available < updated
     )
     summary = f"{updated}/{desired} replicas updated, {available} available"
-    return _Rollout(in_progress, summary, detail, failure)
+    return _Rollout(in_progress=in_progress, summary=summary, detail=detail, failure=failure)
 
 
 def status_document(

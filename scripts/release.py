@@ -276,7 +276,7 @@ def render(helm: str, chart: Path, values: Sequence[Path]) -> Rendered:
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 crds[document["metadata"]["name"]] = document
-    return Rendered(objects, crds)
+    return Rendered(objects=objects, crds=crds)
 
 
 def key(manifest: dict[str, Any]) -> tuple[str, str]:

@@ -54,7 +54,7 @@ class StepCost:
         return self.linear_s + self.prefill_attention_s + self.decode_attention_s + self.overhead_s
 
 
-NO_COST = StepCost(0.0, 0.0, 0.0, 0.0)
+NO_COST = StepCost(linear_s=0.0, prefill_attention_s=0.0, decode_attention_s=0.0, overhead_s=0.0)
 
 
 def step_cost(profile: Profile, work: StepWork) -> StepCost:
@@ -78,7 +78,12 @@ def step_cost(profile: Profile, work: StepWork) -> StepCost:
 
     decode_kv_bytes = work.decode_context_tokens * model.kv_bytes_per_token
     decode_attention_s = decode_kv_bytes / bytes_per_s
-    return StepCost(linear_s, prefill_attention_s, decode_attention_s, eff.step_overhead_s)
+    return StepCost(
+        linear_s=linear_s,
+        prefill_attention_s=prefill_attention_s,
+        decode_attention_s=decode_attention_s,
+        overhead_s=eff.step_overhead_s,
+    )
 
 
 def step_duration(profile: Profile, work: StepWork) -> float:

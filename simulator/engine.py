@@ -127,7 +127,11 @@ class EngineCore:
         )
         self._enqueue(
             RequestState(
-                request_id, prompt_tokens, max_output_tokens, block_hashes=hashes, priority=priority
+                request_id=request_id,
+                prompt_tokens=prompt_tokens,
+                max_output_tokens=max_output_tokens,
+                block_hashes=hashes,
+                priority=priority,
             )
         )
 
@@ -170,7 +174,14 @@ class EngineCore:
         work = self._work_of(plan)
         duration = step_duration(self.profile, work)
         tokens, first_tokens, finished = self._apply(plan)
-        return StepOutcome(duration, work, plan.admitted, tokens, first_tokens, finished)
+        return StepOutcome(
+            duration_s=duration,
+            work=work,
+            admitted=plan.admitted,
+            tokens=tokens,
+            first_tokens=first_tokens,
+            finished=finished,
+        )
 
     def _lookup(self, seq: RequestState) -> PrefixHit:
         if not seq.block_hashes:
@@ -186,11 +197,17 @@ class EngineCore:
         starts = {rid: states[rid].computed_prompt_tokens for rid, _ in plan.prefill}
         starts.update({rid: hit.blocks * KV_BLOCK_TOKENS for rid, hit in plan.cached})
         chunks = tuple(
-            PrefillChunk(tokens, starts[rid], starts[rid] + tokens == states[rid].prompt_tokens)
+            PrefillChunk(
+                tokens=tokens,
+                context_before=starts[rid],
+                completes_prompt=starts[rid] + tokens == states[rid].prompt_tokens,
+            )
             for rid, tokens in plan.prefill
         )
         decode_context = sum(states[rid].context_tokens for rid in plan.decode)
-        return StepWork(chunks, len(plan.decode), decode_context)
+        return StepWork(
+            prefill=chunks, decode_count=len(plan.decode), decode_context_tokens=decode_context
+        )
 
     def _apply(self, plan: StepPlan) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """The only place request states change."""
@@ -280,7 +297,9 @@ class EngineCore:
         for start, end in zip(starts, ends, strict=True):
             parent = seq.block_hashes[start - 1] if start else None
             run = tuple(seq.block_hashes[start:end])
-            self.cache_events.append(BlocksCached(seq.request_id, start, run, parent))
+            self.cache_events.append(
+                BlocksCached(request_id=seq.request_id, first=start, hashes=run, parent=parent)
+            )
 
     def _free(self, seq: RequestState) -> None:
         freed_to_cache = self.prefix_cache.release(seq.held_blocks)

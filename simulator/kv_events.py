@@ -75,9 +75,9 @@ def parse_kv_events_config(text: str) -> KVEventsConfig | None:
         return None
     default = KVEventsConfig()
     config = KVEventsConfig(
-        data.get("endpoint", default.endpoint),
-        data.get("topic", default.topic),
-        data.get("hwm", default.hwm),
+        endpoint=data.get("endpoint", default.endpoint),
+        topic=data.get("topic", default.topic),
+        hwm=data.get("hwm", default.hwm),
     )
     if not config.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
         raise UsageError(

@@ -53,7 +53,7 @@ class PrefixHit:
     evictable: int  # of those, the ones now free (taking them uses up free blocks)
 
 
-NO_HIT = PrefixHit(0, 0)
+NO_HIT = PrefixHit(blocks=0, evictable=0)
 
 
 class PrefixCache:
@@ -83,7 +83,7 @@ class PrefixCache:
             elif block_hash not in self._in_use:
                 break
             blocks += 1
-        return PrefixHit(blocks, evictable)
+        return PrefixHit(blocks=blocks, evictable=evictable)
 
     def acquire(self, hashes: Sequence[int], prompt_tokens: int, hit: PrefixHit) -> None:
         """A request starts with `hit` (from `lookup`, unchanged since): hold its blocks."""

@@ -132,9 +132,18 @@ HOPPER_MEASURED = Efficiency(
 )
 
 PROFILES: dict[str, Profile] = {
-    "h200-llama3-8b": Profile("h200-llama3-8b", LLAMA3_8B, H200_SXM, HOPPER_MEASURED),
-    "h100-llama3-8b": Profile("h100-llama3-8b", LLAMA3_8B, H100_SXM, HOPPER_MEASURED),
-    "zero": Profile("zero", LLAMA3_8B, H200_SXM, HOPPER_MEASURED, zero_service_time=True),
+    profile.name: profile
+    for profile in (
+        Profile(name="h200-llama3-8b", model=LLAMA3_8B, gpu=H200_SXM, efficiency=HOPPER_MEASURED),
+        Profile(name="h100-llama3-8b", model=LLAMA3_8B, gpu=H100_SXM, efficiency=HOPPER_MEASURED),
+        Profile(
+            name="zero",
+            model=LLAMA3_8B,
+            gpu=H200_SXM,
+            efficiency=HOPPER_MEASURED,
+            zero_service_time=True,
+        ),
+    )
 }
 
 DEFAULT_PROFILE = "h200-llama3-8b"

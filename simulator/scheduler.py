@@ -211,7 +211,9 @@ class ChunkedScheduler:
             free_kv_blocks -= needed_blocks
             left_partial += leaves_partial
 
-        plan = StepPlan(tuple(admitted), tuple(prefill), decode, tuple(cached))
+        plan = StepPlan(
+            admitted=tuple(admitted), prefill=tuple(prefill), decode=decode, cached=tuple(cached)
+        )
         assert budget >= 0
         assert plan.scheduled_tokens <= self.config.token_budget
         assert all(0 < tokens <= self.config.chunk_size for _, tokens in plan.prefill)
@@ -252,7 +254,7 @@ class FullScheduler:
             seats -= 1
             free_kv_blocks -= needed_blocks
         if prefill:
-            return StepPlan(tuple(admitted), tuple(prefill), (), tuple(cached))
+            return StepPlan(admitted=tuple(admitted), prefill=tuple(prefill), cached=tuple(cached))
 
         # No prompt to start: every running request decodes.
         assert all(seq.prefill_done for seq in running)

@@ -76,7 +76,13 @@ def test_a_scale_up_waits_for_the_whole_up_window() -> None:
 
 
 def test_missing_the_slo_adds_a_replica_whatever_the_load_says() -> None:
-    policy = ScalePolicy(1, 10, ScaleSignal.IN_FLIGHT_REQUESTS, 20, min_slo_attainment=0.99)
+    policy = ScalePolicy(
+        min_replicas=1,
+        max_replicas=10,
+        signal=ScaleSignal.IN_FLIGHT_REQUESTS,
+        target_per_replica=20,
+        min_slo_attainment=0.99,
+    )
     late = LaneDemand(in_flight_requests=10, slo_attainment=0.9)
     decision = decide(policy, late, 2, (), 0.0)
     assert decision.desired == 3
@@ -88,7 +94,13 @@ def test_bounds_hold_and_say_so() -> None:
     decision = decide(BATCH, flood, 2, (), 0.0)
     assert decision.desired == 8
     assert "held at maxReplicas 8" in decision.reason
-    floor = ScalePolicy(2, 8, ScaleSignal.PROMPT_TOKENS, 100_000, scale_down_window_s=0)
+    floor = ScalePolicy(
+        min_replicas=2,
+        max_replicas=8,
+        signal=ScaleSignal.PROMPT_TOKENS,
+        target_per_replica=100_000,
+        scale_down_window_s=0,
+    )
     assert decide(floor, tokens(0), 5, (), 0.0).desired == 2
 
 
@@ -125,7 +137,7 @@ def test_no_flapping_on_a_steady_noisy_load(policy: ScalePolicy, level: float) -
 
 
 def test_history_older_than_both_windows_is_forgotten() -> None:
-    old = (Recommendation(0.0, 8), Recommendation(500.0, 2))
+    old = (Recommendation(at_s=0.0, replicas=8), Recommendation(at_s=500.0, replicas=2))
     decision = decide(BATCH, tokens(200_000), 2, old, 600.0)
     assert [r.at_s for r in decision.history] == [500.0, 600.0]
 

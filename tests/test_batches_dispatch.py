@@ -13,17 +13,15 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from laneway.bench.redis_server import LocalRedis
-from laneway.gateway.batch.batches import BatchStore, CreateRequest
-from laneway.gateway.batch.dispatcher import (
-    INTERNAL_HEADER,
-    TENANT_HEADER,
-    Dispatcher,
-    DispatchSettings,
-)
-from laneway.gateway.batch.files import FileQuota, FileStore
+from laneway.gateway.batch.batches import BatchStore
+from laneway.gateway.batch.dispatcher import Dispatcher
+from laneway.gateway.batch.files import FileStore
+from laneway.gateway.batch.lines import CreateRequest
 from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.request_body import LANE_HEADER
 from laneway.gateway.state.redis_store import RedisSettings, connect
+from laneway.gateway.state.settings import DispatchSettings, FileQuota
+from laneway.gateway.state.tenants import INTERNAL_HEADER, TENANT_HEADER
 
 SECRET = "test-secret"
 
@@ -86,7 +84,9 @@ class Harness:
         content = "\n".join(lines).encode()
         file = self.files.new_file(len(content), "in.jsonl", "batch", tenant)
         await self.files.put(file, content, FileQuota(files=100, bytes=10**9))
-        request = CreateRequest(file.id, "/v1/chat/completions", None)
+        request = CreateRequest(
+            input_file_id=file.id, endpoint="/v1/chat/completions", metadata=None
+        )
         batch = await self.store.create(request, tenant, now=0.0, token_limit=token_limit)
         return str(batch["id"])
 

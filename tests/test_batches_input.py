@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from laneway.gateway.batch.batches import (
+from laneway.gateway.batch.lines import (
     Item,
     LineError,
     parse_create,
@@ -55,7 +55,7 @@ def test_good_lines_are_kept_blank_lines_skipped_and_duplicates_refused() -> Non
     )
     items, errors = parse_input(content.encode(), CHAT)
     assert [(i.index, i.custom_id) for i in items] == [(0, "a"), (3, "b")]
-    assert items[0] == Item(0, "a", {"model": "m", "messages": []})
+    assert items[0] == Item(index=0, custom_id="a", body={"model": "m", "messages": []})
     assert [(e.index, e.custom_id, e.code) for e in errors] == [
         (4, "a", "duplicate_custom_id"),
         (5, None, "invalid_json"),

@@ -40,7 +40,14 @@ def observe(
     desired: int | None, live: dict[str, Any] | None, ready: int, selector: str = "app=x"
 ) -> Observed:
     endpoints = tuple(f"http://10.0.0.{i}:8000" for i in range(ready))
-    return Observed(1, desired, live, endpoints, ("laneway", "sim"), selector)
+    return Observed(
+        generation=1,
+        desired_replicas=desired,
+        deployment=live,
+        endpoints=endpoints,
+        engine_args=("laneway", "sim"),
+        selector=selector,
+    )
 
 
 def summary(conditions: tuple[Condition, ...]) -> list[tuple[str, bool, str]]:

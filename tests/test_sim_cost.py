@@ -19,7 +19,8 @@ REAL_PROFILES = [PROFILES["h200-llama3-8b"], PROFILES["h100-llama3-8b"]]
 
 
 def prefill(tokens: int, context_before: int = 0) -> StepWork:
-    return StepWork((PrefillChunk(tokens, context_before, True),))
+    chunk = PrefillChunk(tokens=tokens, context_before=context_before, completes_prompt=True)
+    return StepWork(prefill=(chunk,))
 
 
 def decode(batch: int, context: int) -> StepWork:
@@ -57,7 +58,11 @@ def test_monotonic_in_tokens_batch_and_context(profile: Profile) -> None:
         prefill(2048),
         prefill(65536),
         prefill(1024, 60000),
-        StepWork((PrefillChunk(1024, 30000, False),), 50, 50 * 900),
+        StepWork(
+            prefill=(PrefillChunk(tokens=1024, context_before=30000, completes_prompt=False),),
+            decode_count=50,
+            decode_context_tokens=50 * 900,
+        ),
     ],
 )
 def test_never_faster_than_the_roofline(profile: Profile, work: StepWork) -> None:
@@ -67,7 +72,9 @@ def test_never_faster_than_the_roofline(profile: Profile, work: StepWork) -> Non
 def test_adding_decodes_to_a_prefill_costs_less_than_a_separate_step() -> None:
     """Piggybacking: decodes share the weight reads of the prefill chunk's step."""
     profile = PROFILES["h200-llama3-8b"]
-    together = step_duration(profile, StepWork((PrefillChunk(1024, 0, True),), 50, 50 * 1000))
+    chunk = PrefillChunk(tokens=1024, context_before=0, completes_prompt=True)
+    work = StepWork(prefill=(chunk,), decode_count=50, decode_context_tokens=50 * 1000)
+    together = step_duration(profile, work)
     apart = step_duration(profile, prefill(1024)) + step_duration(profile, decode(50, 1000))
     assert together < apart
 

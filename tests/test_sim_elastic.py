@@ -21,7 +21,14 @@ from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 
 PROFILE = PROFILES["h200-llama3-8b"]
-ENGINE = SchedulerConfig("chunked", 2048, 1024, 256, 64, 131072)
+ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=256,
+    max_partial_prefills=64,
+    max_context=131072,
+)
 SLO = (0.3, 0.03)
 BATCH_AT_ZERO = ScalePolicy(
     min_replicas=0,
@@ -90,7 +97,14 @@ def test_bench_autoscale_writes_the_issue_shape(tmp_path: Path) -> None:
     assert document["configs"]["elastic"]["gpu_hours"] < document["configs"]["static"]["gpu_hours"]
 
 
-CHAT_ENGINE = SchedulerConfig("chunked", 896, 896, 64, 64, 4096)
+CHAT_ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=896,
+    chunk_size=896,
+    max_num_seqs=64,
+    max_partial_prefills=64,
+    max_context=4096,
+)
 
 
 def chat_policy(target: int) -> ScalePolicy:

@@ -20,7 +20,7 @@ from laneway.simulator.kv_events import KVEventsConfig, parse_kv_events_config, 
         (
             '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:7000", '
             '"topic": "kv@127.0.0.1:8000", "hwm": 10, "buffer_steps": 5}',
-            KVEventsConfig("tcp://127.0.0.1:7000", "kv@127.0.0.1:8000", 10),
+            KVEventsConfig(endpoint="tcp://127.0.0.1:7000", topic="kv@127.0.0.1:8000", hwm=10),
         ),
     ],
 )
@@ -51,12 +51,14 @@ def test_a_wrong_flag_is_a_usage_error(text: str, message: str) -> None:
 def test_the_journal_goes_out_as_events_a_vllm_consumer_reads() -> None:
     ids = list(range(1000, 1048))
     journal: list[CacheEvent] = [
-        BlocksCached("r1", 1, (11, 12), 10),
+        BlocksCached(request_id="r1", first=1, hashes=(11, 12), parent=10),
         BlocksEvicted((7,)),
-        BlocksCached("gone", 0, (5,), None),
+        BlocksCached(request_id="gone", first=0, hashes=(5,), parent=None),
     ]
     wired = wire_events(journal, lambda rid: ids if rid == "r1" else None)
     assert parse_event_batch([0.0, wired, 0]) == [
-        BlockStored((11, 12), 10, tuple(ids[16:48]), 16),
+        BlockStored(
+            block_hashes=(11, 12), parent_block_hash=10, token_ids=tuple(ids[16:48]), block_size=16
+        ),
         BlockRemoved((7,)),
     ]  # the finished request's run cannot be described: left out

@@ -30,7 +30,7 @@ def cache_holding(*prompts: list[int]) -> PrefixCache:
     cache = PrefixCache(B)
     for prompt in prompts:
         hashes = block_hashes(prompt, B)
-        cache.acquire(hashes, len(prompt), PrefixHit(0, 0))
+        cache.acquire(hashes, len(prompt), PrefixHit(blocks=0, evictable=0))
         for block_hash in hashes:
             cache.hold(block_hash)
         cache.release(hashes)
@@ -56,7 +56,7 @@ def test_lookup_finds_the_longest_cached_prefix(
     case: str, prompt: list[int], expected_blocks: int
 ) -> None:
     hit = cache_holding(A).lookup(block_hashes(prompt, B), len(prompt))
-    assert hit == PrefixHit(expected_blocks, expected_blocks), case
+    assert hit == PrefixHit(blocks=expected_blocks, evictable=expected_blocks), case
 
 
 def test_hits_and_queries_count_tokens_as_vllm_does() -> None:
@@ -73,16 +73,18 @@ def test_blocks_in_use_are_not_evictable_and_free_ones_go_least_recent_first() -
     cache = cache_holding(A, other)
     # Freed tail first: A's last block is the oldest free block, `other`'s first the newest.
     assert cache.evict(1) == (block_hashes(A, B)[-1],)
-    assert cache.lookup(block_hashes([*A, 0], B), 13) == PrefixHit(2, 2)
+    assert cache.lookup(block_hashes([*A, 0], B), 13) == PrefixHit(blocks=2, evictable=2)
     assert len(cache.evict(2)) == 2
-    assert cache.lookup(block_hashes([*A, 0], B), 13) == PrefixHit(0, 0)
-    assert cache.lookup(block_hashes([*other, 0], B), 9) == PrefixHit(2, 2)
+    assert cache.lookup(block_hashes([*A, 0], B), 13) == PrefixHit(blocks=0, evictable=0)
+    assert cache.lookup(block_hashes([*other, 0], B), 9) == PrefixHit(blocks=2, evictable=2)
 
     # A running request holds `other`'s blocks: eviction cannot touch them.
     hashes = block_hashes([*other, 0], B)
-    cache.acquire(hashes, 9, PrefixHit(2, 2))
+    cache.acquire(hashes, 9, PrefixHit(blocks=2, evictable=2))
     assert cache.evict(5) == ()
-    assert cache.lookup(hashes, 9) == PrefixHit(2, 0), "held blocks are hits, not evictable"
+    assert cache.lookup(hashes, 9) == PrefixHit(blocks=2, evictable=0), (
+        "held blocks are hits, not evictable"
+    )
     assert cache.release(hashes[:2]) == 2
     assert cache.free_cached_blocks == 2
 
@@ -100,7 +102,14 @@ def test_two_requests_filling_the_same_block_share_it() -> None:
 # -- in the engine ------------------------------------------------------------------------
 
 H200 = PROFILES["h200-llama3-8b"]
-CHUNKED = SchedulerConfig("chunked", 2048, 1024, 16, 4, 32768)
+CHUNKED = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=16,
+    max_partial_prefills=4,
+    max_context=32768,
+)
 
 
 def run_alone(core: EngineCore, rid: str, tokens: list[int], output: int = 4) -> list[int]:

@@ -34,15 +34,23 @@ def small_kv_profile(kv_tokens: int) -> Profile:
 
 
 def decoding(rid: str, prompt: int = 100, generated: int = 1) -> RequestState:
-    return RequestState(rid, prompt, 50, computed_prompt_tokens=prompt, generated_tokens=generated)
+    return RequestState(
+        request_id=rid,
+        prompt_tokens=prompt,
+        max_output_tokens=50,
+        computed_prompt_tokens=prompt,
+        generated_tokens=generated,
+    )
 
 
 def prefilling(rid: str, prompt: int, computed: int) -> RequestState:
-    return RequestState(rid, prompt, 50, computed_prompt_tokens=computed)
+    return RequestState(
+        request_id=rid, prompt_tokens=prompt, max_output_tokens=50, computed_prompt_tokens=computed
+    )
 
 
 def waiting(rid: str, prompt: int, output: int = 50) -> RequestState:
-    return RequestState(rid, prompt, output)
+    return RequestState(request_id=rid, prompt_tokens=prompt, max_output_tokens=output)
 
 
 CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num_seqs=8,
@@ -58,7 +66,7 @@ CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num
             [waiting("long", 65536)],
             [decoding("d1"), decoding("d2"), decoding("d3")],
             PLENTY_OF_KV,
-            StepPlan(("long",), (("long", 1024),), ("d1", "d2", "d3")),
+            StepPlan(admitted=("long",), prefill=(("long", 1024),), decode=("d1", "d2", "d3")),
         ),
         (
             "the running partial prefill goes before waiting prompts",
@@ -66,7 +74,7 @@ CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num
             [waiting("short", 600)],
             [prefilling("long", 65536, 4096)],
             PLENTY_OF_KV,
-            StepPlan(("short",), (("long", 1024), ("short", 600))),
+            StepPlan(admitted=("short",), prefill=(("long", 1024), ("short", 600))),
         ),
         (
             "a prompt that would stay part-done waits for the partial limit; a shorter one passes",
@@ -74,7 +82,7 @@ CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num
             [waiting("big", 1500), waiting("small", 500)],
             [prefilling("long", 65536, 4096)],
             PLENTY_OF_KV,
-            StepPlan(("small",), (("long", 1024), ("small", 500))),
+            StepPlan(admitted=("small",), prefill=(("long", 1024), ("small", 500))),
         ),
         (
             "the budget runs out: the last prompt gets what is left, as the one partial",
@@ -82,7 +90,7 @@ CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num
             [waiting("a", 1500), waiting("b", 1500)],
             [],
             PLENTY_OF_KV,
-            StepPlan(("a", "b"), (("a", 1500), ("b", 548))),
+            StepPlan(admitted=("a", "b"), prefill=(("a", 1500), ("b", 548))),
         ),
         (
             "one partial allowed: the second long prompt waits, a short one behind it runs",
@@ -90,7 +98,7 @@ CHUNKED = SchedulerConfig("chunked", token_budget=2048, chunk_size=1024, max_num
             [waiting("a", 3000), waiting("b", 3000), waiting("c", 10)],
             [],
             PLENTY_OF_KV,
-            StepPlan(("a", "c"), (("a", 1024), ("c", 10))),
+            StepPlan(admitted=("a", "c"), prefill=(("a", 1024), ("c", 10))),
         ),
         (
             "KV for the head of the queue is missing: nobody behind it jumps ahead",
@@ -132,19 +140,19 @@ FULL = SchedulerConfig("full", token_budget=4096, chunk_size=4096, max_num_seqs=
             "a waiting prompt stops every decode for one step (prefill-prioritized)",
             [waiting("p", 1000)],
             [decoding("d1"), decoding("d2")],
-            StepPlan(("p",), (("p", 1000),)),
+            StepPlan(admitted=("p",), prefill=(("p", 1000),)),
         ),
         (
             "prompts batch up to the budget, whole",
             [waiting("a", 3000), waiting("b", 1000), waiting("c", 500)],
             [],
-            StepPlan(("a", "b"), (("a", 3000), ("b", 1000))),
+            StepPlan(admitted=("a", "b"), prefill=(("a", 3000), ("b", 1000))),
         ),
         (
             "a prompt longer than the budget still runs whole, alone",
             [waiting("long", 65536), waiting("b", 100)],
             [],
-            StepPlan(("long",), (("long", 65536),)),
+            StepPlan(admitted=("long",), prefill=(("long", 65536),)),
         ),
         ("nothing waiting: everyone decodes", [], [decoding("d1")], StepPlan(decode=("d1",))),
     ],
@@ -221,7 +229,14 @@ def test_every_request_finishes_within_kv_and_budget(kind: str) -> None:
     arrivals += [
         (rng.randint(0, 400), rng.randint(9000, 15000), rng.randint(1, 20)) for _ in range(6)
     ]
-    config = SchedulerConfig(kind, 1024 if kind == "chunked" else 16384, 512, 32, 2, 16384)  # type: ignore[arg-type]
+    config = SchedulerConfig(
+        kind=kind,  # type: ignore[arg-type]
+        token_budget=1024 if kind == "chunked" else 16384,
+        chunk_size=512,
+        max_num_seqs=32,
+        max_partial_prefills=2,
+        max_context=16384,
+    )
     core = EngineCore(small_kv_profile(40_000), config)
     arrivals.sort()
     tokens, peak_kv = drive_to_completion(core, arrivals)

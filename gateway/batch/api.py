@@ -1,4 +1,5 @@
-"""HTTP handlers of the OpenAI Files and Batches APIs; storage lives in files.py, batches.py."""
+"""HTTP handlers of the OpenAI Files and Batches APIs; storage lives in files.py, batches.py,
+and what a batch's lines mean in lines.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import time
 
 from aiohttp import web
 
-from laneway.gateway.batch.batches import BatchStore, parse_create
-from laneway.gateway.batch.files import FileQuota, FileStore, read_upload
+from laneway.gateway.batch.batches import BatchStore
+from laneway.gateway.batch.files import FileStore, read_upload
+from laneway.gateway.batch.lines import parse_create
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.keys import (
     BATCH_STORE,
@@ -19,6 +21,7 @@ from laneway.gateway.keys import (
     TENANT,
 )
 from laneway.gateway.state.redis_store import needs_redis
+from laneway.gateway.state.settings import FileQuota
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -63,7 +66,9 @@ async def upload_file(request: web.Request) -> web.Response:
     tenant = request[TENANT]
     file = store.new_file(len(content), filename, purpose, tenant.name)
     defaults = request.app[FILE_QUOTA]
-    quota = FileQuota(tenant.max_files or defaults.files, tenant.max_file_bytes or defaults.bytes)
+    quota = FileQuota(
+        files=tenant.max_files or defaults.files, bytes=tenant.max_file_bytes or defaults.bytes
+    )
     await store.put(file, content, quota)
     return web.json_response(file.to_json())
 

@@ -20,15 +20,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 
-from laneway.gateway.batch.batches import (
-    BatchStore,
+from laneway.gateway.batch.batches import BatchStore, QueuedItem
+from laneway.gateway.batch.lines import (
     ItemOutcome,
     LineError,
-    QueuedItem,
     Result,
     Status,
     error_line,
@@ -37,29 +35,18 @@ from laneway.gateway.batch.batches import (
 from laneway.gateway.serving.request_body import LANE_HEADER
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import REDIS_DOWN, OutageLog
-from laneway.gateway.state.settings import BATCH_CONCURRENCY, BATCH_LEASE_S
+from laneway.gateway.state.settings import DispatchSettings
+from laneway.gateway.state.tenants import INTERNAL_HEADER, TENANT_HEADER
 from laneway.routing.fairshare import FairShareQueue
 
 log = logging.getLogger("laneway.gateway.batch.dispatcher")
 
-INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
-TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
 # The lane is full or has no endpoint right now: wait and try again, for as long as the
 # batch's window lasts (batch items are paced by this dispatcher, not by per-minute limits,
 # so a 429 here always means saturation).
 SATURATED = (429, 503)
 UPSTREAM_FAILED = (500, 502, 504)  # counted: the item fails after max_attempts of these
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
-
-
-@dataclass(frozen=True)
-class DispatchSettings:
-    concurrency: int = BATCH_CONCURRENCY
-    lease_s: float = BATCH_LEASE_S
-    poll_s: float = 0.2  # how often to look for new items when idle
-    max_attempts: int = 5  # failed tries (5xx, unreachable) before an item fails
-    retry_backoff_s: float = 1.0
-    request_timeout_s: float = 3600.0
 
 
 class Dispatcher:
@@ -70,7 +57,7 @@ class Dispatcher:
         target: Callable[[], str | None],
         secret: str,
         consumer: str,
-        settings: DispatchSettings = DispatchSettings(),
+        settings: DispatchSettings,
         weight: Callable[[str], float] = lambda _tenant: 1.0,
         clock: Callable[[], float] = time.time,
         metrics: StateMetrics | None = None,
@@ -219,7 +206,7 @@ class Dispatcher:
                 return None  # the batch is gone (Redis lost it): nothing to write
             status, expires_at = state
             if status in (Status.CANCELLING, Status.CANCELLED):
-                return Result(ItemOutcome.SKIPPED, None)
+                return Result(outcome=ItemOutcome.SKIPPED, line=None)
             if self._clock() > expires_at:
                 return _give_up(item, ItemOutcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
             answer = await self._try(item)
@@ -269,11 +256,11 @@ class Dispatcher:
         body = _json_or_text(raw)
         line = response_line(item.batch_id, item.index, item.custom_id, status, body)
         if not 200 <= status < 300:
-            return Result(ItemOutcome.FAILED, line)
+            return Result(outcome=ItemOutcome.FAILED, line=line)
         if isinstance(body, dict):
             usage = body.get("usage") or {}
             self._ready.charge(item.tenant, int(usage.get("completion_tokens", 0)))
-        return Result(ItemOutcome.COMPLETED, line)
+        return Result(outcome=ItemOutcome.COMPLETED, line=line)
 
 
 class _HandOver(Exception):
@@ -281,8 +268,8 @@ class _HandOver(Exception):
 
 
 def _give_up(item: QueuedItem, outcome: ItemOutcome, code: str, message: str) -> Result:
-    error = LineError(item.index, item.custom_id, code, message)
-    return Result(outcome, error_line(item.batch_id, error))
+    error = LineError(index=item.index, custom_id=item.custom_id, code=code, message=message)
+    return Result(outcome=outcome, line=error_line(item.batch_id, error))
 
 
 def _json_or_text(raw: bytes) -> object:

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from laneway.gateway.errors import ApiError, bad_request, not_found
+from laneway.gateway.state.settings import FileQuota
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
@@ -31,14 +32,6 @@ LIST_CHUNK = 100  # file ids read per round trip when listing
 # The only ids this gateway hands out; anything else is refused before it becomes a Redis
 # key, so no string a client sends can reach another kind of key or fail to encode.
 ID_PATTERNS = {"file": re.compile(r"file-[0-9a-f]{32}"), "batch": re.compile(r"batch_[0-9a-f]{32}")}
-
-
-@dataclass(frozen=True)
-class FileQuota:
-    """What one tenant may store at once."""
-
-    files: int
-    bytes: int
 
 
 @dataclass(frozen=True)
@@ -176,7 +169,13 @@ class FileStore:
     def new_file(self, size: int, filename: str, purpose: str, owner: str) -> FileObject:
         created = int(time.time())
         return FileObject(
-            new_file_id(), size, created, filename, purpose, owner, created + self.ttl_s
+            id=new_file_id(),
+            bytes=size,
+            created_at=created,
+            filename=filename,
+            purpose=purpose,
+            owner=owner,
+            expires_at=created + self.ttl_s,
         )
 
     async def list_page(

@@ -1,13 +1,13 @@
-"""The state layer plugged into a gateway app: tenants, limits, shared load, files, batches.
+"""The state layer plugged into a gateway app: tenants, limits, shared load.
 
-`create_app(..., shared=options)` adds it through `install(app, options)`:
-the tenant middleware (401 for a missing or unknown key when a keys file is given), the
-Files and Batches routes, and, with Redis, the shared load tracker, the shared limiter and
-the batch dispatcher as background tasks. Without Redis, limits are kept in memory and the
-Files and Batches routes say that they need Redis.
+`create_app(..., shared=options)` adds it through `install(app, options)`: the tenant
+middleware (401 for a missing or unknown key when a keys file is given) and, with Redis, the
+shared load tracker, the shared limiter and the shared demand as background tasks. Without
+Redis, limits are kept in memory. The batch room (`batch/layer.py`) goes on top, with the
+Redis connection `install` returns; the state layer knows nothing of it.
 
 The proxy asks `admit_tenant` once per request, after counting its tokens; the server tells
-`announce_listening` its port, which the dispatcher needs to reach the batch lane.
+`announce_listening` its port, which the batch dispatcher needs to reach the batch lane.
 """
 
 from __future__ import annotations
@@ -26,33 +26,16 @@ from redis.asyncio import Redis
 
 from laneway.autoscale import DEMAND_PATH, DemandCount
 from laneway.errors import UsageError
-from laneway.gateway.batch.api import add_routes
-from laneway.gateway.batch.batches import BatchStore
-from laneway.gateway.batch.dispatcher import (
-    INTERNAL_HEADER,
-    TENANT_HEADER,
-    Dispatcher,
-    DispatchSettings,
-)
-from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
-    BATCH_STORE,
-    BATCH_TOKEN_LIMIT,
     DEMAND,
     DEMAND_SHARE,
-    DISPATCHING,
-    FILE_QUOTA,
-    FILE_SIZE_LIMIT,
-    FILE_STORE,
     INTERNAL,
     INTERNAL_SECRET,
     LIMITER,
     LOOPBACK,
     METRICS,
     REGISTRY,
-    SESSION,
-    SETTINGS,
     STATE_METRICS,
     TENANT,
     TENANTS,
@@ -73,11 +56,13 @@ from laneway.gateway.state.settings import (
     FILE_TTL_S,
     MAX_FILE_BYTES,
     TENANT_BATCH_TOKENS,
-    TENANT_FILE_BYTES,
-    TENANT_FILES,
+    DispatchSettings,
+    FileQuota,
 )
 from laneway.gateway.state.tenants import (
     ANONYMOUS_TENANT,
+    INTERNAL_HEADER,
+    TENANT_HEADER,
     InMemoryRateLimiter,
     RedisRateLimiter,
     Tenant,
@@ -87,7 +72,6 @@ from laneway.gateway.state.tenants import (
 
 TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", DEMAND_PATH})
-DEFAULT_FILE_QUOTA = FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -95,60 +79,45 @@ class SharedStateOptions:
     redis: RedisSettings | None = None  # None: in-memory, one replica
     tenants: TenantKeys | None = None  # None: auth off, every request is anonymous
     tenants_reload_s: float = TENANTS_RELOAD_S
+    load_lease_s: float = DEFAULT_LEASE_S
+    # For the batch room on top (batch/layer.py), which the same flags configure.
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     max_file_bytes: int = MAX_FILE_BYTES
-    file_quota: FileQuota = field(
-        default_factory=lambda: FileQuota(TENANT_FILES, TENANT_FILE_BYTES)
-    )
+    file_quota: FileQuota = field(default_factory=FileQuota)
     file_ttl_s: int = FILE_TTL_S
     batch_tokens: int = TENANT_BATCH_TOKENS
-    load_lease_s: float = DEFAULT_LEASE_S
 
 
-def install(app: web.Application, options: SharedStateOptions) -> None:
+@dataclass(frozen=True)
+class SharedRedis:
+    """The Redis connection the state layer opened, for the rooms built on it."""
+
+    client: Redis
+    prefix: str  # every key's
+    replica: str  # this gateway replica's name among those sharing the Redis
+
+
+def install(app: web.Application, options: SharedStateOptions) -> SharedRedis | None:
+    """Add the state layer; the Redis connection it opened, None without Redis."""
     app[INTERNAL_SECRET] = secrets.token_urlsafe(24)
     app[LOOPBACK] = Loopback()
-    app[FILE_SIZE_LIMIT] = options.max_file_bytes
-    app[FILE_QUOTA] = options.file_quota
-    app[BATCH_TOKEN_LIMIT] = options.batch_tokens
     app[STATE_METRICS] = metrics = StateMetrics(app[METRICS].registry)
     if options.tenants is not None:
         app[TENANTS] = options.tenants
         app.cleanup_ctx.append(_reload_tenants(options.tenants, options.tenants_reload_s))
     app.middlewares.append(tenant_middleware)
-    add_routes(app)
     if options.redis is None:
         app[LIMITER] = InMemoryRateLimiter()
-        return
+        return None
     redis = connect(options.redis)
     prefix = options.redis.prefix
     tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
-    files = FileStore(redis, prefix, options.file_ttl_s)
     app[TRACKER] = tracker
     metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
-    app[FILE_STORE] = files
-    app[BATCH_STORE] = BatchStore(redis, files, prefix)
-    app[DISPATCHING] = []
     app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))
-    app.cleanup_ctx.append(_background(redis, tracker, options))
-    # Stop claiming batch items as soon as shutdown begins: this replica's listener has
-    # closed, so an item that needs another try goes to the other replicas instead.
-    app.on_shutdown.append(_stop_dispatching)
-
-
-async def _stop_dispatching(app: web.Application) -> None:
-    """Let the items running now finish while the server drains; hand the rest over."""
-    drain_s = app[SETTINGS].drain_timeout_millis / 1000
-    for dispatcher, task in app[DISPATCHING]:
-        dispatcher.stop()
-        try:
-            async with asyncio.timeout(drain_s):
-                await asyncio.shield(task)
-        except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    app.cleanup_ctx.append(_background(redis, tracker))
+    return SharedRedis(client=redis, prefix=prefix, replica=tracker.replica)
 
 
 def _reload_tenants(
@@ -180,32 +149,12 @@ def announce_listening(app: web.Application, host: str, port: int) -> None:
 
 
 def _background(
-    redis: Redis, tracker: RedisLoadTracker, options: SharedStateOptions
+    redis: Redis, tracker: RedisLoadTracker
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def run(app: web.Application) -> AsyncIterator[None]:
-        keys = options.tenants
-
-        def weight(name: str) -> float:
-            found = keys.directory.named(name) if keys else None
-            return found.weight if found else 1.0
-
-        loopback = app[LOOPBACK]
-        dispatcher = Dispatcher(
-            app[BATCH_STORE],
-            app[SESSION],
-            target=lambda: loopback.url,
-            secret=app[INTERNAL_SECRET],
-            consumer=tracker.replica,
-            settings=options.dispatch,
-            weight=weight,
-            metrics=app[STATE_METRICS],
-        )
-        dispatching = asyncio.create_task(dispatcher.run(), name="batch-dispatcher")
-        app[DISPATCHING].append((dispatcher, dispatching))
         tasks = [
             asyncio.create_task(tracker.run(), name="load-heartbeat"),
             asyncio.create_task(app[DEMAND_SHARE].run(), name="demand-publish"),
-            dispatching,
         ]
         async with background(*tasks):
             yield
@@ -236,7 +185,6 @@ def identify(app: web.Application, header: Callable[[str], str | None]) -> Calle
     Both HTTP shells call it: the tenant middleware for aiohttp's routes, and the gateway's
     own server for the completion routes (`gateway/serving/server.py`).
     """
-    # `app.get`, not `in`: a key an aiohttp app lacks costs a KeyError raised and caught.
     secret = app.get(INTERNAL_SECRET)
     if secret is None:
         return None
@@ -276,7 +224,7 @@ async def tenant_middleware(request: web.Request, handler: Handler) -> web.Strea
 def caller_of(request: web.Request) -> Caller | None:
     """The caller the tenant middleware found; None when the state layer is not installed."""
     tenant = request.get(TENANT)
-    return None if tenant is None else Caller(tenant, request.get(INTERNAL, False))
+    return None if tenant is None else Caller(tenant, internal=request.get(INTERNAL, False))
 
 
 def _named(app: web.Application, name: str) -> Tenant:
@@ -348,7 +296,7 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         tenants=TenantKeys(args.tenants) if args.tenants else None,
         dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
         max_file_bytes=args.max_file_bytes,
-        file_quota=FileQuota(args.tenant_files, args.tenant_file_bytes),
+        file_quota=FileQuota(files=args.tenant_files, bytes=args.tenant_file_bytes),
         file_ttl_s=args.file_ttl,
         batch_tokens=args.tenant_batch_tokens,
         # A replica's load outlives it by one lease; batch items wait as long.

@@ -41,6 +41,9 @@ from laneway.gateway.state.redis_store import REDIS_DOWN
 log = logging.getLogger("laneway.gateway.state.tenants")
 
 ANONYMOUS = "anonymous"  # the tenant of every request when auth is off
+# The batch dispatcher's calls on loopback say whose item they carry with these two headers.
+INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
+TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
 SECONDS_PER_MINUTE = 60.0
 
 
@@ -225,7 +228,7 @@ class LimitDecision:
     never: bool = False
 
 
-ALLOWED = LimitDecision(True)
+ALLOWED = LimitDecision(allowed=True)
 
 
 def refill(bucket: Bucket | None, per_minute: int, now: float) -> float:
@@ -256,15 +259,15 @@ def take(
         level = refill(bucket, limit, now)
         levels.append(level)
         if cost > limit:
-            return LimitDecision(False, 0.0, name, never=True), tuple(buckets)
+            return LimitDecision(allowed=False, exceeded=name, never=True), tuple(buckets)
         if level < cost:
             wait = (cost - level) * SECONDS_PER_MINUTE / limit
             if refusal is None or wait > refusal.retry_after_s:
-                refusal = LimitDecision(False, wait, name)
+                refusal = LimitDecision(allowed=False, retry_after_s=wait, exceeded=name)
     if refusal is not None:
         return refusal, tuple(buckets)
     after = tuple(
-        None if level is None else Bucket(level - cost, now)
+        None if level is None else Bucket(level=level - cost, at=now)
         for level, cost in zip(levels, costs, strict=True)
     )
     return ALLOWED, after
@@ -413,4 +416,9 @@ class RedisRateLimiter:
             self._local_until = None
         if allowed:
             return ALLOWED
-        return LimitDecision(False, int(wait_ms) / 1000.0, WHICH[int(which)], bool(never))
+        return LimitDecision(
+            allowed=False,
+            retry_after_s=int(wait_ms) / 1000.0,
+            exceeded=WHICH[int(which)],
+            never=bool(never),
+        )
