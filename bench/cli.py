@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from laneway.bench.autoscale import register_bench_autoscale
-from laneway.bench.chaos_cli import register_bench_chaos
-from laneway.bench.counts_cli import register_bench_counts
-from laneway.bench.flags import (
+from laneway.bench.autoscale.run import register_bench_autoscale
+from laneway.bench.chaos.cli import register_bench_chaos
+from laneway.bench.counts.cli import register_bench_counts
+from laneway.bench.harness.flags import (
     add_json_flag,
     add_level_flags,
     add_value_flag,
@@ -18,8 +18,8 @@ from laneway.bench.flags import (
     run_and_report,
     run_async,
 )
-from laneway.bench.prefix_cli import register_bench_prefix
-from laneway.bench.seed_cli import register_bench_seed
+from laneway.bench.prefix.cli import register_bench_prefix
+from laneway.bench.seed.cli import register_bench_seed
 
 
 def register(
@@ -200,7 +200,7 @@ def register_bench_hostile(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_bench_hostile(args: argparse.Namespace) -> int:
-    from laneway.bench.hostile import render, run_bench
+    from laneway.bench.hostile.run import render, run_bench
     from laneway.errors import UsageError
 
     if args.seconds <= 0 or args.senders < 1:
@@ -213,8 +213,8 @@ def run_bench_hostile(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     import sys
 
-    from laneway.bench.demo import DemoOptions, check_options
-    from laneway.bench.demo import run_demo as demo
+    from laneway.bench.demo.run import DemoOptions, check_options
+    from laneway.bench.demo.run import run_demo as demo
 
     options = DemoOptions(
         host=args.host,
@@ -236,7 +236,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench_gateway(args: argparse.Namespace) -> int:
-    from laneway.bench.gateway import BenchOptions, check_options, render, run_bench
+    from laneway.bench.gateway.run import BenchOptions, check_options, render, run_bench
     from laneway.errors import UsageError
 
     if args.against:
@@ -259,7 +259,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
 
 
 def run_bench_against(args: argparse.Namespace) -> int:
-    from laneway.bench.peers import (
+    from laneway.bench.gateway.peers import (
         AgainstOptions,
         check_against,
         parse_peers,
@@ -281,7 +281,7 @@ def run_bench_against(args: argparse.Namespace) -> int:
 
 
 def run_bench_redis(args: argparse.Namespace) -> int:
-    from laneway.bench.redis import BenchOptions, check_options, render, run_bench
+    from laneway.bench.redis.run import BenchOptions, check_options, render, run_bench
     from laneway.gateway.state.redis_store import redis_settings
 
     options = BenchOptions(

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.batch.batches import BatchStore, CreateRequest
 from laneway.gateway.batch.dispatcher import (
     INTERNAL_HEADER,

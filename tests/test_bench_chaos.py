@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.chaos import (
+from laneway.bench.chaos.run import (
     CHAT,
     DOCUMENT,
     ENGINE,

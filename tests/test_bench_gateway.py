@@ -15,7 +15,7 @@ import pytest
 from marked_processes import marked_environment, processes_marked
 from test_gateway_e2e import scrape, total
 
-from laneway.bench.gateway import (
+from laneway.bench.gateway.run import (
     BenchOptions,
     BenchReport,
     LevelResult,
@@ -39,9 +39,9 @@ from laneway.bench.gateway import (
     think_time,
     time_classification,
 )
-from laneway.bench.live_cluster import start_gateway
-from laneway.bench.loadgen import StreamResult
-from laneway.bench.procs import Children, laneway_argv
+from laneway.bench.harness.live_cluster import start_gateway
+from laneway.bench.harness.loadgen import StreamResult
+from laneway.bench.harness.procs import Children, laneway_argv
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.tables import format_table

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from laneway.bench.loadgen import (
+from laneway.bench.harness.loadgen import (
     INTERACTIVE,
     LONG,
     LoadGenerator,
@@ -25,7 +25,7 @@ from laneway.bench.loadgen import (
     summarize,
     workload_from_scenario,
 )
-from laneway.bench.procs import Children
+from laneway.bench.harness.procs import Children
 from laneway.simulator.seed import SeedScenario
 from laneway.stats import percentile
 from laneway.tokens import ChatMessage, count_chat, default_tokenizer

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from laneway.api import Lane, SLOSpec
-from laneway.bench.live_cluster import start_cluster
-from laneway.bench.loadgen import (
+from laneway.bench.harness.live_cluster import start_cluster
+from laneway.bench.harness.loadgen import (
     EXPECTED_LANE,
     LaneSummary,
     LoadGenerator,
@@ -30,7 +30,7 @@ from laneway.bench.loadgen import (
     Workload,
     summarize,
 )
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError, cannot_listen
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
 from laneway.simulator.scheduler import SchedulerConfig

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.bench.seed_report import ConfigSummary, config_json
+from laneway.bench.seed.report import ConfigSummary, config_json
 from laneway.simulator.seed import LONG_CONTEXT, TBT_SLO_S, TTFT_SLO_S, SeedScenario
 from laneway.tables import format_table
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
-from laneway.bench.flags import (
+from laneway.bench.harness.flags import (
     add_scenario_flags,
     add_value_flag,
     parse_names,
@@ -437,7 +437,7 @@ def simulate(day: DayScenario, profile_name: str, name: str) -> dict[str, Any]:
 
 
 def _run_sweep(base: DayScenario, profile: str, only: list[str], json_path: Path | None) -> int:
-    from laneway.bench.autoscale_sweep import run_sweep, sweep_json, sweep_table
+    from laneway.bench.autoscale.sweep import run_sweep, sweep_json, sweep_table
 
     started = time.perf_counter()
     print(f"autoscale sweep: {profile}, in parallel processes", file=sys.stderr)

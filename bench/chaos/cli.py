@@ -1,11 +1,12 @@
-"""`laneway bench chaos`: its flags and its command (the bench itself is laneway.bench.chaos)."""
+"""`laneway bench chaos`: its flags and its command (the bench itself is
+laneway.bench.chaos.run)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from laneway.bench.flags import add_json_flag, add_value_flag, overridden, run_and_report
+from laneway.bench.harness.flags import add_json_flag, add_value_flag, overridden, run_and_report
 
 
 def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
@@ -59,8 +60,8 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_bench_chaos(args: argparse.Namespace) -> int:
-    from laneway.bench.chaos import QUICK, ChaosOptions, check_options, render, run_bench
-    from laneway.bench.chaos import stderr_say as say
+    from laneway.bench.chaos.run import QUICK, ChaosOptions, check_options, render, run_bench
+    from laneway.bench.chaos.run import stderr_say as say
 
     options = overridden(
         QUICK if args.quick else ChaosOptions(),

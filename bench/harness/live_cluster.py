@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import SCRAPE_INTERVAL_S, SimPool

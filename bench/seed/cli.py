@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laneway.bench.flags import (
+from laneway.bench.harness.flags import (
     LiveFlags,
     add_scenario_flags,
     add_value_flag,
@@ -24,7 +24,7 @@ from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
 
 if TYPE_CHECKING:
-    from laneway.bench.seed_sweep import Cell
+    from laneway.bench.seed.sweep import Cell
 
 QUICK = SeedScenario(
     gpus=4, sessions=16, long_requests=2, long_tokens=16384, duration_s=8.0, burst_at_s=2.0
@@ -134,7 +134,7 @@ class _Progress:
 
 
 def run_seed(args: argparse.Namespace) -> int:
-    from laneway.bench.seed_report import against_unified_full, seed_table, summarize
+    from laneway.bench.seed.report import against_unified_full, seed_table, summarize
     from laneway.simulator.seed import scenario_problems, seed_configs
     from laneway.simulator.seed_experiment import RunResult, run_virtual
 
@@ -179,7 +179,7 @@ def run_seed(args: argparse.Namespace) -> int:
         f"t={scenario.burst_at_s:g} s, {scenario.duration_s:g} s, seed {scenario.seed}"
     )
     if args.mode == "live":
-        from laneway.bench.seed_live_report import run_live_mode
+        from laneway.bench.seed.live_report import run_live_mode
 
         return run_live_mode(args, scenario, profile, configs, results, time_scale, heading)
 
@@ -187,11 +187,11 @@ def run_seed(args: argparse.Namespace) -> int:
     print()
     print(seed_table(summaries))
     if args.json is not None:
-        from laneway.bench.seed_report import seed_json
+        from laneway.bench.seed.report import seed_json
 
         write_results(args.json, seed_json(scenario, profile.name, summaries, wall_s))
     if args.plot is not None:
-        from laneway.bench.seed_plot import plot_seed
+        from laneway.bench.seed.plot import plot_seed
 
         title = f"seed experiment (virtual), {scenario.gpus} x {profile.name}, seed {scenario.seed}"
         plot_seed([("virtual", results)], scenario, args.plot, title)
@@ -202,8 +202,8 @@ def run_seed(args: argparse.Namespace) -> int:
 def _run_sweep(
     base: SeedScenario, profile: Profile, wanted: Sequence[str], json_path: Path | None
 ) -> int:
-    from laneway.bench.seed_report import ConfigSummary, against_unified_full, summarize
-    from laneway.bench.seed_sweep import sweep_cells, sweep_json, sweep_table
+    from laneway.bench.seed.report import ConfigSummary, against_unified_full, summarize
+    from laneway.bench.seed.sweep import sweep_cells, sweep_json, sweep_table
     from laneway.simulator.seed import scenario_problems, seed_configs
     from laneway.simulator.seed_experiment import run_virtual
 

@@ -10,7 +10,7 @@ import time
 import tracemalloc
 from typing import TYPE_CHECKING, Any
 
-from laneway.bench.flags import (
+from laneway.bench.harness.flags import (
     LiveFlags,
     ScenarioOptions,
     add_scenario_flags,
@@ -116,7 +116,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
         if args.mode == "live":
             import asyncio
 
-            from laneway.bench.prefix_live import run_live_picker
+            from laneway.bench.prefix.live import run_live_picker
 
             result = asyncio.run(run_live_picker(scenario, profile, picker, picking, time_scale))
         else:

@@ -8,7 +8,7 @@ the CPU milliseconds the router process spent per request, with the ratio to lan
 
 The peers are Python packages with Rust cores: they are installed on demand into a virtual
 environment of their own (`--peers-venv`), never as a dependency of laneway. One more peer,
-`python-floor`, is laneway's own measuring stick (bench/floor_proxy.py): a proxy on the
+`python-floor`, is laneway's own measuring stick (bench/gateway/floor_proxy.py): a proxy on the
 gateway's event loop and HTTP parser that does nothing but forward, so the gap between it and
 laneway is laneway's own work, and the gap between it and the Rust routers is Python's.
 And `laneway@DIR` is laneway as installed in DIR (`pip install --no-deps --target DIR` of
@@ -36,8 +36,9 @@ from typing import Any
 import aiohttp
 import httptools
 
-from laneway.bench import floor_proxy
-from laneway.bench.gateway import (
+from laneway.bench.gateway import floor_proxy
+from laneway.bench.gateway.profile import Profile, Sampler, render_profiles, summarize
+from laneway.bench.gateway.run import (
     MODEL,
     engine_args,
     gateway_config,
@@ -46,10 +47,9 @@ from laneway.bench.gateway import (
     pin,
     progress,
 )
-from laneway.bench.live_cluster import start_gateway
-from laneway.bench.loadgen import Distribution, PromptFactory, stream_request
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.profile import Profile, Sampler, render_profiles, summarize
+from laneway.bench.harness.live_cluster import start_gateway
+from laneway.bench.harness.loadgen import Distribution, PromptFactory, stream_request
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
 from laneway.gateway.cli import event_loop_factory
 from laneway.tables import format_table
@@ -60,7 +60,7 @@ PEER_COMMANDS = {
     "sglang-router": ("sglang-router", "launch"),
     "vllm-router": ("vllm-router",),
 }
-FLOOR = "python-floor"  # bench/floor_proxy.py, run by this Python
+FLOOR = "python-floor"  # bench/gateway/floor_proxy.py, run by this Python
 BASELINE = "laneway@"  # laneway@DIR: laneway imported from DIR, e.g. an earlier commit's
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"

@@ -2,10 +2,10 @@
 
 Per configuration: one `laneway sim` process per simulated GPU, run with its pool's engine
 settings (time-scaled); the real `laneway gateway` configured with one InferencePool per
-pool; and the load generator (laneway.bench.loadgen), which replays the very turns the virtual
-runner prices (same seed, same per-session random streams) and measures TTFT and every gap
-between tokens at the client, in model time. Every child is stopped when the configuration
-ends, however it ends (laneway.bench.procs).
+pool; and the load generator (laneway.bench.harness.loadgen), which replays the very turns
+the virtual runner prices (same seed, same per-session random streams) and measures TTFT and
+every gap between tokens at the client, in model time. Every child is stopped when the
+configuration ends, however it ends (laneway.bench.harness.procs).
 """
 
 from __future__ import annotations
@@ -19,10 +19,15 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from laneway.bench.live_cluster import engine_counters, gateway_config, start_cluster
-from laneway.bench.loadgen import INTERACTIVE, LoadGenerator, RequestRecord, workload_from_scenario
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.ttft_check import Histogram, gateway_ttft
+from laneway.bench.harness.live_cluster import engine_counters, gateway_config, start_cluster
+from laneway.bench.harness.loadgen import (
+    INTERACTIVE,
+    LoadGenerator,
+    RequestRecord,
+    workload_from_scenario,
+)
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.seed.ttft_check import Histogram, gateway_ttft
 from laneway.errors import ChildError
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from laneway.bench.flags import (
+from laneway.bench.harness.flags import (
     add_int_list_flag,
     add_json_flag,
     add_value_flag,
@@ -43,7 +43,7 @@ def register_bench_counts(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_bench_counts(args: argparse.Namespace) -> int:
-    from laneway.bench.counts import render, run_bench
+    from laneway.bench.counts.run import render, run_bench
     from laneway.errors import UsageError
     from laneway.tokens import HuggingFaceTokenizer, default_tokenizer
 

@@ -48,11 +48,11 @@ import redis.asyncio as aioredis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.bench.demo import DEMO_POOLS, config_documents
-from laneway.bench.gateway import machine_description
-from laneway.bench.loadgen import PromptFactory, StreamResult, stream_request
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.redis_server import LocalRedis, free_port
+from laneway.bench.demo.run import DEMO_POOLS, config_documents
+from laneway.bench.gateway.run import machine_description
+from laneway.bench.harness.loadgen import PromptFactory, StreamResult, stream_request
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.redis_server import LocalRedis, free_port
 from laneway.errors import ChildError, UsageError
 from laneway.gateway.batch.files import as_text
 from laneway.simulator.profiles import DEFAULT_PROFILE

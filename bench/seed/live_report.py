@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from laneway.api import SLOSpec
-from laneway.bench.flags import write_results
-from laneway.bench.loadgen import INTERACTIVE
-from laneway.bench.seed_live import LiveRun, run_live_config, stderr_say
-from laneway.bench.seed_report import (
+from laneway.bench.harness.flags import write_results
+from laneway.bench.harness.loadgen import INTERACTIVE
+from laneway.bench.seed.live import LiveRun, run_live_config, stderr_say
+from laneway.bench.seed.report import (
     ConfigSummary,
     against_unified_full,
     compared_values,
@@ -25,7 +25,7 @@ from laneway.bench.seed_report import (
     seed_json,
     summarize,
 )
-from laneway.bench.ttft_check import TtftAgreement, agreement, agreement_table
+from laneway.bench.seed.ttft_check import TtftAgreement, agreement, agreement_table
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import ClusterConfig, SeedScenario
 from laneway.simulator.seed_experiment import RunResult
@@ -148,7 +148,7 @@ def run_live_mode(
         }
         write_results(args.json, document)
     if args.plot is not None:
-        from laneway.bench.seed_plot import plot_seed
+        from laneway.bench.seed.plot import plot_seed
 
         title = (
             f"seed experiment, virtual and live (time scale {time_scale:g}), "

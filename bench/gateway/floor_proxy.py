@@ -1,7 +1,7 @@
 """The least a Python proxy can do per request: the floor `bench gateway --against` measures.
 
-`python -m laneway.bench.floor_proxy --port P --worker-urls URL...` forwards each POST to the
-next engine in turn, its body untouched, over kept-alive connections, and hands the answer
+`python -m laneway.bench.gateway.floor_proxy --port P --worker-urls URL...` forwards each POST
+to the next engine in turn, its body untouched, over kept-alive connections, and hands the answer
 back: a JSON answer whole, with its length; an SSE answer chunk by chunk, each written to the
 client from the engine connection's callback. It parses nothing but HTTP (llhttp, through
 httptools, on the gateway's event loop: what its own server and client use), so its CPU per request
@@ -190,7 +190,7 @@ class _ClientConnection(asyncio.Protocol):
 
 def argv(worker_urls: Sequence[str], port: int = 0) -> list[str]:
     """The command that starts this proxy in front of `worker_urls`, by this Python."""
-    module = [sys.executable, "-P", "-m", "laneway.bench.floor_proxy"]
+    module = [sys.executable, "-P", "-m", "laneway.bench.gateway.floor_proxy"]
     return [*module, "--port", str(port), "--worker-urls", *worker_urls]
 
 
@@ -204,7 +204,7 @@ async def serve(host: str, port: int, worker_urls: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m laneway.bench.floor_proxy")
+    parser = argparse.ArgumentParser(prog="python -m laneway.bench.gateway.floor_proxy")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--worker-urls", nargs="+", required=True)

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from laneway.bench.gateway import (
+from laneway.bench.gateway.run import (
     MODEL,
     closed_loop,
     engine_args,
@@ -36,10 +36,10 @@ from laneway.bench.gateway import (
     in_closed_loop,
     machine_description,
 )
-from laneway.bench.live_cluster import LOOPBACK_ANY_PORT, start_gateway
-from laneway.bench.loadgen import Distribution, PromptFactory
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.live_cluster import LOOPBACK_ANY_PORT, start_gateway
+from laneway.bench.harness.loadgen import Distribution, PromptFactory
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.errors import UsageError
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.gateway.state.redis_store import RedisLoadTracker, connect, redis_settings

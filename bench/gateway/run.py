@@ -39,14 +39,14 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
-from laneway.bench.live_cluster import start_gateway
-from laneway.bench.loadgen import (
+from laneway.bench.harness.live_cluster import start_gateway
+from laneway.bench.harness.loadgen import (
     Distribution,
     PromptFactory,
     StreamResult,
     stream_request,
 )
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
 from laneway.simulator.profiles import PROFILES
 from laneway.stats import percentile
