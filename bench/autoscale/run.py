@@ -125,14 +125,26 @@ def arrivals(day: DayScenario) -> list[Arrival]:
         at = rng.uniform(*JOB_WINDOW) * day.day_s
         found += [
             # Batches API items: the dispatcher pins them to the batch lane.
-            Arrival(at, DOCUMENT_TOKENS, DOCUMENT_OUTPUT_TOKENS, Lane.BATCH)
+            Arrival(
+                at_s=at,
+                prompt_tokens=DOCUMENT_TOKENS,
+                output_tokens=DOCUMENT_OUTPUT_TOKENS,
+                pinned=Lane.BATCH,
+            )
             for _ in range(day.documents_per_job)
         ]
     return sorted(found, key=lambda a: a.at_s)
 
 
 def chat_arrivals(rng: random.Random, times: list[float]) -> list[Arrival]:
-    return [Arrival(at, rng.randint(*PROMPT_TOKENS), rng.randint(*OUTPUT_TOKENS)) for at in times]
+    return [
+        Arrival(
+            at_s=at,
+            prompt_tokens=rng.randint(*PROMPT_TOKENS),
+            output_tokens=rng.randint(*OUTPUT_TOKENS),
+        )
+        for at in times
+    ]
 
 
 @dataclass(frozen=True)
@@ -155,7 +167,14 @@ def in_flight_per_replica(profile: Profile, engine: SchedulerConfig, rps: float)
     over a short virtual run: the load test an operator sizes a target from."""
     rng = random.Random("autoscale/calibration")
     trace = chat_arrivals(rng, poisson_arrivals(rng, lambda _: rps, rps, CALIBRATION_S))
-    pool = ElasticPool("interactive", True, engine, 1, None, REALTIME_MAX_PROMPT)
+    pool = ElasticPool(
+        name="interactive",
+        interactive=True,
+        engine=engine,
+        replicas=1,
+        policy=None,
+        max_prompt_tokens=REALTIME_MAX_PROMPT,
+    )
     slo = (TTFT_SLO_S, TBT_SLO_S)
     result = run_elastic([pool], profile, trace, CALIBRATION_S, slo)
     return sum(o.finished_s - o.arrival_s for o in result.outcomes) / CALIBRATION_S
@@ -171,16 +190,35 @@ def plan(day: DayScenario, profile: Profile) -> Plan:
     peak = SeedScenario(gpus=1_000, sessions=sessions, think_time_s=think)
     replicas = interactive_replicas(peak, profile, budget)
     interactive = SchedulerConfig(
-        "chunked", budget, budget, INTERACTIVE_DECODE_BATCH, INTERACTIVE_DECODE_BATCH,
-        REALTIME_MAX_CONTEXT,
-    )  # fmt: skip
-    batch = SchedulerConfig("chunked", 2048, 1024, 256, 64, LONG_CONTEXT)
+        kind="chunked",
+        token_budget=budget,
+        chunk_size=budget,
+        max_num_seqs=INTERACTIVE_DECODE_BATCH,
+        max_partial_prefills=INTERACTIVE_DECODE_BATCH,
+        max_context=REALTIME_MAX_CONTEXT,
+    )
+    batch = SchedulerConfig(
+        kind="chunked",
+        token_budget=2048,
+        chunk_size=1024,
+        max_num_seqs=256,
+        max_partial_prefills=64,
+        max_context=LONG_CONTEXT,
+    )
     replica_rps = day.peak_rps / replicas
     in_flight = in_flight_per_replica(profile, interactive, replica_rps)
     target = max(1, math.floor(in_flight * (1 - day.headroom)))
     trough_in_flight = day.peak_rps / day.peak_to_trough / replica_rps * in_flight
     night = min(replicas, max(1, math.ceil(trough_in_flight / target)))
-    return Plan(interactive, batch, replicas, replica_rps, in_flight, target, night)
+    return Plan(
+        interactive_engine=interactive,
+        batch_engine=batch,
+        interactive_replicas=replicas,
+        replica_rps=replica_rps,
+        in_flight_at_plan=in_flight,
+        interactive_target=target,
+        night_replicas=night,
+    )
 
 
 def configs(day: DayScenario, sized: Plan) -> dict[str, tuple[ElasticPool, ...]]:
@@ -207,12 +245,34 @@ def configs(day: DayScenario, sized: Plan) -> dict[str, tuple[ElasticPool, ...]]
     chat_range = REALTIME_MAX_PROMPT  # the seed's realtime lane: longer prompts go to batch
     return {
         "static": (
-            ElasticPool("interactive", True, chat, sized.interactive_replicas, None, chat_range),
-            ElasticPool("batch", False, batch, day.batch_replicas, None),
+            ElasticPool(
+                name="interactive",
+                interactive=True,
+                engine=chat,
+                replicas=sized.interactive_replicas,
+                policy=None,
+                max_prompt_tokens=chat_range,
+            ),
+            ElasticPool(
+                name="batch",
+                interactive=False,
+                engine=batch,
+                replicas=day.batch_replicas,
+                policy=None,
+            ),
         ),
         "elastic": (
-            ElasticPool("interactive", True, chat, sized.night_replicas, chat_policy, chat_range),
-            ElasticPool("batch", False, batch, 0, batch_policy),
+            ElasticPool(
+                name="interactive",
+                interactive=True,
+                engine=chat,
+                replicas=sized.night_replicas,
+                policy=chat_policy,
+                max_prompt_tokens=chat_range,
+            ),
+            ElasticPool(
+                name="batch", interactive=False, engine=batch, replicas=0, policy=batch_policy
+            ),
         ),
     }
 

@@ -45,12 +45,18 @@ class Cell:
 
 def sweep_cells(base: DayScenario) -> list[Cell]:
     replace = dataclasses.replace
-    cells = [Cell("base", 0.0, base)]
-    cells += [Cell("peak_rps", v, replace(base, peak_rps=v)) for v in PEAK_RPS]
-    cells += [Cell("cold_start_s", v, replace(base, cold_start_s=v)) for v in COLD_STARTS_S]
-    cells += [Cell("day_minutes", v, replace(base, day_s=v * 60)) for v in DAY_MINUTES]
-    cells += [Cell("spike_factor", v, replace(base, spike_factor=v)) for v in SPIKE_FACTORS]
-    cells += [Cell("headroom", v, replace(base, headroom=v)) for v in HEADROOMS]
+    cells = [Cell(knob="base", value=0.0, day=base)]
+    cells += [Cell(knob="peak_rps", value=v, day=replace(base, peak_rps=v)) for v in PEAK_RPS]
+    cells += [
+        Cell(knob="cold_start_s", value=v, day=replace(base, cold_start_s=v)) for v in COLD_STARTS_S
+    ]
+    cells += [
+        Cell(knob="day_minutes", value=v, day=replace(base, day_s=v * 60)) for v in DAY_MINUTES
+    ]
+    cells += [
+        Cell(knob="spike_factor", value=v, day=replace(base, spike_factor=v)) for v in SPIKE_FACTORS
+    ]
+    cells += [Cell(knob="headroom", value=v, day=replace(base, headroom=v)) for v in HEADROOMS]
     return cells
 
 

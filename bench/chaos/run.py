@@ -76,9 +76,9 @@ UNEXPECTED = "unexpected"
 # this error event (laneway.gateway.serving.proxy), or, before the first byte, answers 502.
 ENGINE_GONE_CODES = ("upstream_failed", "upstream_unreachable")
 
-# The default batch size, so that the batch is still running when the last fault strikes:
-# 8 items at once (2 replicas x BATCH_CONCURRENCY), 256 output tokens each, got through
-# 150 items in 46-62 s of a 60 s run on the loaded 2-core machine of docs/BENCHMARKS.md.
+# The default batch size: the batch must still be running when the last fault strikes, so
+# that the killed replica is running items. 8 items at once (2 replicas x BATCH_CONCURRENCY),
+# 256 output tokens each, go at about this rate on a small machine.
 BATCH_ITEMS_PER_SECOND = 2.5
 BATCH_CONCURRENCY = 4  # per replica
 
@@ -258,7 +258,7 @@ def failure_groups(
             counts[(window, record.kind, verdict, failure_reason(record))] += 1
     order = {name: index for index, name in enumerate(WINDOWS)}
     return tuple(
-        FailureGroup(window, kind, verdict, reason, count)
+        FailureGroup(window=window, kind=kind, verdict=verdict, reason=reason, count=count)
         for (window, kind, verdict, reason), count in sorted(
             counts.items(), key=lambda item: (order[item[0][0]], item[0][1:])
         )
@@ -526,7 +526,15 @@ async def _start_fleet(
     )
     urls = {replica: gateways[replica].url for replica in REPLICAS}
     return _Fleet(
-        children, server, engines, engine_args, engine_pools, gateways, gateway_args, ports, urls
+        children=children,
+        redis=server,
+        engines=engines,
+        engine_args=engine_args,
+        engine_pools=engine_pools,
+        gateways=gateways,
+        gateway_args=gateway_args,
+        ports=ports,
+        urls=urls,
     )
 
 
@@ -655,7 +663,16 @@ class _Clients:
     ) -> None:
         self.records.append(
             ChaosRecord(
-                kind, replica, None, failed_over, started, self._clock.now(), 0, error, None, None
+                kind=kind,
+                replica=replica,
+                pool=None,
+                failed_over=failed_over,
+                started_s=started,
+                ended_s=self._clock.now(),
+                status=0,
+                error=error,
+                error_code=None,
+                ttft_s=None,
             )
         )
 
@@ -837,7 +854,15 @@ async def _inject(
             )
         back = clock.now()
         say(f"{back:6.1f} s  {target} serving again")
-        events.append(FaultEvent(fault, target, killed, back, fleet.engine_pools.get(target)))
+        events.append(
+            FaultEvent(
+                fault=fault,
+                target=target,
+                killed_at_s=killed,
+                back_at_s=back,
+                pool=fleet.engine_pools.get(target),
+            )
+        )
     return events
 
 
@@ -873,7 +898,14 @@ async def _held(fleet: _Fleet, session: aiohttp.ClientSession, since: float) -> 
                 pending += int(group["pending"])
     finally:
         await store.aclose()
-    return HeldAtEnd(gateway, shared, load, pending, engines, time.monotonic() - since)
+    return HeldAtEnd(
+        gateway=gateway,
+        shared=shared,
+        redis_load=load,
+        redis_pending=pending,
+        engines=engines,
+        settled_after_s=time.monotonic() - since,
+    )
 
 
 async def _settle(

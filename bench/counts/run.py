@@ -117,15 +117,15 @@ def measure_edge(
         past_cap += ours <= edge < theirs
     cuts = statistics.quantiles(misses, n=20)
     return EdgeRow(
-        name,
-        edge,
-        prompts,
-        statistics.fmean(misses),
-        cuts[0],
-        cuts[-1],
-        max(abs(miss) for miss in misses),
-        misrouted / prompts,
-        past_cap / prompts,
+        corpus=name,
+        edge=edge,
+        prompts=prompts,
+        mean_miss=statistics.fmean(misses),
+        p5_miss=cuts[0],
+        p95_miss=cuts[-1],
+        largest_miss=max(abs(miss) for miss in misses),
+        misrouted=misrouted / prompts,
+        past_cap=past_cap / prompts,
     )
 
 
@@ -155,11 +155,11 @@ def run_bench(
     template = engine_tokenizer.chat_template
     short = chat("Hello")
     return CountsReport(
-        command,
-        engine_tokenizer.name,
-        f"chat template of {template.path}" if template else "OpenAI's rule",
-        (default(short), engine(short)),
-        rows,
+        command=command,
+        engine_tokenizer=engine_tokenizer.name,
+        framing=f"chat template of {template.path}" if template else "OpenAI's rule",
+        short_chat_framing=(default(short), engine(short)),
+        rows=rows,
     )
 
 

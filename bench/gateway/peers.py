@@ -76,7 +76,10 @@ class Mode:
     output_tokens: int
 
 
-MODES = (Mode("non-streaming", False, 16), Mode("streaming", True, 64))
+MODES = (
+    Mode(name="non-streaming", stream=False, output_tokens=16),
+    Mode(name="streaming", stream=True, output_tokens=64),
+)
 
 
 @dataclass(frozen=True)
@@ -333,14 +336,14 @@ async def _complete(
     async with session.post(next_url(), json=body) as response:
         data = await response.read()
     ok = response.status == 200 and b'"choices"' in data
-    return _Result(ok, time.perf_counter() - begun)
+    return _Result(ok=ok, e2e_s=time.perf_counter() - begun)
 
 
 async def _stream(
     session: aiohttp.ClientSession, next_url: Callable[[], str], body: dict[str, Any]
 ) -> _Result:
     result = await stream_request(session, next_url(), body)
-    return _Result(result.status == 200 and result.error is None, result.e2e_s)
+    return _Result(ok=result.status == 200 and result.error is None, e2e_s=result.e2e_s)
 
 
 Target = tuple[Callable[[], str], ChildProcess | None]  # the next URL to send to; the router

@@ -71,10 +71,12 @@ def summarize(
             inclusive[frame] += count
         own[frames[-1]] += count
     shares = tuple(
-        FrameShare(frame, hits / samples, own[frame] / samples)
+        FrameShare(frame=frame, inclusive=hits / samples, own=own[frame] / samples)
         for frame, hits in inclusive.most_common(top)
     )
-    return Profile(mode, samples, cpu_ms_per_request, shares, path)
+    return Profile(
+        mode=mode, samples=samples, cpu_ms_per_request=cpu_ms_per_request, frames=shares, path=path
+    )
 
 
 def render_profiles(profiles: tuple[Profile, ...]) -> list[str]:

@@ -586,13 +586,13 @@ async def time_classification(options: BenchOptions, clock: Callable[[], float])
         bounds = parsed.bounds(tokenizer)
         bounded_at = clock()
 
-        ask = RouteRequest(parsed.model, bounds, parsed.max_tokens)
+        ask = RouteRequest(model=parsed.model, prompt_tokens=bounds, max_tokens=parsed.max_tokens)
 
         async def count_exactly() -> RouteRequest:
             counting = clock()
             exact = parsed.count(tokenizer)
             stages["count"] = clock() - counting
-            return dataclasses.replace(ask, prompt_tokens=TokenBounds(exact, exact))
+            return dataclasses.replace(ask, prompt_tokens=TokenBounds(low=exact, high=exact))
 
         decision = await settle_route(ask, pools, count_exactly)
         stages["classify"] = clock() - bounded_at - stages["count"]
@@ -651,7 +651,8 @@ async def count_stalls(options: BenchOptions) -> tuple[LoopStall, ...]:
     finally:
         counter.close()
     return tuple(
-        LoopStall(where, statistics.median(gaps), max(gaps)) for where, gaps in stalls.items()
+        LoopStall(where=where, p50_s=statistics.median(gaps), max_s=max(gaps))
+        for where, gaps in stalls.items()
     )
 
 
@@ -758,7 +759,7 @@ class _Phase:
     own: Buckets = dataclasses.field(default_factory=dict)
 
     def result(self) -> PathResult:
-        cpu = PhaseCpu(self.client_s, self.engine_s, self.gateway_s)
+        cpu = PhaseCpu(client=self.client_s, engine=self.engine_s, gateway=self.gateway_s)
         return path_result(self.results, self.wall_s, cpu, self.own)
 
 
@@ -819,8 +820,12 @@ async def measure_levels(
     }
     route = "/v1/chat/completions"
     paths = (
-        _Path(itertools.cycle([engine.url + route for engine in engines]), tuple(engines), None),
-        _Path(gateway.url + route, tuple(engines), gateway),
+        _Path(
+            url=itertools.cycle([engine.url + route for engine in engines]),
+            engines=tuple(engines),
+            gateway=None,
+        ),
+        _Path(url=gateway.url + route, engines=tuple(engines), gateway=gateway),
     )
     levels = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -853,7 +858,11 @@ async def measure_levels(
                             phases[which],
                             round_think(options, concurrency, round_index),
                         )
-            levels.append(LevelResult(concurrency, phases[0].result(), phases[1].result()))
+            levels.append(
+                LevelResult(
+                    concurrency=concurrency, direct=phases[0].result(), gateway=phases[1].result()
+                )
+            )
     return levels
 
 

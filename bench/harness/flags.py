@@ -225,4 +225,6 @@ def scenario_options(
     plot: Path | None = values.get("plot")
     check_output_folder(args.json, "--json")
     check_output_folder(plot, "--plot")
-    return ScenarioOptions(mode, PROFILES[args.profile], args.json, plot, time_scale)
+    return ScenarioOptions(
+        mode=mode, profile=PROFILES[args.profile], json=args.json, plot=plot, time_scale=time_scale
+    )

@@ -116,7 +116,12 @@ async def start_cluster(
     for (pool, _), engine in zip(replicas, engines, strict=True):
         endpoints[pool.name].append(engine.url)
     gateway = await start_gateway(children, documents(endpoints), gateway_args, config_dir)
-    return LiveCluster(gateway, tuple(engines), tuple(pool.name for pool, _ in replicas), endpoints)
+    return LiveCluster(
+        gateway=gateway,
+        engines=tuple(engines),
+        pools=tuple(pool.name for pool, _ in replicas),
+        endpoints=endpoints,
+    )
 
 
 async def engine_counters(

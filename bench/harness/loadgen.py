@@ -80,7 +80,11 @@ class Workload:
 
 def workload_from_scenario(scenario: SeedScenario, model: str, drain_s: float = 300.0) -> Workload:
     """The seed experiment's workload (laneway.simulator.seed), to replay it live."""
-    burst = LongRequest(scenario.burst_at_s, scenario.long_tokens, scenario.long_output_tokens)
+    burst = LongRequest(
+        at_s=scenario.burst_at_s,
+        prompt_tokens=scenario.long_tokens,
+        output_tokens=scenario.long_output_tokens,
+    )
     return Workload(
         model=model,
         sessions=scenario.sessions,
@@ -175,7 +179,7 @@ class PromptFactory:
         )
         if len(self._words) < 16:
             raise ValueError(f"tokenizer {tokenizer.name} splits too many common words")
-        self._chat_overhead = count_chat(tokenizer, [ChatMessage("user", "")])
+        self._chat_overhead = count_chat(tokenizer, [ChatMessage(role="user", content="")])
 
     def text(self, rng: random.Random, tokens: int) -> str:
         text = " ".join(rng.choices(self._words, k=tokens))
@@ -260,14 +264,14 @@ async def stream_request(
             reply = await response.read()
             error, code = _error_message(reply), _error_code(reply)
             return StreamResult(
-                response.status,
-                reply_headers,
-                None,
-                (),
-                clock() - start,
-                0,
-                error,
-                code,
+                status=response.status,
+                headers=reply_headers,
+                ttft_s=None,
+                gaps_s=(),
+                e2e_s=clock() - start,
+                output_tokens=0,
+                error=error,
+                error_code=code,
                 sent_at=start,
             )
         done = False
@@ -295,7 +299,16 @@ async def stream_request(
     ttft = arrivals[0] - start if arrivals else None
     text = "".join(parts)
     return StreamResult(
-        200, reply_headers, ttft, gaps, end - start, len(arrivals), error, code, text, start
+        status=200,
+        headers=reply_headers,
+        ttft_s=ttft,
+        gaps_s=gaps,
+        e2e_s=end - start,
+        output_tokens=len(arrivals),
+        error=error,
+        error_code=code,
+        text=text,
+        sent_at=start,
     )
 
 
@@ -549,7 +562,10 @@ class Distribution:
         if not values:
             return None
         return Distribution(
-            len(values), percentile(values, 50), percentile(values, 99), max(values)
+            count=len(values),
+            p50=percentile(values, 50),
+            p99=percentile(values, 99),
+            max=max(values),
         )
 
 

@@ -142,13 +142,18 @@ async def measure(url: str, seconds: float, senders: int) -> tuple[Phase, ...]:
         await loop.run_in_executor(sender, hostile_bodies)  # imports done before measuring
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             quiet = await _probe(session, url, clock() + seconds, clock)
-            phases.append(Phase("quiet", _distribution(quiet), 0, {}))
+            phases.append(
+                Phase(name="quiet", healthz_ms=_distribution(quiet), hostile_sent=0, statuses={})
+            )
             for name, chosen in [("all shapes", shapes), *((s, [s]) for s in shapes)]:
                 sending = loop.run_in_executor(sender, send_phase, url, chosen, seconds, senders)
                 probe = await _probe(session, url, clock() + seconds, clock)
                 statuses = await sending
                 phase = Phase(
-                    f"{name} x{senders}", _distribution(probe), sum(statuses.values()), statuses
+                    name=f"{name} x{senders}",
+                    healthz_ms=_distribution(probe),
+                    hostile_sent=sum(statuses.values()),
+                    statuses=statuses,
                 )
                 phases.append(phase)
     return tuple(phases)
@@ -187,4 +192,4 @@ async def run_bench(seconds: float, senders: int, command: str) -> HostileReport
         )
         gateway = await start_gateway(children, config_documents(engine.url))
         phases = await measure(gateway.url, seconds, senders)
-    return HostileReport(command, machine_description(), phases)
+    return HostileReport(command=command, machine=machine_description(), phases=phases)

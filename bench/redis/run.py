@@ -195,7 +195,11 @@ async def measure_state_ops(options: BenchOptions, redis_url: str) -> list[Compa
                 *backends[0], concurrency, options.state_ops, options.seed
             )
             redis = await time_state_ops(*backends[1], concurrency, options.state_ops, options.seed)
-            comparisons.append(Comparison("state ops", concurrency, memory, redis, 0))
+            comparisons.append(
+                Comparison(
+                    what="state ops", concurrency=concurrency, memory=memory, redis=redis, errors=0
+                )
+            )
         return comparisons
     finally:
         await client.aclose()
@@ -240,7 +244,15 @@ async def measure_gateways(
             memory_e2e, redis_e2e = Distribution.of(results[0]), Distribution.of(results[1])
             if memory_e2e is None or redis_e2e is None:
                 raise RuntimeError(f"every request failed at concurrency {concurrency}")
-            comparisons.append(Comparison("gateway", concurrency, memory_e2e, redis_e2e, errors))
+            comparisons.append(
+                Comparison(
+                    what="gateway",
+                    concurrency=concurrency,
+                    memory=memory_e2e,
+                    redis=redis_e2e,
+                    errors=errors,
+                )
+            )
     return comparisons
 
 

@@ -30,7 +30,8 @@ QUICK = SeedScenario(
     gpus=4, sessions=16, long_requests=2, long_tokens=16384, duration_s=8.0, burst_at_s=2.0
 )
 QUICK_TIME_SCALE = 2.0
-# The full live run at half real-time speed fits a 2-core machine (docs/BENCHMARKS.md).
+# Half real-time speed: at full speed eight engines, the gateway and the load generator on
+# a small machine fall behind, and the tokens they time arrive bunched.
 LIVE_TIME_SCALE = 0.5
 
 

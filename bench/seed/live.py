@@ -241,7 +241,9 @@ async def run_live_config(
         ttft = (await _guarded(children, _gateway_ttft(gateway.url))).minus(ttft_before)
         say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
     result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
-    return LiveRun(result, tuple(records), generator.issued, cpu, ttft)
+    return LiveRun(
+        result=result, records=tuple(records), issued=generator.issued, cpu=cpu, gateway_ttft=ttft
+    )
 
 
 def stderr_say(config_name: str) -> Say:

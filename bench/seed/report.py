@@ -24,7 +24,7 @@ class Percentiles:
         return {"p50": round(self.p50, 3), "p99": round(self.p99, 3), "max": round(self.max, 3)}
 
 
-NO_SAMPLES = Percentiles(math.nan, math.nan, math.nan)
+NO_SAMPLES = Percentiles(p50=math.nan, p99=math.nan, max=math.nan)
 
 
 def percentiles_ms(seconds: Sequence[float]) -> Percentiles:
@@ -32,7 +32,7 @@ def percentiles_ms(seconds: Sequence[float]) -> Percentiles:
         return NO_SAMPLES
     ordered = sorted(seconds)
     return Percentiles(
-        percentile(ordered, 50) * 1e3, percentile(ordered, 99) * 1e3, ordered[-1] * 1e3
+        p50=percentile(ordered, 50) * 1e3, p99=percentile(ordered, 99) * 1e3, max=ordered[-1] * 1e3
     )
 
 

@@ -39,11 +39,21 @@ def sweep_cells(base: SeedScenario) -> list[Cell]:
     """The grid's cells; each knob's row includes the base scenario's own value."""
     longest = LONG_CONTEXT - base.long_output_tokens  # 128k less the output, as the lane holds
     cells = [
-        Cell("long_requests", n, dataclasses.replace(base, long_requests=n)) for n in LONG_BURSTS
+        Cell(knob="long_requests", value=n, scenario=dataclasses.replace(base, long_requests=n))
+        for n in LONG_BURSTS
     ]
-    cells += [Cell("sessions", n, dataclasses.replace(base, sessions=n)) for n in SESSIONS]
+    cells += [
+        Cell(knob="sessions", value=n, scenario=dataclasses.replace(base, sessions=n))
+        for n in SESSIONS
+    ]
     for tokens in (min(t, longest) for t in LONG_PROMPTS):
-        cells.append(Cell("long_tokens", tokens, dataclasses.replace(base, long_tokens=tokens)))
+        cells.append(
+            Cell(
+                knob="long_tokens",
+                value=tokens,
+                scenario=dataclasses.replace(base, long_tokens=tokens),
+            )
+        )
     return cells
 
 

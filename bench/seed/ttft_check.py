@@ -47,10 +47,12 @@ class Histogram:
         if not earlier.cumulative:
             return self
         return Histogram(
-            self.bounds,
-            tuple(a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True)),
-            self.sum - earlier.sum,
-            self.slo_met - earlier.slo_met,
+            bounds=self.bounds,
+            cumulative=tuple(
+                a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True)
+            ),
+            sum=self.sum - earlier.sum,
+            slo_met=self.slo_met - earlier.slo_met,
         )
 
 
@@ -68,14 +70,16 @@ def gateway_ttft(metrics_text: str) -> Histogram:
             elif sample.name == f"{SLO_FAMILY}_total" and sample.labels.get("met") == "true":
                 met += sample.value
     bounds = tuple(sorted(buckets))
-    return Histogram(bounds, tuple(buckets[b] for b in bounds), total, met)
+    return Histogram(
+        bounds=bounds, cumulative=tuple(buckets[b] for b in bounds), sum=total, slo_met=met
+    )
 
 
 def bucketed(values: Sequence[float], bounds: Sequence[float]) -> Histogram:
     """`values` counted into the cumulative buckets `bounds`, as the gateway would."""
     ordered = sorted(values)
     cumulative = tuple(float(bisect.bisect_right(ordered, bound)) for bound in bounds)
-    return Histogram(tuple(bounds), cumulative, sum(values))
+    return Histogram(bounds=tuple(bounds), cumulative=cumulative, sum=sum(values))
 
 
 def histogram_quantile(q: float, histogram: Histogram) -> float:
