@@ -36,8 +36,8 @@ from laneway.bench.demo.run import (
     screen_rows,
     slo_verdict,
 )
-from laneway.bench.harness.loadgen import Distribution, LaneSummary
 from laneway.bench.harness.procs import laneway_argv
+from laneway.bench.harness.summary import Distribution, LaneSummary
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.gateway.config import parse_documents

@@ -12,7 +12,7 @@ import pytest
 
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
-from laneway.bench.autoscale.run import DayScenario, arrivals, in_flight_per_replica, plan
+from laneway.bench.autoscale.day import DayScenario, arrivals, in_flight_per_replica, plan
 from laneway.bench.autoscale.sweep import chosen_cells, static_key, sweep_cells
 from laneway.cli import main
 from laneway.errors import UsageError

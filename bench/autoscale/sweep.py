@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.bench.autoscale.run import DayScenario, simulate
+from laneway.bench.autoscale.day import DayScenario, simulate
 from laneway.errors import UsageError
 from laneway.tables import format_table
 

@@ -60,7 +60,9 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_bench_chaos(args: argparse.Namespace) -> int:
-    from laneway.bench.chaos.run import QUICK, ChaosOptions, check_options, render, run_bench
+    from laneway.bench.chaos.options import QUICK, ChaosOptions, check_options
+    from laneway.bench.chaos.report import render
+    from laneway.bench.chaos.run import run_bench
     from laneway.bench.chaos.run import stderr_say as say
 
     options = overridden(

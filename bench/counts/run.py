@@ -9,7 +9,7 @@ into one-message chats whose engine count lies within 10 % either side of each e
 
 - source: Python source files of the standard library the harness runs on;
 - prose: the licence texts under /usr/share/common-licenses (Debian), and Python's own;
-- synthetic: the common-word prompts the other benchmarks send (bench/harness/loadgen.py).
+- synthetic: the common-word prompts the other benchmarks send (bench/harness/prompts.py).
 
 Both counts go through the gateway's own counting (`ParsedRequest.count`), so the numbers
 are the ones the gateway would route on with each tokenizer setting.
@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from laneway.bench.harness.loadgen import PromptFactory
+from laneway.bench.harness.prompts import PromptFactory
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
 from laneway.tables import format_table
 from laneway.tokens import Tokenizer

@@ -22,15 +22,10 @@ from typing import Any, TextIO
 
 from laneway.api import Lane, SLOSpec
 from laneway.bench.harness.live_cluster import start_cluster
-from laneway.bench.harness.loadgen import (
-    EXPECTED_LANE,
-    LaneSummary,
-    LoadGenerator,
-    LongRequest,
-    Workload,
-    summarize,
-)
+from laneway.bench.harness.loadgen import LoadGenerator
 from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.summary import LaneSummary, summarize
+from laneway.bench.harness.workload import EXPECTED_LANE, LongRequest, Workload
 from laneway.errors import UsageError, cannot_listen
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
 from laneway.simulator.scheduler import SchedulerConfig

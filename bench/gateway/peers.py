@@ -37,19 +37,16 @@ import aiohttp
 import httptools
 
 from laneway.bench.gateway import floor_proxy
+from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
 from laneway.bench.gateway.profile import Profile, Sampler, render_profiles, summarize
-from laneway.bench.gateway.run import (
-    MODEL,
-    engine_args,
-    gateway_config,
-    in_closed_loop,
-    machine_description,
-    pin,
-    progress,
-)
+from laneway.bench.gateway.run import progress
+from laneway.bench.harness.closed_loop import in_closed_loop
 from laneway.bench.harness.live_cluster import start_gateway
-from laneway.bench.harness.loadgen import Distribution, PromptFactory, stream_request
+from laneway.bench.harness.machine import machine_description, pin
 from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.prompts import PromptFactory
+from laneway.bench.harness.stream import stream_request
+from laneway.bench.harness.summary import Distribution
 from laneway.errors import UsageError
 from laneway.gateway.cli import event_loop_factory
 from laneway.tables import format_table

@@ -3,9 +3,9 @@ per replica of each pool (its engine flags, time-scaled), and the real `laneway 
 configured with those pools as InferencePools and a GatewayConfig with the run's picking
 settings; and the engines' own counters, read from their /metrics.
 
-`bench seed --mode live` (`seed_live.py`) and `laneway demo` (`demo.py`) drive it with the
-load generator (`loadgen.LoadGenerator`), `bench prefix --mode live` (`prefix_live.py`)
-with its session client; all stream through `loadgen.stream_request`.
+`bench seed --mode live` (`seed/live.py`) and `laneway demo` (`demo/run.py`) drive it with
+the load generator (`loadgen.LoadGenerator`), `bench prefix --mode live` (`prefix/live.py`)
+with its session client; all stream through `stream.stream_request`.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 import aiohttp
 
 from laneway.api import API_VERSION
-from laneway.bench.harness.loadgen import Distribution
 from laneway.bench.harness.procs import Children
+from laneway.bench.harness.summary import Distribution
 
 MODEL = "llama"
 # Each body stays under the gateway's default 4 MiB limit, as an attacker's would.
@@ -183,8 +183,8 @@ def config_documents(endpoint: str) -> list[dict[str, object]]:
 
 
 async def run_bench(seconds: float, senders: int, command: str) -> HostileReport:
-    from laneway.bench.gateway.run import machine_description
     from laneway.bench.harness.live_cluster import start_gateway
+    from laneway.bench.harness.machine import machine_description
 
     with Children() as children:
         engine = await children.start_laneway_async(

@@ -29,14 +29,10 @@ from typing import Any
 import aiohttp
 
 from laneway.bench.harness.live_cluster import engine_counters, gateway_config, start_cluster
-from laneway.bench.harness.loadgen import (
-    PromptFactory,
-    StreamResult,
-    client_session,
-    run_until,
-    stream_request,
-)
+from laneway.bench.harness.loadgen import run_until
 from laneway.bench.harness.procs import Children
+from laneway.bench.harness.prompts import PromptFactory
+from laneway.bench.harness.stream import StreamResult, client_session, stream_request
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.prefix_experiment import (

@@ -28,18 +28,14 @@ from typing import Any
 import aiohttp
 import yaml
 
-from laneway.bench.gateway.run import (
-    MODEL,
-    closed_loop,
-    engine_args,
-    gateway_config,
-    in_closed_loop,
-    machine_description,
-)
+from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
+from laneway.bench.harness.closed_loop import closed_loop, in_closed_loop
 from laneway.bench.harness.live_cluster import LOOPBACK_ANY_PORT, start_gateway
-from laneway.bench.harness.loadgen import Distribution, PromptFactory
+from laneway.bench.harness.machine import machine_description
 from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.prompts import PromptFactory
 from laneway.bench.harness.redis_server import LocalRedis
+from laneway.bench.harness.summary import Distribution
 from laneway.errors import UsageError
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
 from laneway.gateway.state.redis_store import RedisLoadTracker, connect, redis_settings

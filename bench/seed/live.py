@@ -20,13 +20,9 @@ from typing import Any, TypeVar
 import aiohttp
 
 from laneway.bench.harness.live_cluster import engine_counters, gateway_config, start_cluster
-from laneway.bench.harness.loadgen import (
-    INTERACTIVE,
-    LoadGenerator,
-    RequestRecord,
-    workload_from_scenario,
-)
+from laneway.bench.harness.loadgen import LoadGenerator, RequestRecord
 from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.workload import INTERACTIVE, workload_from_scenario
 from laneway.bench.seed.ttft_check import Histogram, gateway_ttft
 from laneway.errors import ChildError
 from laneway.simulator.metrics import BUSY_SECONDS

@@ -13,7 +13,7 @@ from typing import Any
 
 from laneway.api import SLOSpec
 from laneway.bench.harness.flags import write_results
-from laneway.bench.harness.loadgen import INTERACTIVE
+from laneway.bench.harness.workload import INTERACTIVE
 from laneway.bench.seed.live import LiveRun, run_live_config, stderr_say
 from laneway.bench.seed.report import (
     ConfigSummary,
