@@ -19,8 +19,6 @@ from laneway.bench.harness.summary import Distribution
 from laneway.stats import percentile
 from laneway.tokens import TokenBounds, default_tokenizer
 
-# -- classification (in this process) ---------------------------------------------------------
-
 
 async def time_classification(options: BenchOptions, clock: Callable[[], float]) -> ClassifyResult:
     """Time the gateway's routing path for one long prompt, bounds-decided and exact.

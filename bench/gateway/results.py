@@ -17,8 +17,6 @@ from laneway.bench.gateway.config import ZERO_PROFILE
 from laneway.bench.harness.stream import StreamResult
 from laneway.bench.harness.summary import Distribution
 
-# -- results (pure) -------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class PhaseCpu:

@@ -60,8 +60,6 @@ from laneway.bench.harness.prompts import PromptFactory
 from laneway.bench.harness.stream import StreamResult
 from laneway.tokens import default_tokenizer
 
-# -- the shell ------------------------------------------------------------------------------
-
 
 def progress(message: str) -> None:
     print(f"laneway bench gateway: {message}", file=sys.stderr, flush=True)

@@ -228,7 +228,7 @@ class Children:
         with self._lock:
             if self._closed:
                 raise ChildError(f"cannot start {name}: these children are being stopped")
-            child = ChildProcess(name, argv, ready_prefix, env)
+            child = ChildProcess(name, argv, ready_prefix=ready_prefix, env=env)
             self._children.append(child)
         try:
             child.wait_ready(timeout)
