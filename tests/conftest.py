@@ -12,7 +12,7 @@ from kube_cluster import Cluster, cluster_for_tests
 from marked_processes import marked_run
 from redis.asyncio import Redis
 
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.redis_server import LocalRedis
 
 
 @pytest.fixture

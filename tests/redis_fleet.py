@@ -14,8 +14,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import API_VERSION
-from laneway.bench.demo import DEMO_POOLS, config_documents
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.demo.run import DEMO_POOLS, config_documents
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.simulator.profiles import DEFAULT_PROFILE
 from laneway.simulator.seed import PUBLIC_MODEL
 

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 
 FAST = "20"  # engine time scale for tests that only need answers, not long streams
 MAX_BODY = 1024 * 1024

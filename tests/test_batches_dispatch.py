@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import Dispatcher
 from laneway.gateway.batch.files import FileStore

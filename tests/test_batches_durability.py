@@ -11,8 +11,8 @@ import pytest
 import redis
 from redis_fleet import chat_line, start_engines, start_gateway, wait_for, write_config
 
-from laneway.bench.procs import Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import Children
+from laneway.bench.harness.redis_server import LocalRedis
 
 ITEMS = 24
 QUEUE = "laneway:batch:queue:anonymous"

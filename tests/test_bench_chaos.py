@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.chaos import (
+from laneway.bench.chaos.accounting import (
+    ChaosRecord,
+    FaultEvent,
+    check_batch,
+    error_line_code,
+    failure_verdict,
+    window_of,
+    window_rows,
+    window_starts,
+)
+from laneway.bench.chaos.options import (
     CHAT,
     DOCUMENT,
     ENGINE,
@@ -21,15 +31,7 @@ from laneway.bench.chaos import (
     UNEXPECTED,
     WINDOWS,
     ChaosOptions,
-    ChaosRecord,
-    FaultEvent,
-    check_batch,
     check_options,
-    error_line_code,
-    failure_verdict,
-    window_of,
-    window_rows,
-    window_starts,
 )
 from laneway.errors import UsageError
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from test_engine_counts import ModelFiles, chat_request, model_files, user
 
-from laneway.bench.counts import render, run_bench
+from laneway.bench.counts.run import render, run_bench
 from laneway.tokens import HuggingFaceTokenizer, default_tokenizer
 
 __all__ = ["model_files"]  # the fixture, shared

@@ -1,5 +1,5 @@
 """The bench commands share their common flags: spelled, defaulted, refused and reported
-alike (laneway.bench.flags)."""
+alike (laneway.bench.harness.flags)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.flags import (
+from laneway.bench.harness.flags import (
     add_int_list_flag,
     add_value_flag,
     overridden,

@@ -1,5 +1,5 @@
-"""The floor proxy `bench gateway --against python-floor` measures (bench/floor_proxy.py), and
-the peers `--against` takes by name.
+"""The floor proxy `bench gateway --against python-floor` measures
+(bench/gateway/floor_proxy.py), and the peers `--against` takes by name.
 
 Its figures mean something only if it does the routers' job: every request reaches an engine,
 in turn, and every answer, whole or streamed, reaches the client intact. Real `laneway sim`
@@ -19,9 +19,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from simulated_pools import start_sim
 
-from laneway.bench import floor_proxy
-from laneway.bench.peers import FLOOR, parse_peers
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.gateway import floor_proxy
+from laneway.bench.gateway.peers import FLOOR, parse_peers
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.cli import main
 from laneway.errors import UsageError
 

@@ -15,33 +15,28 @@ import pytest
 from marked_processes import marked_environment, processes_marked
 from test_gateway_e2e import scrape, total
 
-from laneway.bench.gateway import (
-    BenchOptions,
+from laneway.bench.gateway.classify import time_classification
+from laneway.bench.gateway.config import BenchOptions, check_options, gateway_config
+from laneway.bench.gateway.report import render
+from laneway.bench.gateway.results import (
     BenchReport,
     LevelResult,
     PhaseCpu,
     add_buckets,
     bucket_quantile,
     buckets_between,
-    check_options,
-    gateway_config,
-    in_closed_loop,
     mean_in_flight,
-    measure_levels,
     overhead_buckets,
     own_time,
     path_result,
     poisson_quantile,
-    render,
-    round_think,
     send_clumps,
-    start_engines,
-    think_time,
-    time_classification,
 )
-from laneway.bench.live_cluster import start_gateway
-from laneway.bench.loadgen import StreamResult
-from laneway.bench.procs import Children, laneway_argv
+from laneway.bench.gateway.run import measure_levels, round_think, start_engines
+from laneway.bench.harness.closed_loop import in_closed_loop, think_time
+from laneway.bench.harness.live_cluster import start_gateway
+from laneway.bench.harness.procs import Children, laneway_argv
+from laneway.bench.harness.stream import StreamResult
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.tables import format_table

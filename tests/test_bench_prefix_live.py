@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laneway.bench.prefix_live import gateway_documents, run_live_picker
+from laneway.bench.prefix.live import gateway_documents, run_live_picker
 from laneway.gateway.config import parse_documents
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.prefix_experiment import PickerName, PrefixScenario, picker_settings

@@ -1,5 +1,5 @@
-"""`laneway bench gateway --against ... --profile DIR` (bench/profile.py): py-spy's collapsed
-stacks read into each function's share of the samples, and py-spy itself sampling a real
+"""`laneway bench gateway --against ... --profile DIR` (bench/gateway/profile.py): py-spy's
+collapsed stacks read into each function's share of the samples, and py-spy itself sampling a real
 process."""
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.profile import FrameShare, Sampler, frame_name, render_profiles, summarize
+from laneway.bench.gateway.profile import (
+    FrameShare,
+    Sampler,
+    frame_name,
+    render_profiles,
+    summarize,
+)
 from laneway.cli import main
 
 STACKS = "\n".join(

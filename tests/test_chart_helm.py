@@ -42,8 +42,8 @@ from laneway.api import (
     check_pool_set,
     parse_pool,
 )
-from laneway.bench.procs import Children, laneway_argv
-from laneway.bench.redis_server import free_port
+from laneway.bench.harness.procs import Children, laneway_argv
+from laneway.bench.harness.redis_server import free_port
 from laneway.cli import build_parser
 from laneway.gateway.config import GatewaySettings, parse_documents
 from laneway.gateway.state.redis_store import redis_settings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.procs import laneway_argv
+from laneway.bench.harness.procs import laneway_argv
 from laneway.cli import build_parser
 
 LOCAL_CONFIG = Path(__file__).parents[1] / "manifests" / "examples" / "gateway-local.yaml"

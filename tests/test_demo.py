@@ -24,7 +24,7 @@ import yaml
 from marked_processes import marked_environment, processes_marked
 
 from laneway.api import Lane, SLOSpec
-from laneway.bench.demo import (
+from laneway.bench.demo.run import (
     DEMO_POOLS,
     DemoOptions,
     LiveView,
@@ -36,8 +36,8 @@ from laneway.bench.demo import (
     screen_rows,
     slo_verdict,
 )
-from laneway.bench.loadgen import Distribution, LaneSummary
-from laneway.bench.procs import laneway_argv
+from laneway.bench.harness.procs import laneway_argv
+from laneway.bench.harness.summary import Distribution, LaneSummary
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.gateway.config import parse_documents

@@ -34,7 +34,7 @@ from test_pool_tokenizer import WORDS, prompts
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from laneway import api
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.registry import PoolRegistry

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from simulated_pools import pool_doc, start_gateway
 
-from laneway.bench.procs import Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import Children
+from laneway.bench.harness.redis_server import LocalRedis
 
 TENANTS = {
     "tenants": [

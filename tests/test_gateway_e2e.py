@@ -28,7 +28,7 @@ from simulated_pools import (
     start_single_pool,
 )
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.routing.slo import PRIOR_MS_PER_TOKEN
 from laneway.tokens import default_tokenizer
 

@@ -25,7 +25,7 @@ from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
 from test_gateway_e2e import client, scrape, total
 from test_pool_tokenizer import prompts, train_tokenizer
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.gateway.serving.engine_usage import engine_prompt_tokens
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer
 

@@ -25,7 +25,7 @@ from scripted_engines import Script, scripted_engine
 from simulated_pools import gateway_doc, pool_doc
 from test_gateway_e2e import requests_by_status, scrape, total
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.gateway.serving.arrival import ArrivalStamps
 from laneway.gateway.serving.first_token import FirstTokenWatch, carries_output
 from laneway.routing.slo import PRIOR_MS_PER_TOKEN

@@ -19,8 +19,8 @@ from simulated_pools import gateway_doc, pool_doc, start_gateway
 from test_gateway_e2e import client, eventually, scrape, total
 
 from laneway.api import parse_pool
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.redis_server import free_port
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.redis_server import free_port
 from laneway.errors import UsageError
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.kv_events import KVEventSubscriber, endpoint_of_topic

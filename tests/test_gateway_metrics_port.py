@@ -19,8 +19,8 @@ import pytest
 import yaml
 from simulated_pools import pool_doc, start_gateway, start_sim
 
-from laneway.bench.procs import Children, laneway_argv
-from laneway.bench.redis_server import free_port
+from laneway.bench.harness.procs import Children, laneway_argv
+from laneway.bench.harness.redis_server import free_port
 from laneway.cli import main
 
 # A pool to route to; tests that never route point it at port 9 (discard).

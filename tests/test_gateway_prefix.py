@@ -15,7 +15,7 @@ import pytest
 from simulated_pools import gateway_doc, pool_doc, start_gateway
 from test_gateway_e2e import client, eventually, scrape, total
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer
 
 # Slower than real time: the hot engine's long prefill outlasts routing the next turn by far.

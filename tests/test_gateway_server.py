@@ -25,7 +25,7 @@ import openai
 import pytest
 from simulated_pools import MAX_BODY, gateway_doc, pool_doc, start_gateway, start_sim
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 
 PATIENCE = 120.0
 CHAT = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

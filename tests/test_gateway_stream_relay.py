@@ -26,7 +26,7 @@ from scripted_engines import scripted_engine
 from simulated_pools import gateway_doc, pool_doc
 from test_gateway_e2e import requests_by_status, scrape, total
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 
 in_the_rigs_loop = pytest.mark.asyncio(loop_scope="module")
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from simulated_pools import FAST, gateway_doc, pool_doc, start_sim
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 
 TENANTS = """
 tenants:

@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from simulated_pools import simulated_pool
 
 from laneway.api import InferencePool
-from laneway.bench.procs import Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import Children
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings, QueueSettings
 from laneway.gateway.pools.sources import PoolUpdate

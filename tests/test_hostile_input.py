@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from simulated_pools import pool_doc, start_gateway, start_sim
 
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.redis_server import LocalRedis
 
 MODEL = "llama"
 EXAMPLES = settings(

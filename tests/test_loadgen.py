@@ -12,20 +12,19 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from laneway.bench.loadgen import (
+from laneway.bench.harness.loadgen import LoadGenerator, RequestRecord
+from laneway.bench.harness.procs import Children
+from laneway.bench.harness.prompts import PromptFactory
+from laneway.bench.harness.summary import summarize
+from laneway.bench.harness.workload import (
     INTERACTIVE,
     LONG,
-    LoadGenerator,
     LongRequest,
-    PromptFactory,
-    RequestRecord,
     Workload,
     draw_turn,
     session_rng,
-    summarize,
     workload_from_scenario,
 )
-from laneway.bench.procs import Children
 from laneway.simulator.seed import SeedScenario
 from laneway.stats import percentile
 from laneway.tokens import ChatMessage, count_chat, default_tokenizer

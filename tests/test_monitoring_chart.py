@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.api import parse_pool
-from laneway.bench.procs import Children
+from laneway.bench.harness.procs import Children
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.sources import StaticPoolSource

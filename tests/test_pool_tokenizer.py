@@ -20,7 +20,7 @@ from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
 from test_gateway_e2e import client
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from laneway.bench.procs import Children
+from laneway.bench.harness.procs import Children
 from laneway.gateway.serving.counting import OffLoopCounter
 from laneway.gateway.serving.request_body import Endpoint, parse_request
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer

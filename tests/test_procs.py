@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from laneway.bench.procs import Children, laneway_argv
+from laneway.bench.harness.procs import Children, laneway_argv
 from laneway.cli import build_parser
 from laneway.errors import ChildError
 
@@ -144,7 +144,7 @@ def test_output_after_ready_is_drained_so_a_chatty_child_keeps_running() -> None
 
 PARENT_SCRIPT = """
 import asyncio, sys
-from laneway.bench.procs import Children
+from laneway.bench.harness.procs import Children
 
 READY = {ready!r}
 CHILD = {child!r}

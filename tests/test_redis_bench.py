@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.procs import laneway_argv
+from laneway.bench.harness.procs import laneway_argv
 
 
 def test_a_tiny_run_compares_both_backends(tmp_path: Path) -> None:

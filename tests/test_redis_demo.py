@@ -6,8 +6,8 @@ import subprocess
 
 import redis
 
-from laneway.bench.procs import laneway_argv
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import laneway_argv
+from laneway.bench.harness.redis_server import LocalRedis
 
 
 def test_the_demo_runs_on_redis_state(redis_server: LocalRedis) -> None:

@@ -28,8 +28,8 @@ from redis_fleet import (
     write_config,
 )
 
-from laneway.bench.procs import ChildProcess, Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.simulator.seed import PUBLIC_MODEL
 
 TENANTS = """

@@ -6,7 +6,7 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.state.memory import EndpointLoad
 from laneway.gateway.state.redis_store import RedisLoadTracker, connect, redis_settings
 

@@ -18,8 +18,8 @@ from redis_fleet import (
     write_config,
 )
 
-from laneway.bench.procs import Children
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.procs import Children
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.state.redis_store import OutageLog
 from laneway.simulator.seed import PUBLIC_MODEL
 

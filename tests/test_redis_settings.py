@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.exceptions import AuthenticationError
 
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.errors import UsageError
 from laneway.gateway.state.redis_store import (
     RedisSettings,

@@ -15,7 +15,7 @@ from crd_tools import example_documents
 
 from laneway import api
 from laneway.api import POOL_LABEL
-from laneway.bench.procs import Children
+from laneway.bench.harness.procs import Children
 from laneway.cli import build_parser
 from laneway.operator.render import (
     DEFAULT_IMAGES,

@@ -21,8 +21,8 @@ from test_gateway_e2e import eventually
 from test_render_engines import pool
 
 from laneway import api
-from laneway.bench.procs import Children
-from laneway.bench.redis_server import free_port
+from laneway.bench.harness.procs import Children
+from laneway.bench.harness.redis_server import free_port
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.kv_events import KVEventSubscriber
 from laneway.gateway.pools.registry import PoolRegistry

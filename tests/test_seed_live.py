@@ -131,7 +131,7 @@ def test_live_flags_are_checked(flags: list[str], message: str) -> None:
 
 def test_every_configuration_is_a_valid_gateway_config() -> None:
     """The documents live mode writes parse as the gateway parses its --config file."""
-    from laneway.bench.seed_live import gateway_documents
+    from laneway.bench.seed.live import gateway_documents
     from laneway.gateway.config import parse_documents
     from laneway.simulator.profiles import PROFILES
     from laneway.simulator.seed import PUBLIC_MODEL, SeedScenario, seed_configs
@@ -156,8 +156,8 @@ def test_every_configuration_is_a_valid_gateway_config() -> None:
 
 
 def test_live_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> None:
-    from laneway.bench.loadgen import RequestRecord
-    from laneway.bench.seed_live import result_from_records
+    from laneway.bench.harness.loadgen import RequestRecord
+    from laneway.bench.seed.live import result_from_records
 
     def turn(ttft_s: float, gaps_s: tuple[float, ...], status: int = 200) -> RequestRecord:
         return RequestRecord(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from laneway.bench.seed_plot import BIN_S, binned, stalls
+from laneway.bench.seed.plot import BIN_S, binned, stalls
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.seed import SeedScenario, seed_configs
 from laneway.simulator.seed_experiment import RunResult

@@ -154,7 +154,7 @@ def test_cli_rejects_malformed_numbers_through_argparse(capsys: pytest.CaptureFi
 
 
 def test_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> None:
-    from laneway.bench.seed_report import summarize
+    from laneway.bench.seed.report import summarize
 
     quiet = dataclasses.replace(SMALL, long_requests=0)
     by_name = {c.name: c for c in seed_configs(quiet, H200)}
@@ -175,7 +175,7 @@ def test_slo_attainment_counts_turns_whose_ttft_and_every_gap_met_the_slo() -> N
 
 
 def test_sweep_cells_change_one_knob_at_a_time() -> None:
-    from laneway.bench.seed_sweep import sweep_cells
+    from laneway.bench.seed.sweep import sweep_cells
 
     cells = sweep_cells(SeedScenario())
     assert [(c.knob, c.value) for c in cells] == [

@@ -12,8 +12,8 @@ import pytest
 
 from laneway.api import Lane
 from laneway.autoscale import ScalePolicy, ScaleSignal
-from laneway.bench.autoscale import DayScenario, arrivals, in_flight_per_replica, plan
-from laneway.bench.autoscale_sweep import chosen_cells, static_key, sweep_cells
+from laneway.bench.autoscale.day import DayScenario, arrivals, in_flight_per_replica, plan
+from laneway.bench.autoscale.sweep import chosen_cells, static_key, sweep_cells
 from laneway.cli import main
 from laneway.errors import UsageError
 from laneway.simulator.elastic import Arrival, ElasticPool, poisson_arrivals, run_elastic

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_fleet import wait_for
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.prompt_ids import chat_token_ids
 from laneway.tokens import ChatMessage, count_chat, default_tokenizer
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
 
-from laneway.bench.procs import ChildProcess, Children
+from laneway.bench.harness.procs import ChildProcess, Children
 
 PATIENCE = 120.0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from laneway.bench.redis_server import LocalRedis
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.errors import UsageError
 from laneway.gateway.state.tenants import (
     Bucket,

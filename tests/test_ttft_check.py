@@ -1,4 +1,5 @@
-"""Holding the gateway's TTFT histogram against the client's timing (laneway.bench.ttft_check)."""
+"""Holding the gateway's TTFT histogram against the client's timing
+(laneway.bench.seed.ttft_check)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from laneway.bench.ttft_check import (
+from laneway.bench.seed.ttft_check import (
     Histogram,
     agreement,
     bucketed,

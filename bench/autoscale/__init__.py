@@ -1,0 +1,1 @@
+"""`laneway bench autoscale`: static peak-sized pools against elastic ones, and the sweep."""

@@ -1,0 +1,1 @@
+"""`laneway bench chaos`: mixed load through two gateway replicas while faults strike."""

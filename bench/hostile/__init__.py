@@ -1,0 +1,1 @@
+"""`laneway bench hostile`: /healthz latency while hostile request bodies arrive."""

@@ -1,0 +1,1 @@
+"""`laneway bench prefix`: prefix-cache affinity against none and a sticky oracle."""

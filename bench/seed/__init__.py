@@ -1,0 +1,1 @@
+"""`laneway bench seed`: the seed experiment, in virtual time or live, its sweep, table and plot."""
