@@ -22,8 +22,8 @@ from laneway.ledger.decisions import (
 )
 from laneway.ledger.ledger import Ledger
 from laneway.ledger.lines import GateState, Ticket
-from laneway.ledger.load import EndpointLoad
 from laneway.ledger.log import RequestLog
+from laneway.routing.cycle import EndpointLoad
 
 __all__ = [
     "NO_BLOCKS",

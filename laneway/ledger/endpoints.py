@@ -58,8 +58,10 @@ class EndpointBook:
     def ejected(self) -> list[str]:
         return [url for url, health in self._health.items() if health.ejected]
 
-    def knows(self, url: str) -> bool:
-        return url in self._health
+    def healthy(self, url: str) -> bool:
+        """Not ejected (an endpoint no pool lists has no record, and counts as healthy)."""
+        health = self._health.get(url)
+        return health is None or not health.ejected
 
     def failure(self, url: str) -> bool:
         """Count a failure; True when this one ejected the endpoint."""
@@ -109,9 +111,7 @@ class EndpointBook:
         return self._rates
 
     def _not_ejected(self, pool: InferencePool) -> tuple[str, ...]:
-        return tuple(
-            url for url in pool.endpoints if not (h := self._health.get(url)) or not h.ejected
-        )
+        return tuple(url for url in pool.endpoints if self.healthy(url))
 
     def _refresh(self) -> None:
         self._available = {key: self._not_ejected(pool) for key, pool in self.pools.items()}

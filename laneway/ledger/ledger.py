@@ -42,13 +42,14 @@ from laneway.ledger.decisions import (
 from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.lines import GateState, PoolGate, Ticket
-from laneway.ledger.load import EndpointLoad, LoadBook
+from laneway.ledger.load import LoadBook
 from laneway.ledger.log import RequestLog
+from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.kv_events import EngineBlockFeed, KVEvent
-from laneway.routing.plan import PlannedEndpoint, RoutingPlan, make_plan
+from laneway.routing.picker import wants_prefix_blocks
+from laneway.routing.plan import PlannedEndpoint, RoutingPlan, plan_cycle
 from laneway.routing.prefix_index import PrefixIndex
-from laneway.routing.scorers import EndpointView
 from laneway.routing.slo import PrefillRate, within_slo
 
 _State = Literal["queued", "running", "refused"]
@@ -136,12 +137,13 @@ class Ledger:
         ticket: Ticket,
         now: float,
         blocks: PromptBlocks = NO_BLOCKS,
-        candidates: Iterable[str] | None = None,
+        subset: Iterable[str] | None = None,
     ) -> RoutingPlan:
-        """The admitted request's endpoints best first, by the load of this moment.
+        """The admitted request's endpoints best first, by the load of this moment: the
+        pool's endpoints through the filter stage (health, `subset` where a caller gives
+        one), ranked by the profile on the data its scorers ask for.
 
-        `blocks` are the prompt's prefix blocks (empty unless `wants_prefix_blocks`);
-        `candidates`, where given, limits the pick to those endpoints (a caller's subset).
+        `blocks` are the prompt's prefix blocks (empty unless `wants_prefix_blocks`).
         """
         request = self._running(ticket)
         route = request.ask.route
@@ -149,30 +151,14 @@ class Ledger:
         pool = self._endpoints.pools.get(route.pool.key) or route.pool
         if pool is not route.pool:
             route = replace(route, pool=pool)
-        available: Sequence[str] = self._endpoints.available(pool)
-        if candidates is not None:
-            subset = set(candidates)
-            available = [url for url in available if url in subset]
-        matched = self.prefix_index.matched_blocks(blocks.hashes) if blocks.hashes else {}
-        views = []
-        for url in available:
-            load = self._load.of(url)
-            views.append(
-                EndpointView(
-                    url=url,
-                    in_flight=load.in_flight,
-                    prefill_tokens=load.prefill_tokens,
-                    engine=self._endpoints.fresh_metrics(url, now),
-                    cached_prompt_tokens=blocks.cached_tokens(
-                        matched.get(url, 0), route.prefill_tokens
-                    ),
-                    session_key=request.ask.session_key,
-                )
-            )
-        elapsed_ms = (now - request.ask.arrived) * 1000
-        plan = make_plan(
-            route, views, self._endpoints.prefill_rates, self._profile, self._rng, elapsed_ms
+        ask = CycleRequest(
+            route=route,
+            elapsed_ms=(now - request.ask.arrived) * 1000,
+            session_key=request.ask.session_key,
+            subset=None if subset is None else frozenset(subset),
         )
+        facts = _PlanFacts(self, now, blocks, route.prefill_tokens)
+        plan = plan_cycle(candidates(ask, pool.endpoints, facts), self._profile, self._rng)
         request.plan, request.blocks = plan, blocks
         return plan
 
@@ -308,7 +294,7 @@ class Ledger:
     @property
     def wants_prefix_blocks(self) -> bool:
         """Whether the profile scores the prompt's prefix (else `plan` needs no blocks)."""
-        return any(weighted.name == "prefixAffinity" for weighted in self._profile)
+        return wants_prefix_blocks(self._profile)
 
     def pools(self) -> tuple[InferencePool, ...]:
         """The pools now configured: the same tuple until the next update."""
@@ -439,3 +425,31 @@ class Ledger:
             ttft_ms=request.ttft_ms,
             error=error,
         )
+
+
+class _PlanFacts:
+    """The ledger as one plan's producers see it (`laneway.routing.cycle.Facts`)."""
+
+    def __init__(self, ledger: Ledger, now: float, blocks: PromptBlocks, prompt_tokens: int):
+        self._ledger, self._now = ledger, now
+        self._blocks, self._prompt_tokens = blocks, prompt_tokens
+        self._matched: dict[str, int] | None = None
+
+    def load(self, url: str) -> EndpointLoad:
+        return self._ledger._load.of(url)
+
+    def engine(self, url: str) -> EngineMetrics | None:
+        return self._ledger._endpoints.fresh_metrics(url, self._now)
+
+    def prefill_rate(self, url: str) -> PrefillRate | None:
+        return self._ledger._endpoints.prefill_rates.get(url)
+
+    def cached_prompt_tokens(self, url: str) -> int | None:
+        if not self._blocks.hashes:
+            return None
+        if self._matched is None:  # one walk of the index for all endpoints
+            self._matched = self._ledger.prefix_index.matched_blocks(self._blocks.hashes)
+        return self._blocks.cached_tokens(self._matched.get(url, 0), self._prompt_tokens)
+
+    def healthy(self, url: str) -> bool:
+        return self._ledger._endpoints.healthy(url)

@@ -9,22 +9,8 @@ the sum.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class EndpointLoad:
-    in_flight: int = 0
-    prefill_tokens: int = 0  # prompt tokens sent whose first token has not come back
-
-    def plus(self, other: EndpointLoad) -> EndpointLoad:
-        return EndpointLoad(
-            in_flight=self.in_flight + other.in_flight,
-            prefill_tokens=self.prefill_tokens + other.prefill_tokens,
-        )
-
-
-IDLE = EndpointLoad()
+from laneway.routing.cycle import EndpointLoad
 
 
 class LoadBook:
