@@ -18,8 +18,9 @@ sends requests with `cluster.submit(...)` (None: no pool takes the request, the 
 400); the `on_first_token`, `on_token_gap` and `on_finished` hooks report each request's
 progress (a closed-loop session schedules its next turn from `on_finished`). To plug in a
 scaler, subclass `Scaler`: `decide(cluster, now)` is called every `interval_s` while work
-remains and may call `cluster.add_replica` (serving after a cold start) and `cluster.drain`;
-a request that finds its pool with no serving replica waits in the gateway's line for one.
+remains and may call `cluster.add_replica` (serving after a cold start) and `cluster.drain`.
+A request waits in its pool's line where the gateway's would: while the pool has no serving
+replica, or has `maxConcurrentRequests` per serving replica running already.
 
 Routing and every request's bookkeeping are the gateway's own: the runner drives the same
 `laneway.ledger.Ledger` in virtual time (admit, plan, sent, first token, finished), so the

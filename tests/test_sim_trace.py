@@ -22,7 +22,16 @@ H200 = PROFILES["h200-llama3-8b"]
 ENGINE = SchedulerConfig(
     kind="chunked", token_budget=2048, chunk_size=1024, max_num_seqs=2, max_context=8192
 )
-POOLS = [SimPool("chat", Lane.INTERACTIVE, None, 8192, 2, ENGINE)]
+POOLS = [
+    SimPool(
+        name="chat",
+        lane=Lane.INTERACTIVE,
+        max_prompt_tokens=None,
+        max_context_tokens=8192,
+        replicas=2,
+        engine=ENGINE,
+    )
+]
 ARRIVALS = [Arrival(at_s=0.01 * i, prompt_tokens=300 + 97 * i, output_tokens=30) for i in range(12)]
 
 
