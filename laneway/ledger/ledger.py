@@ -70,8 +70,7 @@ class _Request:
     attempts: int = 0
     on: PlannedEndpoint | None = None  # the endpoint its current attempt holds load on
     sent_at: float = 0.0
-    first_token: bool = False  # of the current attempt
-    ttft_ms: float | None = None
+    first: FirstToken | None = None  # the current attempt's first token, once it came
 
 
 class Ledger:
@@ -167,7 +166,7 @@ class Ledger:
         request = self._running(ticket)
         request.attempts += 1
         request.tried = request.on = endpoint
-        request.sent_at, request.first_token = now, False
+        request.sent_at, request.first = now, None
         blocks = request.blocks
         if blocks.hashes and blocks.exact_block_size is None:
             # Every endpoint tried holds the prompt's blocks afterwards, as far as the
@@ -191,17 +190,15 @@ class Ledger:
         on, plan = request.on, request.plan
         assert on is not None, "first_token before sent"
         assert plan is not None, "first_token before plan"
+        if request.first is not None:
+            return request.first  # only the first one counts
         ttft_s = written_at - request.ask.arrived
         met = within_slo(ttft_s, plan.pool.spec.slo.ttft_millis)
         self._demand.record_ttft(plan.pool.key, written_at, met)
-        request.ttft_ms = ttft_s * 1000
-        if not request.first_token:
-            request.first_token = True
-            self._load.prefill_done(on.url, on.prefill_tokens)
-            self._endpoints.first_token(
-                on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000
-            )
-        return FirstToken(ttft_ms=request.ttft_ms, met_slo=met)
+        self._load.prefill_done(on.url, on.prefill_tokens)
+        self._endpoints.first_token(on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000)
+        request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met)
+        return request.first
 
     def failed(self, ticket: Ticket, now: float, *, counts: bool = True) -> Failed:
         """The current attempt failed. `counts`: against the endpoint's health (a read
@@ -365,7 +362,7 @@ class Ledger:
     def _end_attempt(self, request: _Request) -> None:
         on = request.on
         if on is not None:
-            self._load.finish(on.url, on.prefill_tokens, request.first_token)
+            self._load.finish(on.url, on.prefill_tokens, prefill_done=request.first is not None)
             request.on = None
 
     def _granted(self, tickets: Iterable[Ticket], now: float) -> Wakes:
@@ -422,7 +419,7 @@ class Ledger:
             attempts=request.attempts,
             queue_ms=request.queue_ms,
             predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
-            ttft_ms=request.ttft_ms,
+            ttft_ms=request.first.ttft_ms if request.first else None,
             error=error,
         )
 
