@@ -3,15 +3,16 @@ drives it, and the same decisions from a second shell that sees only the trace's
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from laneway.api import Lane
-from laneway.ledger import NO_BLOCKS, Admission, Admitted, Finished, Queued, Sent, Wakes
+from laneway.ledger import NO_BLOCKS, Admission, Admitted, Finished, Ledger, Queued, Sent, Wakes
 from laneway.ledger.recording import Decision, RecordingLedger
 from laneway.routing.lanes import Route, RouteRequest, classify
-from laneway.simulator.elastic import Arrival
+from laneway.simulator.elastic import Arrival, TraceWorkload
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.runner import COMPLETIONS_PATH, ledger_settings
+from laneway.simulator.runner import COMPLETIONS_PATH, VirtualCluster, ledger_settings
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import PUBLIC_MODEL, SEED_PICKING, SimPool
 from laneway.simulator.trace import run_trace
@@ -103,3 +104,24 @@ def test_a_second_shell_fed_the_same_trace_gets_the_same_decisions() -> None:
     # The comparison can fail: a shell that leaves out a step of the bookkeeping (here the
     # first token, which releases the prompt's prefill backlog) plans differently.
     assert _replay(recorded, first_tokens=False) != recorded.decisions()
+
+
+def test_a_full_line_is_the_gateways_429_and_the_workload_hears_none() -> None:
+    burst = [Arrival(at_s=0.0, prompt_tokens=500, output_tokens=30) for _ in range(12)]
+    workload = TraceWorkload(burst)
+    settings = dataclasses.replace(ledger_settings(SEED_PICKING, None), max_waiting=2)
+    cluster = VirtualCluster(
+        POOLS,
+        H200,
+        SEED_PICKING,
+        workload,
+        duration_s=0.0,
+        tie_break="trace",
+        scrape_interval_s=None,
+        ledger=Ledger(settings, random.Random("trace")),
+    )
+    cluster.run()
+    # Two replicas of two slots, two places in line: the other six are refused at once.
+    assert workload.unrouted == 6
+    assert [(log.status, log.error) for log in cluster.logs[:6]] == [(429, "queue_full")] * 6
+    assert [log.status for log in cluster.logs[6:]] == [200] * 6

@@ -335,9 +335,6 @@ class Ledger:
         """Each configured pool's demand as this replica sees it."""
         return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
 
-    def in_flight(self, ticket: Ticket) -> bool:
-        return ticket in self._requests
-
     # -- the rest --------------------------------------------------------------------------
 
     def _running(self, ticket: Ticket) -> _Request:

@@ -7,7 +7,7 @@ replicas' counts arrive as data (`set_peers`, from the Redis shell), and a pick 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from laneway.routing.cycle import EndpointLoad
 
@@ -28,12 +28,9 @@ class LoadBook:
     def finish(self, url: str, prefill_tokens: int, prefill_done: bool) -> None:
         self._add(url, requests=-1, prefill_tokens=0 if prefill_done else -prefill_tokens)
 
-    def own(self, urls: Iterable[str] | None = None) -> dict[str, EndpointLoad]:
-        """This replica's own counts (what it publishes for its peers); every endpoint it
-        has counted when `urls` is None."""
-        if urls is None:
-            return dict(self._own)
-        return {url: self._own.get(url, IDLE) for url in urls}
+    def own(self) -> dict[str, EndpointLoad]:
+        """This replica's own counts on every endpoint it has counted: what it publishes."""
+        return dict(self._own)
 
     def set_peers(self, loads: Mapping[str, EndpointLoad]) -> None:
         """The other replicas' load, summed per endpoint (replaces the previous reading)."""
