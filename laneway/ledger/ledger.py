@@ -95,27 +95,27 @@ class Ledger:
         ticket = next(self._tickets)
         key = ask.route.pool.key
         pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
-        request = _Request(ask, gate or PoolGate(0), "refused", now)
+        request = _Request(ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now)
         self._requests[ticket] = request
         if pool is None or gate is None:
-            return Refused(ticket, "pool_removed", request.gate.state())
+            return Refused(ticket=ticket, reason="pool_removed", gate=request.gate.state())
         # A pool with no endpoint at all is at zero or starting: it admits nobody, so the
         # request waits in line (and counts as demand) for a first replica. One whose
         # endpoints are all ejected is broken, not scaling: that is said at once.
         if pool.endpoints and not self._endpoints.available(pool):
-            return Refused(ticket, "all_ejected", gate.state())
+            return Refused(ticket=ticket, reason="all_ejected", gate=gate.state())
         if gate.closed is not None:
-            return Refused(ticket, gate.closed, gate.state())
+            return Refused(ticket=ticket, reason=gate.closed, gate=gate.state())
         if gate.take_free_slot():
             self._run(request, now)
-            return Admitted(ticket, queue_ms=request.queue_ms or 0.0)
+            return Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0)
         if not gate.can_join():
-            return Refused(ticket, "queue_full", gate.state())
+            return Refused(ticket=ticket, reason="queue_full", gate=gate.state())
         route = ask.route
         gate.join(ticket, route.priority, ask.tenant, ask.fair_tokens)
         request.state = "queued"
         self._demand.add(key, route.prefill_tokens, queued=True)
-        return Queued(ticket)
+        return Queued(ticket=ticket)
 
     def withdraw(self, ticket: Ticket, now: float) -> Withdrawn:
         """The shell stopped waiting (its limit passed, the client left). A slot granted
@@ -123,13 +123,12 @@ class Ledger:
         request = self._requests[ticket]
         wakes = NO_WAKES
         if request.state == "queued":
-            request.gate.withdraw(ticket)
-            self._demand.remove(request.ask.route.pool.key, request.ask.route.prefill_tokens,
-                                queued=True)  # fmt: skip
+            self._leave_line(ticket, request)
         elif request.state == "running":
             wakes = self._stop_running(request, now)
         request.state = "refused"
-        return Withdrawn(Refused(ticket, "timeout", request.gate.state()), wakes)
+        refused = Refused(ticket=ticket, reason="timeout", gate=request.gate.state())
+        return Withdrawn(refused=refused, wakes=wakes)
 
     def plan(
         self,
@@ -156,7 +155,9 @@ class Ledger:
             session_key=request.ask.session_key,
             subset=None if subset is None else frozenset(subset),
         )
-        facts = _PlanFacts(self, now, blocks, route.prefill_tokens)
+        facts = _PlanFacts(
+            self._load, self._endpoints, self.prefix_index, now, blocks, route.prefill_tokens
+        )
         plan = plan_cycle(candidates(ask, pool.endpoints, facts), self._profile, self._rng)
         request.plan, request.blocks = plan, blocks
         return plan
@@ -232,9 +233,7 @@ class Ledger:
         request = self._requests.pop(ticket)
         wakes = NO_WAKES
         if request.state == "queued":
-            request.gate.withdraw(ticket)
-            ask = request.ask
-            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+            self._leave_line(ticket, request)
         elif request.state == "running":
             wakes = self._stop_running(request, now)
         return Finished(log=self._log(request, now, status, error, prompt_tokens), wakes=wakes)
@@ -346,8 +345,13 @@ class Ledger:
     def _run(self, request: _Request, now: float) -> None:
         request.state = "running"
         request.queue_ms = (now - request.joined_at) * 1000
-        self._demand.add(request.ask.route.pool.key, request.ask.route.prefill_tokens,
-                         queued=False)  # fmt: skip
+        route = request.ask.route
+        self._demand.add(route.pool.key, route.prefill_tokens, queued=False)
+
+    def _leave_line(self, ticket: Ticket, request: _Request) -> None:
+        request.gate.withdraw(ticket)
+        route = request.ask.route
+        self._demand.remove(route.pool.key, route.prefill_tokens, queued=True)
 
     def _stop_running(self, request: _Request, now: float) -> Wakes:
         self._end_attempt(request)
@@ -369,7 +373,7 @@ class Ledger:
             ask = request.ask
             self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
             self._run(request, now)
-            granted.append(Admitted(ticket, queue_ms=request.queue_ms or 0.0))
+            granted.append(Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0))
         return Wakes(granted=tuple(granted))
 
     def _refuse(self, gate: PoolGate, reason: str) -> list[Refused]:
@@ -379,7 +383,7 @@ class Ledger:
             ask = request.ask
             self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
             request.state = "refused"
-            refused.append(Refused(ticket, reason, gate.state()))
+            refused.append(Refused(ticket=ticket, reason=reason, gate=gate.state()))
         return refused
 
     def _refresh_limits(self, now: float) -> Wakes:
@@ -424,26 +428,34 @@ class Ledger:
 class _PlanFacts:
     """The ledger as one plan's producers see it (`laneway.routing.cycle.Facts`)."""
 
-    def __init__(self, ledger: Ledger, now: float, blocks: PromptBlocks, prompt_tokens: int):
-        self._ledger, self._now = ledger, now
-        self._blocks, self._prompt_tokens = blocks, prompt_tokens
+    def __init__(
+        self,
+        load: LoadBook,
+        endpoints: EndpointBook,
+        index: PrefixIndex,
+        now: float,
+        blocks: PromptBlocks,
+        prompt_tokens: int,
+    ) -> None:
+        self._load, self._endpoints, self._index = load, endpoints, index
+        self._now, self._blocks, self._prompt_tokens = now, blocks, prompt_tokens
         self._matched: dict[str, int] | None = None
 
     def load(self, url: str) -> EndpointLoad:
-        return self._ledger._load.of(url)
+        return self._load.of(url)
 
     def engine(self, url: str) -> EngineMetrics | None:
-        return self._ledger._endpoints.fresh_metrics(url, self._now)
+        return self._endpoints.fresh_metrics(url, self._now)
 
     def prefill_rate(self, url: str) -> PrefillRate | None:
-        return self._ledger._endpoints.prefill_rates.get(url)
+        return self._endpoints.prefill_rates.get(url)
 
     def cached_prompt_tokens(self, url: str) -> int | None:
         if not self._blocks.hashes:
             return None
         if self._matched is None:  # one walk of the index for all endpoints
-            self._matched = self._ledger.prefix_index.matched_blocks(self._blocks.hashes)
+            self._matched = self._index.matched_blocks(self._blocks.hashes)
         return self._blocks.cached_tokens(self._matched.get(url, 0), self._prompt_tokens)
 
     def healthy(self, url: str) -> bool:
-        return self._ledger._endpoints.healthy(url)
+        return self._endpoints.healthy(url)
