@@ -57,12 +57,12 @@ class ElasticPool:
         """The pool's shape at the start: its lane, routing range, engine and replicas."""
         lane = Lane.INTERACTIVE if self.interactive else Lane.BATCH
         return SimPool(
-            self.name,
-            lane,
-            self.max_prompt_tokens,
-            self.engine.max_context,
-            self.replicas,
-            self.engine,
+            name=self.name,
+            lane=lane,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_context_tokens=self.engine.max_context,
+            replicas=self.replicas,
+            engine=self.engine,
         )
 
 
@@ -106,7 +106,10 @@ class _PoolScaling:
 
     def trace(self) -> PoolTrace:
         return PoolTrace(
-            tuple(self.at), tuple(self.counts), tuple(self.demand), tuple(self.reasons)
+            at_s=tuple(self.at),
+            replicas=tuple(self.counts),
+            demand=tuple(self.demand),
+            reasons=tuple(self.reasons),
         )
 
 
@@ -155,11 +158,9 @@ class AutoScaler(Scaler):
 
     def _demand(self, cluster: VirtualCluster, now: float, index: int) -> LaneDemand:
         pool = self._pools[index]
-        line = cluster.pools[index].queue
-        queued = [cluster.requests[r] for r in line]
-        in_flight = [
-            r for rid, r in cluster.requests.items() if r.pool == index and rid not in line
-        ]
+        mine = [r for r in cluster.requests.values() if r.pool == index]
+        queued = [r for r in mine if r.replica == -1]  # still in the gateway's line
+        in_flight = [r for r in mine if r.replica != -1]
         pool.finished = [(t, met) for t, met in pool.finished if now - t <= ATTAINMENT_WINDOW_S]
         attainment = (
             sum(met for _, met in pool.finished) / len(pool.finished) if pool.finished else None
@@ -185,7 +186,7 @@ class AutoScaler(Scaler):
             return
         # Stop the least useful first: still starting, then the least loaded.
         replicas = cluster.replicas
-        victims = sorted(active, key=lambda i: (replicas[i].ready, replicas[i].in_flight, -i))[
+        victims = sorted(active, key=lambda i: (replicas[i].ready, cluster.load(i).in_flight, -i))[
             : len(active) - desired
         ]
         for replica_index in victims:
@@ -216,11 +217,11 @@ class TraceWorkload(Workload):
         assert request.first_token_s is not None
         self.outcomes.append(
             RequestOutcome(
-                request.pool,
-                request.arrival_s,
-                request.first_token_s - request.arrival_s,
-                request.max_gap_s,
-                now,
+                pool=request.pool,
+                arrival_s=request.arrival_s,
+                ttft_s=request.first_token_s - request.arrival_s,
+                max_gap_s=request.max_gap_s,
+                finished_s=now,
             )
         )
 
