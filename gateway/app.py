@@ -35,7 +35,6 @@ from laneway.gateway.keys import (
     STOP,
     TOKENIZER,
     TRACKER,
-    UPSTREAM,
 )
 from laneway.gateway.lifecycle import Stop, background
 from laneway.gateway.metrics import GatewayMetrics
@@ -43,15 +42,15 @@ from laneway.gateway.pools.kv_events import KVEventSubscriber
 from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
-from laneway.gateway.serving.arrival import stamp_arrival
-from laneway.gateway.serving.call import AiohttpCall
 from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
+from laneway.gateway.serving.incoming import expect_continue
+from laneway.gateway.serving.protocol import stamp_arrival
 from laneway.gateway.serving.proxy import handle_completion
 from laneway.gateway.serving.request_body import Endpoint
-from laneway.gateway.serving.upstream import UpstreamLimits, UpstreamPool
+from laneway.gateway.shared import SharedStateOptions, install
+from laneway.gateway.state.callers import caller_of, routing_tenant
 from laneway.gateway.state.demand import DemandBook
 from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.gateway.state.shared import SharedStateOptions, caller_of, install, routing_tenant
 from laneway.routing.lanes import serves_tenant
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
@@ -101,8 +100,8 @@ def create_app(
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
-    app.router.add_post("/v1/chat/completions", _completion(Endpoint.CHAT))
-    app.router.add_post("/v1/completions", _completion(Endpoint.COMPLETIONS))
+    for endpoint in Endpoint:
+        app.router.add_post(endpoint.value, _completion(endpoint), expect_handler=expect_continue)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -116,9 +115,7 @@ def create_app(
 
 def _completion(endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        call = AiohttpCall(request)
-        await handle_completion(call, endpoint)
-        return call.response
+        return await handle_completion(request, endpoint)
 
     return handler
 
@@ -131,9 +128,19 @@ async def _flush_access_log(app: web.Application) -> None:
     app[ACCESS_LOG].flush()
 
 
+# An idle connection to an engine is reused within this and closed after: under the 5 s idle
+# timeout of uvicorn (vLLM's and SGLang's server), so the engine never closes a connection
+# just as a request is written on it.
+ENGINE_KEEPALIVE_S = 4.0
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
-    # Many concurrent streams to few engines: no per-host cap on the pool of connections.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    """The one client session for every engine request: completions, scrapes, probes,
+    batch items."""
+    # Many concurrent streams to few engines: no cap on the pool of connections.
+    connector = aiohttp.TCPConnector(
+        limit=0, limit_per_host=0, keepalive_timeout=ENGINE_KEEPALIVE_S
+    )
     limits = app[SETTINGS].upstream
     # The engines' timeouts as the session's default, built once: the request path passes
     # none, and every other caller (scrape, probe, batch dispatch) passes its own.
@@ -142,16 +149,9 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         sock_connect=limits.connect_timeout_millis / 1000,
         sock_read=limits.read_timeout_millis / 1000,
     )
-    app[UPSTREAM] = upstream = UpstreamPool(
-        UpstreamLimits(limits.connect_timeout_millis / 1000, limits.read_timeout_millis / 1000),
-        app[CLOCK],
-    )
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session
-        try:
-            yield
-        finally:
-            upstream.close()
+        yield
 
 
 def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from laneway.api import Lane
-from laneway.gateway.serving.admission import PoolGate
+from laneway.gateway.pools.admission import PoolGate
 
 
 async def test_batch_waiters_leave_in_fair_share_order_after_interactive_ones() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from laneway.api import Lane
-from laneway.gateway.serving.admission import AdmissionRefused, PoolGate
+from laneway.gateway.pools.admission import AdmissionRefused, PoolGate
 
 
 async def settle() -> None:

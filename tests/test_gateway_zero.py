@@ -21,8 +21,8 @@ from laneway.bench.redis_server import LocalRedis
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings, QueueSettings
 from laneway.gateway.pools.sources import PoolUpdate
+from laneway.gateway.shared import SharedStateOptions, announce_listening
 from laneway.gateway.state.redis_store import RedisSettings
-from laneway.gateway.state.shared import SharedStateOptions, announce_listening
 
 DOCS = "default/docs"
 

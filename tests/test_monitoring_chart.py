@@ -24,7 +24,7 @@ from laneway.bench.procs import Children
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.sources import StaticPoolSource
-from laneway.gateway.state.shared import SharedStateOptions
+from laneway.gateway.shared import SharedStateOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "laneway"

@@ -35,6 +35,7 @@ from laneway.gateway.batch.batches import (
     response_line,
 )
 from laneway.gateway.serving.request_body import LANE_HEADER
+from laneway.gateway.state.callers import INTERNAL_HEADER, TENANT_HEADER
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import REDIS_DOWN, OutageLog
 from laneway.gateway.state.settings import BATCH_CONCURRENCY, BATCH_LEASE_S
@@ -42,8 +43,6 @@ from laneway.routing.fairshare import FairShareQueue
 
 log = logging.getLogger("laneway.gateway.batch.dispatcher")
 
-INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
-TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
 # The lane is full or has no endpoint right now: wait and try again, for as long as the
 # batch's window lasts (batch items are paced by this dispatcher, not by per-minute limits,
 # so a 429 here always means saturation).

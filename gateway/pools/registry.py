@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.serving.admission import PoolGate
+from laneway.gateway.pools.admission import PoolGate
 from laneway.routing.engine_metrics import EngineMetrics, prefix_cache_reset
 from laneway.routing.health import Health, after_failure, after_probe, after_success
 from laneway.routing.slo import PRIOR, PrefillRate

@@ -26,6 +26,7 @@ from laneway.api import InferencePool, Lane
 from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.keys import (
     ACCESS_LOG,
+    ARRIVED,
     CLOCK,
     DEMAND,
     METRICS,
@@ -37,16 +38,16 @@ from laneway.gateway.keys import (
     SESSION,
     SETTINGS,
     TRACKER,
-    UPSTREAM,
 )
+from laneway.gateway.pools.admission import AdmissionRefused
 from laneway.gateway.pools.scrape import probe_health
-from laneway.gateway.serving.admission import AdmissionRefused
-from laneway.gateway.serving.call import Call
 from laneway.gateway.serving.counting import LocalCount, PromptCounter
 from laneway.gateway.serving.engine_usage import engine_prompt_tokens
 from laneway.gateway.serving.first_token import FirstTokenWatch
+from laneway.gateway.serving.incoming import SESSION_HEADER, read_body
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.request_body import (
+    LANE_HEADER,
     Endpoint,
     ParsedRequest,
     json_values,
@@ -54,9 +55,8 @@ from laneway.gateway.serving.request_body import (
     parse_request,
     parse_scanned,
 )
-from laneway.gateway.serving.upstream import UpstreamError, UpstreamResponse
+from laneway.gateway.state.callers import admit_tenant, caller_of, routing_tenant, tenant_name
 from laneway.gateway.state.memory import Lease
-from laneway.gateway.state.shared import admit_tenant, routing_tenant, tenant_name
 from laneway.prompt_ids import chat_token_ids
 from laneway.routing.kv_events import cached_tokens, token_block_keys
 from laneway.routing.lanes import (
@@ -108,6 +108,8 @@ class _Outcome:
     error: str | None = None
     # The client has the whole response: a client that leaves after this is no 499.
     complete: bool = False
+    # The stream whose head went out: past it, an error can only end the connection.
+    stream: web.StreamResponse | None = None
 
     def routing_headers(self) -> dict[str, str]:
         if self.route is None:
@@ -206,32 +208,42 @@ class UpstreamFailed(Exception):
         self.kind = kind
 
 
-async def handle_completion(call: Call, endpoint: Endpoint) -> None:
-    """Serve one completion request; its answer goes out through `call`. A bug propagates
-    (the shell answers 500 and logs it)."""
-    clock = call.app[CLOCK]
-    started = call.arrived  # when its first bytes were read, as the client's clock runs
+async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """Serve one completion request. A bug before a stream's head propagates (the error
+    middleware answers 500 and logs it); one after it is logged and ends the connection."""
+    app = request.app
+    clock = app[CLOCK]
+    started = request[ARRIVED]  # when its first bytes were read, as the client's clock runs
     outcome = _Outcome()
     try:
-        await _serve(call, endpoint, started, outcome)
+        return await _serve(request, endpoint, started, outcome)
     except ApiError as error:
         outcome.status, outcome.error = error.status, error.code
-        call.answer(error.status, error.encoded(), error.headers(outcome.routing_headers()))
+        return error.response(outcome.routing_headers())
     except asyncio.CancelledError:
         _client_gone(outcome)
         raise
     except Exception:
-        outcome.status, outcome.error = 500, "internal_error"  # the shell logs it
-        raise
+        outcome.status, outcome.error = 500, "internal_error"
+        if outcome.stream is None:
+            raise
+        log.exception("unhandled error on POST %s mid-stream", endpoint.value)
+        if request.transport is not None:
+            request.transport.abort()
+        return outcome.stream
     finally:
         total_ms = (clock() - started) * 1000
-        _record(call.app, RequestLog.of(endpoint, outcome, total_ms))
+        _record(app, RequestLog.of(endpoint, outcome, total_ms))
 
 
-async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outcome) -> None:
-    app = call.app
+async def _serve(
+    request: web.Request, endpoint: Endpoint, started: float, outcome: _Outcome
+) -> web.StreamResponse:
+    app = request.app
     settings = app[SETTINGS]
-    body = await call.body(settings.max_body_bytes, settings.clients.body_timeout_millis / 1000)
+    caller = caller_of(request)
+    deadline_s = settings.clients.body_timeout_millis / 1000
+    body = await read_body(request, settings.max_body_bytes, deadline_s)
     if len(body) <= INLINE_COUNT_BYTES:
         parsed, inline = parse_request(body, endpoint), True
     elif len(body) <= INLINE_PARSE_BYTES and json_values(body) <= INLINE_PARSE_VALUES:
@@ -241,14 +253,14 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
         # Parsing is linear in the body, but a few MB of tiny strings still take a while.
         parsed = await asyncio.to_thread(parse_request, body, endpoint)
     outcome.parsed = parsed
-    pinned = parse_lane(call.lane)
+    pinned = parse_lane(request.headers.get(LANE_HEADER))
 
     route, count = await _route(
-        app, parsed, len(body), inline, pinned, routing_tenant(call.caller), outcome
+        app, parsed, len(body), inline, pinned, routing_tenant(caller), outcome
     )
     pool = route.pool
     context = pool.spec.limits.max_context_tokens
-    await admit_tenant(app, call.caller, parsed.charge(route.prefill_tokens, context))
+    await admit_tenant(app, caller, parsed.charge(route.prefill_tokens, context))
     outcome.route = route
     try:
         registry = app[REGISTRY]
@@ -269,7 +281,7 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
                     async with asyncio.timeout(limit_ms / 1000):
                         await gate.acquire(
                             route.priority,
-                            tenant_name(call.caller),
+                            tenant_name(caller),
                             parsed.sequences * route.prefill_tokens,
                         )
             except (AdmissionRefused, TimeoutError) as refused:
@@ -280,10 +292,10 @@ async def _serve(call: Call, endpoint: Endpoint, started: float, outcome: _Outco
         try:
             with demand.running(pool.key, route.prefill_tokens):
                 blocks = await _prompt_blocks(app, parsed, pool)
-                session = (call.session or "").strip() or None
+                session = (request.headers.get(SESSION_HEADER) or "").strip() or None
                 plan = await _plan(app, route, started, blocks, session)
-                exchange = _Exchange(call, parsed, body, plan, blocks, count, started, outcome)
-                await _forward(exchange)
+                exchange = _Exchange(request, parsed, body, plan, blocks, count, started, outcome)
+                return await _forward(exchange)
         finally:
             gate.release()
     finally:
@@ -571,7 +583,7 @@ async def _prompt_blocks(
 class _Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
 
-    call: Call
+    request: web.Request
     parsed: ParsedRequest
     body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
     plan: RoutingPlan
@@ -582,10 +594,10 @@ class _Exchange:
 
     @property
     def app(self) -> web.Application:
-        return self.call.app
+        return self.request.app
 
 
-async def _forward(exchange: _Exchange) -> None:
+async def _forward(exchange: _Exchange) -> web.StreamResponse:
     app, outcome, plan = exchange.app, exchange.outcome, exchange.plan
     metrics = app[METRICS]
     served = plan.pool.spec.served_model_name
@@ -601,8 +613,7 @@ async def _forward(exchange: _Exchange) -> None:
         if exchange.prefix.hashes and exchange.prefix.exact_block_size is None:
             app[PREFIX_INDEX].record(candidate.url, exchange.prefix.hashes)
         try:
-            await _attempt(exchange, candidate, served, body)
-            return
+            return await _attempt(exchange, candidate, served, body)
         except UpstreamFailed as failure:
             await _note_failure(app, candidate.url, str(failure), failure.kind == "timeout")
             metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
@@ -613,7 +624,7 @@ async def _forward(exchange: _Exchange) -> None:
 
 async def _attempt(
     exchange: _Exchange, endpoint: PlannedEndpoint, served: str, body: bytes
-) -> None:
+) -> web.StreamResponse:
     """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
     app, outcome, url = exchange.app, exchange.outcome, endpoint.url
     tracker = app[TRACKER]
@@ -624,38 +635,67 @@ async def _attempt(
     own_s = now - exchange.started - (outcome.queue_ms or 0.0) / 1000
     sent = _Sent(endpoint.backlog_tokens, now, own_s)
     try:
-        upstream = await app[UPSTREAM].post(url, exchange.parsed.endpoint.value, body)
         try:
-            if upstream.status >= 500:
-                detail = (await upstream.read())[:300].decode("utf-8", "replace")
-                raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
+            upstream = await app[SESSION].post(
+                url + exchange.parsed.endpoint.value, data=body, headers=JSON_CONTENT
+            )
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _upstream_failed(error) from None
+        try:
+            if upstream.status >= 500 or upstream.status != 200 or not exchange.parsed.stream:
+                return await _whole_answer(exchange, upstream, url, served, own_s)
             app[METRICS].overhead.request.observe(own_s)
-            if upstream.status != 200 or not exchange.parsed.stream:
-                body = await upstream.read()
-                engine_count = (
-                    engine_prompt_tokens(body)
-                    if upstream.status == 200 and exchange.parsed.sequences == 1
-                    else None
-                )
-                if rename := rewriter(served, exchange.parsed.model):
-                    body = rename.whole(body)
-                app[REGISTRY].record_success(url)
-                outcome.prompt_tokens = (
-                    await exchange.count if engine_count is None else engine_count
-                )
-                outcome.status = upstream.status
-                exchange.call.answer(upstream.status, body, outcome.routing_headers())
-                return
             app[REGISTRY].record_success(url)
             rename = rewriter(served, exchange.parsed.model)
-            await _relay_stream(exchange, upstream, lease, progress, sent, rename)
+            return await _relay_stream(exchange, upstream, lease, progress, sent, rename)
         finally:
+            # Back to the session's pool if the answer ended; closed otherwise, so the
+            # engine sees its client go away and stops.
             upstream.release()
-    except (UpstreamError, TimeoutError) as error:
-        kind = "timeout" if isinstance(error, TimeoutError) else "connection"
-        raise UpstreamFailed(kind, f"{type(error).__name__}: {error}") from None
     finally:
         await tracker.finish(lease, progress.first_token)
+
+
+JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def _upstream_failed(error: aiohttp.ClientError | TimeoutError) -> UpstreamFailed:
+    kind = "timeout" if isinstance(error, TimeoutError) else "connection"
+    return UpstreamFailed(kind, f"{type(error).__name__}: {error}")
+
+
+async def _whole_answer(
+    exchange: _Exchange,
+    upstream: aiohttp.ClientResponse,
+    url: str,
+    served: str,
+    own_s: float,
+) -> web.Response:
+    app, outcome = exchange.app, exchange.outcome
+    try:
+        body = await upstream.read()
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise _upstream_failed(error) from None
+    if upstream.status >= 500:
+        detail = body[:300].decode("utf-8", "replace")
+        raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
+    app[METRICS].overhead.request.observe(own_s)
+    engine_count = (
+        engine_prompt_tokens(body)
+        if upstream.status == 200 and exchange.parsed.sequences == 1
+        else None
+    )
+    if rename := rewriter(served, exchange.parsed.model):
+        body = rename.whole(body)
+    app[REGISTRY].record_success(url)
+    outcome.prompt_tokens = await exchange.count if engine_count is None else engine_count
+    outcome.status = upstream.status
+    return web.Response(
+        status=upstream.status,
+        body=body,
+        content_type="application/json",
+        headers=outcome.routing_headers(),
+    )
 
 
 @dataclass
@@ -674,83 +714,75 @@ class _Sent:
 
 async def _relay_stream(
     exchange: _Exchange,
-    upstream: UpstreamResponse,
+    upstream: aiohttp.ClientResponse,
     lease: Lease,
     progress: _Progress,
     sent: _Sent,
     rename: ModelNameRewriter | None,
-) -> None:
+) -> web.StreamResponse:
     """Relay SSE as it arrives; after the first byte there is no retry.
 
-    The engine connection pushes each read to `_StreamRelay`, which writes it to the client
-    from that callback; this task sleeps until what only it can do: the first token (the
-    tracker's I/O), the end, an error, the client gone.
+    Each read of the engine is written to the client before the next read: while the
+    client's buffer is full the write waits, the engine's socket is not read, and TCP holds
+    the engine back; the write deadline runs meanwhile (`_ClientWrites`).
     """
     app, outcome = exchange.app, exchange.outcome
     outcome.prompt_tokens = await exchange.count
-    client = exchange.call
-    await client.start_stream(outcome.routing_headers())
+    response = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            **outcome.routing_headers(),
+        },
+    )
+    writes = _ClientWrites(exchange, response)
+    # Sent at once: the client learns the route (and its openai call returns) before the
+    # first token, which may be seconds away.
+    if not await writes.start():
+        upstream.close()
+        return response
+    outcome.stream = response
     outcome.status = 200
-    writes = _ClientWrites(exchange)
-    relay = _StreamRelay(exchange, upstream, sent, rename, writes)
+    relay = _StreamRelay(exchange, sent, rename)
     try:
-        upstream.push_to(relay)  # what came with the head is relayed at once, maybe all
-        while True:
-            if relay.first_token is not None:
-                read_at, written_at = relay.first_token
-                relay.first_token = None
-                await _note_first_token(exchange, lease, progress, sent, read_at, written_at)
-            if relay.over or relay.gone:
-                break
-            await relay.news()
-        if relay.gone:
-            return  # the upstream is closed: the engine sees it
-        rest = rename.flush() if rename else b""
-        if relay.error is not None:
-            error, pool = relay.error, exchange.plan.pool.name
+        try:
+            async for data in upstream.content.iter_any():
+                chunk, read_at = relay.received(data)
+                if not chunk:
+                    continue
+                if not await writes.write(chunk):
+                    upstream.close()  # the engine sees its client go away
+                    return response
+                if relay.written(chunk, read_at):
+                    await _note_first_token(exchange, lease, progress, sent, read_at, relay.now)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            rest = rename.flush() if rename else b""
             why = f"mid-stream: {type(error).__name__}: {error}"
             await _note_failure(app, lease.endpoint, why, isinstance(error, TimeoutError))
+            pool = exchange.plan.pool.name
             app[METRICS].upstream_errors.labels(pool, lease.endpoint, "mid_stream").inc()
             outcome.error = "upstream_failed_mid_stream"
-            await _end_with_error(writes, error, rest, relay.written)
-            return
-        if rest:
-            try:
-                client.push(rest)
-            except ConnectionError:
-                writes.gone()
-                return
+            await _end_with_error(writes, error, rest, relay.tail)
+            return response
+        rest = rename.flush() if rename else b""
+        if rest and not await writes.write(rest):
+            return response
         outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await writes.end()
+        return response
     finally:
-        relay.stop()
         writes.close()
 
 
 class _StreamRelay:
-    """A stream's engine-to-client relay, run from the engine connection's reads (its
-    `StreamSink`): each read's bytes are renamed, written to the client and timed there.
+    """A stream's bookkeeping per relayed read: renamed, parsed for its first token until it
+    comes, timed once written (TBT, the gateway's own time), watched for its end."""
 
-    Per read, no task is woken and no future made: a burst of chunks from one engine step
-    costs the loop one callback, not a task step per chunk with a new request waiting
-    behind them. While the client's buffer is full the engine's socket is not read (TCP
-    holds the engine back); the write deadline runs meanwhile (`_ClientWrites`).
-    """
-
-    def __init__(
-        self,
-        exchange: _Exchange,
-        upstream: UpstreamResponse,
-        sent: _Sent,
-        rename: ModelNameRewriter | None,
-        writes: _ClientWrites,
-    ) -> None:
+    def __init__(self, exchange: _Exchange, sent: _Sent, rename: ModelNameRewriter | None) -> None:
         app, plan = exchange.app, exchange.plan
         metrics = app[METRICS]
-        self._upstream = upstream
         self._rename = rename
-        self._writes = writes
-        self._client = exchange.call
         self._outcome = exchange.outcome
         self._clock = app[CLOCK]
         self._overhead = metrics.overhead
@@ -758,88 +790,44 @@ class _StreamRelay:
         self._tbt_slo_millis = plan.pool.spec.slo.tbt_millis
         self._sent_overhead_s = sent.overhead_s
         self._first_token = FirstTokenWatch()
+        self._first = False  # the chunk being relayed completes the first token
+        self._ends = False  # it holds the end marker
         self._last_event: float | None = None
-        self._waiter: asyncio.Future[None] | None = None
         # The end of what the client has: enough to tell an event boundary and the end marker.
-        self.written = b"\n\n"
-        # For the relay task: (read, written) times of the first token's bytes, not yet noted.
-        self.first_token: tuple[float, float] | None = None
-        self.over = False  # the engine's answer ended, with `error` if it broke
-        self.error: Exception | None = None
-        self.gone = False  # the client is gone (or the relay task stopped)
+        self.tail = b"\n\n"
+        self.now = 0.0  # when the last chunk was written
 
-    async def news(self) -> None:
-        """Until there is something for the relay task to do."""
-        if self.first_token is None and not self.over and not self.gone:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-
-    def stop(self) -> None:
-        """The relay task is done: a late callback changes nothing."""
-        self.gone = True
-
-    # -- StreamSink -----------------------------------------------------------------------
-
-    def received(self, data: bytes, at: float) -> None:
-        if self.gone:
-            return
+    def received(self, data: bytes) -> tuple[bytes, float]:
+        """What of `data` to write to the client now (whole lines, renamed), and when it was
+        read."""
+        read_at = self._clock()
         # Only the chunks up to the first token are parsed for it; none after.
-        first = not self._first_token.seen and self._first_token.feed(data)
-        chunk = self._rename.feed(data) if self._rename else data  # whole lines
-        if not chunk:
-            return
-        try:
-            room = self._client.push(chunk)
-        except ConnectionError:
-            self._client_gone()
-            return
-        # TTFT and TBT are taken once the bytes are on their way to the client; the
-        # gateway's relay time of them runs from when the engine's read began.
-        now = self._clock()
-        self._overhead.chunk.observe(now - at)
+        self._first = not self._first_token.seen and self._first_token.feed(data)
+        chunk = self._rename.feed(data) if self._rename else data
+        ending = self.tail + chunk[-SSE_TAIL:]
+        self._ends = bool(chunk) and not self._outcome.complete and STREAM_END in ending
+        if self._ends:
+            # Taken before the write that sends the end: the client, once it has it, may
+            # ask /metrics for it at once.
+            self._overhead.stream.observe(self._sent_overhead_s + self._clock() - read_at)
+        return chunk, read_at
+
+    def written(self, chunk: bytes, read_at: float) -> bool:
+        """`chunk` is on its way to the client: time it; True when it held the first token
+        (TTFT and TBT are taken as the client's clock runs: once written)."""
+        self.now = now = self._clock()
+        self._overhead.chunk.observe(now - read_at)
+        first = self._first
         if first:
-            self.first_token = (at, now)
             self._last_event = now
-            self._wake()
         elif self._last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
             gap = now - self._last_event
             self._gaps.observe(gap, within_slo(gap, self._tbt_slo_millis))
             self._last_event = now
-        self.written = (self.written + chunk[-SSE_TAIL:])[-SSE_TAIL:]
-        if not self._outcome.complete and STREAM_END in self.written:
+        self.tail = (self.tail + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+        if self._ends:
             self._outcome.complete = True
-            # Taken in the callback that wrote the end: before the client, which has it, can
-            # ask /metrics for it.
-            self._overhead.stream.observe(self._sent_overhead_s + now - at)
-        if not room:
-            self._upstream.pause_reading()
-            self._writes.block()
-            self._client.when_writable(self._writable)
-
-    def ended(self, error: Exception | None) -> None:
-        self.over, self.error = True, error
-        self._wake()
-
-    # -- the rest -------------------------------------------------------------------------
-
-    def _writable(self) -> None:
-        if self.gone or self.over:
-            return
-        self._writes.unblock()
-        self._upstream.resume_reading()
-
-    def _client_gone(self) -> None:
-        self.gone = True
-        self._writes.gone()
-        self._upstream.close()  # the engine sees its client go away
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        return first
 
 
 async def _note_first_token(
@@ -869,42 +857,49 @@ async def _note_first_token(
 
 
 class _ClientWrites:
-    """A stream's write deadline (issue 14), and what a client that left means.
+    """A stream's writes to its client, under the write deadline (issue 14), and what a
+    client that left means.
 
-    A client that reads nothing fills the socket's buffer and then blocks the stream: after
-    the deadline it is cut off, so it holds neither the engine nor the pool's slot. One
-    timer watches the whole stream, re-armed at most once per deadline, where a timeout per
-    write cost a timer and a context manager per relayed chunk.
+    A client that reads nothing fills the socket's buffer and then blocks the stream's
+    write: after the deadline it is cut off, so it holds neither the engine nor the pool's
+    slot. One timer watches the whole stream, re-armed at most once per deadline, rather
+    than a timeout per relayed chunk.
     """
 
-    def __init__(self, exchange: _Exchange) -> None:
+    def __init__(self, exchange: _Exchange, response: web.StreamResponse) -> None:
         self._outcome = exchange.outcome
-        self.client = exchange.call
+        self._request = exchange.request
+        self._response = response
         self._loop = asyncio.get_running_loop()
         self._deadline_s = exchange.app[SETTINGS].clients.write_timeout_millis / 1000
         self._blocked_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._cut_off = False
 
-    def block(self) -> None:
-        """The client's buffer is full: the deadline runs from now, until `unblock`."""
-        if self._blocked_since is None:
-            self._blocked_since = now = self._loop.time()
-            if self._timer is None:
-                self._timer = self._loop.call_at(now + self._deadline_s, self._check)
+    async def start(self) -> bool:
+        """Send the stream's head; False when the client is gone."""
+        return await self._under_deadline(self._response.prepare(self._request))
 
-    def unblock(self) -> None:
-        self._blocked_since = None
+    async def write(self, chunk: bytes) -> bool:
+        """Write `chunk`, waiting while the client's buffer is full; False when it is gone."""
+        return await self._under_deadline(self._response.write(chunk))
 
     async def end(self) -> None:
         """The stream's end, under the deadline while it waits for the client to read."""
-        self.block()
+        await self._under_deadline(self._response.write_eof())
+
+    async def _under_deadline(self, write: Awaitable[object]) -> bool:
+        self._blocked_since = now = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(now + self._deadline_s, self._check)
         try:
-            await self.client.end()
+            await write
         except ConnectionError:
             self.gone()
+            return False
         finally:
-            self.unblock()
+            self._blocked_since = None
+        return True
 
     def gone(self) -> None:
         """The client's connection is gone: cut off, or closed by the client."""
@@ -922,15 +917,16 @@ class _ClientWrites:
         self._timer = None
         since = self._blocked_since
         if since is None:
-            return  # the client reads again: the next block arms the timer again
+            return  # no write waits: the next one arms the timer again
         if self._loop.time() - since < self._deadline_s:
             self._timer = self._loop.call_at(since + self._deadline_s, self._check)
             return
         self._cut_off = True
-        self.gone()  # before the abort: a shell that cancels the request on it keeps this
+        self.gone()  # before the abort, which may cancel the request (handler_cancellation)
         # A close would wait for the buffer to drain, which it never does; the aborted
-        # connection fails the next write, or cancels the request.
-        self.client.abort()
+        # connection fails the waiting write, or cancels the request.
+        if (transport := self._request.transport) is not None:
+            transport.abort()
 
 
 def _client_gone(outcome: _Outcome) -> None:
@@ -956,12 +952,8 @@ async def _end_with_error(
         + json.dumps(body).encode()
         + b"\n\n"
     )
-    try:
-        writes.client.push(event)
-    except ConnectionError:
-        writes.gone()
-        return
-    await writes.end()
+    if await writes.write(event):
+        await writes.end()
 
 
 async def _note_failure(app: web.Application, url: str, why: str, timed_out: bool) -> None:
