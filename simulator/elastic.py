@@ -155,11 +155,9 @@ class AutoScaler(Scaler):
 
     def _demand(self, cluster: VirtualCluster, now: float, index: int) -> LaneDemand:
         pool = self._pools[index]
-        line = cluster.pools[index].queue
-        queued = [cluster.requests[r] for r in line]
-        in_flight = [
-            r for rid, r in cluster.requests.items() if r.pool == index and rid not in line
-        ]
+        mine = [r for r in cluster.requests.values() if r.pool == index]
+        queued = [r for r in mine if r.replica == -1]  # still in the gateway's line
+        in_flight = [r for r in mine if r.replica != -1]
         pool.finished = [(t, met) for t, met in pool.finished if now - t <= ATTAINMENT_WINDOW_S]
         attainment = (
             sum(met for _, met in pool.finished) / len(pool.finished) if pool.finished else None
@@ -185,7 +183,7 @@ class AutoScaler(Scaler):
             return
         # Stop the least useful first: still starting, then the least loaded.
         replicas = cluster.replicas
-        victims = sorted(active, key=lambda i: (replicas[i].ready, replicas[i].in_flight, -i))[
+        victims = sorted(active, key=lambda i: (replicas[i].ready, cluster.load(i).in_flight, -i))[
             : len(active) - desired
         ]
         for replica_index in victims:

@@ -21,12 +21,20 @@ scaler, subclass `Scaler`: `decide(cluster, now)` is called every `interval_s` w
 remains and may call `cluster.add_replica` (serving after a cold start) and `cluster.drain`;
 a request that finds its pool with no serving replica waits in the gateway's line for one.
 
-Routing is the gateway's own: `lanes.classify` picks the pool and `plan.make_plan` ranks its
-serving replicas with the picking profile and a seeded tie-break, fed from the runner's
-accounting (requests in flight, prompt tokens awaiting their first token, the prefill rate
-each replica's first tokens teach), engine gauges (queue depth, KV usage) sampled every
-`scrape_interval_s` as the gateway scrapes them, and, when the profile has the
-prefixAffinity scorer and the workload sends token ids, the gateway's prefix index.
+Routing and every request's bookkeeping are the gateway's own: the runner drives the same
+`laneway.ledger.Ledger` in virtual time (admit, plan, sent, first token, finished), so the
+pool gates and lines, in-flight load, prefix index, learned prefill rates and demand are the
+ledger's, and each request ends with the `RequestLog` the gateway would write. Engine gauges
+(queue depth, KV usage) reach the ledger every `scrape_interval_s`, as the gateway scrapes
+them; a pool's endpoints are its ready replicas that are not draining, as discovery lists
+them. What stays here is the engine side: each replica's `EngineCore`, its steps and busy
+time, and when tokens reach the client.
+
+Prefix blocks: the workload's prompts are token ids without text, where the gateway cuts a
+prompt's text into `block_chars`-character blocks. Prose runs about four characters per
+token, so the runner cuts `block_chars / 4`-token blocks: the same blocks per prompt as the
+gateway's estimate on prose, hashed from ids instead of characters (which changes no match:
+two prompts share a block exactly when they share everything before it).
 
 A replica starts its next step the moment the previous one completes (or the moment work
 arrives at an idle replica); the step's tokens reach the client when the step ends.
@@ -42,13 +50,23 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from laneway.api import Lane
+from laneway.ledger import (
+    NO_BLOCKS,
+    Admission,
+    Admitted,
+    EndpointLoad,
+    Ledger,
+    LedgerSettings,
+    PromptBlocks,
+    Refused,
+    RequestLog,
+    Ticket,
+    Wakes,
+)
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.picker import PickingSettings
-from laneway.routing.plan import make_plan
-from laneway.routing.prefix_index import PrefixIndex, chain_hashes, estimated_cached_tokens
-from laneway.routing.scorers import EndpointView
-from laneway.routing.slo import PrefillRate
+from laneway.routing.prefix_index import chain_hashes
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
@@ -62,6 +80,10 @@ ProgressCallback = Callable[[float], None]
 DRAIN_LIMIT_S = 3600.0
 # Prose runs about four characters per token: the gateway's index blocks, in tokens.
 CHARS_PER_TOKEN = 4
+# Where the gateway's settings leave it: its default line length and staleness rule.
+MAX_WAITING = 1024
+COMPLETIONS_PATH = "/v1/completions"  # what each simulated request stands for
+MIN_STALE_AFTER_S = 5.0
 
 
 @dataclass
@@ -75,12 +97,8 @@ class Request:
     output_tokens: int
     prompt_ids: Sequence[int] | None  # the prompt's token ids, if the workload has them
     session_key: str | None  # its x-laneway-session, if any
+    ticket: Ticket  # its entry in the ledger
     replica: int = -1  # -1 while it waits in the gateway's line
-    backlog_tokens: int = 0  # the replica's prefill backlog it joined, its own prompt included
-    # What it added to its replica's outstanding prefill: its prompt less the prefix the
-    # gateway's index estimates that replica holds (plan.PlannedEndpoint.prefill_tokens).
-    prefill_tokens: int = 0
-    sent_s: float = 0.0  # when it left the gateway for its replica
     first_token_s: float | None = None
     last_token_s: float | None = None
     max_gap_s: float = 0.0  # the longest wait between two of its tokens
@@ -95,21 +113,22 @@ class Replica:
     ready: bool  # serving (a new replica is not until its cold start is over)
     draining: bool = False  # takes no new work; gives its GPU back when idle
     released_s: float | None = None
-    in_flight: int = 0
-    pending_prefill_tokens: int = 0  # the routed prompts' uncached parts, first token not back
     stepping: StepOutcome | None = None
     busy_s: float = 0.0
     computed_prompt_tokens: int = 0  # prompt tokens its engine prefilled (cache hits not)
-    rate: PrefillRate = field(default_factory=PrefillRate)
-    scraped: EngineMetrics | None = None  # the gauges as last scraped; None before
 
 
 @dataclass
 class _Pool:
     spec: SimPool
     replicas: list[int] = field(default_factory=list)  # indices of replicas holding a GPU
-    queue: list[str] = field(default_factory=list)  # request ids waiting in the gateway
     named: int = 0  # replicas ever started, for their names
+
+
+def ledger_settings(picking: PickingSettings, scrape_interval_s: float | None) -> LedgerSettings:
+    """The ledger a gateway configured with `picking` and this scrape interval runs."""
+    stale_after_s = max(MIN_STALE_AFTER_S, 3 * (scrape_interval_s or 0.0))
+    return LedgerSettings(picking=picking, max_waiting=MAX_WAITING, stale_after_s=stale_after_s)
 
 
 class Workload:
@@ -161,6 +180,9 @@ class VirtualCluster:
         scrape_interval_s: float | None,  # None: the engine gauges are never read
         scaler: Scaler | None = None,
         on_progress: ProgressCallback | None = None,
+        # A ledger of the caller's (one that records, say); `ledger_settings` and a
+        # generator seeded with `tie_break` make the default one.
+        ledger: Ledger | None = None,
     ) -> None:
         self.profile = profile
         self.workload = workload
@@ -168,22 +190,20 @@ class VirtualCluster:
         self.duration_s = duration_s
         self._scrape_interval_s = scrape_interval_s
         self._on_progress = on_progress
-        self._picking = picking.profile()
         self._prefix = picking.prefix
-        affinity = any(scorer.name == "prefixAffinity" for scorer in self._picking)
-        self._index = PrefixIndex(picking.prefix.capacity_blocks) if affinity else None
-        self._tie_break = random.Random(tie_break)
+        settings = ledger_settings(picking, scrape_interval_s)
+        self.ledger = ledger or Ledger(settings, random.Random(tie_break))
         self.pools = [_Pool(spec) for spec in pools]
         self.replicas: list[Replica] = []
+        self._by_url: dict[str, int] = {}  # replica URL -> its index
         for index, pool in enumerate(self.pools):
             for _ in range(pool.spec.replicas):
                 self.add_replica(0.0, index, ready_after_s=None)
-        self._routing = [
-            pool.spec.inference_pool([self.replicas[i].url for i in pool.replicas])
-            for pool in self.pools
-        ]
-        self.requests: dict[str, Request] = {}
+        self.logs: list[RequestLog] = []  # every finished request's, in order
+        self.requests: dict[str, Request] = {}  # request id -> not finished yet
         self._ids = itertools.count()
+        self._of_ticket: dict[Ticket, Request] = {}  # the same, by ledger ticket
+        self._publish_endpoints(0.0)
         self._events: list[tuple[float, int, EventKind, int]] = []
         self._order = itertools.count()
         self.now = 0.0  # when the latest event happened
@@ -243,29 +263,40 @@ class VirtualCluster:
         """Route a request as the gateway does; None if no pool takes it."""
         bounds = TokenBounds(prompt_tokens, prompt_tokens)
         ask = RouteRequest(PUBLIC_MODEL, bounds, output_tokens, pinned)
-        route = classify(ask, self._routing)
+        pools = self.ledger.pools()
+        route = classify(ask, pools)
         if not isinstance(route, Route):
             return None
-        pool = next(i for i, p in enumerate(self._routing) if p is route.pool)
+        admission = Admission(
+            route=route,
+            arrived=now,
+            path=COMPLETIONS_PATH,
+            model=PUBLIC_MODEL,
+            stream=True,
+            fair_tokens=route.prefill_tokens,
+            session_key=session_key,
+        )
+        decision = self.ledger.admit(now, admission)
         request = Request(
-            f"r{next(self._ids)}",
-            source,
-            pool,
-            route,
-            now,
-            prompt_tokens,
-            output_tokens,
-            prompt_ids,
-            session_key,
+            request_id=f"r{next(self._ids)}",
+            source=source,
+            pool=next(i for i, p in enumerate(self.pools) if p.spec.name == route.pool.name),
+            route=route,
+            arrival_s=now,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            prompt_ids=prompt_ids,
+            session_key=session_key,
+            ticket=decision.ticket,
         )
         self.requests[request.request_id] = request
-        serving = self.serving(pool)
-        if not serving:
-            # No serving replica (a pool at zero, or waking): the gateway holds the
-            # request in its line, and the line is demand the scaler sees.
-            self.pools[pool].queue.append(request.request_id)
-        else:
-            self._send(now, request, serving)
+        self._of_ticket[request.ticket] = request
+        if isinstance(decision, Refused):
+            raise RuntimeError(f"the ledger refused {request.request_id}: {decision.reason}")
+        if isinstance(decision, Admitted):
+            self._send(now, request)
+        # Else it waits in its pool's line (a pool at zero, or full), which is demand the
+        # scaler sees, until a slot frees and the ledger grants it.
         return request
 
     def serving(self, pool: int) -> list[int]:
@@ -276,32 +307,15 @@ class VirtualCluster:
             if self.replicas[i].ready and not self.replicas[i].draining
         ]
 
-    def _send(self, now: float, request: Request, serving: Sequence[int]) -> None:
-        hashes = self._index_hashes(request.prompt_ids)
-        matched = self._index.matched_blocks(hashes) if self._index and hashes else {}
-        candidates = [self.replicas[i] for i in serving]
-        views = [
-            EndpointView(
-                r.url,
-                r.in_flight,
-                r.pending_prefill_tokens,
-                r.scraped,
-                cached_prompt_tokens=estimated_cached_tokens(
-                    matched.get(r.url, 0), len(hashes), request.route.prefill_tokens
-                )
-                if hashes
-                else None,
-                session_key=request.session_key,
-            )
-            for r in candidates
-        ]
-        rates = {r.url: r.rate for r in candidates}
-        waited_ms = (now - request.arrival_s) * 1000
-        plan = make_plan(request.route, views, rates, self._picking, self._tie_break, waited_ms)
-        best = plan.endpoints[0]
-        if self._index is not None and hashes:
-            self._index.record(best.url, hashes)
-        replica_index = next(i for i in serving if self.replicas[i].url == best.url)
+    def load(self, replica_index: int) -> EndpointLoad:
+        """The gateway's in-flight load on the replica, as the ledger counts it."""
+        return self.ledger.load(self.replicas[replica_index].url)
+
+    def _send(self, now: float, request: Request) -> None:
+        ticket = request.ticket
+        plan = self.ledger.plan(ticket, now, self._prompt_blocks(request.prompt_ids))
+        sent = self.ledger.sent(ticket, now, plan.endpoints[0])
+        replica_index = self._by_url[sent.endpoint.url]
         replica = self.replicas[replica_index]
         engine_hashes = (
             block_hashes(request.prompt_ids, KV_BLOCK_TOKENS) if request.prompt_ids else ()
@@ -309,23 +323,26 @@ class VirtualCluster:
         replica.core.submit(
             request.request_id, request.prompt_tokens, request.output_tokens, engine_hashes
         )
-        request.replica, request.backlog_tokens = replica_index, best.backlog_tokens
-        request.sent_s = now
-        replica.in_flight += 1
-        request.prefill_tokens = best.prefill_tokens
-        replica.pending_prefill_tokens += request.prefill_tokens
+        request.replica = replica_index
         if replica.stepping is None:
             self._start_step(now, replica_index)
 
-    def _index_hashes(self, prompt_ids: Sequence[int] | None) -> tuple[int, ...]:
+    def _wake(self, now: float, wakes: Wakes) -> None:
+        """Send the requests a change admitted from their lines."""
+        assert not wakes.refused, wakes.refused  # pools never leave a virtual run
+        for admitted in wakes.granted:
+            self._send(now, self._of_ticket[admitted.ticket])
+
+    def _prompt_blocks(self, prompt_ids: Sequence[int] | None) -> PromptBlocks:
         """The gateway's index blocks over the prompt (its text blocks, here in tokens)."""
-        if self._index is None or prompt_ids is None:
-            return ()
+        if prompt_ids is None or not self.ledger.wants_prefix_blocks:
+            return NO_BLOCKS
         size = self._prefix.block_chars // CHARS_PER_TOKEN
         blocks = min(len(prompt_ids) // size, self._prefix.max_blocks)
-        return chain_hashes(
+        hashes = chain_hashes(
             hash(tuple(prompt_ids[i : i + size])) for i in range(0, blocks * size, size)
         )
+        return PromptBlocks(hashes=hashes) if hashes else NO_BLOCKS
 
     # -- engines ---------------------------------------------------------------------------
 
@@ -349,10 +366,7 @@ class VirtualCluster:
         for request_id in outcome.tokens:
             request = self.requests[request_id]
             if request_id in first:
-                replica.pending_prefill_tokens -= request.prefill_tokens
-                replica.rate = replica.rate.observed(
-                    request.backlog_tokens, (now - request.sent_s) * 1000
-                )
+                self.ledger.first_token(request.ticket, read_at=now, written_at=now)
                 request.first_token_s = now
                 self.workload.on_first_token(self, now, request)
             else:
@@ -363,7 +377,12 @@ class VirtualCluster:
             request.last_token_s = now
         for request_id in outcome.finished:
             request = self.requests.pop(request_id)
-            replica.in_flight -= 1
+            del self._of_ticket[request.ticket]
+            finished = self.ledger.finished(
+                request.ticket, now, status=200, prompt_tokens=request.prompt_tokens
+            )
+            self.logs.append(finished.log)
+            self._wake(now, finished.wakes)
             if self.scaler is not None:
                 self.scaler.on_finished(self, now, request)
             self.workload.on_finished(self, now, request)
@@ -372,7 +391,10 @@ class VirtualCluster:
     def _scrape(self, now: float) -> None:
         for replica in self.replicas:
             core = replica.core
-            replica.scraped = EngineMetrics(len(core.waiting), len(core.running), core.kv_usage)
+            gauges = EngineMetrics(
+                waiting=len(core.waiting), running=len(core.running), kv_usage=core.kv_usage
+            )
+            self.ledger.record_scrape(replica.url, now, gauges)
         if self._events and self._scrape_interval_s is not None:
             # Anything left to happen: keep scraping until the run drains.
             self._push(now + self._scrape_interval_s, "scrape", 0)
@@ -385,9 +407,12 @@ class VirtualCluster:
         url = f"http://{state.spec.name}-{state.named}.virtual"
         state.named += 1
         core = EngineCore(self.profile, state.spec.engine)
-        self.replicas.append(Replica(url, pool, core, now, ready=ready_after_s is None))
+        self.replicas.append(
+            Replica(url=url, pool=pool, core=core, started_s=now, ready=ready_after_s is None)
+        )
         index = len(self.replicas) - 1
         state.replicas.append(index)
+        self._by_url[url] = index
         if ready_after_s is not None:
             self._push(now + ready_after_s, "ready", index)
         return index
@@ -396,6 +421,7 @@ class VirtualCluster:
         """Stop sending the replica work; it gives its GPU back once its requests finish."""
         replica = self.replicas[replica_index]
         replica.draining = True
+        self._publish_endpoints(now)
         if replica.stepping is None:
             self._release(now, replica_index)
 
@@ -404,11 +430,15 @@ class VirtualCluster:
         if replica.released_s is not None:
             return
         replica.ready = True
-        pool = self.pools[replica.pool]
-        waiting, pool.queue = pool.queue, []
-        serving = self.serving(replica.pool)
-        for request_id in waiting:
-            self._send(now, self.requests[request_id], serving)
+        self._publish_endpoints(now)
+
+    def _publish_endpoints(self, now: float) -> None:
+        """The pools as discovery lists them to the gateway: each with its serving replicas."""
+        pools = [
+            pool.spec.inference_pool([self.replicas[i].url for i in self.serving(index)])
+            for index, pool in enumerate(self.pools)
+        ]
+        self._wake(now, self.ledger.update_pools(now, pools))
 
     def _release(self, now: float, replica_index: int) -> None:
         replica = self.replicas[replica_index]

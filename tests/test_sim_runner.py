@@ -123,7 +123,7 @@ class DrainFirst(Scaler):
         self.drained_at = 0.0
 
     def decide(self, cluster: VirtualCluster, now: float) -> None:
-        busy = [i for i in cluster.serving(0) if cluster.replicas[i].in_flight]
+        busy = [i for i in cluster.serving(0) if cluster.load(i).in_flight]
         if self.drained is None and busy:
             self.drained, self.drained_at = busy[0], now
             cluster.drain(now, busy[0])

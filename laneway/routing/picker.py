@@ -1,7 +1,8 @@
 """Endpoint picking: weighted scorers rank the candidates; ties break at random.
 
-Pure: the caller passes the views and a seeded `random.Random`. The ranking, not just the
-winner, is returned so a request that fails before its first byte can retry on the next one.
+Pure: the caller passes the cycle (`cycle.py`) and a seeded `random.Random`. The ranking,
+not just the winner, is returned so a request that fails before its first byte can retry
+on the next one.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from laneway.routing.cycle import CACHED_PROMPT_TOKENS, CycleState, DataKey
 from laneway.routing.prefix_index import PrefixSettings
 from laneway.routing.scorers import SCORERS, EndpointView, Scorer
+from laneway.routing.scorers.base import views_cycle
 
 PICKING_POLICIES = ("scored", "random")
 SCORER_NAMES = tuple(SCORERS)
@@ -53,32 +57,46 @@ def scorers_from_weights(policy: str, weights: Mapping[str, int]) -> tuple[Weigh
     if policy == "random":
         return ()
     return tuple(
-        WeightedScorer(name, SCORERS[name], weight) for name, weight in weights.items() if weight
+        WeightedScorer(name=name, scorer=SCORERS[name], weight=weight)
+        for name, weight in weights.items()
+        if weight
     )
 
 
+def needs_of(profile: Sequence[WeightedScorer]) -> frozenset[DataKey[Any]]:
+    """Every datum the profile's scorers read."""
+    return frozenset().union(*(weighted.scorer.needs for weighted in profile))
+
+
+def wants_prefix_blocks(profile: Sequence[WeightedScorer]) -> bool:
+    """Whether a scorer reads what the prefix index holds of the prompt: only then is the
+    prompt cut into prefix blocks (hashing them is the cost)."""
+    return CACHED_PROMPT_TOKENS in needs_of(profile)
+
+
 def rank(
-    endpoints: Sequence[EndpointView],
+    endpoints: CycleState | Sequence[EndpointView],
     profile: Sequence[WeightedScorer],
     rng: random.Random,
 ) -> tuple[list[int], list[float]]:
-    """The endpoints' positions best first (ties in random order), and each position's
-    score: the weighted mean of the scorers, in [0, 1]."""
+    """The candidates' positions best first (ties in random order), and each position's
+    score: the weighted mean of the scorers, in [0, 1]. Flat views are the old form of a
+    cycle, until their last caller builds cycles."""
+    cycle = endpoints if isinstance(endpoints, CycleState) else views_cycle(endpoints)
     total_weight = sum(s.weight for s in profile)
     if total_weight:
-        # Each scorer's column once, then one weighted sum per endpoint: a running total
-        # rebuilt per scorer cost as much as the scorers themselves.
-        columns = [weighted.scorer.score(endpoints) for weighted in profile]
+        # Each scorer's column once, then one weighted sum per endpoint.
+        columns = [weighted.scorer.scores(cycle) for weighted in profile]
         weights = [float(weighted.weight) for weighted in profile]
         scores = [
             sum(map(float.__mul__, weights, row)) / total_weight
             for row in zip(*columns, strict=True)
         ]
     else:
-        scores = [1.0] * len(endpoints)
+        scores = [1.0] * len(cycle)
     # Shuffle, then a stable sort: equal scores end up in random order. The positions are
-    # shuffled, not the results, which draws the same numbers from `rng` at less cost.
-    order = list(range(len(endpoints)))
+    # shuffled, not the results, so the draws from `rng` depend on the count alone.
+    order = list(range(len(cycle)))
     rng.shuffle(order)
     order.sort(key=scores.__getitem__, reverse=True)
     return order, scores

@@ -1,10 +1,11 @@
 """A request's routing plan, as data: its pool, its endpoints best first, and why.
 
-Made by two pure functions, each once per request. `lanes.classify` chooses the pool (and
-fixes the prefill estimate) before the request joins that pool's line, since the line is
-per pool; `make_plan` ranks the pool's endpoints once the request holds a slot, by the load
-of that moment. The shell then executes the plan: it tries the endpoints in order and
-recomputes nothing. The gateway, the virtual-time runner and the benchmarks all call these.
+Made in two steps, each once per request. `lanes.classify` chooses the pool (and fixes the
+prefill estimate) before the request joins that pool's line, since the line is per pool;
+`make_plan` ranks the cycle's candidates (`cycle.py`: the pool's endpoints that pass the
+filters, with the data the scorers asked for) once the request holds a slot, by the load of
+that moment. The shell then executes the plan: it tries the endpoints in order and
+recomputes nothing. The ledger makes every plan, for the gateway and the virtual runner.
 """
 
 from __future__ import annotations
@@ -14,15 +15,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from laneway.api import InferencePool, Lane
+from laneway.routing.cycle import (
+    BACKLOG_TOKENS,
+    OWN_PREFILL,
+    PREDICTED_TTFT_MS,
+    CycleRequest,
+    CycleState,
+)
 from laneway.routing.lanes import Route
 from laneway.routing.picker import WeightedScorer, rank
-from laneway.routing.scorers import EndpointView
-from laneway.routing.slo import PRIOR, PrefillRate
+from laneway.routing.scorers.base import EndpointView, ViewFacts
+from laneway.routing.slo import PrefillRate
 
 
-# Slotted, not frozen: one is built per endpoint per request, and a frozen dataclass's
-# __init__ costs several times more. Nothing assigns to one after it is built.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PlannedEndpoint:
     url: str
     score: float  # the profile's weighted mean, in [0, 1]
@@ -57,6 +63,25 @@ class RoutingPlan:
         return self.route.reason
 
 
+def plan_cycle(
+    cycle: CycleState, profile: Sequence[WeightedScorer], rng: random.Random
+) -> RoutingPlan:
+    """Rank the cycle's candidates for its request's route."""
+    order, scores = rank(cycle, profile, rng)
+    backlog, predicted, own = cycle[BACKLOG_TOKENS], cycle[PREDICTED_TTFT_MS], cycle[OWN_PREFILL]
+    endpoints = tuple(
+        PlannedEndpoint(
+            url=cycle.urls[i],
+            score=scores[i],
+            backlog_tokens=backlog[i],
+            predicted_ttft_ms=predicted[i],
+            prefill_tokens=own[i],
+        )
+        for i in order
+    )
+    return RoutingPlan(route=cycle.request.route, endpoints=endpoints)
+
+
 def make_plan(
     route: Route,
     endpoints: Sequence[EndpointView],
@@ -65,56 +90,10 @@ def make_plan(
     rng: random.Random,
     elapsed_ms: float = 0.0,
 ) -> RoutingPlan:
-    """Rank `endpoints` (the pool's available ones, with their load) for `route`'s request.
-
-    `rates` holds each endpoint's learned prefill rate (the prior where absent);
-    `elapsed_ms` is how long the request has been in the gateway already (its wait in line).
-    """
-    rates = _with_peer_rates(endpoints, rates)
-    slo_ms = route.pool.spec.slo.ttft_millis
-    # Built by position in one pass: `dataclasses.replace` per endpoint and a dict per
-    # quantity cost more than the ranking itself.
-    views = []
-    planned = []  # by position: backlog, prediction, own prefill
-    for e in endpoints:
-        # What the prefix cache likely holds of this prompt needs no prefill there.
-        own = route.prefill_tokens - (e.cached_prompt_tokens or 0)
-        backlog = e.prefill_tokens + own
-        predicted = elapsed_ms + rates[e.url].predict_ttft_ms(backlog)
-        planned.append((backlog, predicted, own))
-        views.append(
-            EndpointView(
-                e.url,
-                e.in_flight,
-                e.prefill_tokens,
-                e.engine,
-                predicted,
-                slo_ms,
-                e.cached_prompt_tokens,
-                e.session_key,
-                backlog,
-            )
-        )
-    order, scores = rank(views, profile, rng)
-    return RoutingPlan(
-        route, tuple(PlannedEndpoint(views[i].url, scores[i], *planned[i]) for i in order)
-    )
-
-
-def _with_peer_rates(
-    endpoints: Sequence[EndpointView], rates: Mapping[str, PrefillRate]
-) -> dict[str, PrefillRate]:
-    """Each endpoint's rate; one that has learned nothing yet gets its pool peers' mean.
-
-    The prior is deliberately slow, so an unproven replica predicts a late first token and
-    the ttftSlo scorer steers work away from it, which is also what keeps it unproven: in a
-    pool of two document replicas the first one used kept every new document. A replica of
-    the same pool runs the same engine on the same GPU, so its peers' rate is the better guess.
-    """
-    learned = [rate for e in endpoints if (rate := rates.get(e.url)) and rate.samples]
-    if not learned:
-        return {e.url: rates.get(e.url, PRIOR) for e in endpoints}
-    peers = PrefillRate(sum(r.ms_per_token for r in learned) / len(learned), samples=0)
-    return {
-        e.url: rate if (rate := rates.get(e.url)) and rate.samples else peers for e in endpoints
-    }
+    """`plan_cycle` over flat views, the old form, until its last caller builds cycles:
+    `rates` holds each endpoint's learned prefill rate, `elapsed_ms` how long the request
+    has been in the gateway already (its wait in line)."""
+    session = endpoints[0].session_key if endpoints else None
+    request = CycleRequest(route=route, elapsed_ms=elapsed_ms, session_key=session)
+    facts = ViewFacts(endpoints, rates)
+    return plan_cycle(CycleState(request, [e.url for e in endpoints], facts), profile, rng)

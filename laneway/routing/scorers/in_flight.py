@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from laneway.routing.scorers.base import EndpointView, lower_is_better
+from laneway.routing.cycle import IN_FLIGHT, CycleState
+from laneway.routing.scorers.base import Scorer, lower_is_better
 
 
-class InFlightScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return lower_is_better([e.in_flight for e in endpoints])
+class InFlightScorer(Scorer):
+    needs = frozenset({IN_FLIGHT})
+
+    def scores(self, cycle: CycleState) -> list[float]:
+        counts: Sequence[int] = cycle[IN_FLIGHT]
+        return lower_is_better(counts)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from laneway.routing.cycle import ENGINE, CycleState
+from laneway.routing.scorers.base import UNKNOWN, Scorer
 
-from laneway.routing.scorers.base import UNKNOWN, EndpointView
 
+class KVUsageScorer(Scorer):
+    needs = frozenset({ENGINE})
 
-class KVUsageScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
+    def scores(self, cycle: CycleState) -> list[float]:
         # Absolute, not relative: two engines at 0.2 and 0.3 are both fine.
-        return [1.0 - e.engine.kv_usage if e.engine else UNKNOWN for e in endpoints]
+        return [1.0 - engine.kv_usage if engine else UNKNOWN for engine in cycle[ENGINE]]

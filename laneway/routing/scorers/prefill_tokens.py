@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from laneway.routing.scorers.base import EndpointView, lower_is_better
+from laneway.routing.cycle import PREFILL_TOKENS, CycleState
+from laneway.routing.scorers.base import Scorer, lower_is_better
 
 
-class PrefillTokensScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return lower_is_better([e.prefill_tokens for e in endpoints])
+class PrefillTokensScorer(Scorer):
+    needs = frozenset({PREFILL_TOKENS})
+
+    def scores(self, cycle: CycleState) -> list[float]:
+        counts: Sequence[int] = cycle[PREFILL_TOKENS]
+        return lower_is_better(counts)

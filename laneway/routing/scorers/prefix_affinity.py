@@ -2,7 +2,7 @@
 the prompt prefix it is estimated to hold in its prefix cache as work it will not redo.
 
 Load and affinity in one unit, tokens: an endpoint's backlog is the prefill queued there
-plus the part of this prompt it would compute (`plan.make_plan` fills it in). An endpoint
+plus the part of this prompt it would compute (`cycle.BACKLOG_TOKENS`). An endpoint
 that caches 3,000 of the prompt's tokens but has 10,000 queued loses to an idle one, so
 affinity never recreates the head-of-line blocking the lanes exist to prevent.
 
@@ -18,13 +18,16 @@ one every endpoint's cached estimate is None and the score ranks outstanding pre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from laneway.routing.cycle import BACKLOG_TOKENS, CACHED_PROMPT_TOKENS, CycleState
+from laneway.routing.scorers.base import Scorer, fewer_is_better
 
-from laneway.routing.scorers.base import EndpointView, fewer_is_better
 
+class PrefixAffinityScorer(Scorer):
+    # The cached prompt tokens are what make the backlog an affinity: asking for them is
+    # what has the shell cut the prompt into prefix blocks.
+    needs = frozenset({BACKLOG_TOKENS, CACHED_PROMPT_TOKENS})
 
-class PrefixAffinityScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
+    def scores(self, cycle: CycleState) -> list[float]:
         return fewer_is_better(
-            [None if e.backlog_tokens is None else float(e.backlog_tokens) for e in endpoints]
+            [None if tokens is None else float(tokens) for tokens in cycle[BACKLOG_TOKENS]]
         )

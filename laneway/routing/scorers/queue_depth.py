@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from laneway.routing.cycle import ENGINE, CycleState
+from laneway.routing.scorers.base import Scorer, lower_is_better
 
-from laneway.routing.scorers.base import EndpointView, lower_is_better
 
+class QueueDepthScorer(Scorer):
+    needs = frozenset({ENGINE})
 
-class QueueDepthScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return lower_is_better([e.engine.waiting if e.engine else None for e in endpoints])
+    def scores(self, cycle: CycleState) -> list[float]:
+        return lower_is_better([engine.waiting if engine else None for engine in cycle[ENGINE]])

@@ -11,9 +11,9 @@ and to what any cache holds: an oracle for prefix hits in `laneway bench prefix`
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 
-from laneway.routing.scorers.base import UNKNOWN, EndpointView
+from laneway.routing.cycle import SESSION_KEY, CycleState
+from laneway.routing.scorers.base import UNKNOWN, Scorer
 
 _SCALE = float(1 << 64)
 
@@ -24,9 +24,11 @@ def rendezvous_score(session_key: str, url: str) -> float:
     return int.from_bytes(digest, "big") / _SCALE
 
 
-class SessionHashScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
+class SessionHashScorer(Scorer):
+    needs = frozenset({SESSION_KEY})
+
+    def scores(self, cycle: CycleState) -> list[float]:
         return [
-            UNKNOWN if e.session_key is None else rendezvous_score(e.session_key, e.url)
-            for e in endpoints
+            UNKNOWN if key is None else rendezvous_score(key, url)
+            for key, url in zip(cycle[SESSION_KEY], cycle.urls, strict=True)
         ]

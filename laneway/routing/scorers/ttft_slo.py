@@ -7,14 +7,18 @@ SLO / prediction, so a near miss beats a certain one. The prediction is `slo.Pre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from laneway.routing.cycle import PREDICTED_TTFT_MS, TTFT_SLO_MS, CycleState
+from laneway.routing.scorers.base import UNKNOWN, Scorer
 
-from laneway.routing.scorers.base import UNKNOWN, EndpointView
 
+class TtftSloScorer(Scorer):
+    needs = frozenset({PREDICTED_TTFT_MS, TTFT_SLO_MS})
 
-class TtftSloScorer:
-    def score(self, endpoints: Sequence[EndpointView]) -> list[float]:
-        return [_score(e.predicted_ttft_ms, e.ttft_slo_ms) for e in endpoints]
+    def scores(self, cycle: CycleState) -> list[float]:
+        return [
+            _score(predicted, slo)
+            for predicted, slo in zip(cycle[PREDICTED_TTFT_MS], cycle[TTFT_SLO_MS], strict=True)
+        ]
 
 
 def _score(predicted_ms: float | None, slo_ms: int | None) -> float:

@@ -1,0 +1,136 @@
+"""What the ledger is asked and what it answers: frozen data, one type per step of a
+request's life. The shell acts on the answers (wakes a waiter, tries an endpoint, writes a
+log line) and changes no state of its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from laneway.ledger.lines import GateState, Ticket
+from laneway.ledger.log import RequestLog
+from laneway.routing.kv_events import cached_tokens
+from laneway.routing.lanes import Route
+from laneway.routing.picker import PickingSettings
+from laneway.routing.plan import PlannedEndpoint
+from laneway.routing.prefix_index import estimated_cached_tokens
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    picking: PickingSettings = field(default_factory=PickingSettings)
+    max_waiting: int = 1024  # per pool line; beyond it a request is refused at once
+    failures_to_eject: int = 3  # consecutive upstream failures before an endpoint is ejected
+    stale_after_s: float = 5.0  # older scraped gauges are not scored
+    slo_window_s: float = 300.0  # TTFT-SLO attainment over this long (demand)
+    max_attempts: int = 2  # the first pick, and one retry on the next endpoint
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A routed request asking for a slot in its pool: what its log and its place in line
+    need. `arrived` is when its first bytes were read, on the clock every `now` uses."""
+
+    route: Route
+    arrived: float
+    path: str
+    model: str
+    stream: bool = False
+    tenant: str = ""  # places a batch request in the fair-share order
+    fair_tokens: int = 0  # the tokens the fair share charges it (sequences x prompt)
+    session_key: str | None = None  # x-laneway-session
+
+
+@dataclass(frozen=True)
+class Admitted:
+    ticket: Ticket
+    queue_ms: float  # 0 for a slot taken at once
+
+
+@dataclass(frozen=True)
+class Queued:
+    """In line; a later answer's `Wakes` admits or refuses it."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Refused:
+    ticket: Ticket
+    # "queue_full", "pool_removed", "shutting_down", "all_ejected" (before joining: every
+    # endpoint of the pool is ejected) or "timeout" (withdrawn by the shell)
+    reason: str
+    gate: GateState
+
+
+AdmitDecision = Admitted | Queued | Refused
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """The queued tickets a change admitted or refused: the shell wakes each one."""
+
+    granted: tuple[Admitted, ...] = ()
+    refused: tuple[Refused, ...] = ()
+
+    def __add__(self, other: Wakes) -> Wakes:
+        return Wakes(granted=self.granted + other.granted, refused=self.refused + other.refused)
+
+    def __bool__(self) -> bool:
+        return bool(self.granted or self.refused)
+
+
+NO_WAKES = Wakes()
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    refused: Refused
+    wakes: Wakes  # a slot granted in the same tick as the withdrawal, handed on
+
+
+@dataclass(frozen=True)
+class PromptBlocks:
+    """The prompt's prefix blocks as the prefix index keys them."""
+
+    hashes: tuple[int, ...] = ()  # empty when the profile scores no prefix
+    # The engines' block size where their KV events feed the index (exact: token-id blocks
+    # that routing never records); None where the index is an estimate of what was routed.
+    exact_block_size: int | None = None
+
+    def cached_tokens(self, matched: int, prompt_tokens: int) -> int | None:
+        if not self.hashes:
+            return None
+        if self.exact_block_size is not None:
+            return cached_tokens(matched, self.exact_block_size, prompt_tokens)
+        return estimated_cached_tokens(matched, len(self.hashes), prompt_tokens)
+
+
+NO_BLOCKS = PromptBlocks()
+
+
+@dataclass(frozen=True)
+class Sent:
+    endpoint: PlannedEndpoint
+    attempt: int  # 1 for the first
+    own_s: float  # the gateway's time before sending: since arrival, less the queue wait
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    ttft_ms: float  # from arrival to the first token written to the client
+    met_slo: bool  # within the pool's slo.ttftMillis
+
+
+@dataclass(frozen=True)
+class Failed:
+    endpoint: str
+    ejected: bool  # this failure ejected the endpoint
+    # The next endpoint of the plan, while attempts remain: a request whose client has
+    # seen nothing yet may go there.
+    retry: PlannedEndpoint | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    log: RequestLog
+    wakes: Wakes  # the tickets its slot admitted

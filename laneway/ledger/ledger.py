@@ -1,0 +1,455 @@
+"""The request ledger: the one place a request's and an endpoint's state changes.
+
+A request's life is its methods, each called by a shell (the gateway, the virtual-time
+runner) with the time and returning data:
+
+    admit -> plan -> sent -> first_token -> finished
+                      \\-> failed (-> sent again on the retry)      withdraw: gave up in line
+
+The ledger owns the pools' gates and lines, every endpoint's in-flight load, each pool's
+demand, the prefix index, the learned prefill rates, health and scraped gauges. It reads no
+clock and does no I/O: time comes in as `now` (seconds on one clock of the shell's choosing),
+and whatever a change means for a waiting request comes back as `Wakes`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from laneway.api import InferencePool
+from laneway.autoscale import DemandCount
+from laneway.ledger.decisions import (
+    NO_BLOCKS,
+    NO_WAKES,
+    Admission,
+    AdmitDecision,
+    Admitted,
+    Failed,
+    Finished,
+    FirstToken,
+    LedgerSettings,
+    PromptBlocks,
+    Queued,
+    Refused,
+    Sent,
+    Wakes,
+    Withdrawn,
+)
+from laneway.ledger.demand import DemandBook
+from laneway.ledger.endpoints import EndpointBook
+from laneway.ledger.lines import GateState, PoolGate, Ticket
+from laneway.ledger.load import LoadBook
+from laneway.ledger.log import RequestLog
+from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
+from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.kv_events import EngineBlockFeed, KVEvent
+from laneway.routing.picker import wants_prefix_blocks
+from laneway.routing.plan import PlannedEndpoint, RoutingPlan, plan_cycle
+from laneway.routing.prefix_index import PrefixIndex
+from laneway.routing.slo import PrefillRate, within_slo
+
+_State = Literal["queued", "running", "refused"]
+
+
+@dataclass(slots=True)
+class _Request:
+    """One ticket's state; only the ledger changes it."""
+
+    ask: Admission
+    gate: PoolGate  # its pool's gate when it was admitted (a removed pool's, while it drains)
+    state: _State
+    joined_at: float
+    queue_ms: float | None = None
+    plan: RoutingPlan | None = None
+    blocks: PromptBlocks = NO_BLOCKS
+    tried: PlannedEndpoint | None = None  # the endpoint tried last
+    attempts: int = 0
+    on: PlannedEndpoint | None = None  # the endpoint its current attempt holds load on
+    sent_at: float = 0.0
+    first_token: bool = False  # of the current attempt
+    ttft_ms: float | None = None
+
+
+class Ledger:
+    def __init__(self, settings: LedgerSettings, rng: random.Random) -> None:
+        self.settings = settings
+        self._rng = rng
+        self._profile = settings.picking.profile()
+        self._endpoints = EndpointBook(settings.failures_to_eject, settings.stale_after_s)
+        self._gates: dict[str, PoolGate] = {}
+        self._load = LoadBook()
+        self._demand = DemandBook(settings.slo_window_s)
+        self.prefix_index = PrefixIndex(settings.picking.prefix.capacity_blocks)
+        self._feeds: dict[str, EngineBlockFeed] = {}
+        self._requests: dict[Ticket, _Request] = {}
+        self._tickets = itertools.count(1)
+        self.synced = False  # a pool set has been delivered
+
+    # -- a request's life ------------------------------------------------------------------
+
+    def admit(self, now: float, ask: Admission) -> AdmitDecision:
+        """A slot in the route's pool at once, a place in its line, or a refusal."""
+        ticket = next(self._tickets)
+        key = ask.route.pool.key
+        pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
+        request = _Request(ask, gate or PoolGate(0), "refused", now)
+        self._requests[ticket] = request
+        if pool is None or gate is None:
+            return Refused(ticket, "pool_removed", request.gate.state())
+        # A pool with no endpoint at all is at zero or starting: it admits nobody, so the
+        # request waits in line (and counts as demand) for a first replica. One whose
+        # endpoints are all ejected is broken, not scaling: that is said at once.
+        if pool.endpoints and not self._endpoints.available(pool):
+            return Refused(ticket, "all_ejected", gate.state())
+        if gate.closed is not None:
+            return Refused(ticket, gate.closed, gate.state())
+        if gate.take_free_slot():
+            self._run(request, now)
+            return Admitted(ticket, queue_ms=request.queue_ms or 0.0)
+        if not gate.can_join():
+            return Refused(ticket, "queue_full", gate.state())
+        route = ask.route
+        gate.join(ticket, route.priority, ask.tenant, ask.fair_tokens)
+        request.state = "queued"
+        self._demand.add(key, route.prefill_tokens, queued=True)
+        return Queued(ticket)
+
+    def withdraw(self, ticket: Ticket, now: float) -> Withdrawn:
+        """The shell stopped waiting (its limit passed, the client left). A slot granted
+        meanwhile is handed on."""
+        request = self._requests[ticket]
+        wakes = NO_WAKES
+        if request.state == "queued":
+            request.gate.withdraw(ticket)
+            self._demand.remove(request.ask.route.pool.key, request.ask.route.prefill_tokens,
+                                queued=True)  # fmt: skip
+        elif request.state == "running":
+            wakes = self._stop_running(request, now)
+        request.state = "refused"
+        return Withdrawn(Refused(ticket, "timeout", request.gate.state()), wakes)
+
+    def plan(
+        self,
+        ticket: Ticket,
+        now: float,
+        blocks: PromptBlocks = NO_BLOCKS,
+        subset: Iterable[str] | None = None,
+    ) -> RoutingPlan:
+        """The admitted request's endpoints best first, by the load of this moment: the
+        pool's endpoints through the filter stage (health, `subset` where a caller gives
+        one), ranked by the profile on the data its scorers ask for.
+
+        `blocks` are the prompt's prefix blocks (empty unless `wants_prefix_blocks`).
+        """
+        request = self._running(ticket)
+        route = request.ask.route
+        # The pool as configured now: its endpoints may have changed while it waited.
+        pool = self._endpoints.pools.get(route.pool.key) or route.pool
+        if pool is not route.pool:
+            route = replace(route, pool=pool)
+        ask = CycleRequest(
+            route=route,
+            elapsed_ms=(now - request.ask.arrived) * 1000,
+            session_key=request.ask.session_key,
+            subset=None if subset is None else frozenset(subset),
+        )
+        facts = _PlanFacts(self, now, blocks, route.prefill_tokens)
+        plan = plan_cycle(candidates(ask, pool.endpoints, facts), self._profile, self._rng)
+        request.plan, request.blocks = plan, blocks
+        return plan
+
+    def sent(self, ticket: Ticket, now: float, endpoint: PlannedEndpoint) -> Sent:
+        """An attempt on `endpoint` (one of the plan's) begins: its load counts there."""
+        request = self._running(ticket)
+        request.attempts += 1
+        request.tried = request.on = endpoint
+        request.sent_at, request.first_token = now, False
+        blocks = request.blocks
+        if blocks.hashes and blocks.exact_block_size is None:
+            # Every endpoint tried holds the prompt's blocks afterwards, as far as the
+            # estimate knows: a failed attempt may have prefilled it.
+            self.prefix_index.record(endpoint.url, blocks.hashes)
+        self._load.start(endpoint.url, endpoint.prefill_tokens)
+        own_s = now - request.ask.arrived - (request.queue_ms or 0.0) / 1000
+        return Sent(endpoint=endpoint, attempt=request.attempts, own_s=own_s)
+
+    def answered(self, ticket: Ticket) -> None:
+        """The endpoint answered (below 500): its run of failures is over."""
+        request = self._running(ticket)
+        if request.on is not None:
+            self._endpoints.success(request.on.url)
+
+    def first_token(self, ticket: Ticket, *, read_at: float, written_at: float) -> FirstToken:
+        """The stream's first content token: read from the engine at `read_at` (what the
+        endpoint's prefill rate learns from), written to the client at `written_at` (its
+        TTFT against the SLO)."""
+        request = self._running(ticket)
+        on, plan = request.on, request.plan
+        assert on is not None, "first_token before sent"
+        assert plan is not None, "first_token before plan"
+        ttft_s = written_at - request.ask.arrived
+        met = within_slo(ttft_s, plan.pool.spec.slo.ttft_millis)
+        self._demand.record_ttft(plan.pool.key, written_at, met)
+        request.ttft_ms = ttft_s * 1000
+        if not request.first_token:
+            request.first_token = True
+            self._load.prefill_done(on.url, on.prefill_tokens)
+            self._endpoints.first_token(
+                on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000
+            )
+        return FirstToken(ttft_ms=request.ttft_ms, met_slo=met)
+
+    def failed(self, ticket: Ticket, now: float, *, counts: bool = True) -> Failed:
+        """The current attempt failed. `counts`: against the endpoint's health (a read
+        timeout whose engine still passes its health probe does not)."""
+        request = self._running(ticket)
+        on = request.on
+        assert on is not None, "failed before sent"
+        self._end_attempt(request)
+        ejected = counts and self._endpoints.failure(on.url)
+        if ejected:
+            self._refresh_limits(now)  # fewer endpoints: limits only fall, nothing is granted
+        plan = request.plan
+        retry = None
+        if plan is not None and request.attempts < min(
+            self.settings.max_attempts, len(plan.endpoints)
+        ):
+            retry = plan.endpoints[request.attempts]
+        return Failed(endpoint=on.url, ejected=ejected, retry=retry)
+
+    def finished(
+        self,
+        ticket: Ticket,
+        now: float,
+        *,
+        status: int,
+        error: str | None = None,
+        prompt_tokens: int | None = None,
+    ) -> Finished:
+        """The request is over, however it ended: everything it held is released and its
+        log built. Call it once per ticket, refused ones included."""
+        request = self._requests.pop(ticket)
+        wakes = NO_WAKES
+        if request.state == "queued":
+            request.gate.withdraw(ticket)
+            ask = request.ask
+            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+        elif request.state == "running":
+            wakes = self._stop_running(request, now)
+        return Finished(log=self._log(request, now, status, error, prompt_tokens), wakes=wakes)
+
+    # -- pools and endpoints ---------------------------------------------------------------
+
+    def update_pools(self, now: float, pools: Sequence[InferencePool]) -> Wakes:
+        """The complete current set of pools: new ones open, removed ones drain (running
+        requests finish, waiting ones are refused), limits follow the endpoints."""
+        incoming = {pool.key for pool in pools}
+        refused: list[Refused] = []
+        for key in self._gates.keys() - incoming:
+            refused += self._refuse(self._gates.pop(key), "pool_removed")
+        for key in incoming - self._gates.keys():
+            self._gates[key] = PoolGate(self.settings.max_waiting)
+        self._endpoints.update(pools)
+        self.synced = True
+        return Wakes(refused=tuple(refused)) + self._refresh_limits(now)
+
+    def drain(self) -> Wakes:
+        """This replica is shutting down: every request still in line is refused now, so
+        its client retries elsewhere instead of waiting out the drain."""
+        refused: list[Refused] = []
+        for gate in self._gates.values():
+            refused += self._refuse(gate, "shutting_down")
+        return Wakes(refused=tuple(refused))
+
+    def record_probe(self, url: str, now: float, passed: bool) -> Wakes:
+        """An ejected endpoint's health probe: one that passed is available again."""
+        self._endpoints.probe(url, passed)
+        return self._refresh_limits(now)
+
+    def record_scrape(self, url: str, now: float, metrics: EngineMetrics) -> bool:
+        """Keep an engine's gauges; True when they show its prefix cache was reset (the
+        index then forgets the endpoint, where the settings say so)."""
+        reset = self._endpoints.scrape(url, now, metrics)
+        if reset and self.settings.picking.prefix.forget_on_engine_restart:
+            self.prefix_index.forget(url)
+        return reset
+
+    def record_kv_events(self, url: str, events: Iterable[KVEvent]) -> None:
+        """An engine's own KV cache events (the exact prefix feed) for `url`."""
+        feed = self._feeds.get(url)
+        if feed is None:
+            feed = self._feeds[url] = EngineBlockFeed(url, self.prefix_index)
+        feed.apply(events)
+
+    def set_peer_loads(self, loads: Mapping[str, EndpointLoad]) -> None:
+        """The other gateway replicas' load per endpoint, summed (replaces the last)."""
+        self._load.set_peers(loads)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def wants_prefix_blocks(self) -> bool:
+        """Whether the profile scores the prompt's prefix (else `plan` needs no blocks)."""
+        return wants_prefix_blocks(self._profile)
+
+    def pools(self) -> tuple[InferencePool, ...]:
+        """The pools now configured: the same tuple until the next update."""
+        return self._endpoints.pool_list
+
+    def current(self, pool: InferencePool) -> InferencePool | None:
+        """The pool as now configured, None when it was removed since."""
+        return self._endpoints.pools.get(pool.key)
+
+    def available(self, pool: InferencePool) -> tuple[str, ...]:
+        return self._endpoints.available(pool)
+
+    def endpoints(self) -> list[str]:
+        return self._endpoints.endpoints()
+
+    def ejected(self) -> list[str]:
+        return self._endpoints.ejected()
+
+    def ready(self) -> bool:
+        return self.synced and any(self.available(p) for p in self._endpoints.pool_list)
+
+    def gate(self, pool: InferencePool) -> GateState:
+        gate = self._gates.get(pool.key)
+        return gate.state() if gate is not None else GateState(active=0, waiting=0, limit=0)
+
+    def fresh_metrics(self, url: str, now: float) -> EngineMetrics | None:
+        return self._endpoints.fresh_metrics(url, now)
+
+    def prefill_rate(self, url: str) -> PrefillRate:
+        return self._endpoints.prefill_rate(url)
+
+    def load(self, url: str) -> EndpointLoad:
+        """This replica's load on `url` plus its peers'."""
+        return self._load.of(url)
+
+    def own_loads(self) -> dict[str, EndpointLoad]:
+        """This replica's own load on every endpoint it has counted: what it publishes."""
+        return self._load.own()
+
+    def demand(self, now: float) -> dict[str, DemandCount]:
+        """Each configured pool's demand as this replica sees it."""
+        return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
+
+    def in_flight(self, ticket: Ticket) -> bool:
+        return ticket in self._requests
+
+    # -- the rest --------------------------------------------------------------------------
+
+    def _running(self, ticket: Ticket) -> _Request:
+        request = self._requests[ticket]
+        if request.state != "running":
+            raise ValueError(f"ticket {ticket} holds no slot (it is {request.state})")
+        return request
+
+    def _run(self, request: _Request, now: float) -> None:
+        request.state = "running"
+        request.queue_ms = (now - request.joined_at) * 1000
+        self._demand.add(request.ask.route.pool.key, request.ask.route.prefill_tokens,
+                         queued=False)  # fmt: skip
+
+    def _stop_running(self, request: _Request, now: float) -> Wakes:
+        self._end_attempt(request)
+        ask = request.ask
+        self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=False)
+        request.state = "refused"
+        return self._granted(request.gate.release(), now)
+
+    def _end_attempt(self, request: _Request) -> None:
+        on = request.on
+        if on is not None:
+            self._load.finish(on.url, on.prefill_tokens, request.first_token)
+            request.on = None
+
+    def _granted(self, tickets: Iterable[Ticket], now: float) -> Wakes:
+        granted = []
+        for ticket in tickets:
+            request = self._requests[ticket]
+            ask = request.ask
+            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+            self._run(request, now)
+            granted.append(Admitted(ticket, queue_ms=request.queue_ms or 0.0))
+        return Wakes(granted=tuple(granted))
+
+    def _refuse(self, gate: PoolGate, reason: str) -> list[Refused]:
+        refused = []
+        for ticket in gate.close(reason):
+            request = self._requests[ticket]
+            ask = request.ask
+            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+            request.state = "refused"
+            refused.append(Refused(ticket, reason, gate.state()))
+        return refused
+
+    def _refresh_limits(self, now: float) -> Wakes:
+        # A pool admits maxConcurrentRequests per available endpoint; beyond that, requests
+        # wait in its line, where interactive ones go first.
+        wakes = NO_WAKES
+        for key, pool in self._endpoints.pools.items():
+            per_endpoint = pool.spec.limits.max_concurrent_requests
+            limit = per_endpoint * len(self._endpoints.available_of(key))
+            wakes += self._granted(self._gates[key].set_limit(limit), now)
+        return wakes
+
+    def _log(
+        self,
+        request: _Request,
+        now: float,
+        status: int,
+        error: str | None,
+        prompt_tokens: int | None,
+    ) -> RequestLog:
+        ask, tried = request.ask, request.tried
+        route = request.plan.route if request.plan is not None else ask.route
+        return RequestLog(
+            path=ask.path,
+            status=status,
+            total_ms=(now - ask.arrived) * 1000,
+            model=ask.model,
+            pool=route.pool.name,
+            lane=route.lane.value,
+            reason=route.reason,
+            endpoint=tried.url if tried else "",
+            prompt_tokens=prompt_tokens,
+            stream=ask.stream,
+            attempts=request.attempts,
+            queue_ms=request.queue_ms,
+            predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
+            ttft_ms=request.ttft_ms,
+            error=error,
+        )
+
+
+class _PlanFacts:
+    """The ledger as one plan's producers see it (`laneway.routing.cycle.Facts`)."""
+
+    def __init__(self, ledger: Ledger, now: float, blocks: PromptBlocks, prompt_tokens: int):
+        self._ledger, self._now = ledger, now
+        self._blocks, self._prompt_tokens = blocks, prompt_tokens
+        self._matched: dict[str, int] | None = None
+
+    def load(self, url: str) -> EndpointLoad:
+        return self._ledger._load.of(url)
+
+    def engine(self, url: str) -> EngineMetrics | None:
+        return self._ledger._endpoints.fresh_metrics(url, self._now)
+
+    def prefill_rate(self, url: str) -> PrefillRate | None:
+        return self._ledger._endpoints.prefill_rates.get(url)
+
+    def cached_prompt_tokens(self, url: str) -> int | None:
+        if not self._blocks.hashes:
+            return None
+        if self._matched is None:  # one walk of the index for all endpoints
+            self._matched = self._ledger.prefix_index.matched_blocks(self._blocks.hashes)
+        return self._blocks.cached_tokens(self._matched.get(url, 0), self._prompt_tokens)
+
+    def healthy(self, url: str) -> bool:
+        return self._ledger._endpoints.healthy(url)
