@@ -7,7 +7,6 @@ here, so importing the rooms at run time would tie each room to all the others.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,30 +21,27 @@ if TYPE_CHECKING:
     from laneway.gateway.config import GatewaySettings
     from laneway.gateway.lifecycle import Stop
     from laneway.gateway.metrics import GatewayMetrics
-    from laneway.gateway.pools.registry import PoolRegistry
+    from laneway.gateway.serving.context import RequestPath
     from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
-    from laneway.gateway.state.demand import DemandBook, RedisDemandShare
-    from laneway.gateway.state.memory import LoadTracker
+    from laneway.gateway.state.demand import RedisDemandShare
     from laneway.gateway.state.metrics import StateMetrics
+    from laneway.gateway.state.redis_store import RedisLoadShare
     from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
-    from laneway.routing.picker import WeightedScorer
-    from laneway.routing.prefix_index import PrefixIndex
+    from laneway.gateway.wakes import Waiters
+    from laneway.ledger import Ledger
     from laneway.tokens import Tokenizer
 
 SETTINGS: web.AppKey[GatewaySettings] = web.AppKey("settings")
-REGISTRY: web.AppKey[PoolRegistry] = web.AppKey("registry")
+# Every piece of request and endpoint state: pools, lines, load, demand, prefixes, health.
+LEDGER: web.AppKey[Ledger] = web.AppKey("ledger")
+WAITERS: web.AppKey[Waiters] = web.AppKey("waiters")  # the requests in the ledger's lines
+# What the completion routes work with, built once the client session is open.
+REQUEST_PATH: web.AppKey[RequestPath] = web.AppKey("request_path")
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")
-TRACKER: web.AppKey[LoadTracker] = web.AppKey("tracker")
-# Each pool's queued and running work, for scaling
-DEMAND: web.AppKey[DemandBook] = web.AppKey("demand")
 TOKENIZER: web.AppKey[Tokenizer] = web.AppKey("tokenizer")  # the default, for pools that name none
 POOL_TOKENIZERS: web.AppKey[PoolTokenizers] = web.AppKey("pool_tokenizers")
 # Long prompts' exact counts, off the loop
 COUNTER: web.AppKey[OffLoopCounter] = web.AppKey("counter")
-PROFILE: web.AppKey[tuple[WeightedScorer, ...]] = web.AppKey("profile")
-RNG: web.AppKey[random.Random] = web.AppKey("rng")
-# What was routed where, by prefix
-PREFIX_INDEX: web.AppKey[PrefixIndex] = web.AppKey("prefix_index")
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session")  # every request to the engines
 SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down")  # set when draining begins
@@ -65,6 +61,7 @@ FILE_QUOTA: web.AppKey[FileQuota] = web.AppKey("file_quota")  # for tenants whos
 BATCH_TOKEN_LIMIT: web.AppKey[int] = web.AppKey("batch_token_limit")  # the same
 STATE_METRICS: web.AppKey[StateMetrics] = web.AppKey("state_metrics")
 DEMAND_SHARE: web.AppKey[RedisDemandShare] = web.AppKey("demand_share")  # absent: no Redis
+LOAD_SHARE: web.AppKey[RedisLoadShare] = web.AppKey("load_share")  # absent: no Redis
 
 
 class Loopback:

@@ -3,7 +3,7 @@ load, files, batches.
 
 `create_app(..., shared=options)` adds it through `install(app, options)`:
 the tenant middleware (401 for a missing or unknown key when a keys file is given), the
-Files and Batches routes, and, with Redis, the shared load tracker, the shared limiter and
+Files and Batches routes, and, with Redis, the shared endpoint load, the shared limiter and
 the batch dispatcher as background tasks. Without Redis, limits are kept in memory and the
 Files and Batches routes say that they need Redis.
 
@@ -32,22 +32,22 @@ from laneway.gateway.batch.files import FileQuota, FileStore
 from laneway.gateway.keys import (
     BATCH_STORE,
     BATCH_TOKEN_LIMIT,
-    DEMAND,
+    CLOCK,
     DEMAND_SHARE,
     DISPATCHING,
     FILE_QUOTA,
     FILE_SIZE_LIMIT,
     FILE_STORE,
     INTERNAL_SECRET,
+    LEDGER,
     LIMITER,
+    LOAD_SHARE,
     LOOPBACK,
     METRICS,
-    REGISTRY,
     SESSION,
     SETTINGS,
     STATE_METRICS,
     TENANTS,
-    TRACKER,
     Loopback,
 )
 from laneway.gateway.lifecycle import background
@@ -56,7 +56,7 @@ from laneway.gateway.state.demand import RedisDemandShare
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import (
     DEFAULT_LEASE_S,
-    RedisLoadTracker,
+    RedisLoadShare,
     RedisSettings,
     connect,
     redis_settings,
@@ -110,9 +110,9 @@ def install(app: web.Application, options: SharedStateOptions) -> None:
         return
     redis = connect(options.redis)
     prefix = options.redis.prefix
-    tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
+    tracker = RedisLoadShare(redis, prefix, lease_s=options.load_lease_s)
     files = FileStore(redis, prefix, options.file_ttl_s)
-    app[TRACKER] = tracker
+    app[LOAD_SHARE] = tracker
     metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[FILE_STORE] = files
@@ -158,7 +158,7 @@ def _reload_tenants(
 
 
 def _local_demand(app: web.Application) -> dict[str, DemandCount]:
-    return app[DEMAND].snapshot([pool.key for pool in app[REGISTRY].pools()])
+    return app[LEDGER].demand(app[CLOCK]())
 
 
 def announce_listening(app: web.Application, host: str, port: int) -> None:
@@ -168,7 +168,7 @@ def announce_listening(app: web.Application, host: str, port: int) -> None:
 
 
 def _background(
-    redis: Redis, tracker: RedisLoadTracker, options: SharedStateOptions
+    redis: Redis, tracker: RedisLoadShare, options: SharedStateOptions
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def run(app: web.Application) -> AsyncIterator[None]:
         keys = options.tenants
@@ -191,7 +191,7 @@ def _background(
         dispatching = asyncio.create_task(dispatcher.run(), name="batch-dispatcher")
         app[DISPATCHING].append((dispatcher, dispatching))
         tasks = [
-            asyncio.create_task(tracker.run(), name="load-heartbeat"),
+            asyncio.create_task(tracker.run(app[LEDGER].own_loads), name="load-heartbeat"),
             asyncio.create_task(app[DEMAND_SHARE].run(), name="demand-publish"),
             dispatching,
         ]

@@ -1,8 +1,8 @@
 """Who asks: the tenant an API key names, or the batch dispatcher asking for a tenant.
 
 The tenant middleware identifies every request but the open paths (401 for a missing or
-unknown key when a keys file is given); the proxy asks `admit_tenant` once per request,
-after counting its tokens, and routes by `routing_tenant`.
+unknown key when a keys file is given); the proxy charges the tenant's limits once per request,
+after counting its tokens (`TenantLimits.admit`), and routes by `routing_tenant`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from laneway.gateway.keys import (
     TENANT,
     TENANTS,
 )
-from laneway.gateway.state.tenants import ANONYMOUS_TENANT, Tenant, retry_after_header
+from laneway.gateway.state.metrics import StateMetrics
+from laneway.gateway.state.tenants import (
+    ANONYMOUS_TENANT,
+    RateLimiter,
+    Tenant,
+    retry_after_header,
+)
 
 INTERNAL_HEADER = "x-laneway-internal"  # a per-process secret: this request comes from us
 TENANT_HEADER = "x-laneway-tenant"  # whose item it is; trusted only with the secret
@@ -110,33 +116,45 @@ def routing_tenant(caller: Caller | None) -> str | None:
     return caller.tenant.name
 
 
-async def admit_tenant(app: web.Application, caller: Caller | None, tokens: int) -> None:
-    """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
-    limiter = app.get(LIMITER)
-    if limiter is None or caller is None or caller.internal:
-        return
-    tenant = caller.tenant
-    decision = await limiter.admit(tenant, tokens)
-    if decision.allowed:
-        return
-    reason = "too_large" if decision.never else decision.exceeded
-    app[STATE_METRICS].refused.labels(tenant.name, reason).inc()
-    if decision.never:
+@dataclass(frozen=True)
+class TenantLimits:
+    """The tenants' per-minute limits, as the state layer installed them."""
+
+    limiter: RateLimiter
+    metrics: StateMetrics
+
+    @classmethod
+    def of(cls, app: web.Application) -> TenantLimits | None:
+        """The app's limits; None where the state layer is not installed."""
+        limiter, metrics = app.get(LIMITER), app.get(STATE_METRICS)
+        return None if limiter is None or metrics is None else cls(limiter, metrics)
+
+    async def admit(self, caller: Caller | None, tokens: int) -> None:
+        """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
+        if caller is None or caller.internal:
+            return
+        tenant = caller.tenant
+        decision = await self.limiter.admit(tenant, tokens)
+        if decision.allowed:
+            return
+        reason = "too_large" if decision.never else decision.exceeded
+        self.metrics.refused.labels(tenant.name, reason).inc()
+        if decision.never:
+            raise ApiError(
+                429,
+                f"This request needs {tokens} tokens, more than tenant {tenant.name}'s whole "
+                f"limit of {tenant.tokens_per_minute} tokens per minute; make it smaller",
+                "tokens_exceed_limit",
+            )
+        limit = (
+            f"{tenant.requests_per_minute} requests"
+            if decision.exceeded == "requests"
+            else f"{tenant.tokens_per_minute} tokens"
+        )
         raise ApiError(
             429,
-            f"This request needs {tokens} tokens, more than tenant {tenant.name}'s whole "
-            f"limit of {tenant.tokens_per_minute} tokens per minute; make it smaller",
-            "tokens_exceed_limit",
+            f"Rate limit reached for tenant {tenant.name}: {limit} per minute; "
+            f"retry after {retry_after_header(decision)} s",
+            "rate_limit_exceeded",
+            retry_after=int(retry_after_header(decision)),
         )
-    limit = (
-        f"{tenant.requests_per_minute} requests"
-        if decision.exceeded == "requests"
-        else f"{tenant.tokens_per_minute} tokens"
-    )
-    raise ApiError(
-        429,
-        f"Rate limit reached for tenant {tenant.name}: {limit} per minute; "
-        f"retry after {retry_after_header(decision)} s",
-        "rate_limit_exceeded",
-        retry_after=int(retry_after_header(decision)),
-    )
