@@ -57,12 +57,12 @@ class ElasticPool:
         """The pool's shape at the start: its lane, routing range, engine and replicas."""
         lane = Lane.INTERACTIVE if self.interactive else Lane.BATCH
         return SimPool(
-            self.name,
-            lane,
-            self.max_prompt_tokens,
-            self.engine.max_context,
-            self.replicas,
-            self.engine,
+            name=self.name,
+            lane=lane,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_context_tokens=self.engine.max_context,
+            replicas=self.replicas,
+            engine=self.engine,
         )
 
 
@@ -106,7 +106,10 @@ class _PoolScaling:
 
     def trace(self) -> PoolTrace:
         return PoolTrace(
-            tuple(self.at), tuple(self.counts), tuple(self.demand), tuple(self.reasons)
+            at_s=tuple(self.at),
+            replicas=tuple(self.counts),
+            demand=tuple(self.demand),
+            reasons=tuple(self.reasons),
         )
 
 
@@ -214,11 +217,11 @@ class TraceWorkload(Workload):
         assert request.first_token_s is not None
         self.outcomes.append(
             RequestOutcome(
-                request.pool,
-                request.arrival_s,
-                request.first_token_s - request.arrival_s,
-                request.max_gap_s,
-                now,
+                pool=request.pool,
+                arrival_s=request.arrival_s,
+                ttft_s=request.first_token_s - request.arrival_s,
+                max_gap_s=request.max_gap_s,
+                finished_s=now,
             )
         )
 

@@ -69,11 +69,23 @@ class PrefixScenario:
     def pools(self) -> tuple[SimPool, SimPool]:
         """The chat (interactive) and document (batch) pools, as InferencePool templates."""
         return (
-            SimPool("chat", Lane.INTERACTIVE, None, CHAT_CONTEXT, self.interactive_replicas,
-                    CHAT_ENGINE),
-            SimPool("documents", Lane.BATCH, None, LONG_CONTEXT, self.batch_replicas,
-                    DOCUMENT_ENGINE),
-        )  # fmt: skip
+            SimPool(
+                name="chat",
+                lane=Lane.INTERACTIVE,
+                max_prompt_tokens=None,
+                max_context_tokens=CHAT_CONTEXT,
+                replicas=self.interactive_replicas,
+                engine=CHAT_ENGINE,
+            ),
+            SimPool(
+                name="documents",
+                lane=Lane.BATCH,
+                max_prompt_tokens=None,
+                max_context_tokens=LONG_CONTEXT,
+                replicas=self.batch_replicas,
+                engine=DOCUMENT_ENGINE,
+            ),
+        )
 
 
 def scenario_problems(scenario: PrefixScenario) -> list[str]:
@@ -90,8 +102,22 @@ def scenario_problems(scenario: PrefixScenario) -> list[str]:
 
 
 CHAT_CONTEXT = 16384
-CHAT_ENGINE = SchedulerConfig("chunked", 2048, 1024, 128, 4, CHAT_CONTEXT)
-DOCUMENT_ENGINE = SchedulerConfig("chunked", 2048, 1024, 256, 64, LONG_CONTEXT)
+CHAT_ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=128,
+    max_partial_prefills=4,
+    max_context=CHAT_CONTEXT,
+)
+DOCUMENT_ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=256,
+    max_partial_prefills=64,
+    max_context=LONG_CONTEXT,
+)
 
 
 @dataclass(frozen=True)

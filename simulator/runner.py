@@ -15,11 +15,13 @@ Every experiment is a configuration of `VirtualCluster`:
 To plug in a workload, subclass `Workload`: `start` schedules its first events with
 `cluster.schedule(at, subject)`; `on_event(cluster, now, subject)` receives them back and
 sends requests with `cluster.submit(...)` (None: no pool takes the request, the gateway's
-400); the `on_first_token`, `on_token_gap` and `on_finished` hooks report each request's
-progress (a closed-loop session schedules its next turn from `on_finished`). To plug in a
-scaler, subclass `Scaler`: `decide(cluster, now)` is called every `interval_s` while work
-remains and may call `cluster.add_replica` (serving after a cold start) and `cluster.drain`;
-a request that finds its pool with no serving replica waits in the gateway's line for one.
+400, or its pool's line is full, the gateway's 429); the `on_first_token`, `on_token_gap`
+and `on_finished` hooks report each request's progress (a closed-loop session schedules
+its next turn from `on_finished`). To plug in a scaler, subclass `Scaler`:
+`decide(cluster, now)` is called every `interval_s` while work remains and may call
+`cluster.add_replica` (serving after a cold start) and `cluster.drain`.
+A request waits in its pool's line where the gateway's would: while the pool has no serving
+replica, or has `maxConcurrentRequests` per serving replica running already.
 
 Routing and every request's bookkeeping are the gateway's own: the runner drives the same
 `laneway.ledger.Ledger` in virtual time (admit, plan, sent, first token, finished), so the
@@ -260,7 +262,8 @@ class VirtualCluster:
         pinned: Lane | None = None,
         session_key: str | None = None,
     ) -> Request | None:
-        """Route a request as the gateway does; None if no pool takes it."""
+        """Route and admit a request as the gateway does; None if no pool takes it or its
+        pool's line is full."""
         bounds = TokenBounds(prompt_tokens, prompt_tokens)
         ask = RouteRequest(PUBLIC_MODEL, bounds, output_tokens, pinned)
         pools = self.ledger.pools()
@@ -277,6 +280,12 @@ class VirtualCluster:
             session_key=session_key,
         )
         decision = self.ledger.admit(now, admission)
+        if isinstance(decision, Refused):
+            # A full line: the gateway's 429, which the workload hears as a request no pool
+            # took (pools never leave a virtual run, nor do all their endpoints fail).
+            refused = self.ledger.finished(decision.ticket, now, status=429, error=decision.reason)
+            self.logs.append(refused.log)
+            return None
         request = Request(
             request_id=f"r{next(self._ids)}",
             source=source,
@@ -291,8 +300,6 @@ class VirtualCluster:
         )
         self.requests[request.request_id] = request
         self._of_ticket[request.ticket] = request
-        if isinstance(decision, Refused):
-            raise RuntimeError(f"the ledger refused {request.request_id}: {decision.reason}")
         if isinstance(decision, Admitted):
             self._send(now, request)
         # Else it waits in its pool's line (a pool at zero, or full), which is demand the

@@ -221,45 +221,68 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
 
     # vLLM without chunked prefill needs a budget that holds the longest prompt
     # (its default max_num_batched_tokens is max(max_model_len, 2048)).
-    full_long = SchedulerConfig("full", LONG_CONTEXT, LONG_CONTEXT, 256, 1, LONG_CONTEXT)
+    full_long = SchedulerConfig(
+        kind="full",
+        token_budget=LONG_CONTEXT,
+        chunk_size=LONG_CONTEXT,
+        max_num_seqs=256,
+        max_partial_prefills=1,
+        max_context=LONG_CONTEXT,
+    )
     full_realtime = SchedulerConfig(
-        "full", REALTIME_MAX_CONTEXT, REALTIME_MAX_CONTEXT, 256, 1, REALTIME_MAX_CONTEXT
+        kind="full",
+        token_budget=REALTIME_MAX_CONTEXT,
+        chunk_size=REALTIME_MAX_CONTEXT,
+        max_num_seqs=256,
+        max_partial_prefills=1,
+        max_context=REALTIME_MAX_CONTEXT,
     )
     # The seed article's chunked settings: 2,048-token step budget, 1,024-token chunks;
     # vLLM V1 puts no cap on prompts left part-prefilled; 64 (the API maximum) is none here.
-    chunked_long = SchedulerConfig("chunked", 2048, 1024, 256, 64, LONG_CONTEXT)
+    chunked_long = SchedulerConfig(
+        kind="chunked",
+        token_budget=2048,
+        chunk_size=1024,
+        max_num_seqs=256,
+        max_partial_prefills=64,
+        max_context=LONG_CONTEXT,
+    )
 
     budget = tbt_token_budget(profile, INTERACTIVE_DECODE_BATCH, REALTIME_MAX_PROMPT)
     slo_interactive = SchedulerConfig(
-        "chunked", budget, budget, INTERACTIVE_DECODE_BATCH, INTERACTIVE_DECODE_BATCH,
-        REALTIME_MAX_CONTEXT,
-    )  # fmt: skip
+        kind="chunked",
+        token_budget=budget,
+        chunk_size=budget,
+        max_num_seqs=INTERACTIVE_DECODE_BATCH,
+        max_partial_prefills=INTERACTIVE_DECODE_BATCH,
+        max_context=REALTIME_MAX_CONTEXT,
+    )
     laneway_interactive = interactive_replicas(scenario, profile, budget)
     return (
         ClusterConfig(
-            "unified-full",
-            f"{gpus} mixed replicas, whole-prompt prefill",
-            (SimPool("unified", Lane.INTERACTIVE, None, LONG_CONTEXT, gpus, full_long),),
+            name="unified-full",
+            summary=f"{gpus} mixed replicas, whole-prompt prefill",
+            pools=(_unified(gpus, full_long),),
         ),
         ClusterConfig(
-            "unified-chunked",
-            f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
-            (SimPool("unified", Lane.INTERACTIVE, None, LONG_CONTEXT, gpus, chunked_long),),
+            name="unified-chunked",
+            summary=f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
+            pools=(_unified(gpus, chunked_long),),
         ),
         ClusterConfig(
-            "split",
-            f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
+            name="split",
+            summary=f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
             f"{gpus - split_realtime} batch (chunked prefill)",
-            (
+            pools=(
                 _realtime(split_realtime, full_realtime),
                 _batch(gpus - split_realtime, chunked_long),
             ),
         ),
         ClusterConfig(
-            "laneway",
-            f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token TBT-SLO "
-            f"budget) + {gpus - laneway_interactive} batch (chunked prefill)",
-            (
+            name="laneway",
+            summary=f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token "
+            f"TBT-SLO budget) + {gpus - laneway_interactive} batch (chunked prefill)",
+            pools=(
                 _realtime(laneway_interactive, slo_interactive),
                 _batch(gpus - laneway_interactive, chunked_long),
             ),
@@ -267,11 +290,34 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
     )
 
 
+def _unified(replicas: int, engine: SchedulerConfig) -> SimPool:
+    return SimPool(
+        name="unified",
+        lane=Lane.INTERACTIVE,
+        max_prompt_tokens=None,
+        max_context_tokens=LONG_CONTEXT,
+        replicas=replicas,
+        engine=engine,
+    )
+
+
 def _realtime(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
-        "realtime", Lane.INTERACTIVE, REALTIME_MAX_PROMPT, REALTIME_MAX_CONTEXT, replicas, engine
+        name="realtime",
+        lane=Lane.INTERACTIVE,
+        max_prompt_tokens=REALTIME_MAX_PROMPT,
+        max_context_tokens=REALTIME_MAX_CONTEXT,
+        replicas=replicas,
+        engine=engine,
     )
 
 
 def _batch(replicas: int, engine: SchedulerConfig) -> SimPool:
-    return SimPool("batch", Lane.BATCH, None, LONG_CONTEXT, replicas, engine)
+    return SimPool(
+        name="batch",
+        lane=Lane.BATCH,
+        max_prompt_tokens=None,
+        max_context_tokens=LONG_CONTEXT,
+        replicas=replicas,
+        engine=engine,
+    )

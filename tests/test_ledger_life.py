@@ -61,6 +61,10 @@ def test_load_counts_from_sent_until_the_first_token_and_the_end() -> None:
     assert first.met_slo
     assert first.ttft_ms == pytest.approx(151)
     assert ledger.load(best.url) == EndpointLoad(in_flight=1, prefill_tokens=0)
+    # Only the first one counts: a second changes neither the load nor the SLO window.
+    assert ledger.first_token(ticket, read_at=0.3, written_at=0.3) == first
+    assert ledger.load(best.url) == EndpointLoad(in_flight=1, prefill_tokens=0)
+    assert ledger.demand(0.5)[CHAT.key].ttft_met == 1
     ledger.finished(ticket, 1.0, status=200)
     assert ledger.load(best.url) == EndpointLoad()
 

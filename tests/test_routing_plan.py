@@ -49,10 +49,10 @@ def test_the_prefill_estimate_is_made_once_at_classification(
 
 def test_the_plan_predicts_each_ttft_from_the_backlog_and_the_learned_rate() -> None:
     views = [
-        EndpointView("http://a", 1, 3000, None),
-        EndpointView("http://b", 0, 0, None),
+        EndpointView(url="http://a", in_flight=1, prefill_tokens=3000, engine=None),
+        EndpointView(url="http://b", in_flight=0, prefill_tokens=0, engine=None),
     ]
-    rates = {"http://a": PrefillRate(0.05, 3)}
+    rates = {"http://a": PrefillRate(ms_per_token=0.05, samples=3)}
     plan = make_plan(route(TokenBounds(1000, 1000)), views, rates, (), random.Random(0), 40.0)
     by_url = {e.url: e for e in plan.endpoints}
     assert by_url["http://a"].backlog_tokens == 4000
@@ -64,7 +64,10 @@ def test_the_plan_predicts_each_ttft_from_the_backlog_and_the_learned_rate() -> 
 
 
 def test_before_any_endpoint_has_learned_the_prior_predicts() -> None:
-    views = [EndpointView("http://a", 0, 0, None), EndpointView("http://b", 0, 0, None)]
+    views = [
+        EndpointView(url="http://a", in_flight=0, prefill_tokens=0, engine=None),
+        EndpointView(url="http://b", in_flight=0, prefill_tokens=0, engine=None),
+    ]
     rates = {"http://a": PrefillRate()}  # present but without samples: still the prior
     plan = make_plan(route(TokenBounds(1000, 1000)), views, rates, (), random.Random(0))
     assert [e.predicted_ttft_ms for e in plan.endpoints] == [PRIOR_MS_PER_TOKEN * 1000] * 2
@@ -72,8 +75,12 @@ def test_before_any_endpoint_has_learned_the_prior_predicts() -> None:
 
 def test_the_cached_prefix_is_neither_prefilled_nor_queued() -> None:
     views = [
-        EndpointView("http://a", 1, 500, None, cached_prompt_tokens=3000),
-        EndpointView("http://b", 0, 0, None, cached_prompt_tokens=0),
+        EndpointView(
+            url="http://a", in_flight=1, prefill_tokens=500, engine=None, cached_prompt_tokens=3000
+        ),
+        EndpointView(
+            url="http://b", in_flight=0, prefill_tokens=0, engine=None, cached_prompt_tokens=0
+        ),
     ]
     profile = scorers_from_weights("scored", {"prefixAffinity": 1})
     plan = make_plan(route(TokenBounds(4000, 4000)), views, {}, profile, random.Random(0))
@@ -85,8 +92,18 @@ def test_the_cached_prefix_is_neither_prefilled_nor_queued() -> None:
 
 def test_the_plan_ranks_by_the_weighted_profile() -> None:
     views = [
-        EndpointView("http://a", 4, 9000, EngineMetrics(waiting=6, running=4, kv_usage=0.9)),
-        EndpointView("http://b", 1, 500, EngineMetrics(waiting=0, running=1, kv_usage=0.1)),
+        EndpointView(
+            url="http://a",
+            in_flight=4,
+            prefill_tokens=9000,
+            engine=EngineMetrics(waiting=6, running=4, kv_usage=0.9),
+        ),
+        EndpointView(
+            url="http://b",
+            in_flight=1,
+            prefill_tokens=500,
+            engine=EngineMetrics(waiting=0, running=1, kv_usage=0.1),
+        ),
     ]
     profile = PickingSettings().profile()
     plan = make_plan(route(TokenBounds(100, 100)), views, {}, profile, random.Random(0))
@@ -96,7 +113,9 @@ def test_the_plan_ranks_by_the_weighted_profile() -> None:
 
 
 def test_ties_break_by_the_seeded_random_and_reach_every_endpoint() -> None:
-    views = [EndpointView(f"http://{n}", 0, 0, None) for n in "abcd"]
+    views = [
+        EndpointView(url=f"http://{n}", in_flight=0, prefill_tokens=0, engine=None) for n in "abcd"
+    ]
     profile = scorers_from_weights("scored", {"inFlightRequests": 1})
     firsts = [
         make_plan(route(TokenBounds(10, 10)), views, {}, profile, random.Random(seed))

@@ -95,7 +95,7 @@ def test_estimated_cached_tokens(
 
 
 def view(url: str, backlog: int | None) -> EndpointView:
-    return EndpointView(url, 0, 0, None, backlog_tokens=backlog)
+    return EndpointView(url=url, in_flight=0, prefill_tokens=0, engine=None, backlog_tokens=backlog)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,10 @@ def test_prefix_affinity_scores(
 
 
 def _sticky_pick(session: str | None, urls: list[str]) -> str:
-    views = [EndpointView(url, 0, 0, None, session_key=session) for url in urls]
+    views = [
+        EndpointView(url=url, in_flight=0, prefill_tokens=0, engine=None, session_key=session)
+        for url in urls
+    ]
     scores = SCORERS["sessionHash"].score(views)
     return urls[max(range(len(urls)), key=lambda i: scores[i])]
 
@@ -145,5 +148,5 @@ def test_session_hash_keeps_a_session_on_one_endpoint_and_spreads_sessions() -> 
     survivors = urls[1:]
     moved = [s for s, url in picks.items() if url != urls[0] and _sticky_pick(s, survivors) != url]
     assert moved == []
-    no_session = [EndpointView(url, 0, 0, None) for url in urls]
+    no_session = [EndpointView(url=url, in_flight=0, prefill_tokens=0, engine=None) for url in urls]
     assert SCORERS["sessionHash"].score(no_session) == [0.5] * 4

@@ -21,7 +21,14 @@ from laneway.simulator.profiles import PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 
 PROFILE = PROFILES["h200-llama3-8b"]
-ENGINE = SchedulerConfig("chunked", 2048, 1024, 256, 64, 131072)
+ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=256,
+    max_partial_prefills=64,
+    max_context=131072,
+)
 SLO = (0.3, 0.03)
 BATCH_AT_ZERO = ScalePolicy(
     min_replicas=0,
@@ -33,8 +40,13 @@ BATCH_AT_ZERO = ScalePolicy(
 
 
 def run(cold_start_s: float) -> tuple[list[float], list[int], float]:
-    documents = [Arrival(100.0, 32768, 64, Lane.BATCH) for _ in range(2)]
-    pool = ElasticPool("batch", False, ENGINE, 0, BATCH_AT_ZERO)
+    documents = [
+        Arrival(at_s=100.0, prompt_tokens=32768, output_tokens=64, pinned=Lane.BATCH)
+        for _ in range(2)
+    ]
+    pool = ElasticPool(
+        name="batch", interactive=False, engine=ENGINE, replicas=0, policy=BATCH_AT_ZERO
+    )
     result = run_elastic([pool], PROFILE, documents, 600.0, SLO, cold_start_s)
     assert result.unfinished == 0
     (trace,) = result.traces
@@ -90,7 +102,14 @@ def test_bench_autoscale_writes_the_issue_shape(tmp_path: Path) -> None:
     assert document["configs"]["elastic"]["gpu_hours"] < document["configs"]["static"]["gpu_hours"]
 
 
-CHAT_ENGINE = SchedulerConfig("chunked", 896, 896, 64, 64, 4096)
+CHAT_ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=896,
+    chunk_size=896,
+    max_num_seqs=64,
+    max_partial_prefills=64,
+    max_context=4096,
+)
 
 
 def chat_policy(target: int) -> ScalePolicy:
@@ -106,7 +125,9 @@ def chat_policy(target: int) -> ScalePolicy:
 def test_an_elastic_pool_holds_its_count_for_a_down_window_before_it_shrinks() -> None:
     # The operator's first sight: no demand at the start of the day is not a reason to drop
     # the replicas the night left running before a whole down window has been seen.
-    pool = ElasticPool("interactive", True, CHAT_ENGINE, 3, chat_policy(10))
+    pool = ElasticPool(
+        name="interactive", interactive=True, engine=CHAT_ENGINE, replicas=3, policy=chat_policy(10)
+    )
     (trace,) = run_elastic([pool], PROFILE, [], 400.0, SLO).traces
     held = [n for at, n in zip(trace.at_s, trace.replicas, strict=True) if at < 120]
     assert held
@@ -117,8 +138,13 @@ def test_an_elastic_pool_holds_its_count_for_a_down_window_before_it_shrinks() -
 def test_an_interactive_pool_grows_on_requests_in_flight_and_serves_after_the_cold_start() -> None:
     rng = random.Random(7)
     times = poisson_arrivals(rng, lambda _: 30.0, 30.0, 240.0)
-    trace = [Arrival(t, rng.randint(200, 1500), rng.randint(50, 250)) for t in times]
-    pool = ElasticPool("interactive", True, CHAT_ENGINE, 1, chat_policy(10))
+    trace = [
+        Arrival(at_s=t, prompt_tokens=rng.randint(200, 1500), output_tokens=rng.randint(50, 250))
+        for t in times
+    ]
+    pool = ElasticPool(
+        name="interactive", interactive=True, engine=CHAT_ENGINE, replicas=1, policy=chat_policy(10)
+    )
     result = run_elastic([pool], PROFILE, trace, 240.0, SLO, cold_start_s=60.0)
     (pool_trace,) = result.traces
     assert max(pool_trace.replicas) >= 3

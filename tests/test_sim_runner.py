@@ -21,8 +21,22 @@ from laneway.simulator.seed import SEED_PICKING, SeedScenario, SimPool, seed_con
 from laneway.simulator.seed_experiment import run_virtual
 
 H200 = PROFILES["h200-llama3-8b"]
-ENGINE = SchedulerConfig("chunked", 2048, 1024, 64, 4, 8192)
-POOL = SimPool("chat", Lane.INTERACTIVE, None, 8192, 2, ENGINE)
+ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=64,
+    max_partial_prefills=4,
+    max_context=8192,
+)
+POOL = SimPool(
+    name="chat",
+    lane=Lane.INTERACTIVE,
+    max_prompt_tokens=None,
+    max_context_tokens=8192,
+    replicas=2,
+    engine=ENGINE,
+)
 SEED = SeedScenario(gpus=4, sessions=24, long_requests=3, long_tokens=16384, duration_s=8.0)
 PREFIX = PrefixScenario(
     interactive_replicas=2, batch_replicas=1, chat_sessions=12, document_sessions=2,
@@ -42,8 +56,11 @@ def prefix_run(seed: int) -> object:
 
 def elastic_run(seed: int) -> object:
     # The trace is the seed here: the autoscale experiment draws it from its own seed.
-    arrivals = [Arrival(0.05 * i + 0.01 * seed, 300 + 37 * i % 500, 40) for i in range(200)]
-    pool = ElasticPool("chat", True, ENGINE, 2, None)
+    arrivals = [
+        Arrival(at_s=0.05 * i + 0.01 * seed, prompt_tokens=300 + 37 * i % 500, output_tokens=40)
+        for i in range(200)
+    ]
+    pool = ElasticPool(name="chat", interactive=True, engine=ENGINE, replicas=2, policy=None)
     return run_elastic([pool], H200, arrivals, 10.0, (0.3, 0.03))
 
 

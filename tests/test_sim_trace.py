@@ -3,15 +3,16 @@ drives it, and the same decisions from a second shell that sees only the trace's
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from laneway.api import Lane
-from laneway.ledger import NO_BLOCKS, Admission, Admitted, Finished, Queued, Sent, Wakes
+from laneway.ledger import NO_BLOCKS, Admission, Admitted, Finished, Ledger, Queued, Sent, Wakes
 from laneway.ledger.recording import Decision, RecordingLedger
 from laneway.routing.lanes import Route, RouteRequest, classify
-from laneway.simulator.elastic import Arrival
+from laneway.simulator.elastic import Arrival, TraceWorkload
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.runner import COMPLETIONS_PATH, ledger_settings
+from laneway.simulator.runner import COMPLETIONS_PATH, VirtualCluster, ledger_settings
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import PUBLIC_MODEL, SEED_PICKING, SimPool
 from laneway.simulator.trace import run_trace
@@ -22,7 +23,16 @@ H200 = PROFILES["h200-llama3-8b"]
 ENGINE = SchedulerConfig(
     kind="chunked", token_budget=2048, chunk_size=1024, max_num_seqs=2, max_context=8192
 )
-POOLS = [SimPool("chat", Lane.INTERACTIVE, None, 8192, 2, ENGINE)]
+POOLS = [
+    SimPool(
+        name="chat",
+        lane=Lane.INTERACTIVE,
+        max_prompt_tokens=None,
+        max_context_tokens=8192,
+        replicas=2,
+        engine=ENGINE,
+    )
+]
 ARRIVALS = [Arrival(at_s=0.01 * i, prompt_tokens=300 + 97 * i, output_tokens=30) for i in range(12)]
 
 
@@ -94,3 +104,24 @@ def test_a_second_shell_fed_the_same_trace_gets_the_same_decisions() -> None:
     # The comparison can fail: a shell that leaves out a step of the bookkeeping (here the
     # first token, which releases the prompt's prefill backlog) plans differently.
     assert _replay(recorded, first_tokens=False) != recorded.decisions()
+
+
+def test_a_full_line_is_the_gateways_429_and_the_workload_hears_none() -> None:
+    burst = [Arrival(at_s=0.0, prompt_tokens=500, output_tokens=30) for _ in range(12)]
+    workload = TraceWorkload(burst)
+    settings = dataclasses.replace(ledger_settings(SEED_PICKING, None), max_waiting=2)
+    cluster = VirtualCluster(
+        POOLS,
+        H200,
+        SEED_PICKING,
+        workload,
+        duration_s=0.0,
+        tie_break="trace",
+        scrape_interval_s=None,
+        ledger=Ledger(settings, random.Random("trace")),
+    )
+    cluster.run()
+    # Two replicas of two slots, two places in line: the other six are refused at once.
+    assert workload.unrouted == 6
+    assert [(log.status, log.error) for log in cluster.logs[:6]] == [(429, "queue_full")] * 6
+    assert [log.status for log in cluster.logs[6:]] == [200] * 6

@@ -70,8 +70,7 @@ class _Request:
     attempts: int = 0
     on: PlannedEndpoint | None = None  # the endpoint its current attempt holds load on
     sent_at: float = 0.0
-    first_token: bool = False  # of the current attempt
-    ttft_ms: float | None = None
+    first: FirstToken | None = None  # the current attempt's first token, once it came
 
 
 class Ledger:
@@ -96,27 +95,27 @@ class Ledger:
         ticket = next(self._tickets)
         key = ask.route.pool.key
         pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
-        request = _Request(ask, gate or PoolGate(0), "refused", now)
+        request = _Request(ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now)
         self._requests[ticket] = request
         if pool is None or gate is None:
-            return Refused(ticket, "pool_removed", request.gate.state())
+            return Refused(ticket=ticket, reason="pool_removed", gate=request.gate.state())
         # A pool with no endpoint at all is at zero or starting: it admits nobody, so the
         # request waits in line (and counts as demand) for a first replica. One whose
         # endpoints are all ejected is broken, not scaling: that is said at once.
         if pool.endpoints and not self._endpoints.available(pool):
-            return Refused(ticket, "all_ejected", gate.state())
+            return Refused(ticket=ticket, reason="all_ejected", gate=gate.state())
         if gate.closed is not None:
-            return Refused(ticket, gate.closed, gate.state())
+            return Refused(ticket=ticket, reason=gate.closed, gate=gate.state())
         if gate.take_free_slot():
             self._run(request, now)
-            return Admitted(ticket, queue_ms=request.queue_ms or 0.0)
+            return Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0)
         if not gate.can_join():
-            return Refused(ticket, "queue_full", gate.state())
+            return Refused(ticket=ticket, reason="queue_full", gate=gate.state())
         route = ask.route
         gate.join(ticket, route.priority, ask.tenant, ask.fair_tokens)
         request.state = "queued"
         self._demand.add(key, route.prefill_tokens, queued=True)
-        return Queued(ticket)
+        return Queued(ticket=ticket)
 
     def withdraw(self, ticket: Ticket, now: float) -> Withdrawn:
         """The shell stopped waiting (its limit passed, the client left). A slot granted
@@ -124,13 +123,12 @@ class Ledger:
         request = self._requests[ticket]
         wakes = NO_WAKES
         if request.state == "queued":
-            request.gate.withdraw(ticket)
-            self._demand.remove(request.ask.route.pool.key, request.ask.route.prefill_tokens,
-                                queued=True)  # fmt: skip
+            self._leave_line(ticket, request)
         elif request.state == "running":
             wakes = self._stop_running(request, now)
         request.state = "refused"
-        return Withdrawn(Refused(ticket, "timeout", request.gate.state()), wakes)
+        refused = Refused(ticket=ticket, reason="timeout", gate=request.gate.state())
+        return Withdrawn(refused=refused, wakes=wakes)
 
     def plan(
         self,
@@ -157,7 +155,9 @@ class Ledger:
             session_key=request.ask.session_key,
             subset=None if subset is None else frozenset(subset),
         )
-        facts = _PlanFacts(self, now, blocks, route.prefill_tokens)
+        facts = _PlanFacts(
+            self._load, self._endpoints, self.prefix_index, now, blocks, route.prefill_tokens
+        )
         plan = plan_cycle(candidates(ask, pool.endpoints, facts), self._profile, self._rng)
         request.plan, request.blocks = plan, blocks
         return plan
@@ -167,7 +167,7 @@ class Ledger:
         request = self._running(ticket)
         request.attempts += 1
         request.tried = request.on = endpoint
-        request.sent_at, request.first_token = now, False
+        request.sent_at, request.first = now, None
         blocks = request.blocks
         if blocks.hashes and blocks.exact_block_size is None:
             # Every endpoint tried holds the prompt's blocks afterwards, as far as the
@@ -191,17 +191,15 @@ class Ledger:
         on, plan = request.on, request.plan
         assert on is not None, "first_token before sent"
         assert plan is not None, "first_token before plan"
+        if request.first is not None:
+            return request.first  # only the first one counts
         ttft_s = written_at - request.ask.arrived
         met = within_slo(ttft_s, plan.pool.spec.slo.ttft_millis)
         self._demand.record_ttft(plan.pool.key, written_at, met)
-        request.ttft_ms = ttft_s * 1000
-        if not request.first_token:
-            request.first_token = True
-            self._load.prefill_done(on.url, on.prefill_tokens)
-            self._endpoints.first_token(
-                on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000
-            )
-        return FirstToken(ttft_ms=request.ttft_ms, met_slo=met)
+        self._load.prefill_done(on.url, on.prefill_tokens)
+        self._endpoints.first_token(on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000)
+        request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met)
+        return request.first
 
     def failed(self, ticket: Ticket, now: float, *, counts: bool = True) -> Failed:
         """The current attempt failed. `counts`: against the endpoint's health (a read
@@ -235,9 +233,7 @@ class Ledger:
         request = self._requests.pop(ticket)
         wakes = NO_WAKES
         if request.state == "queued":
-            request.gate.withdraw(ticket)
-            ask = request.ask
-            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+            self._leave_line(ticket, request)
         elif request.state == "running":
             wakes = self._stop_running(request, now)
         return Finished(log=self._log(request, now, status, error, prompt_tokens), wakes=wakes)
@@ -338,9 +334,6 @@ class Ledger:
         """Each configured pool's demand as this replica sees it."""
         return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
 
-    def in_flight(self, ticket: Ticket) -> bool:
-        return ticket in self._requests
-
     # -- the rest --------------------------------------------------------------------------
 
     def _running(self, ticket: Ticket) -> _Request:
@@ -352,8 +345,13 @@ class Ledger:
     def _run(self, request: _Request, now: float) -> None:
         request.state = "running"
         request.queue_ms = (now - request.joined_at) * 1000
-        self._demand.add(request.ask.route.pool.key, request.ask.route.prefill_tokens,
-                         queued=False)  # fmt: skip
+        route = request.ask.route
+        self._demand.add(route.pool.key, route.prefill_tokens, queued=False)
+
+    def _leave_line(self, ticket: Ticket, request: _Request) -> None:
+        request.gate.withdraw(ticket)
+        route = request.ask.route
+        self._demand.remove(route.pool.key, route.prefill_tokens, queued=True)
 
     def _stop_running(self, request: _Request, now: float) -> Wakes:
         self._end_attempt(request)
@@ -365,7 +363,7 @@ class Ledger:
     def _end_attempt(self, request: _Request) -> None:
         on = request.on
         if on is not None:
-            self._load.finish(on.url, on.prefill_tokens, request.first_token)
+            self._load.finish(on.url, on.prefill_tokens, prefill_done=request.first is not None)
             request.on = None
 
     def _granted(self, tickets: Iterable[Ticket], now: float) -> Wakes:
@@ -375,7 +373,7 @@ class Ledger:
             ask = request.ask
             self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
             self._run(request, now)
-            granted.append(Admitted(ticket, queue_ms=request.queue_ms or 0.0))
+            granted.append(Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0))
         return Wakes(granted=tuple(granted))
 
     def _refuse(self, gate: PoolGate, reason: str) -> list[Refused]:
@@ -385,7 +383,7 @@ class Ledger:
             ask = request.ask
             self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
             request.state = "refused"
-            refused.append(Refused(ticket, reason, gate.state()))
+            refused.append(Refused(ticket=ticket, reason=reason, gate=gate.state()))
         return refused
 
     def _refresh_limits(self, now: float) -> Wakes:
@@ -422,7 +420,7 @@ class Ledger:
             attempts=request.attempts,
             queue_ms=request.queue_ms,
             predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
-            ttft_ms=request.ttft_ms,
+            ttft_ms=request.first.ttft_ms if request.first else None,
             error=error,
         )
 
@@ -430,26 +428,34 @@ class Ledger:
 class _PlanFacts:
     """The ledger as one plan's producers see it (`laneway.routing.cycle.Facts`)."""
 
-    def __init__(self, ledger: Ledger, now: float, blocks: PromptBlocks, prompt_tokens: int):
-        self._ledger, self._now = ledger, now
-        self._blocks, self._prompt_tokens = blocks, prompt_tokens
+    def __init__(
+        self,
+        load: LoadBook,
+        endpoints: EndpointBook,
+        index: PrefixIndex,
+        now: float,
+        blocks: PromptBlocks,
+        prompt_tokens: int,
+    ) -> None:
+        self._load, self._endpoints, self._index = load, endpoints, index
+        self._now, self._blocks, self._prompt_tokens = now, blocks, prompt_tokens
         self._matched: dict[str, int] | None = None
 
     def load(self, url: str) -> EndpointLoad:
-        return self._ledger._load.of(url)
+        return self._load.of(url)
 
     def engine(self, url: str) -> EngineMetrics | None:
-        return self._ledger._endpoints.fresh_metrics(url, self._now)
+        return self._endpoints.fresh_metrics(url, self._now)
 
     def prefill_rate(self, url: str) -> PrefillRate | None:
-        return self._ledger._endpoints.prefill_rates.get(url)
+        return self._endpoints.prefill_rates.get(url)
 
     def cached_prompt_tokens(self, url: str) -> int | None:
         if not self._blocks.hashes:
             return None
         if self._matched is None:  # one walk of the index for all endpoints
-            self._matched = self._ledger.prefix_index.matched_blocks(self._blocks.hashes)
+            self._matched = self._index.matched_blocks(self._blocks.hashes)
         return self._blocks.cached_tokens(self._matched.get(url, 0), self._prompt_tokens)
 
     def healthy(self, url: str) -> bool:
-        return self._ledger._endpoints.healthy(url)
+        return self._endpoints.healthy(url)

@@ -97,15 +97,17 @@ class CycleState:
 
 # -- the filter stage ----------------------------------------------------------------------
 
-EndpointFilter = Callable[[CycleRequest, Facts, str], bool]
+# A filter keeps some of the candidates, in their order.
+EndpointFilter = Callable[[CycleRequest, Facts, Sequence[str]], Sequence[str]]
 
 
-def healthy(request: CycleRequest, facts: Facts, url: str) -> bool:
-    return facts.healthy(url)
+def healthy(request: CycleRequest, facts: Facts, urls: Sequence[str]) -> Sequence[str]:
+    return [url for url in urls if facts.healthy(url)]
 
 
-def in_subset(request: CycleRequest, facts: Facts, url: str) -> bool:
-    return request.subset is None or url in request.subset
+def in_subset(request: CycleRequest, facts: Facts, urls: Sequence[str]) -> Sequence[str]:
+    subset = request.subset
+    return urls if subset is None else [url for url in urls if url in subset]
 
 
 FILTERS: tuple[EndpointFilter, ...] = (healthy, in_subset)
@@ -118,7 +120,9 @@ def candidates(
     filters: Sequence[EndpointFilter] = FILTERS,
 ) -> CycleState:
     """The cycle over the endpoints every filter keeps, in the pool's order."""
-    kept = [url for url in endpoints if all(keep(request, facts, url) for keep in filters)]
+    kept = endpoints
+    for keep in filters:
+        kept = keep(request, facts, kept)
     return CycleState(request, kept, facts)
 
 
@@ -169,7 +173,8 @@ def _rates(cycle: CycleState) -> Sequence[PrefillRate]:
     learned = [rate for rate in own if rate is not None and rate.samples]
     if not learned:
         return [rate or PRIOR for rate in own]
-    peers = PrefillRate(sum(r.ms_per_token for r in learned) / len(learned), samples=0)
+    mean = sum(r.ms_per_token for r in learned) / len(learned)
+    peers = PrefillRate(ms_per_token=mean, samples=0)
     return [rate if rate is not None and rate.samples else peers for rate in own]
 
 

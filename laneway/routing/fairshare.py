@@ -60,7 +60,7 @@ class FairShareQueue(Generic[T]):
                 floor = min(self._counters[t] for t in self._queues)
                 self._counters[tenant] = max(self._counters[tenant], floor)
             self._queues[tenant] = collections.deque()
-        self._queues[tenant].append(_Queued(item, cost, next(self._arrivals)))
+        self._queues[tenant].append(_Queued(item=item, cost=cost, seq=next(self._arrivals)))
 
     def peek_tenant(self) -> str | None:
         """The tenant whose item `pop` would return; None when empty."""

@@ -17,13 +17,13 @@ class Health:
 
 def after_failure(health: Health, failures_to_eject: int) -> Health:
     failures = health.failures + 1
-    return Health(failures, ejected=health.ejected or failures >= failures_to_eject)
+    return Health(failures=failures, ejected=health.ejected or failures >= failures_to_eject)
 
 
 def after_success(health: Health) -> Health:
     # A success on a live request resets the count; only a probe re-admits an ejected one.
-    return Health(0, health.ejected)
+    return Health(failures=0, ejected=health.ejected)
 
 
 def after_probe(health: Health, passed: bool) -> Health:
-    return Health(0, ejected=False) if passed else health
+    return Health(failures=0, ejected=False) if passed else health

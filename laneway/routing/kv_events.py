@@ -100,13 +100,13 @@ def _event(raw: Any) -> KVEvent | None:
     try:
         if tag == "BlockStored":
             return BlockStored(
-                tuple(values["block_hashes"]),
-                values["parent_block_hash"],
-                tuple(values["token_ids"]),
-                int(values["block_size"]),
+                block_hashes=tuple(values["block_hashes"]),
+                parent_block_hash=values["parent_block_hash"],
+                token_ids=tuple(values["token_ids"]),
+                block_size=int(values["block_size"]),
             )
         if tag == "BlockRemoved":
-            return BlockRemoved(tuple(values["block_hashes"]))
+            return BlockRemoved(block_hashes=tuple(values["block_hashes"]))
     except (KeyError, TypeError, ValueError) as error:
         raise KVEventError(f"malformed {tag} event: {error}") from None
     if tag == "AllBlocksCleared":

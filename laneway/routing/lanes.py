@@ -154,7 +154,7 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
     if not candidates:
         visible = [p for p in pools if serves_tenant(p, tenant)]
         known = sorted({m for p in visible for m in p.spec.public_models})
-        return UnknownModel(model, tuple(known))
+        return UnknownModel(model=model, known=tuple(known))
 
     eligible: list[_Eligible] = []
     for pool in candidates:
@@ -164,7 +164,8 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
         if fits is None:
             return NeedsExactCount()
         if fits:
-            eligible.append(_Eligible(pool, pinnable, bool(pool.spec.routing.tenants)))
+            own = bool(pool.spec.routing.tenants)
+            eligible.append(_Eligible(pool=pool, through_pin=pinnable, own=own))
 
     if not eligible:
         # The error message names the exact count, unless even the lower bound cannot fit:
@@ -176,11 +177,11 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
     best = eligible[0] if len(eligible) == 1 else min(eligible, key=lambda e: e.rank)
     bounds = request.prompt_tokens_for(best.pool)
     return Route(
-        best.pool,
-        best.pool.spec.lane,
-        bounds,
-        prefill_estimate(bounds),
-        _reason(best, eligible, request),
+        pool=best.pool,
+        priority=best.pool.spec.lane,
+        prompt_tokens=bounds,
+        prefill_tokens=prefill_estimate(bounds),
+        reason=_reason(best, eligible, request),
     )
 
 
@@ -214,11 +215,11 @@ def _no_fit(request: RouteRequest, candidates: Sequence[InferencePool]) -> NoFit
             f" + {request.max_tokens} max_tokens" if request.max_tokens else ""
         )
         return NoFit(
-            tokens,
-            largest,
-            f"This model's maximum context length is {largest} tokens. However, you requested "
-            f"{wanted} ({tokens + reserve} in total). Please reduce the length of the prompt "
-            "or max_tokens.",
+            prompt_tokens=tokens,
+            largest_context=largest,
+            message=f"This model's maximum context length is {largest} tokens. However, you "
+            f"requested {wanted} ({tokens + reserve} in total). Please reduce the length of the "
+            "prompt or max_tokens.",
             context_exceeded=True,
         )
     ranges = ", ".join(
@@ -227,9 +228,9 @@ def _no_fit(request: RouteRequest, candidates: Sequence[InferencePool]) -> NoFit
         for iv in [prompt_interval(p, request.max_tokens, pinned=False)]
     )
     return NoFit(
-        tokens,
-        largest,
-        f"No pool serving {request.model!r} routes a prompt of {tokens} tokens with "
+        prompt_tokens=tokens,
+        largest_context=largest,
+        message=f"No pool serving {request.model!r} routes a prompt of {tokens} tokens with "
         f"max_tokens {reserve}: {ranges}",
         context_exceeded=False,
     )

@@ -2,7 +2,7 @@
 
 Made in two steps, each once per request. `lanes.classify` chooses the pool (and fixes the
 prefill estimate) before the request joins that pool's line, since the line is per pool;
-`make_plan` ranks the cycle's candidates (`cycle.py`: the pool's endpoints that pass the
+`plan_cycle` ranks the cycle's candidates (`cycle.py`: the pool's endpoints that pass the
 filters, with the data the scorers asked for) once the request holds a slot, by the load of
 that moment. The shell then executes the plan: it tries the endpoints in order and
 recomputes nothing. The ledger makes every plan, for the gateway and the virtual runner.

@@ -42,7 +42,8 @@ class PrefillRate:
         weight = max(LEARNING_RATE, 1 / (self.samples + 2))
         sample = ttft_ms / backlog_tokens
         return PrefillRate(
-            self.ms_per_token + weight * (sample - self.ms_per_token), self.samples + 1
+            ms_per_token=self.ms_per_token + weight * (sample - self.ms_per_token),
+            samples=self.samples + 1,
         )
 
     def predict_ttft_ms(self, backlog_tokens: int) -> float:

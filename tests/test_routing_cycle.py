@@ -1,0 +1,162 @@
+"""A request's scoring cycle: filters before scoring, each scorer's data produced once and
+only when read, and a new scorer with data of its own written in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+import pytest
+from simulated_pools import simulated_pool
+
+from laneway.routing.cycle import (
+    BACKLOG_TOKENS,
+    ENGINE,
+    PREDICTED_TTFT_MS,
+    CycleRequest,
+    CycleState,
+    DataKey,
+    EndpointLoad,
+    candidates,
+)
+from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.lanes import Route, RouteRequest, classify
+from laneway.routing.picker import PickingSettings, WeightedScorer, rank, wants_prefix_blocks
+from laneway.routing.plan import make_plan, plan_cycle
+from laneway.routing.scorers import EndpointView
+from laneway.routing.scorers.base import Scorer, lower_is_better
+from laneway.routing.slo import PrefillRate
+from laneway.simulator.prefix_experiment import picker_settings
+from laneway.tokens import TokenBounds
+
+A, B, C = URLS = ("http://a", "http://b", "http://c")
+POOL = simulated_pool("chat", list(URLS), routing={"models": ["llama"]}, slo={"ttftMillis": 200})
+
+
+def route(tokens: int = 1000) -> Route:
+    decision = classify(RouteRequest("llama", TokenBounds(tokens, tokens), 10), [POOL])
+    assert isinstance(decision, Route)
+    return decision
+
+
+@dataclasses.dataclass
+class Facts:
+    loads: dict[str, EndpointLoad] = dataclasses.field(default_factory=dict)
+    gauges: dict[str, EngineMetrics] = dataclasses.field(default_factory=dict)
+    rates: dict[str, PrefillRate] = dataclasses.field(default_factory=dict)
+    cached: dict[str, int] | None = None
+    ejected: frozenset[str] = frozenset()
+    reads: list[str] = dataclasses.field(default_factory=list)
+
+    def load(self, url: str) -> EndpointLoad:
+        self.reads.append(f"load {url}")
+        return self.loads.get(url, EndpointLoad())
+
+    def engine(self, url: str) -> EngineMetrics | None:
+        self.reads.append(f"engine {url}")
+        return self.gauges.get(url)
+
+    def prefill_rate(self, url: str) -> PrefillRate | None:
+        return self.rates.get(url)
+
+    def cached_prompt_tokens(self, url: str) -> int | None:
+        return None if self.cached is None else self.cached.get(url, 0)
+
+    def healthy(self, url: str) -> bool:
+        return url not in self.ejected
+
+
+@pytest.mark.parametrize(
+    ("case", "ejected", "subset", "kept"),
+    [
+        ("every endpoint", frozenset(), None, URLS),
+        ("an ejected endpoint is no candidate", frozenset({B}), None, (A, C)),
+        ("a caller's subset, in the pool's order", frozenset(), {C, A}, (A, C)),
+        ("both", frozenset({A}), {A, B}, (B,)),
+        ("a subset naming no endpoint of the pool", frozenset(), {"http://x"}, ()),
+    ],
+)
+def test_the_filter_stage(
+    case: str, ejected: frozenset[str], subset: set[str] | None, kept: tuple[str, ...]
+) -> None:
+    request = CycleRequest(route=route(), subset=None if subset is None else frozenset(subset))
+    cycle = candidates(request, URLS, Facts(ejected=ejected))
+    assert cycle.urls == kept, case
+
+
+def test_data_is_produced_once_and_only_when_a_scorer_reads_it() -> None:
+    facts = Facts(gauges={"http://a": EngineMetrics(waiting=1, running=1, kv_usage=0.5)})
+    cycle = candidates(CycleRequest(route=route()), URLS, facts)
+    profile = PickingSettings(weights={"inFlightRequests": 1, "prefillTokens": 1}).profile()
+    rank(cycle, profile, random.Random(0))
+    assert facts.reads == [f"load {url}" for url in URLS]  # no scorer asked for gauges
+    assert cycle[ENGINE][0] is not None
+    cycle[ENGINE]
+    assert facts.reads.count("engine http://a") == 1
+
+
+class FewestRunning(Scorer):
+    """A scorer with data of its own: its key and producer live beside it."""
+
+    RUNNING = DataKey(
+        "running",
+        lambda c: [e.running if e else None for e in c[ENGINE]],
+    )
+    needs = frozenset({RUNNING})
+
+    def scores(self, cycle: CycleState) -> list[float]:
+        running: Sequence[float | None] = cycle[self.RUNNING]
+        return lower_is_better(running)
+
+
+def test_a_new_scorer_brings_its_own_data() -> None:
+    gauges = {
+        "http://a": EngineMetrics(waiting=0, running=9, kv_usage=0.1),
+        "http://b": EngineMetrics(waiting=0, running=1, kv_usage=0.1),
+    }
+    cycle = candidates(CycleRequest(route=route()), URLS, Facts(gauges=gauges))
+    profile = (WeightedScorer(name="fewestRunning", scorer=FewestRunning(), weight=1),)
+    plan = plan_cycle(cycle, profile, random.Random(0))
+    assert [(e.url, e.score) for e in plan.endpoints] == [
+        ("http://b", 1.0),
+        ("http://c", 0.5),  # never scraped: unknown
+        ("http://a", 0.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("picker", "wanted"), [("laneway", True), ("none", False), ("sticky", False)]
+)
+def test_the_profile_says_whether_the_prompt_is_cut_into_prefix_blocks(
+    picker: str, wanted: bool
+) -> None:
+    settings = picker_settings(picker, PickingSettings())  # type: ignore[arg-type]
+    assert wants_prefix_blocks(settings.profile()) is wanted
+
+
+def test_the_cycle_plans_exactly_as_the_flat_views_did() -> None:
+    facts = Facts(
+        loads={"http://a": EndpointLoad(in_flight=2, prefill_tokens=3000)},
+        gauges={"http://b": EngineMetrics(waiting=4, running=2, kv_usage=0.7)},
+        rates={"http://a": PrefillRate(ms_per_token=0.05, samples=3)},
+        cached={"http://c": 600},
+    )
+    profile = PickingSettings().profile()
+    request = CycleRequest(route=route(), elapsed_ms=12.5, session_key="s")
+    cycle = candidates(request, URLS, facts)
+    views = [
+        EndpointView(
+            url=url,
+            in_flight=facts.load(url).in_flight,
+            prefill_tokens=facts.load(url).prefill_tokens,
+            engine=facts.engine(url),
+            cached_prompt_tokens=facts.cached_prompt_tokens(url),
+            session_key="s",
+        )
+        for url in URLS
+    ]
+    old = make_plan(route(), views, facts.rates, profile, random.Random(3), 12.5)
+    assert plan_cycle(cycle, profile, random.Random(3)) == old
+    assert list(cycle[BACKLOG_TOKENS]) == [4000, 1000, 400]
+    assert cycle[PREDICTED_TTFT_MS][2] == pytest.approx(12.5 + 0.05 * 400)
