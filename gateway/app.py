@@ -6,13 +6,14 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from laneway.api import InferencePool
 from laneway.autoscale import DEMAND_PATH
 from laneway.gateway.access_log import AccessLog
 from laneway.gateway.batch.layer import install as install_batches
@@ -22,39 +23,35 @@ from laneway.gateway.keys import (
     ACCESS_LOG,
     CLOCK,
     COUNTER,
-    DEMAND,
     DEMAND_SHARE,
+    LEDGER,
+    LOAD_SHARE,
     METRICS,
     POOL_TOKENIZERS,
-    PREFIX_INDEX,
-    PROFILE,
-    REGISTRY,
-    RNG,
+    REQUEST_PATH,
     SESSION,
     SETTINGS,
     SHUTTING_DOWN,
     STOP,
     TOKENIZER,
-    TRACKER,
-    UPSTREAM,
+    WAITERS,
 )
 from laneway.gateway.lifecycle import Stop, background
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.kv_events import KVEventSubscriber
-from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
-from laneway.gateway.serving.arrival import stamp_arrival
-from laneway.gateway.serving.call import AiohttpCall
+from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
-from laneway.gateway.serving.proxy import handle_completion
+from laneway.gateway.serving.handler import handle_completion
+from laneway.gateway.serving.incoming import expect_continue
+from laneway.gateway.serving.protocol import stamp_arrival
 from laneway.gateway.serving.request_body import Endpoint
-from laneway.gateway.serving.upstream import UpstreamLimits, UpstreamPool
-from laneway.gateway.state.demand import DemandBook
-from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.gateway.state.shared import SharedStateOptions, caller_of, install, routing_tenant
+from laneway.gateway.state.callers import TenantLimits, caller_of, routing_tenant
+from laneway.gateway.state.shared import SharedStateOptions, install
+from laneway.gateway.wakes import Waiters
+from laneway.ledger import Ledger, LedgerSettings
 from laneway.routing.lanes import serves_tenant
-from laneway.routing.prefix_index import PrefixIndex
 from laneway.tokens import Tokenizer, load_tokenizer
 
 log = logging.getLogger("laneway.gateway")
@@ -65,34 +62,32 @@ def create_app(
     source: PoolSource,
     *,
     tokenizer: Tokenizer | None = None,
-    tracker: LoadTracker | None = None,
     rng: random.Random | None = None,
+    ledger: Ledger | None = None,
     clock: Callable[[], float] = time.monotonic,
     shared: SharedStateOptions | None = None,
     metrics_route: bool = True,
 ) -> web.Application:
     """The whole gateway app; with `shared`, its state layer too (tenants, limits, Redis,
     the Files and Batches API). Without `metrics_route`, /metrics is served only by
-    `create_metrics_app` on a port of its own."""
+    `create_metrics_app` on a port of its own. `ledger`: one built by the caller (a trace
+    test's recording one) in place of the one `settings` describe."""
     app = web.Application(middlewares=[stamp_arrival, openai_errors])
-    registry = PoolRegistry(settings, clock)
     app[SETTINGS] = settings
-    app[REGISTRY] = registry
-    app[DEMAND] = demand_book = DemandBook(clock)
-    app[TRACKER] = tracker or InMemoryLoadTracker()
+    if ledger is None:
+        ledger = Ledger(ledger_settings(settings), rng or random.Random())
+    app[LEDGER] = ledger
+    app[WAITERS] = Waiters()
     tok = settings.tokenizer
     app[TOKENIZER] = tokenizer or load_tokenizer(tok.kind, tok.encoding, tok.path, tok.config_path)
     app[COUNTER] = OffLoopCounter()
     app.on_cleanup.append(_stop_counter)
-    app[PROFILE] = settings.picking.profile()
-    app[RNG] = rng or random.Random()
-    app[PREFIX_INDEX] = PrefixIndex(settings.picking.prefix.capacity_blocks)
-    app[METRICS] = GatewayMetrics(registry, demand_book, app[PREFIX_INDEX])
+    app[METRICS] = GatewayMetrics(ledger, clock)
     app[POOL_TOKENIZERS] = PoolTokenizers(
         app[TOKENIZER],
         settings.queue.retry_after_seconds,
         app[COUNTER],
-        EngineTokenize(lambda: app[SESSION], registry, app[METRICS].engine_counts),
+        EngineTokenize(lambda: app[SESSION], ledger, app[METRICS].engine_counts),
     )
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
@@ -102,8 +97,8 @@ def create_app(
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
-    app.router.add_post("/v1/chat/completions", _completion(Endpoint.CHAT))
-    app.router.add_post("/v1/completions", _completion(Endpoint.COMPLETIONS))
+    for endpoint in Endpoint:
+        app.router.add_post(endpoint.value, _completion(endpoint), expect_handler=expect_continue)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -116,11 +111,19 @@ def create_app(
     return app
 
 
+def ledger_settings(settings: GatewaySettings) -> LedgerSettings:
+    return LedgerSettings(
+        picking=settings.picking,
+        max_waiting=settings.queue.max_waiting,
+        failures_to_eject=settings.health.failures_to_eject,
+        stale_after_s=settings.scrape.stale_after_millis / 1000,
+        max_attempts=UPSTREAM_ATTEMPTS,
+    )
+
+
 def _completion(endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        call = AiohttpCall(request)
-        await handle_completion(call, endpoint)
-        return call.response
+        return await handle_completion(request, endpoint)
 
     return handler
 
@@ -133,9 +136,20 @@ async def _flush_access_log(app: web.Application) -> None:
     app[ACCESS_LOG].flush()
 
 
+# An idle connection to an engine is reused within this and closed after: under the 5 s idle
+# timeout of uvicorn (vLLM's and SGLang's server), so the engine never closes a connection
+# just as a request is written on it.
+ENGINE_KEEPALIVE_S = 4.0
+UPSTREAM_ATTEMPTS = 2  # the first pick, and one retry on another endpoint
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
-    # Many concurrent streams to few engines: no per-host cap on the pool of connections.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    """The one client session for every engine request: completions, scrapes, probes,
+    batch items."""
+    # Many concurrent streams to few engines: no cap on the pool of connections.
+    connector = aiohttp.TCPConnector(
+        limit=0, limit_per_host=0, keepalive_timeout=ENGINE_KEEPALIVE_S
+    )
     limits = app[SETTINGS].upstream
     # The engines' timeouts as the session's default, built once: the request path passes
     # none, and every other caller (scrape, probe, batch dispatch) passes its own.
@@ -144,33 +158,41 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         sock_connect=limits.connect_timeout_millis / 1000,
         sock_read=limits.read_timeout_millis / 1000,
     )
-    app[UPSTREAM] = upstream = UpstreamPool(
-        UpstreamLimits(limits.connect_timeout_millis / 1000, limits.read_timeout_millis / 1000),
-        app[CLOCK],
-    )
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         app[SESSION] = session
-        try:
-            yield
-        finally:
-            upstream.close()
+        app[REQUEST_PATH] = RequestPath(
+            ledger=app[LEDGER],
+            waiters=app[WAITERS],
+            session=session,
+            settings=app[SETTINGS],
+            clock=app[CLOCK],
+            metrics=app[METRICS],
+            tokenizers=app[POOL_TOKENIZERS],
+            access_log=app[ACCESS_LOG],
+            tenant_limits=TenantLimits.of(app),
+            load_share=app.get(LOAD_SHARE),
+        )
+        yield
 
 
 def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator[None]]:
     async def run(app: web.Application) -> AsyncIterator[None]:
-        registry, settings, session = app[REGISTRY], app[SETTINGS], app[SESSION]
+        ledger, settings, session = app[LEDGER], app[SETTINGS], app[SESSION]
+        clock, wake = app[CLOCK], app[WAITERS].wake
+
+        def update(pools: Sequence[InferencePool]) -> None:
+            wake(ledger.update_pools(clock(), pools))
+
         tasks = [
-            asyncio.create_task(source.run(registry.update), name="pool-source"),
+            asyncio.create_task(source.run(update), name="pool-source"),
+            asyncio.create_task(scrape_forever(ledger, session, settings, clock), name="scrape"),
             asyncio.create_task(
-                scrape_forever(registry, session, settings, _cache_reset_handler(app)),
-                name="scrape",
+                probe_forever(ledger, session, settings, clock, wake), name="probe"
             ),
-            asyncio.create_task(probe_forever(registry, session, settings), name="probe"),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
         subscribers = [
-            KVEventSubscriber(source, registry, app[PREFIX_INDEX])
-            for source in settings.picking.prefix.kv_events
+            KVEventSubscriber(source, ledger) for source in settings.picking.prefix.kv_events
         ]
         tasks += [
             asyncio.create_task(s.run(), name=f"kv-events {s.source.pool}") for s in subscribers
@@ -185,13 +207,6 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
     return run
 
 
-def _cache_reset_handler(app: web.Application) -> Callable[[str], None] | None:
-    """An engine whose prefix counter went back restarted empty: forget what went there."""
-    if not app[SETTINGS].picking.prefix.forget_on_engine_restart:
-        return None
-    return app[PREFIX_INDEX].forget
-
-
 def _source_ended(app: web.Application, task: asyncio.Task[None]) -> None:
     # A static source returns after its one update; one that raises leaves the gateway
     # blind to pool changes, so it stops (and its supervisor restarts it).
@@ -201,7 +216,7 @@ def _source_ended(app: web.Application, task: asyncio.Task[None]) -> None:
 
 async def _begin_drain(app: web.Application) -> None:
     app[SHUTTING_DOWN].set()
-    app[REGISTRY].drain()
+    app[WAITERS].wake(app[LEDGER].drain())
 
 
 @web.middleware
@@ -228,7 +243,7 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 async def models(request: web.Request) -> web.Response:
     """The models this caller may reach: the open pools' and its own tenant's."""
     tenant = routing_tenant(caller_of(request))
-    pools = [pool for pool in request.app[REGISTRY].pools() if serves_tenant(pool, tenant)]
+    pools = [pool for pool in request.app[LEDGER].pools() if serves_tenant(pool, tenant)]
     names = sorted({model for pool in pools for model in pool.spec.public_models})
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "laneway"} for name in names]
     return web.json_response({"object": "list", "data": data})
@@ -241,7 +256,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     if request.app[SHUTTING_DOWN].is_set():
         return web.json_response({"status": "draining"}, status=503)
-    if not request.app[REGISTRY].ready():
+    if not request.app[LEDGER].ready():
         return web.json_response({"status": "no pool has an available endpoint"}, status=503)
     return web.json_response({"status": "ready"})
 
@@ -250,7 +265,7 @@ async def demand(request: web.Request) -> web.Response:
     """Each pool's demand for the operator's scaler: this replica's, or with Redis every
     replica's summed."""
     app = request.app
-    local = app[DEMAND].snapshot([pool.key for pool in app[REGISTRY].pools()])
+    local = app[LEDGER].demand(app[CLOCK]())
     share = app.get(DEMAND_SHARE)
     counts, replicas = (local, 1) if share is None else await share.total(local)
     pools = {key: count.to_wire() for key, count in sorted(counts.items())}

@@ -199,28 +199,27 @@ async def serve(
 
     from laneway.gateway.app import create_metrics_app
     from laneway.gateway.keys import SETTINGS, STOP
-    from laneway.gateway.serving.server import CompletionServer, drain_with, listen
+    from laneway.gateway.serving.protocol import listen
     from laneway.gateway.state.shared import announce_listening
 
+    # Each connection's settings, for the runner and for the protocol `listen` serves with.
+    connections: dict[str, Any] = {
+        "access_log": None,  # the gateway logs one structured line per request itself
+        # aiohttp closes a connection that sends no whole request head this long after it
+        # connects or after its last answer: idle keep-alive and slow headers alike.
+        "keepalive_timeout": app[SETTINGS].clients.idle_timeout_millis / 1000,
+    }
     runner = web.AppRunner(
         app,
         handle_signals=False,
         handler_cancellation=True,  # a client that disconnects cancels its upstream call
         shutdown_timeout=drain_seconds,
-        access_log=None,  # the gateway logs one structured line per request itself
-        # aiohttp closes a connection that sends no whole request head this long after it
-        # connects or after its last answer: idle keep-alive and slow headers alike.
-        keepalive_timeout=app[SETTINGS].clients.idle_timeout_millis / 1000,
+        **connections,
     )
-    # The completion routes are served by the gateway's own server; every other request
-    # hands its connection over to the runner's aiohttp server. Both drain together.
-    completions = CompletionServer(app)
-    drain_with(app, completions, drain_seconds)
     await runner.setup()
-    assert runner.server is not None  # set up above
-    completions.hand_over_to(runner.server)
     try:
-        listener = await listen(completions, host, port)
+        # Not a TCPSite: the listener's protocol notes when each request's bytes arrive.
+        listener = await listen(runner, host, port, connections)
     except OSError as error:
         await runner.cleanup()
         raise cannot_listen(host, port, error) from None

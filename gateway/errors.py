@@ -14,6 +14,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    417: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     502: "server_error",
@@ -39,6 +40,9 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.retry_after = retry_after
+        # The connection closes after the answer: what the client still sends (a refused
+        # body) would be read as its next request.
+        self.closes = False
 
     def body(self) -> dict[str, object]:
         return error_body(self.status, self.message, self.code, self.param)
@@ -54,12 +58,15 @@ class ApiError(Exception):
         return all_headers
 
     def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=self.encoded(),
             content_type="application/json",
             headers=self.headers(headers),
         )
+        if self.closes:
+            response.force_close()
+        return response
 
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
@@ -12,9 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from laneway.gateway.pools.registry import PoolRegistry
-from laneway.gateway.state.demand import DemandBook
-from laneway.routing.prefix_index import PrefixIndex
+from laneway.ledger import Ledger
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 # About 1.3x apart up to 2 s, so a percentile estimated from the buckets lands near the
@@ -32,9 +30,7 @@ OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.
 
 
 class GatewayMetrics:
-    def __init__(
-        self, pools: PoolRegistry, demand: DemandBook, prefix_index: PrefixIndex | None = None
-    ) -> None:
+    def __init__(self, ledger: Ledger, clock: Callable[[], float]) -> None:
         self.registry = CollectorRegistry()
         by_pool_lane = ("pool", "lane")
         self.requests = Counter(
@@ -101,7 +97,7 @@ class GatewayMetrics:
         self.registry.register(self.overhead)
         for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):
             self.registry.register(histogram)
-        self.registry.register(_PoolStateCollector(pools, demand, prefix_index))
+        self.registry.register(_PoolStateCollector(ledger, clock))
         # `labels()` checks, formats and locks on every call (~2 us, six calls a request);
         # the request path looks its children up here instead, once per label set.
         self.requests_of = functools.cache(self.requests.labels)
@@ -261,14 +257,12 @@ def _bound_label(bound: float) -> str:
 
 
 class _PoolStateCollector(Collector):
-    """Queue depth, running requests, demand and endpoint health, read at scrape."""
+    """Queue depth, running requests, demand and endpoint health, read at scrape from the
+    ledger."""
 
-    def __init__(
-        self, pools: PoolRegistry, demand: DemandBook, prefix_index: PrefixIndex | None
-    ) -> None:
-        self._pools = pools
-        self._demand = demand
-        self._prefix_index = prefix_index
+    def __init__(self, ledger: Ledger, clock: Callable[[], float]) -> None:
+        self._ledger = ledger
+        self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting = GaugeMetricFamily(
@@ -309,8 +303,9 @@ class _PoolStateCollector(Collector):
             "Prompt tokens of the admitted requests not yet finished",
             labels=["pool"],
         )
-        pools = self._pools.pools()
-        counts = self._demand.snapshot([pool.key for pool in pools])
+        ledger, now = self._ledger, self._clock()
+        pools = ledger.pools()
+        counts = ledger.demand(now)
         index_blocks = GaugeMetricFamily(
             "laneway_gateway_prefix_index_blocks",
             "Prompt-prefix blocks the gateway's prefix index holds for each endpoint",
@@ -319,22 +314,19 @@ class _PoolStateCollector(Collector):
         for pool in pools:
             queued_tokens.add_metric([pool.name], counts[pool.key].queued_prompt_tokens)
             running_tokens.add_metric([pool.name], counts[pool.key].in_flight_prompt_tokens)
-            gate = self._pools.gate(pool)
+            gate = ledger.gate(pool)
             waiting.add_metric([pool.name], gate.waiting)
             active.add_metric([pool.name], gate.active)
-            available = len(self._pools.available(pool))
+            available = len(ledger.available(pool))
             endpoints.add_metric([pool.name, "available"], available)
             endpoints.add_metric([pool.name, "ejected"], len(pool.endpoints) - available)
             for url in pool.endpoints:
-                sample = self._pools.fresh_metrics(url)
+                sample = ledger.fresh_metrics(url, now)
                 if sample is not None:
                     engine_waiting.add_metric([pool.name, url], sample.waiting)
                     engine_kv.add_metric([pool.name, url], sample.kv_usage)
-                rate = self._pools.prefill_rate(url).ms_per_token
+                rate = ledger.prefill_rate(url).ms_per_token
                 prefill_rate.add_metric([pool.name, url], rate / 1000)
-                if self._prefix_index is not None:
-                    index_blocks.add_metric([pool.name, url], self._prefix_index.blocks_of(url))
+                index_blocks.add_metric([pool.name, url], ledger.prefix_index.blocks_of(url))
         yield from (waiting, active, endpoints, engine_waiting, engine_kv, prefill_rate)
-        yield from (queued_tokens, running_tokens)
-        if self._prefix_index is not None:
-            yield index_blocks
+        yield from (queued_tokens, running_tokens, index_blocks)

@@ -36,8 +36,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from laneway import api
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
+from laneway.gateway.app import ledger_settings
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.serving.counting import (
     EngineTokenize,
     LocalCount,
@@ -46,6 +46,7 @@ from laneway.gateway.serving.counting import (
     tokenizer_free_bounds,
 )
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
+from laneway.ledger import Ledger
 from laneway.tokens import (
     ChatMessage,
     ChatTemplate,
@@ -572,14 +573,14 @@ async def test_an_unreachable_engine_leaves_the_count_to_the_gateway() -> None:
 
 
 async def check_fallback(pool: api.InferencePool, outcome: str) -> None:
-    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
-    registry.update([pool])
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
+    ledger.update_pools(0.0, [pool])
     metrics = CollectorRegistry()
     outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=metrics)
     fallback = LocalCount(default_tokenizer(), OffLoopCounter())
     parsed = chat_request(user("lane gateway engine"))
     async with aiohttp.ClientSession() as session:
-        engine = EngineTokenize(lambda: session, registry, outcomes)
+        engine = EngineTokenize(lambda: session, ledger, outcomes)
         assert await engine.count(pool, parsed, fallback) == parsed.count(default_tokenizer())
     labels = {"pool": pool.key, "outcome": outcome}
     assert metrics.get_sample_value("engine_counts_total", labels) == 1
@@ -595,8 +596,8 @@ async def test_an_engine_answer_is_cached(
         return web.json_response({"count": 7, "tokens": [0] * 7, "max_model_len": 100})
 
     pool = engine_pool(await stub_engine(counting), timeout_millis=2000)
-    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
-    registry.update([pool])
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
+    ledger.update_pools(0.0, [pool])
     metrics = CollectorRegistry()
     outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=metrics)
     fallback = LocalCount(default_tokenizer(), OffLoopCounter())
@@ -605,7 +606,7 @@ async def test_an_engine_answer_is_cached(
         orjson.dumps({"model": "llama", "prompt": ["a b", "c"]}), Endpoint.COMPLETIONS
     )
     async with aiohttp.ClientSession() as session:
-        engine = EngineTokenize(lambda: session, registry, outcomes)
+        engine = EngineTokenize(lambda: session, ledger, outcomes)
         assert await engine.count(pool, chat, fallback) == 7
         assert await engine.count(pool, chat, fallback) == 7
         # Each prompt of a list is asked alone (vLLM takes one string); the longest decides.
@@ -643,9 +644,9 @@ def test_each_models_counters_are_built_once_per_set_of_pools(model_files: Model
     documents.append(pool_doc("long", "batch", "tiny", ["http://127.0.0.1:1"]))
     documents[1]["spec"]["tokenizer"] = tokenizer
     pools = tuple(api.parse_pool(doc) for doc in documents)
-    registry = PoolRegistry(GatewaySettings(), clock=lambda: 0.0)
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
     outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=CollectorRegistry())
-    engine = EngineTokenize(lambda: aiohttp.ClientSession(), registry, outcomes)
+    engine = EngineTokenize(lambda: aiohttp.ClientSession(), ledger, outcomes)
     tokenizers = PoolTokenizers(default_tokenizer(), 1, OffLoopCounter(), engine)
 
     counters = tokenizers.serving(pools, "llama")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import time
 from collections.abc import Iterator
@@ -22,11 +23,12 @@ from laneway.api import parse_pool
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.redis_server import free_port
 from laneway.errors import UsageError
+from laneway.gateway.app import ledger_settings
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.kv_events import KVEventSubscriber, endpoint_of_topic
-from laneway.gateway.pools.registry import PoolRegistry
+from laneway.ledger import Ledger
 from laneway.prompt_ids import chat_token_ids
-from laneway.routing.prefix_index import KVEventSource, PrefixIndex
+from laneway.routing.prefix_index import KVEventSource
 from laneway.tokens import ChatMessage, default_tokenizer
 
 DOCUMENT = " ".join(
@@ -143,11 +145,13 @@ def test_the_topic_names_the_endpoint(topic: bytes, expected: str | None) -> Non
 
 
 def test_unreadable_messages_are_skipped_and_a_taken_address_is_a_clear_error() -> None:
-    registry = PoolRegistry(GatewaySettings(), time.monotonic)
-    registry.update([parse_pool(pool_doc("docs", "batch", MODEL, ["http://127.0.0.1:8001"]))])
-    index = PrefixIndex(capacity_blocks=100)
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
+    ledger.update_pools(
+        0.0, [parse_pool(pool_doc("docs", "batch", MODEL, ["http://127.0.0.1:8001"]))]
+    )
+    index = ledger.prefix_index
     source = KVEventSource("docs", f"tcp://127.0.0.1:{free_port()}")
-    subscriber = KVEventSubscriber(source, registry, index)
+    subscriber = KVEventSubscriber(source, ledger)
     try:
         topic = b"kv@127.0.0.1:8001"
         for frames in ([topic, b"\0" * 8, b"\xc1"], [topic, b"\0" * 8, msgpack.packb("x")],
@@ -158,7 +162,7 @@ def test_unreadable_messages_are_skipped_and_a_taken_address_is_a_clear_error() 
         subscriber.receive([topic, b"\0" * 8, msgpack.packb([0.0, [stored], 0])])
         assert index.blocks_of("http://127.0.0.1:8001") == 1
         with pytest.raises(UsageError, match=f"pool docs cannot bind {source.bind}"):
-            KVEventSubscriber(source, registry, index)
+            KVEventSubscriber(source, ledger)
     finally:
         subscriber.close()
 
@@ -166,11 +170,11 @@ def test_unreadable_messages_are_skipped_and_a_taken_address_is_a_clear_error() 
 def test_an_engine_whose_blocks_are_not_the_entrys_size_is_named_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    registry = PoolRegistry(GatewaySettings(), time.monotonic)
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
     urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
-    registry.update([parse_pool(pool_doc("docs", "batch", MODEL, urls))])
+    ledger.update_pools(0.0, [parse_pool(pool_doc("docs", "batch", MODEL, urls))])
     source = KVEventSource("docs", f"tcp://127.0.0.1:{free_port()}", block_size=16)
-    subscriber = KVEventSubscriber(source, registry, PrefixIndex(capacity_blocks=100))
+    subscriber = KVEventSubscriber(source, ledger)
 
     def stored(topic: bytes, block_size: int) -> None:
         event = ["BlockStored", [1], None, list(range(block_size)), block_size, None, "GPU"]
@@ -193,7 +197,7 @@ def test_an_engine_whose_blocks_are_not_the_entrys_size_is_named_once(
 
 def test_a_missing_kvevents_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "zmq", None)
-    registry = PoolRegistry(GatewaySettings(), time.monotonic)
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
     source = KVEventSource("docs", f"tcp://127.0.0.1:{free_port()}")
     with pytest.raises(UsageError, match=r"kvEvents needs zmq: pip install 'laneway\[kvevents\]'"):
-        KVEventSubscriber(source, registry, PrefixIndex(capacity_blocks=100))
+        KVEventSubscriber(source, ledger)

@@ -1,15 +1,19 @@
-"""Engine metrics parsing (vLLM and SGLang names), endpoint health, and the pool registry."""
+"""Engine metrics parsing (vLLM and SGLang names), endpoint health, and the pools as the
+gateway's ledger keeps them."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
+from ledger_helpers import ask
 from simulated_pools import simulated_pool
 
 from laneway.api import InferencePool
+from laneway.gateway.app import ledger_settings
 from laneway.gateway.config import GatewaySettings, HealthSettings, ScrapeSettings
-from laneway.gateway.pools.registry import PoolRegistry
+from laneway.ledger import Ledger
 from laneway.routing.engine_metrics import (
     EngineMetrics,
     EngineMetricsError,
@@ -112,7 +116,8 @@ class FakeClock:
 
 
 def pool(name: str, endpoints: list[str], **limits: Any) -> InferencePool:
-    return simulated_pool(name, endpoints, limits={"maxConcurrentRequests": 4, **limits})
+    limits = {"maxConcurrentRequests": 4, **limits}
+    return simulated_pool(name, endpoints, limits=limits, routing={"models": ["llama"]})
 
 
 SETTINGS = GatewaySettings(
@@ -121,48 +126,61 @@ SETTINGS = GatewaySettings(
 )
 
 
-def test_registry_limits_follow_healthy_endpoints() -> None:
-    registry = PoolRegistry(SETTINGS, FakeClock())
+def ledger_of(settings: GatewaySettings = SETTINGS) -> Ledger:
+    """The ledger the gateway builds from these settings."""
+    return Ledger(ledger_settings(settings), random.Random(0))
+
+
+def fail(ledger: Ledger, target: InferencePool, url: str) -> bool:
+    """One request to `target` that fails on `url`: True when that ejected the endpoint."""
+    ticket = ledger.admit(0.0, ask(target)).ticket
+    plan = ledger.plan(ticket, 0.0)
+    (planned,) = [endpoint for endpoint in plan.endpoints if endpoint.url == url]
+    ledger.sent(ticket, 0.0, planned)
+    ejected = ledger.failed(ticket, 0.0).ejected
+    ledger.finished(ticket, 0.0, status=503)
+    return ejected
+
+
+def test_limits_follow_healthy_endpoints() -> None:
+    ledger = ledger_of()
     realtime = pool("realtime", ["http://a:1", "http://b:1"])
-    registry.update([realtime])
-    assert registry.ready()
-    assert registry.gate(realtime).limit == 8  # 4 per replica x 2
-    assert not registry.record_failure("http://a:1")
-    assert registry.record_failure("http://a:1")  # this one ejects
-    assert not registry.record_failure("http://a:1")  # already out
-    assert registry.available(realtime) == ("http://b:1",)
-    assert registry.ejected() == ["http://a:1"]
-    assert registry.gate(realtime).limit == 4
-    registry.record_probe("http://a:1", passed=True)
-    assert registry.gate(realtime).limit == 8
+    ledger.update_pools(0.0, [realtime])
+    assert ledger.ready()
+    assert ledger.gate(realtime).limit == 8  # 4 per replica x 2
+    assert not fail(ledger, realtime, "http://a:1")
+    assert fail(ledger, realtime, "http://a:1")  # this one ejects
+    assert ledger.available(realtime) == ("http://b:1",)
+    assert ledger.ejected() == ["http://a:1"]
+    assert ledger.gate(realtime).limit == 4
+    ledger.record_probe("http://a:1", 0.0, passed=True)
+    assert ledger.gate(realtime).limit == 8
 
 
-def test_registry_diffs_updates_and_drains_removed_pools() -> None:
-    registry = PoolRegistry(SETTINGS, FakeClock())
-    assert not registry.ready()
+def test_updates_are_diffed_and_removed_pools_drained() -> None:
+    ledger = ledger_of()
+    assert not ledger.ready()
     first, second = pool("first", ["http://a:1"]), pool("second", ["http://b:1"])
-    registry.update([first, second])
-    kept_gate = registry.gate(first)
-    registry.record_failure("http://a:1")
+    ledger.update_pools(0.0, [first, second])
+    running = ledger.admit(0.0, ask(first)).ticket  # admitted requests keep their slots
+    fail(ledger, pool("first", ["http://a:1"]), "http://a:1")
     moved = pool("first", ["http://a:1", "http://c:1"])
-    registry.update([moved])
-    assert [p.name for p in registry.pools()] == ["first"]
-    assert registry.gate(moved) is kept_gate  # admitted requests keep their slots
-    assert registry.current(second) is None
-    assert registry.endpoints() == ["http://a:1", "http://c:1"]
-    registry.record_failure("http://a:1")  # the failure streak survived the update
-    assert registry.ejected() == ["http://a:1"]
+    ledger.update_pools(0.0, [moved])
+    assert [p.name for p in ledger.pools()] == ["first"]
+    assert ledger.gate(moved).active == 1
+    assert ledger.current(second) is None
+    assert ledger.endpoints() == ["http://a:1", "http://c:1"]
+    ledger.finished(running, 0.0, status=200)
+    fail(ledger, moved, "http://a:1")  # the failure streak survived the update
+    assert ledger.ejected() == ["http://a:1"]
 
 
 def test_scraped_metrics_go_stale() -> None:
-    clock = FakeClock()
-    registry = PoolRegistry(SETTINGS, clock)
-    registry.update([pool("p", ["http://a:1"])])
+    ledger = ledger_of()
+    ledger.update_pools(0.0, [pool("p", ["http://a:1"])])
     sample = EngineMetrics(waiting=1, running=2, kv_usage=0.3)
-    registry.record_scrape("http://a:1", sample)
-    registry.record_scrape("http://gone:1", sample)  # not an endpoint any more: ignored
-    clock.now += 2.0
-    assert registry.fresh_metrics("http://a:1") == sample
-    clock.now += 0.1
-    assert registry.fresh_metrics("http://a:1") is None
-    assert registry.fresh_metrics("http://gone:1") is None
+    ledger.record_scrape("http://a:1", 0.0, sample)
+    ledger.record_scrape("http://gone:1", 0.0, sample)  # not an endpoint any more: ignored
+    assert ledger.fresh_metrics("http://a:1", 2.0) == sample
+    assert ledger.fresh_metrics("http://a:1", 2.1) is None
+    assert ledger.fresh_metrics("http://gone:1", 2.0) is None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from ledger_helpers import ask
 from simulated_pools import simulated_pool
 
 from laneway.api import InferencePool
+from laneway.gateway.app import ledger_settings
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.pools.registry import PoolRegistry
+from laneway.ledger import Ledger
 from laneway.routing.slo import (
     LEARNING_RATE,
     MIN_SAMPLE_TOKENS,
@@ -58,16 +62,19 @@ def test_within_slo_includes_the_target_like_a_histogram_bucket() -> None:
     assert within_slo(0.0, 1)
 
 
-def test_the_registry_learns_per_endpoint_and_forgets_removed_ones() -> None:
+def test_the_ledger_learns_per_endpoint_and_forgets_removed_ones() -> None:
     def pool(*endpoints: str) -> list[InferencePool]:
-        return [simulated_pool("chat", endpoints, model="m")]
+        return [simulated_pool("chat", endpoints, model="m", routing={"models": ["llama"]})]
 
-    registry = PoolRegistry(GatewaySettings(), lambda: 0.0)
-    registry.update(pool("http://a", "http://b"))
-    registry.record_first_token("http://a", 2000, 1000.0)
-    registry.record_first_token("http://unknown", 2000, 1000.0)  # not a current endpoint
-    assert registry.prefill_rate("http://a").samples == 1
-    assert registry.prefill_rate("http://b") == PrefillRate()
-    registry.update(pool("http://b"))
-    registry.update(pool("http://a", "http://b"))
-    assert registry.prefill_rate("http://a") == PrefillRate()  # it came back as a new engine
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
+    ledger.update_pools(0.0, pool("http://a", "http://b"))
+    ticket = ledger.admit(0.0, ask(pool("http://a", "http://b")[0])).ticket
+    (on_a,) = [e for e in ledger.plan(ticket, 0.0).endpoints if e.url == "http://a"]
+    ledger.sent(ticket, 0.0, on_a)
+    ledger.first_token(ticket, read_at=1.0, written_at=1.0)
+    ledger.finished(ticket, 1.0, status=200)
+    assert ledger.prefill_rate("http://a").samples == 1
+    assert ledger.prefill_rate("http://b") == PrefillRate()
+    ledger.update_pools(2.0, pool("http://b"))
+    ledger.update_pools(3.0, pool("http://a", "http://b"))
+    assert ledger.prefill_rate("http://a") == PrefillRate()  # it came back as a new engine

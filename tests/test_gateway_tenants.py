@@ -9,6 +9,9 @@ tenant's pool.
 
 from __future__ import annotations
 
+import http.client
+import json
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -121,3 +124,31 @@ def test_models_lists_only_what_the_caller_may_reach(gateways: Gateways) -> None
     with pytest.raises(openai.AuthenticationError):
         listed_models(gateways.with_keys, "sk-unknown")
     assert listed_models(gateways.without_keys, "unused") == {"llama"}
+
+
+def pool_with_two_keys(gateway: ChildProcess, first: str, second: str) -> tuple[int, str]:
+    """A chat sent with two Authorization headers: its status and the pool that served it."""
+    parsed = urllib.parse.urlsplit(gateway.url)
+    connection = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=120)
+    body = json.dumps(
+        {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    ).encode()
+    try:
+        connection.putrequest("POST", "/v1/chat/completions")
+        connection.putheader("Authorization", f"Bearer {first}")
+        connection.putheader("Authorization", f"Bearer {second}")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        response.read()
+        return response.status, response.getheader("x-laneway-pool") or ""
+    finally:
+        connection.close()
+
+
+def test_two_authorization_headers_are_read_by_the_first(gateways: Gateways) -> None:
+    """The one way every route reads a header sent twice: aiohttp's, by its first value."""
+    assert pool_with_two_keys(gateways.with_keys, "sk-acme", "sk-beta") == (200, "acme-chat")
+    assert pool_with_two_keys(gateways.with_keys, "sk-beta", "sk-acme") == (200, "beta-chat")
+    assert pool_with_two_keys(gateways.with_keys, "sk-unknown", "sk-acme") == (401, "")

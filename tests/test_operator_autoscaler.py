@@ -19,7 +19,7 @@ from laneway.api import KIND, InferencePool, parse_pool
 from laneway.autoscale import DemandCount
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings, QueueSettings
-from laneway.gateway.keys import REGISTRY
+from laneway.gateway.keys import LEDGER, WAITERS
 from laneway.gateway.pools.sources import PoolUpdate
 from laneway.operator.autoscaler import (
     DemandUnavailable,
@@ -183,7 +183,8 @@ async def test_the_loop_scales_a_pool_at_zero_on_a_real_gateways_demand() -> Non
                 await asyncio.sleep(0.02)
         cluster.calls.clear()
         await demand_pass(state, fetch, now_s=0.0)
-        gateway[REGISTRY].drain()  # what shutdown does: the waiting request is answered
+        # What shutdown does: the waiting request is answered.
+        gateway[WAITERS].wake(gateway[LEDGER].drain())
         assert (await waiting).status == 503
 
     docs = cluster.pool("serving", "docs")

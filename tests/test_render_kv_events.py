@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -23,11 +24,12 @@ from test_render_engines import pool
 from laneway import api
 from laneway.bench.harness.procs import Children
 from laneway.bench.harness.redis_server import free_port
+from laneway.gateway.app import ledger_settings
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.pools.kv_events import KVEventSubscriber
-from laneway.gateway.pools.registry import PoolRegistry
+from laneway.ledger import Ledger
 from laneway.operator.render import POD_IP_ENV, render_pool
-from laneway.routing.prefix_index import KVEventSource, PrefixIndex
+from laneway.routing.prefix_index import KVEventSource
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS
 
 POD_IP = "127.0.0.1"  # where this test's "pod" listens
@@ -142,10 +144,10 @@ async def test_a_rendered_pod_publishes_kv_events_the_gateway_files_under_its_en
     url = f"http://{POD_IP}:{port}"
     # The gateway's side: the pool's endpoint as discovery reports it, and the SUB socket its
     # picking.prefix.kvEvents entry binds.
-    registry = PoolRegistry(GatewaySettings(), time.monotonic)
-    registry.update([dataclasses.replace(rendered_pool, endpoints=(url,))])
-    index = PrefixIndex(capacity_blocks=1000)
-    subscriber = KVEventSubscriber(KVEventSource(rendered_pool.name, events), registry, index)
+    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
+    ledger.update_pools(0.0, [dataclasses.replace(rendered_pool, endpoints=(url,))])
+    index = ledger.prefix_index
+    subscriber = KVEventSubscriber(KVEventSource(rendered_pool.name, events), ledger)
     listening = asyncio.create_task(subscriber.run())
     try:
         argv = kubelet_argv(container_of(rendered_pool), POD_IP)

@@ -21,7 +21,7 @@ IN_FLIGHT = "in flight on killed"  # + the fault: "in flight on killed gateway"
 UNEXPECTED = "unexpected"
 
 # What the engine's death looks like to a stream it was serving: the gateway ends it with
-# this error event (laneway.gateway.serving.proxy), or, before the first byte, answers 502.
+# this error event (laneway.gateway.serving.relay), or, before the first byte, answers 502.
 ENGINE_GONE_CODES = ("upstream_failed", "upstream_unreachable")
 
 # The default batch size: the batch must still be running when the last fault strikes, so

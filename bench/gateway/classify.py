@@ -26,8 +26,8 @@ async def time_classification(options: BenchOptions, clock: Callable[[], float])
     The path is the gateway's own `settle_route` (bounds first, the exact count where they
     do not decide); the count runs inline here, where the gateway runs it off its loop.
     """
-    from laneway.gateway.serving.proxy import settle_route
     from laneway.gateway.serving.request_body import Endpoint, parse_request
+    from laneway.gateway.serving.routing import settle_route
     from laneway.routing.lanes import Route, RouteRequest
 
     tokenizer = default_tokenizer()

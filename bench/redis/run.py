@@ -37,9 +37,9 @@ from laneway.bench.harness.prompts import PromptFactory
 from laneway.bench.harness.redis_server import LocalRedis
 from laneway.bench.harness.summary import Distribution
 from laneway.errors import UsageError
-from laneway.gateway.state.memory import InMemoryLoadTracker, LoadTracker
-from laneway.gateway.state.redis_store import RedisLoadTracker, connect, redis_settings
+from laneway.gateway.state.redis_store import RedisLoadShare, connect, redis_settings
 from laneway.gateway.state.tenants import InMemoryRateLimiter, RateLimiter, RedisRateLimiter, Tenant
+from laneway.ledger.load import LoadBook
 from laneway.tables import format_table
 from laneway.tokens import default_tokenizer
 
@@ -147,21 +147,36 @@ def progress(message: str) -> None:
 # -- the state operations alone ---------------------------------------------------------------
 
 
-async def one_request_of_state(
-    limiter: RateLimiter, tracker: LoadTracker, rng: random.Random
-) -> float:
+@dataclass(frozen=True)
+class LoadState:
+    """The endpoint load as a gateway keeps it: its ledger's book, shared through Redis
+    where `share` is given."""
+
+    book: LoadBook
+    share: RedisLoadShare | None = None
+
+    def changed(self) -> None:
+        if self.share is not None:
+            self.share.publish(self.book.own())
+
+
+async def one_request_of_state(limiter: RateLimiter, load: LoadState, rng: random.Random) -> float:
     begun = time.perf_counter()
     await limiter.admit(BENCH_TENANT, 500)
-    loads = await tracker.loads(ENDPOINTS)
-    endpoint = min(ENDPOINTS, key=lambda url: (loads[url].in_flight, rng.random()))
-    lease = await tracker.start(endpoint, 500)
-    await tracker.prefill_done(lease)
-    await tracker.finish(lease, prefill_done=True)
+    if load.share is not None:
+        load.book.set_peers(await load.share.peers(ENDPOINTS))
+    endpoint = min(ENDPOINTS, key=lambda url: (load.book.of(url).in_flight, rng.random()))
+    load.book.start(endpoint, 500)
+    load.changed()
+    load.book.prefill_done(endpoint, 500)
+    load.changed()
+    load.book.finish(endpoint, 500, prefill_done=True)
+    load.changed()
     return time.perf_counter() - begun
 
 
 async def time_state_ops(
-    limiter: RateLimiter, tracker: LoadTracker, concurrency: int, count: int, seed: int
+    limiter: RateLimiter, tracker: LoadState, concurrency: int, count: int, seed: int
 ) -> Distribution:
     rng = random.Random(seed)
     durations = await in_closed_loop(
@@ -178,9 +193,9 @@ async def measure_state_ops(options: BenchOptions, redis_url: str) -> list[Compa
     client = connect(settings)
     try:
         await client.flushdb()
-        backends: tuple[tuple[RateLimiter, LoadTracker], ...] = (
-            (InMemoryRateLimiter(), InMemoryLoadTracker()),
-            (RedisRateLimiter(client), RedisLoadTracker(client)),
+        backends: tuple[tuple[RateLimiter, LoadState], ...] = (
+            (InMemoryRateLimiter(), LoadState(LoadBook())),
+            (RedisRateLimiter(client), LoadState(LoadBook(), RedisLoadShare(client))),
         )
         comparisons = []
         for concurrency in options.concurrency:

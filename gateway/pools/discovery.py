@@ -8,7 +8,7 @@ retried with jittered exponential backoff, and meanwhile nothing is sent, so the
 keeps routing on the last pools it knew.
 
     source = KubernetesPoolSource(namespace="serving")   # None: every namespace
-    await source.run(registry.update)
+    await source.run(update)  # called with the complete pool set after each change
 """
 
 from __future__ import annotations

@@ -18,15 +18,14 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from laneway.errors import UsageError, missing_extra
-from laneway.gateway.pools.registry import PoolRegistry
+from laneway.ledger import Ledger
 from laneway.routing.kv_events import (
     BlockStored,
-    EngineBlockFeed,
     KVEvent,
     KVEventError,
     parse_event_batch,
 )
-from laneway.routing.prefix_index import KVEventSource, PrefixIndex
+from laneway.routing.prefix_index import KVEventSource
 
 log = logging.getLogger(__name__)
 TOPIC_PREFIX = b"kv@"
@@ -50,7 +49,7 @@ def _host_ports(url: str) -> tuple[str, str]:
 class KVEventSubscriber:
     """One pool's SUB socket, bound at construction (a taken address fails the start)."""
 
-    def __init__(self, source: KVEventSource, registry: PoolRegistry, index: PrefixIndex) -> None:
+    def __init__(self, source: KVEventSource, ledger: Ledger) -> None:
         try:
             import msgpack
             import zmq
@@ -58,7 +57,7 @@ class KVEventSubscriber:
         except ImportError as error:
             raise missing_extra("spec.picking.prefix.kvEvents", "kvevents", error) from None
 
-        self.source, self._registry, self._index = source, registry, index
+        self.source, self._ledger = source, ledger
         self._unpack = msgpack.unpackb
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.SUB)
@@ -71,7 +70,6 @@ class KVEventSubscriber:
                 f"{source.bind}: {error}"
             ) from None
         self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
-        self._feeds: dict[str, EngineBlockFeed] = {}
         self._misfits: set[str] = set()  # engines already warned about their block size
 
     async def run(self) -> None:
@@ -81,7 +79,7 @@ class KVEventSubscriber:
 
     def receive(self, frames: Sequence[bytes]) -> None:
         source = self.source
-        pool = next((p for p in self._registry.pools() if p.name == source.pool), None)
+        pool = next((p for p in self._ledger.pools() if p.name == source.pool), None)
         url = endpoint_of_topic(frames[0], pool.endpoints if pool else ())
         if url is None or len(frames) != 3:
             log.warning("kv events on %s: skipped a message for %r", source.bind, frames[0])
@@ -91,12 +89,9 @@ class KVEventSubscriber:
         except (KVEventError, ValueError, TypeError) as error:
             log.warning("kv events from %s: %s", url, error)
             return
-        feed = self._feeds.get(url) or self._feeds.setdefault(
-            url, EngineBlockFeed(url, self._index)
-        )
         if url not in self._misfits:
             self._check_block_size(url, events)
-        feed.apply(events)
+        self._ledger.record_kv_events(url, events)
 
     def _check_block_size(self, url: str, events: Sequence[KVEvent]) -> None:
         """Blocks of another size than the entry's never match a prompt cut into blockSize

@@ -9,18 +9,18 @@ from collections.abc import Callable
 import aiohttp
 
 from laneway.gateway.config import GatewaySettings
-from laneway.gateway.pools.registry import PoolRegistry
+from laneway.ledger import Ledger, Wakes
 from laneway.routing.engine_metrics import EngineMetricsError, parse_engine_metrics
 
 
 async def scrape_forever(
-    registry: PoolRegistry,
+    ledger: Ledger,
     session: aiohttp.ClientSession,
     settings: GatewaySettings,
-    on_cache_reset: Callable[[str], None] | None = None,
+    clock: Callable[[], float],
 ) -> None:
-    """Scrape every endpoint once per interval, forever; `on_cache_reset(url)` when an
-    engine's prefix counter went back.
+    """Scrape every endpoint once per interval, forever, into the ledger (which forgets an
+    engine's prefixes when its prefix counter went back, where the settings say so).
 
     A round's scrapes start spread over the interval, not all at once: each answer is read
     and parsed on the event loop (0.7 ms for a vLLM /metrics of 70 KB on the shared 2-core
@@ -29,22 +29,22 @@ async def scrape_forever(
     timeout = aiohttp.ClientTimeout(total=settings.scrape.timeout_millis / 1000)
     interval_s = settings.scrape.interval_millis / 1000
     while True:
-        urls = [url for url in registry.endpoints() if url not in registry.ejected()]
+        urls = [url for url in ledger.endpoints() if url not in ledger.ejected()]
         if not urls:
             await asyncio.sleep(interval_s)
             continue
         async with asyncio.TaskGroup() as scrapes:
             for url in urls:
-                scrapes.create_task(_scrape(registry, session, url, timeout, on_cache_reset))
+                scrapes.create_task(_scrape(ledger, session, url, timeout, clock))
                 await asyncio.sleep(interval_s / len(urls))
 
 
 async def _scrape(
-    registry: PoolRegistry,
+    ledger: Ledger,
     session: aiohttp.ClientSession,
     url: str,
     limits: aiohttp.ClientTimeout,
-    on_cache_reset: Callable[[str], None] | None,
+    clock: Callable[[], float],
 ) -> None:
     # A failed scrape only lets the last sample go stale; live requests decide ejection.
     try:
@@ -52,23 +52,27 @@ async def _scrape(
             if response.status != 200:
                 return
             text = await response.text()
-        reset = registry.record_scrape(url, parse_engine_metrics(text))
-        if reset and on_cache_reset is not None:
-            on_cache_reset(url)
+        ledger.record_scrape(url, clock(), parse_engine_metrics(text))
     except (aiohttp.ClientError, TimeoutError, EngineMetricsError, UnicodeDecodeError):
         return
 
 
 async def probe_forever(
-    registry: PoolRegistry, session: aiohttp.ClientSession, settings: GatewaySettings
+    ledger: Ledger,
+    session: aiohttp.ClientSession,
+    settings: GatewaySettings,
+    clock: Callable[[], float],
+    wake: Callable[[Wakes], None],
 ) -> None:
+    """Probe the ejected endpoints' /health; one that passes is available again, and the
+    slots it brings may admit requests waiting in line (`wake`)."""
     timeout = aiohttp.ClientTimeout(total=settings.upstream.health_timeout_millis / 1000)
     while True:
         await asyncio.sleep(settings.health.check_interval_millis / 1000)
-        ejected = registry.ejected()
+        ejected = ledger.ejected()
         results = await asyncio.gather(*(probe_health(session, url, timeout) for url in ejected))
         for url, passed in zip(ejected, results, strict=True):
-            registry.record_probe(url, passed)
+            wake(ledger.record_probe(url, clock(), passed))
             if passed:
                 print(
                     f"laneway gateway: endpoint {url} passed /health, re-admitted", file=sys.stderr

@@ -1,7 +1,7 @@
 """Where the gateway's pools come from: a YAML file or the Kubernetes API, one code path after.
 
 A source calls `update` with the complete current set of pools (endpoints filled in) each
-time it learns something new; the gateway's registry diffs that set against what it holds.
+time it learns something new; the gateway's ledger diffs that set against what it holds.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ from laneway.api import (
 )
 from laneway.errors import UsageError
 from laneway.gateway.errors import ApiError, bad_request
-from laneway.gateway.pools.registry import PoolRegistry
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
+from laneway.ledger import Ledger
 from laneway.tokens import (
     ChatTemplateError,
     TokenBounds,
@@ -119,7 +119,7 @@ class PoolTokenizers:
 
     def serving(self, pools: tuple[InferencePool, ...], model: str) -> ModelCounters:
         """The counters of the pools among `pools` that serve `model`: built once per model
-        while `pools` (the registry's tuple) is unchanged. Unknown models are not kept."""
+        while `pools` (the ledger's tuple) is unchanged. Unknown models are not kept."""
         if pools is not self._serving_pools:
             self._serving_pools, self._serving = pools, {}
         known = self._serving.get(model)
@@ -269,11 +269,11 @@ class EngineTokenize:
     def __init__(
         self,
         session: Callable[[], aiohttp.ClientSession],
-        registry: PoolRegistry,
+        ledger: Ledger,
         outcomes: Counter,
     ) -> None:
         self._session = session
-        self._registry = registry
+        self._ledger = ledger
         self._outcomes = outcomes
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._turn = 0
@@ -322,7 +322,7 @@ class EngineTokenize:
         return count
 
     async def _post(self, pool: InferencePool, body: bytes) -> int:
-        endpoints = self._registry.available(pool)
+        endpoints = self._ledger.available(pool)
         if not endpoints:
             raise EngineUnanswered("no_endpoint", "the pool has no available endpoint")
         # In turn, so that no one engine answers every pool's questions.

@@ -1,7 +1,9 @@
 """Shared state in Redis: the connection settings and the replicas' shared endpoint load.
 
-`RedisLoadTracker` implements `LoadTracker` for several gateway replicas. Every replica adds
-its own load to one shared hash per gateway (`{prefix}:load`: `URL|in_flight` and
+`RedisLoadShare` shares the ledger's endpoint load between several gateway replicas: the
+ledger counts this replica's own load, and a pick reads the others' into it
+(`Ledger.set_peer_loads`) before it plans. Every replica adds its own load to one shared
+hash per gateway (`{prefix}:load`: `URL|in_flight` and
 `URL|prefill` -> totals), so a pick sees what every replica has sent, one round trip per
 read, and concurrent picks share one read. Changes are written in the background, many
 requests' worth per round trip, so a request never waits for a write. Each replica also
@@ -27,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -48,8 +50,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from laneway.errors import UsageError
 from laneway.gateway.errors import ApiError
-from laneway.gateway.state.memory import EndpointLoad, InMemoryLoadTracker, Lease
 from laneway.gateway.state.settings import REDIS_URL_ENV
+from laneway.ledger import EndpointLoad
 
 log = logging.getLogger("laneway.gateway.redis")
 
@@ -243,12 +245,16 @@ return reaped
 """
 
 
+_NONE = EndpointLoad()
+
+
 def _fields(endpoint: str) -> tuple[str, str]:
     return f"{endpoint}|in_flight", f"{endpoint}|prefill"
 
 
-class RedisLoadTracker:
-    """`LoadTracker` over Redis, exact locally, shared through per-replica leases."""
+class RedisLoadShare:
+    """This replica's load on the engines, published to Redis, and the other replicas' load
+    read back: the ledger counts (its `own_loads`), this only shares."""
 
     def __init__(
         self,
@@ -262,7 +268,7 @@ class RedisLoadTracker:
         self.replica = replica or replica_id()
         self._lease_ms = int(lease_s * 1000)
         self.heartbeat_s = lease_s / 3
-        self._local = InMemoryLoadTracker()
+        self._published: dict[str, EndpointLoad] = {}  # own load as last queued for Redis
         self._endpoints: set[str] = set()  # every endpoint this replica has load on
         self._totals = f"{prefix}:load"
         self._contribution = f"{prefix}:load:replica:{self.replica}"
@@ -276,41 +282,36 @@ class RedisLoadTracker:
         # One read in flight per set of endpoints, shared by the picks that want it.
         self._reads: dict[tuple[str, ...], asyncio.Future[list[int]]] = {}
 
-    async def start(self, endpoint: str, prefill_tokens: int) -> Lease:
-        lease = await self._local.start(endpoint, prefill_tokens)
-        self._endpoints.add(endpoint)
-        in_flight, prefill = _fields(endpoint)
-        self._queue((in_flight, 1), (prefill, prefill_tokens))
-        return lease
+    def publish(self, own: Mapping[str, EndpointLoad]) -> None:
+        """Queue the change from the load last published to `own`: this replica's whole own
+        load now, as the ledger counts it."""
+        deltas: list[tuple[str, int]] = []
+        for url in own.keys() | self._published.keys():
+            new, old = own.get(url, _NONE), self._published.get(url, _NONE)
+            if new != old:
+                in_flight, prefill = _fields(url)
+                deltas += [
+                    (in_flight, new.in_flight - old.in_flight),
+                    (prefill, new.prefill_tokens - old.prefill_tokens),
+                ]
+                if new != _NONE:
+                    self._endpoints.add(url)
+        self._published = dict(own)
+        self._queue(*deltas)
 
-    async def prefill_done(self, lease: Lease) -> None:
-        await self._local.prefill_done(lease)
-        self._queue((_fields(lease.endpoint)[1], -lease.prefill_tokens))
-
-    async def finish(self, lease: Lease, prefill_done: bool) -> None:
-        await self._local.finish(lease, prefill_done)
-        in_flight, prefill = _fields(lease.endpoint)
-        self._queue((in_flight, -1))
-        if not prefill_done:
-            self._queue((prefill, -lease.prefill_tokens))
-
-    async def loads(self, endpoints: Iterable[str]) -> Mapping[str, EndpointLoad]:
-        urls = list(endpoints)
+    async def peers(self, urls: Sequence[str]) -> dict[str, EndpointLoad]:
+        """The other replicas' load on `urls`, one round trip; none while Redis is away."""
         if not self.shared:
-            return await self._local.loads(urls)
+            return {}
         fields = tuple(field for url in urls for field in _fields(url))
         try:
             others = await asyncio.shield(self._read(fields))
         except REDIS_DOWN as error:
             self._went_down(error)
-            return await self._local.loads(urls)
-        # Other replicas' load from Redis, this replica's own from its exact local counts:
-        # changes still on their way to Redis count at once, and none counts twice.
-        mine = await self._local.loads(urls)
+            return {}
         return {
             url: EndpointLoad(
-                mine[url].in_flight + max(0, others[2 * i]),
-                mine[url].prefill_tokens + max(0, others[2 * i + 1]),
+                in_flight=max(0, others[2 * i]), prefill_tokens=max(0, others[2 * i + 1])
             )
             for i, url in enumerate(urls)
         }
@@ -363,10 +364,11 @@ class RedisLoadTracker:
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
 
-    async def heartbeat(self) -> int:
-        """Renew the lease, resync this replica's share, reap dead replicas; how many reaped."""
-        snapshot = await self._local.loads(self._endpoints)
-        self._endpoints = {url for url, load in snapshot.items() if load != EndpointLoad()}
+    async def heartbeat(self, own: Mapping[str, EndpointLoad]) -> int:
+        """Renew the lease, resync this replica's share to `own` (its exact load), reap dead
+        replicas; how many reaped."""
+        snapshot = {url: own.get(url, _NONE) for url in self._endpoints | own.keys()}
+        self._endpoints = {url for url, load in snapshot.items() if load != _NONE}
         args: list[str | int] = [self._prefix, self.replica, self._lease_ms]
         for url, load in snapshot.items():
             in_flight, prefill = _fields(url)
@@ -377,11 +379,11 @@ class RedisLoadTracker:
             self.shared = True
         return reaped
 
-    async def run(self) -> None:
+    async def run(self, own: Callable[[], Mapping[str, EndpointLoad]]) -> None:
         """The heartbeat loop, until cancelled; survives Redis going away and coming back."""
         while True:
             try:
-                reaped = await self.heartbeat()
+                reaped = await self.heartbeat(own())
                 if reaped:
                     log.info("reaped the load of %d replica(s) whose lease expired", reaped)
             except REDIS_DOWN as error:

@@ -2,12 +2,12 @@
 
 `create_app(..., shared=options)` adds it through `install(app, options)`: the tenant
 middleware (401 for a missing or unknown key when a keys file is given) and, with Redis, the
-shared load tracker, the shared limiter and the shared demand as background tasks. Without
+shared endpoint load, the shared limiter and the shared demand as background tasks. Without
 Redis, limits are kept in memory. The batch room (`batch/layer.py`) goes on top, with the
 Redis connection `install` returns; the state layer knows nothing of it.
 
-The proxy asks `admit_tenant` once per request, after counting its tokens; the server tells
-`announce_listening` its port, which the batch dispatcher needs to reach the batch lane.
+Who asks is `state/callers.py`'s; the server tells `announce_listening` its port, which the
+batch dispatcher needs to reach the batch lane.
 """
 
 from __future__ import annotations
@@ -15,39 +15,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hmac
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from redis.asyncio import Redis
 
-from laneway.autoscale import DEMAND_PATH, DemandCount
+from laneway.autoscale import DemandCount
 from laneway.errors import UsageError
-from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
-    DEMAND,
+    CLOCK,
     DEMAND_SHARE,
-    INTERNAL,
     INTERNAL_SECRET,
+    LEDGER,
     LIMITER,
+    LOAD_SHARE,
     LOOPBACK,
     METRICS,
-    REGISTRY,
     STATE_METRICS,
-    TENANT,
     TENANTS,
-    TRACKER,
     Loopback,
 )
 from laneway.gateway.lifecycle import background
+from laneway.gateway.state.callers import tenant_middleware
 from laneway.gateway.state.demand import RedisDemandShare
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import (
     DEFAULT_LEASE_S,
-    RedisLoadTracker,
+    RedisLoadShare,
     RedisSettings,
     connect,
     redis_settings,
@@ -60,18 +56,12 @@ from laneway.gateway.state.settings import (
     FileQuota,
 )
 from laneway.gateway.state.tenants import (
-    ANONYMOUS_TENANT,
-    INTERNAL_HEADER,
-    TENANT_HEADER,
     InMemoryRateLimiter,
     RedisRateLimiter,
-    Tenant,
     TenantKeys,
-    retry_after_header,
 )
 
 TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", DEMAND_PATH})
 
 
 @dataclass(frozen=True)
@@ -111,8 +101,8 @@ def install(app: web.Application, options: SharedStateOptions) -> SharedRedis | 
         return None
     redis = connect(options.redis)
     prefix = options.redis.prefix
-    tracker = RedisLoadTracker(redis, prefix, lease_s=options.load_lease_s)
-    app[TRACKER] = tracker
+    tracker = RedisLoadShare(redis, prefix, lease_s=options.load_lease_s)
+    app[LOAD_SHARE] = tracker
     metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))
@@ -139,7 +129,7 @@ def _reload_tenants(
 
 
 def _local_demand(app: web.Application) -> dict[str, DemandCount]:
-    return app[DEMAND].snapshot([pool.key for pool in app[REGISTRY].pools()])
+    return app[LEDGER].demand(app[CLOCK]())
 
 
 def announce_listening(app: web.Application, host: str, port: int) -> None:
@@ -149,11 +139,11 @@ def announce_listening(app: web.Application, host: str, port: int) -> None:
 
 
 def _background(
-    redis: Redis, tracker: RedisLoadTracker
+    redis: Redis, tracker: RedisLoadShare
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def run(app: web.Application) -> AsyncIterator[None]:
         tasks = [
-            asyncio.create_task(tracker.run(), name="load-heartbeat"),
+            asyncio.create_task(tracker.run(app[LEDGER].own_loads), name="load-heartbeat"),
             asyncio.create_task(app[DEMAND_SHARE].run(), name="demand-publish"),
         ]
         async with background(*tasks):
@@ -163,117 +153,6 @@ def _background(
         await redis.aclose()
 
     return run
-
-
-def _same_secret(given: str, secret: str) -> bool:
-    # compare_digest refuses non-ASCII str, and any header a client sends must get a 401.
-    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is asking: the key's tenant, or the dispatcher asking for a tenant's batch item."""
-
-    tenant: Tenant
-    internal: bool = False  # the dispatcher's own call: paced by it, not by per-minute limits
-
-
-def identify(app: web.Application, header: Callable[[str], str | None]) -> Caller | None:
-    """The caller of a request whose header `header` reads (by lower-case name); None when
-    the state layer is not installed. ApiError 401 without a valid key when auth is on.
-
-    Both HTTP shells call it: the tenant middleware for aiohttp's routes, and the gateway's
-    own server for the completion routes (`gateway/serving/server.py`).
-    """
-    secret = app.get(INTERNAL_SECRET)
-    if secret is None:
-        return None
-    internal = header(INTERNAL_HEADER)
-    if internal is not None and _same_secret(internal, secret):
-        return Caller(_named(app, header(TENANT_HEADER) or ""), internal=True)
-    tenants = app.get(TENANTS)
-    if tenants is None:
-        return Caller(ANONYMOUS_TENANT)
-    authorization = header("authorization")
-    tenant = tenants.directory.authenticate(authorization)
-    if tenant is None:
-        app[STATE_METRICS].refused.labels("", "unauthenticated").inc()
-        raise ApiError(
-            401,
-            "Incorrect API key provided"
-            if authorization
-            else "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
-            "invalid_api_key",
-        )
-    return Caller(tenant)
-
-
-@web.middleware
-async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Who is asking, for aiohttp's routes: `identify`'s answer on the request."""
-    if request.path in OPEN_PATHS:
-        return await handler(request)
-    caller = identify(request.app, request.headers.get)
-    assert caller is not None  # the middleware is installed with the state layer
-    request[TENANT] = caller.tenant
-    if caller.internal:
-        request[INTERNAL] = True
-    return await handler(request)
-
-
-def caller_of(request: web.Request) -> Caller | None:
-    """The caller the tenant middleware found; None when the state layer is not installed."""
-    tenant = request.get(TENANT)
-    return None if tenant is None else Caller(tenant, internal=request.get(INTERNAL, False))
-
-
-def _named(app: web.Application, name: str) -> Tenant:
-    known = app[TENANTS].directory.named(name) if TENANTS in app else None
-    return known or (Tenant(name) if name else ANONYMOUS_TENANT)
-
-
-def tenant_name(caller: Caller | None) -> str:
-    """Whose request this is, for fair share in the batch lane."""
-    return ANONYMOUS_TENANT.name if caller is None else caller.tenant.name
-
-
-def routing_tenant(caller: Caller | None) -> str | None:
-    """The tenant whose pools the request may use; None when it is not authenticated."""
-    if caller is None or caller.tenant is ANONYMOUS_TENANT:
-        return None
-    return caller.tenant.name
-
-
-async def admit_tenant(app: web.Application, caller: Caller | None, tokens: int) -> None:
-    """Charge the tenant's per-minute limits; ApiError 429 with Retry-After when over."""
-    limiter = app.get(LIMITER)
-    if limiter is None or caller is None or caller.internal:
-        return
-    tenant = caller.tenant
-    decision = await limiter.admit(tenant, tokens)
-    if decision.allowed:
-        return
-    reason = "too_large" if decision.never else decision.exceeded
-    app[STATE_METRICS].refused.labels(tenant.name, reason).inc()
-    if decision.never:
-        raise ApiError(
-            429,
-            f"This request needs {tokens} tokens, more than tenant {tenant.name}'s whole "
-            f"limit of {tenant.tokens_per_minute} tokens per minute; make it smaller",
-            "tokens_exceed_limit",
-        )
-    limit = (
-        f"{tenant.requests_per_minute} requests"
-        if decision.exceeded == "requests"
-        else f"{tenant.tokens_per_minute} tokens"
-    )
-    raise ApiError(
-        429,
-        f"Rate limit reached for tenant {tenant.name}: {limit} per minute; "
-        f"retry after {retry_after_header(decision)} s",
-        "rate_limit_exceeded",
-        retry_after=int(retry_after_header(decision)),
-    )
 
 
 def options_from_args(args: argparse.Namespace) -> SharedStateOptions:

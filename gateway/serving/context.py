@@ -1,0 +1,41 @@
+"""What the request path works with, built once as the app starts: the ledger and the client
+to the engines, and beside them the settings, metrics, clock and counters, so that a request
+looks up one thing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from laneway.gateway.access_log import AccessLog
+from laneway.gateway.config import GatewaySettings
+from laneway.gateway.metrics import GatewayMetrics
+from laneway.gateway.serving.counting import PoolTokenizers
+from laneway.gateway.state.callers import TenantLimits
+from laneway.gateway.state.redis_store import RedisLoadShare
+from laneway.gateway.wakes import Waiters
+from laneway.ledger import Ledger, Wakes
+
+
+@dataclass(frozen=True)
+class RequestPath:
+    ledger: Ledger  # every piece of request and endpoint state
+    waiters: Waiters  # the requests waiting in the ledger's lines
+    session: aiohttp.ClientSession  # every request to the engines
+    settings: GatewaySettings
+    clock: Callable[[], float]  # the ledger's clock: arrivals, waits, first tokens
+    metrics: GatewayMetrics
+    tokenizers: PoolTokenizers
+    access_log: AccessLog
+    tenant_limits: TenantLimits | None  # None: no state layer
+    load_share: RedisLoadShare | None  # None: one replica, its load its own
+
+    def wake(self, wakes: Wakes) -> None:
+        self.waiters.wake(wakes)
+
+    def load_changed(self) -> None:
+        """This replica's load on an endpoint changed: its peers hear of it."""
+        if self.load_share is not None:
+            self.load_share.publish(self.ledger.own_loads())

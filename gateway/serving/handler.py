@@ -1,0 +1,161 @@
+"""One completion request through the gateway: read, route, admit, plan, relay, log.
+
+The decisions are the routing library's and the ledger's, made once each as data:
+`lanes.classify` gives the request's `Route` (pool, queue class, prefill estimate, reason),
+`Ledger.admit` its slot, `Ledger.plan` its `RoutingPlan` once it holds one, and
+`Ledger.finished` its one `RequestLog` for the metrics and the structured log line, however
+it ended. This shell does the I/O between them and changes no state of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+
+from laneway.api import InferencePool
+from laneway.gateway.errors import ApiError
+from laneway.gateway.keys import ARRIVED, REQUEST_PATH
+from laneway.gateway.serving.admitting import admit
+from laneway.gateway.serving.context import RequestPath
+from laneway.gateway.serving.incoming import SESSION_HEADER, read_body
+from laneway.gateway.serving.outcome import Outcome
+from laneway.gateway.serving.relay import Exchange, forward
+from laneway.gateway.serving.request_body import LANE_HEADER, Endpoint, parse_lane
+from laneway.gateway.serving.routing import parse, prompt_blocks, route_request
+from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_name
+from laneway.ledger import Admission, PromptBlocks, RequestLog, Ticket
+from laneway.routing.plan import RoutingPlan
+
+log = logging.getLogger("laneway.gateway.requests")
+
+
+async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """Serve one completion request. A bug before a stream's head propagates (the error
+    middleware answers 500 and logs it); one after it is logged and ends the connection."""
+    path = request.app[REQUEST_PATH]
+    started = request[ARRIVED]  # when its first bytes were read, as the client's clock runs
+    outcome = Outcome()
+    try:
+        return await _serve(path, request, endpoint, started, outcome)
+    except ApiError as error:
+        outcome.status, outcome.error = error.status, error.code
+        return error.response(outcome.routing_headers())
+    except asyncio.CancelledError:
+        outcome.client_gone()
+        raise
+    except Exception:
+        outcome.status, outcome.error = 500, "internal_error"
+        if outcome.stream is None:
+            raise
+        log.exception("unhandled error on POST %s mid-stream", endpoint.value)
+        if request.transport is not None:
+            request.transport.abort()
+        return outcome.stream
+    finally:
+        _record(path, _finished(path, endpoint, outcome, started))
+
+
+async def _serve(
+    path: RequestPath, request: web.Request, endpoint: Endpoint, started: float, outcome: Outcome
+) -> web.StreamResponse:
+    settings = path.settings
+    caller = caller_of(request)
+    deadline_s = settings.clients.body_timeout_millis / 1000
+    body = await read_body(request, settings.max_body_bytes, deadline_s)
+    parsed, inline = await parse(body, endpoint)
+    outcome.parsed = parsed
+    pinned = parse_lane(request.headers.get(LANE_HEADER))
+    route, count = await route_request(
+        path, parsed, len(body), inline, pinned, routing_tenant(caller), outcome
+    )
+    pool = route.pool
+    if path.tenant_limits is not None:
+        context = pool.spec.limits.max_context_tokens
+        await path.tenant_limits.admit(caller, parsed.charge(route.prefill_tokens, context))
+    outcome.route = route
+    try:
+        ask = Admission(
+            route=route,
+            arrived=started,
+            path=endpoint.value,
+            model=parsed.model,
+            stream=parsed.stream,
+            tenant=tenant_name(caller),
+            fair_tokens=parsed.sequences * route.prefill_tokens,
+            session_key=(request.headers.get(SESSION_HEADER) or "").strip() or None,
+        )
+        admitted = await admit(path, ask, outcome)
+        path.metrics.queue_wait_of(pool.name, route.lane.value).observe(admitted.queue_ms / 1000)
+        blocks = await prompt_blocks(path, parsed, pool)
+        plan = await _plan(path, admitted.ticket, pool, blocks)
+        exchange = Exchange(
+            path=path,
+            request=request,
+            ticket=admitted.ticket,
+            parsed=parsed,
+            body=body,
+            plan=plan,
+            count=count,
+            outcome=outcome,
+        )
+        return await forward(exchange)
+    finally:
+        count.cancel()
+
+
+async def _plan(
+    path: RequestPath, ticket: Ticket, pool: InferencePool, blocks: PromptBlocks
+) -> RoutingPlan:
+    """The request's endpoints best first, by their load now that it holds a slot: with
+    Redis, the other replicas' load on them read first."""
+    ledger = path.ledger
+    if path.load_share is not None:
+        current = ledger.current(pool)
+        if current is not None:
+            ledger.set_peer_loads(await path.load_share.peers(ledger.available(current)))
+    return ledger.plan(ticket, path.clock(), blocks)
+
+
+def _finished(
+    path: RequestPath, endpoint: Endpoint, outcome: Outcome, started: float
+) -> RequestLog:
+    """Whatever the request held is released; its log."""
+    now = path.clock()
+    ticket = outcome.ticket
+    if ticket is not None:
+        finished = path.ledger.finished(
+            ticket, now, status=outcome.status, error=outcome.error,
+            prompt_tokens=outcome.prompt_tokens,
+        )  # fmt: skip
+        path.waiters.forget(ticket)
+        path.wake(finished.wakes)
+        path.load_changed()
+        return finished.log
+    # Refused before the ledger saw it: bad JSON, an unknown model, no lane, a tenant limit.
+    parsed, route = outcome.parsed, outcome.route
+    return RequestLog(
+        path=endpoint.value,
+        status=outcome.status,
+        total_ms=(now - started) * 1000,
+        model=parsed.model if parsed else "",
+        pool=route.pool.name if route else "",
+        lane=route.lane.value if route else "",
+        reason=route.reason if route else "",
+        prompt_tokens=outcome.prompt_tokens,
+        stream=parsed.stream if parsed else False,
+        error=outcome.error,
+    )
+
+
+def _record(path: RequestPath, record: RequestLog) -> None:
+    metrics = path.metrics
+    metrics.requests_of(record.pool, record.lane, str(record.status)).inc()
+    if record.pool and record.status == 200:
+        metrics.e2e_of(record.pool, record.lane).observe(record.total_ms / 1000)
+    if record.lane and record.prompt_tokens is not None:
+        metrics.prompt_tokens_of(record.lane).observe(record.prompt_tokens)
+    if path.access_log.enabled:
+        path.access_log.write(record.line(time.time()))

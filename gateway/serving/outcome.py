@@ -1,0 +1,43 @@
+"""What the shell has seen of one request: the decisions as they were made (by reference,
+never copied) and what relaying it showed. The ledger holds the request's state; this holds
+what only the HTTP side knows (the status it answered, whether the client has it all)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from laneway.gateway.serving.request_body import ParsedRequest
+from laneway.ledger import Ticket
+from laneway.routing.lanes import Route
+
+CLIENT_CLOSED = 499  # nginx's status for a client that went away; only in logs and metrics
+
+
+@dataclass
+class Outcome:
+    parsed: ParsedRequest | None = None
+    route: Route | None = None
+    ticket: Ticket | None = None  # once the ledger admitted, queued or refused it
+    prompt_tokens: int | None = None  # the exact count, once known
+    status: int = 0
+    error: str | None = None
+    # The client has the whole response: a client that leaves after this is no 499.
+    complete: bool = False
+    # The stream whose head went out: past it, an error can only end the connection.
+    stream: web.StreamResponse | None = None
+
+    def routing_headers(self) -> dict[str, str]:
+        if self.route is None:
+            return {}
+        headers = {"x-laneway-pool": self.route.pool.name, "x-laneway-lane": self.route.lane.value}
+        if self.prompt_tokens is not None:
+            headers["x-laneway-prompt-tokens"] = str(self.prompt_tokens)
+        return headers
+
+    def client_gone(self) -> None:
+        """The client closed its connection: a 499 unless it already had the whole response
+        (or was cut off for not reading, which says more)."""
+        if not self.complete and self.status != CLIENT_CLOSED:
+            self.status, self.error = CLIENT_CLOSED, "client_disconnected"

@@ -1,0 +1,382 @@
+"""An admitted request carried to its endpoints and back: the plan's first endpoint, the
+next on a failure before the client has seen a byte, and the answer relayed (whole, or as a
+stream timed on the way) through the app's one client session. The ledger is told each
+step (sent, answered, first token, failed) and decides what follows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from laneway.gateway.errors import error_body
+from laneway.gateway.pools.scrape import probe_health
+from laneway.gateway.serving.admitting import no_endpoint
+from laneway.gateway.serving.context import RequestPath
+from laneway.gateway.serving.engine_usage import engine_prompt_tokens
+from laneway.gateway.serving.first_token import FirstTokenWatch
+from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
+from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
+from laneway.gateway.serving.request_body import ParsedRequest
+from laneway.gateway.serving.routing import PromptCount
+from laneway.ledger import Sent, Ticket
+from laneway.routing.plan import PlannedEndpoint, RoutingPlan
+from laneway.routing.slo import within_slo
+
+log = logging.getLogger("laneway.gateway.requests")
+
+STREAM_END = b"data: [DONE]"
+SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
+JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+class UpstreamFailed(Exception):
+    """An endpoint failed before the client saw a byte: the request may go elsewhere."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+@dataclass(slots=True)  # not frozen: one per request; nothing assigns to one once built
+class Exchange:
+    """One admitted request on its way to an endpoint: what every attempt needs."""
+
+    path: RequestPath
+    request: web.Request
+    ticket: Ticket
+    parsed: ParsedRequest
+    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
+    plan: RoutingPlan
+    count: PromptCount
+    outcome: Outcome
+
+
+async def forward(exchange: Exchange) -> web.StreamResponse:
+    path, plan = exchange.path, exchange.plan
+    served = plan.pool.spec.served_model_name
+    body = (
+        exchange.body
+        if served == exchange.parsed.model
+        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    )
+    failures = []
+    candidate = plan.endpoints[0] if plan.endpoints else None
+    while candidate is not None:
+        sent = path.ledger.sent(exchange.ticket, path.clock(), candidate)
+        path.load_changed()
+        try:
+            return await _attempt(exchange, sent, served, body)
+        except UpstreamFailed as failure:
+            timed_out = failure.kind == "timeout"
+            retry = await _note_failure(exchange, candidate.url, str(failure), timed_out)
+            path.metrics.upstream_errors.labels(plan.pool.name, candidate.url, failure.kind).inc()
+            failures.append(f"{candidate.url}: {failure}")
+            candidate = retry
+    why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
+    raise no_endpoint(path, plan.pool, why)
+
+
+async def _attempt(exchange: Exchange, sent: Sent, served: str, body: bytes) -> web.StreamResponse:
+    """One try on one endpoint; UpstreamFailed while the client has seen nothing yet."""
+    path, url = exchange.path, sent.endpoint.url
+    try:
+        upstream = await path.session.post(
+            url + exchange.parsed.endpoint.value, data=body, headers=JSON_CONTENT
+        )
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise _upstream_failed(error) from None
+    try:
+        if upstream.status >= 500 or upstream.status != 200 or not exchange.parsed.stream:
+            return await _whole_answer(exchange, upstream, served, sent)
+        path.metrics.overhead.request.observe(sent.own_s)
+        path.ledger.answered(exchange.ticket)
+        rename = rewriter(served, exchange.parsed.model)
+        return await _relay_stream(exchange, upstream, sent, rename)
+    finally:
+        # Back to the session's pool if the answer ended; closed otherwise, so the engine
+        # sees its client go away and stops.
+        upstream.release()
+
+
+def _upstream_failed(error: aiohttp.ClientError | TimeoutError) -> UpstreamFailed:
+    kind = "timeout" if isinstance(error, TimeoutError) else "connection"
+    return UpstreamFailed(kind, f"{type(error).__name__}: {error}")
+
+
+async def _whole_answer(
+    exchange: Exchange, upstream: aiohttp.ClientResponse, served: str, sent: Sent
+) -> web.Response:
+    path, outcome = exchange.path, exchange.outcome
+    try:
+        body = await upstream.read()
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise _upstream_failed(error) from None
+    if upstream.status >= 500:
+        detail = body[:300].decode("utf-8", "replace")
+        raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
+    path.metrics.overhead.request.observe(sent.own_s)
+    engine_count = (
+        engine_prompt_tokens(body)
+        if upstream.status == 200 and exchange.parsed.sequences == 1
+        else None
+    )
+    if rename := rewriter(served, exchange.parsed.model):
+        body = rename.whole(body)
+    path.ledger.answered(exchange.ticket)
+    outcome.prompt_tokens = await exchange.count if engine_count is None else engine_count
+    outcome.status = upstream.status
+    return web.Response(
+        status=upstream.status,
+        body=body,
+        content_type="application/json",
+        headers=outcome.routing_headers(),
+    )
+
+
+async def _relay_stream(
+    exchange: Exchange,
+    upstream: aiohttp.ClientResponse,
+    sent: Sent,
+    rename: ModelNameRewriter | None,
+) -> web.StreamResponse:
+    """Relay SSE as it arrives; after the first byte there is no retry.
+
+    Each read of the engine is written to the client before the next read: while the
+    client's buffer is full the write waits, the engine's socket is not read, and TCP holds
+    the engine back; the write deadline runs meanwhile (`_ClientWrites`).
+    """
+    path, outcome = exchange.path, exchange.outcome
+    outcome.prompt_tokens = await exchange.count
+    response = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            **outcome.routing_headers(),
+        },
+    )
+    writes = _ClientWrites(exchange, response)
+    # Sent at once: the client learns the route (and its openai call returns) before the
+    # first token, which may be seconds away.
+    if not await writes.start():
+        upstream.close()
+        return response
+    outcome.stream = response
+    outcome.status = 200
+    relay = _StreamRelay(exchange, sent, rename)
+    try:
+        try:
+            async for data in upstream.content.iter_any():
+                chunk, read_at = relay.received(data)
+                if not chunk:
+                    continue
+                if not await writes.write(chunk):
+                    upstream.close()  # the engine sees its client go away
+                    return response
+                if relay.written(chunk, read_at):
+                    _note_first_token(exchange, read_at, relay.now)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            rest = rename.flush() if rename else b""
+            why = f"mid-stream: {type(error).__name__}: {error}"
+            url = sent.endpoint.url
+            await _note_failure(exchange, url, why, isinstance(error, TimeoutError))
+            path.metrics.upstream_errors.labels(exchange.plan.pool.name, url, "mid_stream").inc()
+            outcome.error = "upstream_failed_mid_stream"
+            await _end_with_error(writes, error, rest, relay.tail)
+            return response
+        rest = rename.flush() if rename else b""
+        if rest and not await writes.write(rest):
+            return response
+        outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
+        await writes.end()
+        return response
+    finally:
+        writes.close()
+
+
+class _StreamRelay:
+    """A stream's bookkeeping per relayed read: renamed, parsed for its first token until it
+    comes, timed once written (TBT, the gateway's own time), watched for its end."""
+
+    def __init__(self, exchange: Exchange, sent: Sent, rename: ModelNameRewriter | None) -> None:
+        path, plan = exchange.path, exchange.plan
+        metrics = path.metrics
+        self._rename = rename
+        self._outcome = exchange.outcome
+        self._clock = path.clock
+        self._overhead = metrics.overhead
+        self._gaps = metrics.tbt.labels(plan.pool.name, plan.lane.value)
+        self._tbt_slo_millis = plan.pool.spec.slo.tbt_millis
+        self._sent_overhead_s = sent.own_s
+        self._first_token = FirstTokenWatch()
+        self._first = False  # the chunk being relayed completes the first token
+        self._ends = False  # it holds the end marker
+        self._last_event: float | None = None
+        # The end of what the client has: enough to tell an event boundary and the end marker.
+        self.tail = b"\n\n"
+        self.now = 0.0  # when the last chunk was written
+
+    def received(self, data: bytes) -> tuple[bytes, float]:
+        """What of `data` to write to the client now (whole lines, renamed), and when it was
+        read."""
+        read_at = self._clock()
+        # Only the chunks up to the first token are parsed for it; none after.
+        self._first = not self._first_token.seen and self._first_token.feed(data)
+        chunk = self._rename.feed(data) if self._rename else data
+        ending = self.tail + chunk[-SSE_TAIL:]
+        self._ends = bool(chunk) and not self._outcome.complete and STREAM_END in ending
+        if self._ends:
+            # Taken before the write that sends the end: the client, once it has it, may
+            # ask /metrics for it at once.
+            self._overhead.stream.observe(self._sent_overhead_s + self._clock() - read_at)
+        return chunk, read_at
+
+    def written(self, chunk: bytes, read_at: float) -> bool:
+        """`chunk` is on its way to the client: time it; True when it held the first token
+        (TTFT and TBT are taken as the client's clock runs: once written)."""
+        self.now = now = self._clock()
+        self._overhead.chunk.observe(now - read_at)
+        first = self._first
+        if first:
+            self._last_event = now
+        elif self._last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
+            gap = now - self._last_event
+            self._gaps.observe(gap, within_slo(gap, self._tbt_slo_millis))
+            self._last_event = now
+        self.tail = (self.tail + chunk[-SSE_TAIL:])[-SSE_TAIL:]
+        if self._ends:
+            self._outcome.complete = True
+        return first
+
+
+def _note_first_token(exchange: Exchange, read_at: float, written_at: float) -> None:
+    """The stream's first content token: the ledger learns the endpoint's prefill rate from
+    it (read from the engine, as the engine's clock runs) and takes its TTFT against the SLO
+    (written to the client, as the client's clock runs)."""
+    path, plan = exchange.path, exchange.plan
+    first = path.ledger.first_token(exchange.ticket, read_at=read_at, written_at=written_at)
+    path.load_changed()
+    labels = (plan.pool.name, plan.lane.value)
+    path.metrics.ttft_of(*labels).observe(first.ttft_ms / 1000)
+    path.metrics.ttft_slo_of(*labels, "true" if first.met_slo else "false").inc()
+
+
+class _ClientWrites:
+    """A stream's writes to its client, under the write deadline (issue 14), and what a
+    client that left means.
+
+    A client that reads nothing fills the socket's buffer and then blocks the stream's
+    write: after the deadline it is cut off, so it holds neither the engine nor the pool's
+    slot. One timer watches the whole stream, re-armed at most once per deadline, rather
+    than a timeout per relayed chunk.
+    """
+
+    def __init__(self, exchange: Exchange, response: web.StreamResponse) -> None:
+        self._outcome = exchange.outcome
+        self._request = exchange.request
+        self._response = response
+        self._loop = asyncio.get_running_loop()
+        self._deadline_s = exchange.path.settings.clients.write_timeout_millis / 1000
+        self._blocked_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._cut_off = False
+
+    async def start(self) -> bool:
+        """Send the stream's head; False when the client is gone."""
+        return await self._under_deadline(self._response.prepare(self._request))
+
+    async def write(self, chunk: bytes) -> bool:
+        """Write `chunk`, waiting while the client's buffer is full; False when it is gone."""
+        return await self._under_deadline(self._response.write(chunk))
+
+    async def end(self) -> None:
+        """The stream's end, under the deadline while it waits for the client to read."""
+        await self._under_deadline(self._response.write_eof())
+
+    async def _under_deadline(self, write: Awaitable[object]) -> bool:
+        self._blocked_since = now = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(now + self._deadline_s, self._check)
+        try:
+            await write
+        except ConnectionError:
+            self.gone()
+            return False
+        finally:
+            self._blocked_since = None
+        return True
+
+    def gone(self) -> None:
+        """The client's connection is gone: cut off, or closed by the client."""
+        if self._cut_off:
+            self._outcome.status, self._outcome.error = CLIENT_CLOSED, "client_not_reading"
+        else:
+            self._outcome.client_gone()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        since = self._blocked_since
+        if since is None:
+            return  # no write waits: the next one arms the timer again
+        if self._loop.time() - since < self._deadline_s:
+            self._timer = self._loop.call_at(since + self._deadline_s, self._check)
+            return
+        self._cut_off = True
+        self.gone()  # before the abort, which may cancel the request (handler_cancellation)
+        # A close would wait for the buffer to drain, which it never does; the aborted
+        # connection fails the waiting write, or cancels the request.
+        if (transport := self._request.transport) is not None:
+            transport.abort()
+
+
+async def _end_with_error(
+    writes: _ClientWrites, error: BaseException, pending: bytes, written: bytes
+) -> None:
+    """End the stream with an error event after `pending`, the rest of a partial event."""
+    body = error_body(
+        502, f"The engine failed mid-stream: {type(error).__name__}: {error}", "upstream_failed"
+    )
+    # A half-written event would swallow ours: close it first.
+    at_boundary = (written + pending).endswith(b"\n\n")
+    event = (
+        pending
+        + (b"" if at_boundary else b"\n\n")
+        + b"data: "
+        + json.dumps(body).encode()
+        + b"\n\n"
+    )
+    if await writes.write(event):
+        await writes.end()
+
+
+async def _note_failure(
+    exchange: Exchange, url: str, why: str, timed_out: bool
+) -> PlannedEndpoint | None:
+    """Tell the ledger the attempt failed; the endpoint to try next, if any.
+
+    A read timeout is what a long generation and a hung engine have in common: the engine
+    answering its health probe tells them apart, so a slow answer never counts against it.
+    """
+    path = exchange.path
+    counts = True
+    if timed_out:
+        limit = aiohttp.ClientTimeout(total=path.settings.upstream.health_timeout_millis / 1000)
+        counts = not await probe_health(path.session, url, limit)
+    failed = path.ledger.failed(exchange.ticket, path.clock(), counts=counts)
+    path.load_changed()
+    if failed.ejected:
+        event = {"event": "endpoint_ejected", "endpoint": failed.endpoint, "after": why}
+        log.warning(json.dumps(event))
+    return failed.retry
