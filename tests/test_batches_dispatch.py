@@ -13,12 +13,13 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from laneway.bench.redis_server import LocalRedis
-from laneway.gateway.batch.batches import BatchStore, CreateRequest
+from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.dispatcher import (
     Dispatcher,
     DispatchSettings,
 )
 from laneway.gateway.batch.files import FileQuota, FileStore
+from laneway.gateway.batch.lines import CreateRequest
 from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.request_body import LANE_HEADER
 from laneway.gateway.state.callers import INTERNAL_HEADER, TENANT_HEADER

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from laneway.gateway.batch.batches import (
+from laneway.gateway.batch.lines import (
     Item,
     LineError,
     parse_create,

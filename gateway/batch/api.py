@@ -7,8 +7,9 @@ import time
 
 from aiohttp import web
 
-from laneway.gateway.batch.batches import BatchStore, parse_create
+from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.files import FileQuota, FileStore, read_upload
+from laneway.gateway.batch.lines import parse_create
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.keys import (
     BATCH_STORE,

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from laneway.gateway.batch.batches import (
-    BatchStore,
+from laneway.gateway.batch.batches import BatchStore, QueuedItem
+from laneway.gateway.batch.lines import (
     ItemOutcome,
     LineError,
-    QueuedItem,
     Result,
     Status,
     error_line,
