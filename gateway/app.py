@@ -158,7 +158,12 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         sock_connect=limits.connect_timeout_millis / 1000,
         sock_read=limits.read_timeout_millis / 1000,
     )
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    # An engine's cookies are not kept: one client's answer must set nothing that the next
+    # client's request to that engine would carry.
+    jar = aiohttp.DummyCookieJar()
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, cookie_jar=jar
+    ) as session:
         app[SESSION] = session
         app[REQUEST_PATH] = RequestPath(
             ledger=app[LEDGER],

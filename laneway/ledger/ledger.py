@@ -78,6 +78,8 @@ class Ledger:
         self.settings = settings
         self._rng = rng
         self._profile = settings.picking.profile()
+        # Fixed with the profile, and asked once per request.
+        self._wants_prefix_blocks = wants_prefix_blocks(self._profile)
         self._endpoints = EndpointBook(settings.failures_to_eject, settings.stale_after_s)
         self._gates: dict[str, PoolGate] = {}
         self._load = LoadBook()
@@ -290,7 +292,7 @@ class Ledger:
     @property
     def wants_prefix_blocks(self) -> bool:
         """Whether the profile scores the prompt's prefix (else `plan` needs no blocks)."""
-        return wants_prefix_blocks(self._profile)
+        return self._wants_prefix_blocks
 
     def pools(self) -> tuple[InferencePool, ...]:
         """The pools now configured: the same tuple until the next update."""
@@ -374,7 +376,7 @@ class Ledger:
             self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
             self._run(request, now)
             granted.append(Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0))
-        return Wakes(granted=tuple(granted))
+        return Wakes(granted=tuple(granted)) if granted else NO_WAKES
 
     def _refuse(self, gate: PoolGate, reason: str) -> list[Refused]:
         refused = []

@@ -68,7 +68,7 @@ class PoolGate:
 
     def grant(self) -> list[Ticket]:
         granted = []
-        while self.waiting and self.active < self.limit:
+        while self._line and self.active < self.limit:
             granted.append(self._line.next())
             self.active += 1
         return granted
@@ -78,6 +78,6 @@ class PoolGate:
         Returns the refused tickets, in line order."""
         self.closed = reason
         refused = []
-        while self.waiting:
+        while self._line:
             refused.append(self._line.next())
         return refused

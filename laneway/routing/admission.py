@@ -25,6 +25,10 @@ class AdmissionLine(Generic[T]):
     def __len__(self) -> int:
         return len(self._interactive) + len(self._batch)
 
+    def __bool__(self) -> bool:
+        # Asked on every admission and release: no count of the batch lane's tenants.
+        return bool(self._interactive) or bool(self._batch)
+
     def join(self, item: T, priority: Lane, tenant: str = "", tokens: int = 0) -> None:
         """Queue `item`; `tenant` and `tokens` place a batch item in the fair-share order."""
         if priority is Lane.BATCH:

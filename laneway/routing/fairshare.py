@@ -45,6 +45,9 @@ class FairShareQueue(Generic[T]):
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def __bool__(self) -> bool:
+        return bool(self._queues)  # a tenant's queue leaves once it is empty
+
     @property
     def counters(self) -> Mapping[str, float]:
         """Each tenant's weighted tokens served so far (lifted when it returned from idle)."""
