@@ -29,7 +29,6 @@ ENGINE = SchedulerConfig(
     max_partial_prefills=64,
     max_context=131072,
 )
-SLO = (0.3, 0.03)
 BATCH_AT_ZERO = ScalePolicy(
     min_replicas=0,
     max_replicas=2,
@@ -47,7 +46,7 @@ def run(cold_start_s: float) -> tuple[list[float], list[int], float]:
     pool = ElasticPool(
         name="batch", interactive=False, engine=ENGINE, replicas=0, policy=BATCH_AT_ZERO
     )
-    result = run_elastic([pool], PROFILE, documents, 600.0, SLO, cold_start_s)
+    result = run_elastic([pool], PROFILE, documents, 600.0, cold_start_s)
     assert result.unfinished == 0
     (trace,) = result.traces
     starts = [o.arrival_s + o.ttft_s for o in result.outcomes]
@@ -128,7 +127,7 @@ def test_an_elastic_pool_holds_its_count_for_a_down_window_before_it_shrinks() -
     pool = ElasticPool(
         name="interactive", interactive=True, engine=CHAT_ENGINE, replicas=3, policy=chat_policy(10)
     )
-    (trace,) = run_elastic([pool], PROFILE, [], 400.0, SLO).traces
+    (trace,) = run_elastic([pool], PROFILE, [], 400.0).traces
     held = [n for at, n in zip(trace.at_s, trace.replicas, strict=True) if at < 120]
     assert held
     assert set(held) == {3}
@@ -145,7 +144,7 @@ def test_an_interactive_pool_grows_on_requests_in_flight_and_serves_after_the_co
     pool = ElasticPool(
         name="interactive", interactive=True, engine=CHAT_ENGINE, replicas=1, policy=chat_policy(10)
     )
-    result = run_elastic([pool], PROFILE, trace, 240.0, SLO, cold_start_s=60.0)
+    result = run_elastic([pool], PROFILE, trace, 240.0, cold_start_s=60.0)
     (pool_trace,) = result.traces
     assert max(pool_trace.replicas) >= 3
     assert "scaling up 1 -> " in pool_trace.reasons[0]
