@@ -71,6 +71,27 @@ def test_a_longer_cold_start_costs_gpu_time_and_latency() -> None:
     assert slow_gpu - quick_gpu >= 80.0 - 15.0
 
 
+def test_the_scaler_counts_a_document_until_it_ends_as_the_gateway_does() -> None:
+    # The scaler reads the ledger's demand, the gateway's: a document's prompt tokens count
+    # until it finishes, not only until its first token, so no replica goes while the
+    # documents still decode.
+    documents = [
+        Arrival(at_s=10.0, prompt_tokens=32768, output_tokens=6000, pinned=Lane.BATCH)
+        for _ in range(2)
+    ]
+    policy = replace(BATCH_AT_ZERO, target_per_replica=32768, scale_down_window_s=15)
+    pool = ElasticPool(name="batch", interactive=False, engine=ENGINE, replicas=0, policy=policy)
+    result = run_elastic([pool], PROFILE, documents, 300.0, cold_start_s=10.0)
+    (trace,) = result.traces
+    first_tokens = [o.arrival_s + o.ttft_s for o in result.outcomes]
+    ends = [o.finished_s for o in result.outcomes]
+    assert max(ends) - max(first_tokens) > 15.0 + 15.0  # decoding outlasts window + interval
+    downs = [float(r.split("s ", 1)[0]) for r in trace.reasons if "scaling down" in r]
+    assert downs
+    assert min(downs) >= max(ends)
+    assert trace.replicas[-1] == 0
+
+
 def test_the_day_has_a_diurnal_curve_and_batch_only_in_working_hours() -> None:
     day = DayScenario(day_s=3600.0, peak_rps=4.0, peak_to_trough=4.0, jobs=2)
     found = arrivals(day)
