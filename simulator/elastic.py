@@ -2,8 +2,9 @@
 grow and shrink under open-loop traffic over a compressed day. `TraceWorkload` replays an
 arrival trace (batch documents pinned to the batch lane, as the Batches API dispatcher sends
 them); `AutoScaler` is the operator's scaling decision (`laneway.autoscale.decide`) every
-DECISION_INTERVAL_S; the runner routes as the gateway does and holds requests for a pool
-with no serving replica in the gateway's line.
+DECISION_INTERVAL_S on the demand the ledger counts, as the operator reads the gateway's;
+the runner routes as the gateway does and holds requests for a pool with no serving replica
+in the gateway's line.
 
 A replica the decision adds holds its GPU from that moment but serves only after its cold
 start (`cold_start_s`: model load, torch.compile, CUDA graph capture); a replica it removes
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from laneway.api import Lane
-from laneway.autoscale import LaneDemand, Recommendation, ScalePolicy, decide, first_sight
+from laneway.autoscale import Recommendation, ScalePolicy, decide, first_sight
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import ProgressCallback, Request, Scaler, VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
@@ -33,7 +34,6 @@ from laneway.simulator.seed import SEED_PICKING, SimPool
 
 COLD_START_S = 60.0
 DECISION_INTERVAL_S = 15.0  # how often the operator reads demand and decides
-ATTAINMENT_WINDOW_S = 60.0  # "recent" SLO attainment: requests finished this long ago
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,6 @@ class ElasticResult:
 class _PoolScaling:
     policy: ScalePolicy | None
     history: tuple[Recommendation, ...] = ()
-    finished: list[tuple[float, bool]] = field(default_factory=list)  # (when, met the SLO)
     at: list[float] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     demand: list[int] = field(default_factory=list)
@@ -114,13 +113,17 @@ class _PoolScaling:
 
 
 class AutoScaler(Scaler):
-    """The operator: every DECISION_INTERVAL_S, each pool's demand into `autoscale.decide`."""
+    """The operator: every DECISION_INTERVAL_S, each pool's demand into `autoscale.decide`.
+
+    The demand is the ledger's (`Ledger.demand`), the counts the gateway serves the real
+    operator on `GET /laneway/demand`: queued and in-flight requests and prompt tokens, and
+    the TTFT-SLO attainment over the ledger's window, so a simulated day measures the
+    operator and gateway as they run rather than a bookkeeping of its own.
+    """
 
     interval_s = DECISION_INTERVAL_S
 
-    def __init__(
-        self, pools: Sequence[ElasticPool], slo: tuple[float, float], cold_start_s: float
-    ) -> None:
+    def __init__(self, pools: Sequence[ElasticPool], cold_start_s: float) -> None:
         # The operator's first sight of each elastic pool: the day starts as the night left
         # it, and no scale-down comes before a whole down window of demand is seen.
         self._pools = [
@@ -129,21 +132,17 @@ class AutoScaler(Scaler):
             else _PoolScaling(None)
             for spec in pools
         ]
-        self._slo = slo  # (TTFT, TBT) seconds, for the attainment signal
         self._cold_start_s = cold_start_s
 
     def traces(self) -> tuple[PoolTrace, ...]:
         return tuple(pool.trace() for pool in self._pools)
 
-    def on_finished(self, cluster: VirtualCluster, now: float, request: Request) -> None:
-        assert request.first_token_s is not None
-        ttft_slo, tbt_slo = self._slo
-        met = request.first_token_s - request.arrival_s <= ttft_slo and request.max_gap_s <= tbt_slo
-        self._pools[request.pool].finished.append((now, met))
-
     def decide(self, cluster: VirtualCluster, now: float) -> None:
+        # The operator reads every pool's counts in one answer, as it reads the gateway's.
+        counts = cluster.ledger.demand(now)
+        keys = {pool.name: pool.key for pool in cluster.ledger.pools()}
         for index, pool in enumerate(self._pools):
-            demand = self._demand(cluster, now, index)
+            demand = counts[keys[cluster.pools[index].spec.name]].lane_demand()
             pool.at.append(now)
             pool.demand.append(demand.queued_requests + demand.in_flight_requests)
             if pool.policy is not None:
@@ -155,27 +154,6 @@ class AutoScaler(Scaler):
                     pool.reasons.append(f"{now:.0f}s {decision.reason}")
                     self._resize(cluster, now, index, active, decision.desired)
             pool.counts.append(len(cluster.pools[index].replicas))
-
-    def _demand(self, cluster: VirtualCluster, now: float, index: int) -> LaneDemand:
-        pool = self._pools[index]
-        mine = [r for r in cluster.requests.values() if r.pool == index]
-        queued = [r for r in mine if r.replica == -1]  # still in the gateway's line
-        in_flight = [r for r in mine if r.replica != -1]
-        pool.finished = [(t, met) for t, met in pool.finished if now - t <= ATTAINMENT_WINDOW_S]
-        attainment = (
-            sum(met for _, met in pool.finished) / len(pool.finished) if pool.finished else None
-        )
-        return LaneDemand(
-            queued_requests=len(queued),
-            queued_prompt_tokens=sum(r.prompt_tokens for r in queued),
-            in_flight_requests=len(in_flight),
-            # Prompt tokens not yet prefilled cost GPU time; a decoding request's prompt
-            # is done, so it counts only its KV, not here.
-            in_flight_prompt_tokens=sum(
-                r.prompt_tokens for r in in_flight if r.first_token_s is None
-            ),
-            slo_attainment=attainment,
-        )
 
     def _resize(
         self, cluster: VirtualCluster, now: float, pool: int, active: list[int], desired: int
@@ -231,13 +209,14 @@ def run_elastic(
     profile: Profile,
     arrivals: Sequence[Arrival],
     end_s: float,
-    slo: tuple[float, float],  # (TTFT, TBT) seconds, for the attainment signal
     cold_start_s: float = COLD_START_S,
     on_progress: ProgressCallback | None = None,
 ) -> ElasticResult:
-    """One configuration under one arrival trace, routed with the seed's picking profile."""
+    """One configuration under one arrival trace, routed with the seed's picking profile.
+    The scaler's SLO attainment is the ledger's: first tokens against the pool's TTFT SLO
+    (`SimPool` pools carry the InferencePool default, 300 ms, the seed's TTFT_SLO_S)."""
     workload = TraceWorkload(arrivals)
-    scaler = AutoScaler(pools, slo, cold_start_s)
+    scaler = AutoScaler(pools, cold_start_s)
     cluster = VirtualCluster(
         [pool.sim_pool() for pool in pools],
         profile,

@@ -10,9 +10,9 @@ share a block exactly when they share the content before it. Each session draws 
 own seeded random stream, so every picker sees the same sessions.
 
 `PrefixWorkload` is the sessions; the virtual-time runner (`simulator/runner.py`) routes as
-the gateway does: `lanes.classify` picks the pool and `plan.make_plan` ranks its replicas,
-fed from the runner's accounting, engine gauges scraped every SCRAPE_INTERVAL_S, and the
-gateway's prefix index. A picker is a picking
+the gateway does: `lanes.classify` picks the pool and the ledger's `plan` ranks its
+replicas, on the ledger's load, engine gauges scraped every SCRAPE_INTERVAL_S, and the
+ledger's prefix index. A picker is a picking
 configuration (`picker_settings`), the very one `--mode live` gives the gateway: `none` is
 the default scorers without prefixAffinity, `laneway` the defaults, `sticky` the
 sessionHash scorer alone (every session on one replica, blind to load: an oracle for hits).

@@ -163,9 +163,6 @@ class Scaler:
     def decide(self, cluster: VirtualCluster, now: float) -> None:
         raise NotImplementedError
 
-    def on_finished(self, cluster: VirtualCluster, now: float, request: Request) -> None:
-        pass
-
 
 class VirtualCluster:
     """One configuration under one workload; `run()` once."""
@@ -390,8 +387,6 @@ class VirtualCluster:
             )
             self.logs.append(finished.log)
             self._wake(now, finished.wakes)
-            if self.scaler is not None:
-                self.scaler.on_finished(self, now, request)
             self.workload.on_finished(self, now, request)
         self._start_step(now, replica_index)
 

@@ -1,34 +1,66 @@
-"""Endpoint scorers (scores in [0, 1], 1 is best) and the weighted, randomly tie-broken picker."""
+"""Endpoint scorers (scores in [0, 1], 1 is best) and the weighted, randomly tie-broken picker,
+on the scoring cycle the ledger plans over."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import Sequence
 
 import pytest
+from given_facts import GivenFacts, cycle_over
+from ledger_helpers import pool, route_to
 
+from laneway.routing.cycle import CycleState, EndpointLoad
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.picker import PickingSettings, WeightedScorer, rank, scorers_from_weights
-from laneway.routing.scorers import EndpointView, Scorer
+from laneway.routing.scorers import Scorer
 from laneway.routing.scorers.in_flight import InFlightScorer
 from laneway.routing.scorers.kv_usage import KVUsageScorer
 from laneway.routing.scorers.prefill_tokens import PrefillTokensScorer
 from laneway.routing.scorers.queue_depth import QueueDepthScorer
 from laneway.routing.scorers.ttft_slo import TtftSloScorer
+from laneway.routing.slo import PrefillRate
+
+PROMPT_TOKENS = 1000  # every request's, so a learned rate of r ms a token predicts 1,000 x r
 
 
-def view(
-    url: str,
-    in_flight: int = 0,
-    prefill: int = 0,
-    waiting: float | None = None,
-    kv: float = 0.0,
-    predicted_ms: float | None = None,
-    slo_ms: int | None = None,
-) -> EndpointView:
-    engine = None if waiting is None else EngineMetrics(waiting=waiting, running=0, kv_usage=kv)
-    return EndpointView(url, in_flight, prefill, engine, predicted_ms, slo_ms)
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """What the ledger knows of one endpoint: its load, its gauges (None: never scraped or
+    stale), its learned prefill rate and how much of the prompt its cache holds."""
+
+    url: str
+    in_flight: int = 0
+    prefill: int = 0
+    waiting: float | None = None
+    kv: float = 0.0
+    ms_per_token: float | None = None  # None: learned nothing yet
+    cached: int = 0
+
+
+def cycle(endpoints: Sequence[Endpoint], slo_ms: int = 300) -> CycleState:
+    """One request of PROMPT_TOKENS on a pool of `endpoints` whose TTFT SLO is `slo_ms`."""
+    facts = GivenFacts(
+        loads={
+            e.url: EndpointLoad(in_flight=e.in_flight, prefill_tokens=e.prefill) for e in endpoints
+        },
+        gauges={
+            e.url: EngineMetrics(waiting=e.waiting, running=0, kv_usage=e.kv)
+            for e in endpoints
+            if e.waiting is not None
+        },
+        rates={
+            e.url: PrefillRate(ms_per_token=e.ms_per_token, samples=1)
+            for e in endpoints
+            if e.ms_per_token is not None
+        },
+        cached={e.url: e.cached for e in endpoints},
+    )
+    # The route gives the request its prompt and SLO; the candidates are the endpoints.
+    route = route_to(pool(slo={"ttftMillis": slo_ms}), PROMPT_TOKENS)
+    return cycle_over(route, [e.url for e in endpoints], facts)
 
 
 SCORES = [
@@ -36,62 +68,64 @@ SCORES = [
     (
         "queue depth normalised between min and max",
         QueueDepthScorer(),
-        [view("a", waiting=0), view("b", waiting=5), view("c", waiting=10)],
+        [Endpoint("a", waiting=0), Endpoint("b", waiting=5), Endpoint("c", waiting=10)],
         [1.0, 0.5, 0.0],
     ),
     (
         "equal queues are all neutral-best",
         QueueDepthScorer(),
-        [view("a", waiting=3), view("b", waiting=3)],
+        [Endpoint("a", waiting=3), Endpoint("b", waiting=3)],
         [1.0, 1.0],
     ),
     (
         "a stale scrape (no engine metrics) scores the unknown middle",
         QueueDepthScorer(),
-        [view("a", waiting=0), view("b", waiting=4), view("c")],
+        [Endpoint("a", waiting=0), Endpoint("b", waiting=4), Endpoint("c")],
         [1.0, 0.0, 0.5],
     ),
     (
         "nothing scraped anywhere: every endpoint in the middle",
         QueueDepthScorer(),
-        [view("a"), view("b")],
+        [Endpoint("a"), Endpoint("b")],
         [0.5, 0.5],
     ),
     (
         "KV usage is absolute free space",
         KVUsageScorer(),
-        [view("a", waiting=0, kv=0.25), view("b", waiting=0, kv=0.9), view("c")],
+        [Endpoint("a", waiting=0, kv=0.25), Endpoint("b", waiting=0, kv=0.9), Endpoint("c")],
         [0.75, pytest.approx(0.1), 0.5],
     ),
     (
         "in-flight requests from the gateway's own accounting",
         InFlightScorer(),
-        [view("a", in_flight=2), view("b", in_flight=6), view("c", in_flight=4)],
+        [Endpoint("a", in_flight=2), Endpoint("b", in_flight=6), Endpoint("c", in_flight=4)],
         [1.0, 0.0, 0.5],
     ),
     (
         "one long prefill outweighs many short ones",
         PrefillTokensScorer(),
-        [view("a", prefill=64000), view("b", prefill=16000), view("c", prefill=0)],
+        [Endpoint("a", prefill=64000), Endpoint("b", prefill=16000), Endpoint("c", prefill=0)],
         [0.0, 0.75, 1.0],
     ),
     (
         "every endpoint predicted within the TTFT SLO scores 1, however close to it",
         TtftSloScorer(),
-        [view("a", predicted_ms=20, slo_ms=300), view("b", predicted_ms=300, slo_ms=300)],
+        # 1,000 prompt tokens at 0.02 and 0.3 ms each: 20 and 300 ms against 300
+        [Endpoint("a", ms_per_token=0.02), Endpoint("b", ms_per_token=0.3)],
         [1.0, 1.0],
     ),
     (
         "a predicted miss scores SLO / prediction: a near miss beats a certain one",
         TtftSloScorer(),
-        [view("a", predicted_ms=600, slo_ms=300), view("b", predicted_ms=3000, slo_ms=300)],
+        # 600 and 3,000 ms against 300
+        [Endpoint("a", ms_per_token=0.6), Endpoint("b", ms_per_token=3.0)],
         [0.5, 0.1],
     ),
     (
-        "no prediction, or no SLO, is the unknown middle",
+        "nothing to prefill ahead of the first token predicts 0 ms: within even a 1 ms SLO",
         TtftSloScorer(),
-        [view("a", slo_ms=300), view("b", predicted_ms=10), view("c", predicted_ms=0, slo_ms=1)],
-        [0.5, 0.5, 1.0],
+        [Endpoint("c", ms_per_token=0.1, cached=PROMPT_TOKENS)],
+        [1.0],
     ),
 ]
 
@@ -101,22 +135,22 @@ SCORES = [
     [case[1:] for case in SCORES],
     ids=[case[0] for case in SCORES],
 )
-def test_scores(scorer: Scorer, endpoints: list[EndpointView], expected: list[float]) -> None:
-    scores = scorer.score(endpoints)
+def test_scores(scorer: Scorer, endpoints: list[Endpoint], expected: list[float]) -> None:
+    scores = scorer.scores(cycle(endpoints))
     assert scores == expected
     assert all(0.0 <= s <= 1.0 for s in scores)
 
 
 def ranked(
-    endpoints: list[EndpointView], profile: Sequence[WeightedScorer], rng: random.Random
+    endpoints: list[Endpoint], profile: Sequence[WeightedScorer], rng: random.Random
 ) -> list[tuple[str, float]]:
     """`rank`'s answer as (url, score) best first."""
-    order, scores = rank(endpoints, profile, rng)
+    order, scores = rank(cycle(endpoints), profile, rng)
     return [(endpoints[i].url, scores[i]) for i in order]
 
 
 def urls(
-    endpoints: list[EndpointView], profile: Sequence[WeightedScorer], rng: random.Random
+    endpoints: list[Endpoint], profile: Sequence[WeightedScorer], rng: random.Random
 ) -> list[str]:
     return [url for url, _ in ranked(endpoints, profile, rng)]
 
@@ -126,14 +160,17 @@ def test_weights_combine_into_a_mean_in_unit_range() -> None:
         WeightedScorer("inFlightRequests", InFlightScorer(), 3),
         WeightedScorer("prefillTokens", PrefillTokensScorer(), 1),
     )
-    endpoints = [view("busy", in_flight=4, prefill=0), view("idle", in_flight=0, prefill=8000)]
+    endpoints = [
+        Endpoint("busy", in_flight=4, prefill=0),
+        Endpoint("idle", in_flight=0, prefill=8000),
+    ]
     # idle: in-flight 1.0 x3 + prefill 0.0 x1 = 0.75; busy: 0.0 x3 + 1.0 x1 = 0.25
     assert ranked(endpoints, profile, random.Random(1)) == [("idle", 0.75), ("busy", 0.25)]
 
 
 def test_ties_break_at_random_with_the_injected_generator() -> None:
     profile = scorers_from_weights("scored", {"inFlightRequests": 1})
-    endpoints = [view(name) for name in "abcd"]
+    endpoints = [Endpoint(name) for name in "abcd"]
     winners = Counter(urls(endpoints, profile, random.Random(seed))[0] for seed in range(400))
     assert set(winners) == set("abcd")
     assert min(winners.values()) > 60  # roughly uniform, never stuck on the first
@@ -150,16 +187,17 @@ def test_random_policy_has_no_scorers_and_weight_zero_turns_a_scorer_off() -> No
 
 def test_the_ranking_keeps_every_candidate_for_the_retry() -> None:
     profile = scorers_from_weights("scored", {"inFlightRequests": 1})
-    endpoints = [view("a", in_flight=3), view("b", in_flight=1), view("c", in_flight=2)]
+    endpoints = [Endpoint("a", in_flight=3), Endpoint("b", in_flight=1), Endpoint("c", in_flight=2)]
     assert urls(endpoints, profile, random.Random(0)) == ["b", "c", "a"]
 
 
 def test_the_default_profile_steers_away_from_a_predicted_slo_miss() -> None:
-    # Same load everywhere; "slow" learned a rate that puts this request past its SLO.
+    # Same load everywhere; "slow" learned a rate that puts this request past its SLO:
+    # 2,000 queued + 1,000 of its own at 0.3 ms a token is 900 ms, at 0.04 ms 120 ms.
     profile = scorers_from_weights("scored", PickingSettings().weights)
     endpoints = [
-        view("slow", prefill=2000, waiting=1, predicted_ms=900, slo_ms=300),
-        view("fast", prefill=2000, waiting=1, predicted_ms=120, slo_ms=300),
+        Endpoint("slow", prefill=2000, waiting=1, ms_per_token=0.3),
+        Endpoint("fast", prefill=2000, waiting=1, ms_per_token=0.04),
     ]
     for seed in range(20):
         assert urls(endpoints, profile, random.Random(seed)) == ["fast", "slow"]

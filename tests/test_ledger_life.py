@@ -7,14 +7,14 @@ import dataclasses
 import random
 
 import pytest
+from given_facts import GivenFacts, cycle_over
 from ledger_helpers import ask, ledger_with, pool
 
 from laneway.ledger import Admitted, EndpointLoad, Ledger, PromptBlocks, RequestLog
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.kv_events import BlockStored, token_block_keys
 from laneway.routing.picker import PickingSettings
-from laneway.routing.plan import make_plan
-from laneway.routing.scorers import EndpointView
+from laneway.routing.plan import plan_cycle
 from laneway.routing.slo import PRIOR_MS_PER_TOKEN
 
 CHAT = pool(slo={"ttftMillis": 200}, limits={"maxConcurrentRequests": 8})
@@ -26,27 +26,22 @@ def admitted(ledger: Ledger, now: float = 0.0, **kwargs: object) -> int:
     return decision.ticket
 
 
-def test_the_plan_is_make_plan_over_the_ledgers_own_load_and_gauges() -> None:
+def test_the_plan_is_the_cycles_over_the_ledgers_own_load_and_gauges() -> None:
     ledger = ledger_with(CHAT)
     busy = admitted(ledger)
     ledger.sent(busy, 0.0, ledger.plan(busy, 0.0).endpoints[0])
     ledger.record_scrape("http://a", 0.0, EngineMetrics(waiting=3, running=2, kv_usage=0.5))
     ticket = admitted(ledger, 0.1)
     plan = ledger.plan(ticket, 0.2)
-    loads = {url: ledger.load(url) for url in ("http://a", "http://b")}
-    views = [
-        EndpointView(
-            url=url,
-            in_flight=loads[url].in_flight,
-            prefill_tokens=loads[url].prefill_tokens,
-            engine=ledger.fresh_metrics(url, 0.2),
-        )
-        for url in ("http://a", "http://b")
-    ]
+    urls = ("http://a", "http://b")
+    loads = {url: ledger.load(url) for url in urls}
+    gauges = {url: m for url in urls if (m := ledger.fresh_metrics(url, 0.2)) is not None}
+    facts = GivenFacts(loads=loads, gauges=gauges)
     # The ledger's generator drew once for the first plan; a copy replays the second.
     rng = random.Random(0)
-    make_plan(plan.route, views, {}, PickingSettings().profile(), rng)
-    expected = make_plan(plan.route, views, {}, PickingSettings().profile(), rng, 100.0)
+    profile = PickingSettings().profile()
+    plan_cycle(cycle_over(plan.route, urls, facts), profile, rng)
+    expected = plan_cycle(cycle_over(plan.route, urls, facts, elapsed_ms=100.0), profile, rng)
     assert plan == expected
     assert sum(load.in_flight for load in loads.values()) == 1
 

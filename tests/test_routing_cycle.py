@@ -3,11 +3,11 @@ only when read, and a new scorer with data of its own written in one place."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Sequence
 
 import pytest
+from given_facts import GivenFacts
 from simulated_pools import simulated_pool
 
 from laneway.routing.cycle import (
@@ -23,8 +23,7 @@ from laneway.routing.cycle import (
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.picker import PickingSettings, WeightedScorer, rank, wants_prefix_blocks
-from laneway.routing.plan import make_plan, plan_cycle
-from laneway.routing.scorers import EndpointView
+from laneway.routing.plan import plan_cycle
 from laneway.routing.scorers.base import Scorer, lower_is_better
 from laneway.routing.slo import PrefillRate
 from laneway.simulator.prefix_experiment import picker_settings
@@ -38,33 +37,6 @@ def route(tokens: int = 1000) -> Route:
     decision = classify(RouteRequest("llama", TokenBounds(tokens, tokens), 10), [POOL])
     assert isinstance(decision, Route)
     return decision
-
-
-@dataclasses.dataclass
-class Facts:
-    loads: dict[str, EndpointLoad] = dataclasses.field(default_factory=dict)
-    gauges: dict[str, EngineMetrics] = dataclasses.field(default_factory=dict)
-    rates: dict[str, PrefillRate] = dataclasses.field(default_factory=dict)
-    cached: dict[str, int] | None = None
-    ejected: frozenset[str] = frozenset()
-    reads: list[str] = dataclasses.field(default_factory=list)
-
-    def load(self, url: str) -> EndpointLoad:
-        self.reads.append(f"load {url}")
-        return self.loads.get(url, EndpointLoad())
-
-    def engine(self, url: str) -> EngineMetrics | None:
-        self.reads.append(f"engine {url}")
-        return self.gauges.get(url)
-
-    def prefill_rate(self, url: str) -> PrefillRate | None:
-        return self.rates.get(url)
-
-    def cached_prompt_tokens(self, url: str) -> int | None:
-        return None if self.cached is None else self.cached.get(url, 0)
-
-    def healthy(self, url: str) -> bool:
-        return url not in self.ejected
 
 
 @pytest.mark.parametrize(
@@ -81,12 +53,12 @@ def test_the_filter_stage(
     case: str, ejected: frozenset[str], subset: set[str] | None, kept: tuple[str, ...]
 ) -> None:
     request = CycleRequest(route=route(), subset=None if subset is None else frozenset(subset))
-    cycle = candidates(request, URLS, Facts(ejected=ejected))
+    cycle = candidates(request, URLS, GivenFacts(ejected=ejected))
     assert cycle.urls == kept, case
 
 
 def test_data_is_produced_once_and_only_when_a_scorer_reads_it() -> None:
-    facts = Facts(gauges={"http://a": EngineMetrics(waiting=1, running=1, kv_usage=0.5)})
+    facts = GivenFacts(gauges={"http://a": EngineMetrics(waiting=1, running=1, kv_usage=0.5)})
     cycle = candidates(CycleRequest(route=route()), URLS, facts)
     profile = PickingSettings(weights={"inFlightRequests": 1, "prefillTokens": 1}).profile()
     rank(cycle, profile, random.Random(0))
@@ -115,7 +87,7 @@ def test_a_new_scorer_brings_its_own_data() -> None:
         "http://a": EngineMetrics(waiting=0, running=9, kv_usage=0.1),
         "http://b": EngineMetrics(waiting=0, running=1, kv_usage=0.1),
     }
-    cycle = candidates(CycleRequest(route=route()), URLS, Facts(gauges=gauges))
+    cycle = candidates(CycleRequest(route=route()), URLS, GivenFacts(gauges=gauges))
     profile = (WeightedScorer(name="fewestRunning", scorer=FewestRunning(), weight=1),)
     plan = plan_cycle(cycle, profile, random.Random(0))
     assert [(e.url, e.score) for e in plan.endpoints] == [
@@ -135,8 +107,8 @@ def test_the_profile_says_whether_the_prompt_is_cut_into_prefix_blocks(
     assert wants_prefix_blocks(settings.profile()) is wanted
 
 
-def test_the_cycle_plans_exactly_as_the_flat_views_did() -> None:
-    facts = Facts(
+def test_the_default_profile_plans_over_the_cycles_data() -> None:
+    facts = GivenFacts(
         loads={"http://a": EndpointLoad(in_flight=2, prefill_tokens=3000)},
         gauges={"http://b": EngineMetrics(waiting=4, running=2, kv_usage=0.7)},
         rates={"http://a": PrefillRate(ms_per_token=0.05, samples=3)},
@@ -145,18 +117,22 @@ def test_the_cycle_plans_exactly_as_the_flat_views_did() -> None:
     profile = PickingSettings().profile()
     request = CycleRequest(route=route(), elapsed_ms=12.5, session_key="s")
     cycle = candidates(request, URLS, facts)
-    views = [
-        EndpointView(
-            url=url,
-            in_flight=facts.load(url).in_flight,
-            prefill_tokens=facts.load(url).prefill_tokens,
-            engine=facts.engine(url),
-            cached_prompt_tokens=facts.cached_prompt_tokens(url),
-            session_key="s",
-        )
-        for url in URLS
+    plan = plan_cycle(cycle, profile, random.Random(3))
+    # Weights 2 queue, 1 KV, 2 in flight, 2 prefill, 2 TTFT, 6 prefix (15 in all). c: the
+    # queue and KV unknown (0.5), best in flight, prefill, TTFT and backlog: 13.5 / 15. b:
+    # the only queue known, KV 0.3, a backlog of 1,000 against 400 of 4,000 (0.85): 13.4 /
+    # 15. a: busy, 212.5 ms predicted against 200 (0.94), backlog 0.1: 3.98 / 15.
+    endpoints = plan.endpoints
+    assert [(e.url, e.backlog_tokens, e.prefill_tokens) for e in endpoints] == [
+        ("http://c", 400, 400),
+        ("http://b", 1000, 1000),
+        ("http://a", 4000, 1000),
     ]
-    old = make_plan(route(), views, facts.rates, profile, random.Random(3), 12.5)
-    assert plan_cycle(cycle, profile, random.Random(3)) == old
+    assert [e.score for e in endpoints] == pytest.approx(
+        [13.5 / 15, 13.4 / 15, (1 + 0.5 + 2 * 200 / 212.5 + 6 * 0.1) / 15]
+    )
+    assert [e.predicted_ttft_ms for e in endpoints] == pytest.approx(
+        [12.5 + 0.05 * 400, 12.5 + 0.05 * 1000, 12.5 + 0.05 * 4000]
+    )
     assert list(cycle[BACKLOG_TOKENS]) == [4000, 1000, 400]
     assert cycle[PREDICTED_TTFT_MS][2] == pytest.approx(12.5 + 0.05 * 400)

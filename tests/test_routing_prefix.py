@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from given_facts import GivenFacts, cycle_over
+from ledger_helpers import pool, route_to
 
+from laneway.routing.cycle import BACKLOG_TOKENS, CycleState, EndpointLoad
 from laneway.routing.prefix_index import (
     PrefixIndex,
     chain_hashes,
     estimated_cached_tokens,
     text_block_hashes,
 )
-from laneway.routing.scorers import SCORERS, EndpointView
+from laneway.routing.scorers import SCORERS
 from laneway.routing.scorers.prefix_affinity import PrefixAffinityScorer
 
 
@@ -94,47 +97,72 @@ def test_estimated_cached_tokens(
     assert estimated_cached_tokens(matched, hashed, prompt_tokens) == expected
 
 
-def view(url: str, backlog: int | None) -> EndpointView:
-    return EndpointView(url=url, in_flight=0, prefill_tokens=0, engine=None, backlog_tokens=backlog)
+def affinity_cycle(prompt_tokens: int, endpoints: dict[str, tuple[int, int]]) -> CycleState:
+    """A prompt of `prompt_tokens` on endpoints given as url: (prefill tokens queued there,
+    prompt tokens its cache is estimated to hold)."""
+    facts = GivenFacts(
+        loads={url: EndpointLoad(prefill_tokens=queued) for url, (queued, _) in endpoints.items()},
+        cached={url: cached for url, (_, cached) in endpoints.items()},
+    )
+    documents = pool(limits={"maxContextTokens": 32768})
+    return cycle_over(route_to(documents, prompt_tokens), list(endpoints), facts)
 
 
 @pytest.mark.parametrize(
-    ("case", "endpoints", "expected"),
+    ("case", "prompt_tokens", "endpoints", "backlogs", "expected"),
     [
         (
             "the endpoint holding the prefix: 1,000 queued + 1,000 uncached against 5,000",
-            [view("a", 2000), view("b", 5000)],
+            5000,
+            {"a": (1000, 4000), "b": (0, 0)},
+            [2000, 5000],
             [1.0, 0.4],
         ),
         (
             "a hot endpoint loses its affinity: 10,000 queued + 1,000 against an idle 4,000",
-            [view("a", 11_000), view("b", 4000)],
+            4000,
+            {"a": (10_000, 3000), "b": (0, 0)},
+            [11_000, 4000],
             [4000 / 11_000, 1.0],
         ),
         (
             "busy holder against an idle replica recomputing it all: a near tie, for the "
             "other scorers to break (min-max would say 1 against 0)",
-            [view("a", 8283), view("b", 8295)],
+            8295,
+            {"a": (7988, 8000), "b": (0, 0)},
+            [8283, 8295],
             [1.0, 1 - 12 / 8295],
         ),
-        ("all equal: neutral", [view("a", 5), view("b", 5)], [1.0, 1.0]),
-        ("nothing to prefill anywhere: neutral", [view("a", 0), view("b", 0)], [1.0, 1.0]),
-        ("no plan made (no backlog): unknown", [view("a", None), view("b", None)], [0.5, 0.5]),
+        ("all equal: neutral", 5, {"a": (0, 0), "b": (0, 0)}, [5, 5], [1.0, 1.0]),
+        (
+            "nothing to prefill anywhere: neutral",
+            1000,
+            {"a": (0, 1000), "b": (0, 1000)},
+            [0, 0],
+            [1.0, 1.0],
+        ),
     ],
 )
 def test_prefix_affinity_scores(
-    case: str, endpoints: list[EndpointView], expected: list[float]
+    case: str,
+    prompt_tokens: int,
+    endpoints: dict[str, tuple[int, int]],
+    backlogs: list[int],
+    expected: list[float],
 ) -> None:
-    assert PrefixAffinityScorer().score(endpoints) == pytest.approx(expected), case
+    cycle = affinity_cycle(prompt_tokens, endpoints)
+    assert list(cycle[BACKLOG_TOKENS]) == backlogs, case
+    assert PrefixAffinityScorer().scores(cycle) == pytest.approx(expected), case
     assert isinstance(SCORERS["prefixAffinity"], PrefixAffinityScorer)
 
 
+def _session_scores(session: str | None, urls: list[str]) -> list[float]:
+    cycle = cycle_over(route_to(pool()), urls, GivenFacts(), session_key=session)
+    return SCORERS["sessionHash"].scores(cycle)
+
+
 def _sticky_pick(session: str | None, urls: list[str]) -> str:
-    views = [
-        EndpointView(url=url, in_flight=0, prefill_tokens=0, engine=None, session_key=session)
-        for url in urls
-    ]
-    scores = SCORERS["sessionHash"].score(views)
+    scores = _session_scores(session, urls)
     return urls[max(range(len(urls)), key=lambda i: scores[i])]
 
 
@@ -148,5 +176,4 @@ def test_session_hash_keeps_a_session_on_one_endpoint_and_spreads_sessions() -> 
     survivors = urls[1:]
     moved = [s for s, url in picks.items() if url != urls[0] and _sticky_pick(s, survivors) != url]
     assert moved == []
-    no_session = [EndpointView(url=url, in_flight=0, prefill_tokens=0, engine=None) for url in urls]
-    assert SCORERS["sessionHash"].score(no_session) == [0.5] * 4
+    assert _session_scores(None, urls) == [0.5] * 4

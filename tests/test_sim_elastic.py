@@ -29,7 +29,6 @@ ENGINE = SchedulerConfig(
     max_partial_prefills=64,
     max_context=131072,
 )
-SLO = (0.3, 0.03)
 BATCH_AT_ZERO = ScalePolicy(
     min_replicas=0,
     max_replicas=2,
@@ -47,7 +46,7 @@ def run(cold_start_s: float) -> tuple[list[float], list[int], float]:
     pool = ElasticPool(
         name="batch", interactive=False, engine=ENGINE, replicas=0, policy=BATCH_AT_ZERO
     )
-    result = run_elastic([pool], PROFILE, documents, 600.0, SLO, cold_start_s)
+    result = run_elastic([pool], PROFILE, documents, 600.0, cold_start_s)
     assert result.unfinished == 0
     (trace,) = result.traces
     starts = [o.arrival_s + o.ttft_s for o in result.outcomes]
@@ -70,6 +69,27 @@ def test_a_longer_cold_start_costs_gpu_time_and_latency() -> None:
     slow, _, slow_gpu = run(cold_start_s=90.0)
     assert min(slow) - min(quick) >= 80.0 - 15.0
     assert slow_gpu - quick_gpu >= 80.0 - 15.0
+
+
+def test_the_scaler_counts_a_document_until_it_ends_as_the_gateway_does() -> None:
+    # The scaler reads the ledger's demand, the gateway's: a document's prompt tokens count
+    # until it finishes, not only until its first token, so no replica goes while the
+    # documents still decode.
+    documents = [
+        Arrival(at_s=10.0, prompt_tokens=32768, output_tokens=6000, pinned=Lane.BATCH)
+        for _ in range(2)
+    ]
+    policy = replace(BATCH_AT_ZERO, target_per_replica=32768, scale_down_window_s=15)
+    pool = ElasticPool(name="batch", interactive=False, engine=ENGINE, replicas=0, policy=policy)
+    result = run_elastic([pool], PROFILE, documents, 300.0, cold_start_s=10.0)
+    (trace,) = result.traces
+    first_tokens = [o.arrival_s + o.ttft_s for o in result.outcomes]
+    ends = [o.finished_s for o in result.outcomes]
+    assert max(ends) - max(first_tokens) > 15.0 + 15.0  # decoding outlasts window + interval
+    downs = [float(r.split("s ", 1)[0]) for r in trace.reasons if "scaling down" in r]
+    assert downs
+    assert min(downs) >= max(ends)
+    assert trace.replicas[-1] == 0
 
 
 def test_the_day_has_a_diurnal_curve_and_batch_only_in_working_hours() -> None:
@@ -128,7 +148,7 @@ def test_an_elastic_pool_holds_its_count_for_a_down_window_before_it_shrinks() -
     pool = ElasticPool(
         name="interactive", interactive=True, engine=CHAT_ENGINE, replicas=3, policy=chat_policy(10)
     )
-    (trace,) = run_elastic([pool], PROFILE, [], 400.0, SLO).traces
+    (trace,) = run_elastic([pool], PROFILE, [], 400.0).traces
     held = [n for at, n in zip(trace.at_s, trace.replicas, strict=True) if at < 120]
     assert held
     assert set(held) == {3}
@@ -145,7 +165,7 @@ def test_an_interactive_pool_grows_on_requests_in_flight_and_serves_after_the_co
     pool = ElasticPool(
         name="interactive", interactive=True, engine=CHAT_ENGINE, replicas=1, policy=chat_policy(10)
     )
-    result = run_elastic([pool], PROFILE, trace, 240.0, SLO, cold_start_s=60.0)
+    result = run_elastic([pool], PROFILE, trace, 240.0, cold_start_s=60.0)
     (pool_trace,) = result.traces
     assert max(pool_trace.replicas) >= 3
     assert "scaling up 1 -> " in pool_trace.reasons[0]

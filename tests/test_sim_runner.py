@@ -61,7 +61,7 @@ def elastic_run(seed: int) -> object:
         for i in range(200)
     ]
     pool = ElasticPool(name="chat", interactive=True, engine=ENGINE, replicas=2, policy=None)
-    return run_elastic([pool], H200, arrivals, 10.0, (0.3, 0.03))
+    return run_elastic([pool], H200, arrivals, 10.0)
 
 
 @pytest.mark.parametrize("run", [seed_run, prefix_run, elastic_run])

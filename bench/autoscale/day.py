@@ -165,8 +165,7 @@ def in_flight_per_replica(profile: Profile, engine: SchedulerConfig, rps: float)
         policy=None,
         max_prompt_tokens=REALTIME_MAX_PROMPT,
     )
-    slo = (TTFT_SLO_S, TBT_SLO_S)
-    result = run_elastic([pool], profile, trace, CALIBRATION_S, slo)
+    result = run_elastic([pool], profile, trace, CALIBRATION_S)
     return sum(o.finished_s - o.arrival_s for o in result.outcomes) / CALIBRATION_S
 
 
@@ -295,9 +294,8 @@ def _ms(outcomes: list[Any], q: float) -> float:
 
 def run_day(day: DayScenario, profile: Profile, sized: Plan, name: str) -> ElasticResult:
     """One configuration ("static" or "elastic") over the day."""
-    slo = (TTFT_SLO_S, TBT_SLO_S)
     pools = configs(day, sized)[name]
-    return run_elastic(pools, profile, arrivals(day), day.day_s, slo, day.cold_start_s)
+    return run_elastic(pools, profile, arrivals(day), day.day_s, day.cold_start_s)
 
 
 def simulate(day: DayScenario, profile_name: str, name: str) -> dict[str, Any]:

@@ -90,10 +90,6 @@ class CycleState:
             data = self._data[key] = key.produce(self)
         return cast("Sequence[T]", data)
 
-    def given(self, key: DataKey[T], values: Sequence[T]) -> None:
-        """Set a key's values instead of producing them (a caller that has them already)."""
-        self._data[key] = values
-
 
 # -- the filter stage ----------------------------------------------------------------------
 

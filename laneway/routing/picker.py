@@ -14,8 +14,7 @@ from typing import Any
 
 from laneway.routing.cycle import CACHED_PROMPT_TOKENS, CycleState, DataKey
 from laneway.routing.prefix_index import PrefixSettings
-from laneway.routing.scorers import SCORERS, EndpointView, Scorer
-from laneway.routing.scorers.base import views_cycle
+from laneway.routing.scorers import SCORERS, Scorer
 
 PICKING_POLICIES = ("scored", "random")
 SCORER_NAMES = tuple(SCORERS)
@@ -75,14 +74,10 @@ def wants_prefix_blocks(profile: Sequence[WeightedScorer]) -> bool:
 
 
 def rank(
-    endpoints: CycleState | Sequence[EndpointView],
-    profile: Sequence[WeightedScorer],
-    rng: random.Random,
+    cycle: CycleState, profile: Sequence[WeightedScorer], rng: random.Random
 ) -> tuple[list[int], list[float]]:
     """The candidates' positions best first (ties in random order), and each position's
-    score: the weighted mean of the scorers, in [0, 1]. Flat views are the old form of a
-    cycle, until their last caller builds cycles."""
-    cycle = endpoints if isinstance(endpoints, CycleState) else views_cycle(endpoints)
+    score: the weighted mean of the scorers, in [0, 1]."""
     total_weight = sum(s.weight for s in profile)
     if total_weight:
         # Each scorer's column once, then one weighted sum per endpoint.

@@ -11,21 +11,13 @@ recomputes nothing. The ledger makes every plan, for the gateway and the virtual
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from laneway.api import InferencePool, Lane
-from laneway.routing.cycle import (
-    BACKLOG_TOKENS,
-    OWN_PREFILL,
-    PREDICTED_TTFT_MS,
-    CycleRequest,
-    CycleState,
-)
+from laneway.routing.cycle import BACKLOG_TOKENS, OWN_PREFILL, PREDICTED_TTFT_MS, CycleState
 from laneway.routing.lanes import Route
 from laneway.routing.picker import WeightedScorer, rank
-from laneway.routing.scorers.base import EndpointView, ViewFacts
-from laneway.routing.slo import PrefillRate
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,20 +72,3 @@ def plan_cycle(
         for i in order
     )
     return RoutingPlan(route=cycle.request.route, endpoints=endpoints)
-
-
-def make_plan(
-    route: Route,
-    endpoints: Sequence[EndpointView],
-    rates: Mapping[str, PrefillRate],
-    profile: Sequence[WeightedScorer],
-    rng: random.Random,
-    elapsed_ms: float = 0.0,
-) -> RoutingPlan:
-    """`plan_cycle` over flat views, the old form, until its last caller builds cycles:
-    `rates` holds each endpoint's learned prefill rate, `elapsed_ms` how long the request
-    has been in the gateway already (its wait in line)."""
-    session = endpoints[0].session_key if endpoints else None
-    request = CycleRequest(route=route, elapsed_ms=elapsed_ms, session_key=session)
-    facts = ViewFacts(endpoints, rates)
-    return plan_cycle(CycleState(request, [e.url for e in endpoints], facts), profile, rng)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laneway.routing.scorers.base import EndpointView, Scorer
+from laneway.routing.scorers.base import Scorer
 from laneway.routing.scorers.in_flight import InFlightScorer
 from laneway.routing.scorers.kv_usage import KVUsageScorer
 from laneway.routing.scorers.prefill_tokens import PrefillTokensScorer
@@ -22,4 +22,4 @@ SCORERS: dict[str, Scorer] = {
     "sessionHash": SessionHashScorer(),
 }
 
-__all__ = ["SCORERS", "EndpointView", "Scorer"]
+__all__ = ["SCORERS", "Scorer"]

@@ -18,6 +18,8 @@ one every endpoint's cached estimate is None and the score ranks outstanding pre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from laneway.routing.cycle import BACKLOG_TOKENS, CACHED_PROMPT_TOKENS, CycleState
 from laneway.routing.scorers.base import Scorer, fewer_is_better
 
@@ -28,6 +30,5 @@ class PrefixAffinityScorer(Scorer):
     needs = frozenset({BACKLOG_TOKENS, CACHED_PROMPT_TOKENS})
 
     def scores(self, cycle: CycleState) -> list[float]:
-        return fewer_is_better(
-            [None if tokens is None else float(tokens) for tokens in cycle[BACKLOG_TOKENS]]
-        )
+        backlogs: Sequence[int] = cycle[BACKLOG_TOKENS]
+        return fewer_is_better(backlogs)

@@ -8,7 +8,7 @@ SLO / prediction, so a near miss beats a certain one. The prediction is `slo.Pre
 from __future__ import annotations
 
 from laneway.routing.cycle import PREDICTED_TTFT_MS, TTFT_SLO_MS, CycleState
-from laneway.routing.scorers.base import UNKNOWN, Scorer
+from laneway.routing.scorers.base import Scorer
 
 
 class TtftSloScorer(Scorer):
@@ -21,7 +21,5 @@ class TtftSloScorer(Scorer):
         ]
 
 
-def _score(predicted_ms: float | None, slo_ms: int | None) -> float:
-    if predicted_ms is None or slo_ms is None:
-        return UNKNOWN
+def _score(predicted_ms: float, slo_ms: int) -> float:
     return 1.0 if predicted_ms <= slo_ms else slo_ms / predicted_ms
