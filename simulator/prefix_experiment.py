@@ -32,7 +32,7 @@ from laneway.routing.picker import PickingSettings
 from laneway.simulator.profiles import Profile
 from laneway.simulator.runner import Request, VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
-from laneway.simulator.seed import LONG_CONTEXT, SCRAPE_INTERVAL_S, SimPool
+from laneway.simulator.seed import CHUNKED_LONG, LONG_CONTEXT, SCRAPE_INTERVAL_S, SimPool
 
 PickerName = Literal["none", "laneway", "sticky"]
 PICKERS: tuple[PickerName, ...] = ("none", "laneway", "sticky")
@@ -110,14 +110,7 @@ CHAT_ENGINE = SchedulerConfig(
     max_partial_prefills=4,
     max_context=CHAT_CONTEXT,
 )
-DOCUMENT_ENGINE = SchedulerConfig(
-    kind="chunked",
-    token_budget=2048,
-    chunk_size=1024,
-    max_num_seqs=256,
-    max_partial_prefills=64,
-    max_context=LONG_CONTEXT,
-)
+DOCUMENT_ENGINE = CHUNKED_LONG
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,31 @@ TARGET_UTILIZATION = 0.7
 INTERACTIVE_DECODE_BATCH = 64  # the decode batch an interactive step is priced with
 
 
+# The seed article's chunked settings for long prompts: 2,048-token step budget, 1,024-token
+# chunks; vLLM V1 puts no cap on prompts left part-prefilled; 64 (the API maximum) is none here.
+CHUNKED_LONG = SchedulerConfig(
+    kind="chunked",
+    token_budget=2048,
+    chunk_size=1024,
+    max_num_seqs=256,
+    max_partial_prefills=64,
+    max_context=LONG_CONTEXT,
+)
+
+
+def slo_interactive_engine(budget: int) -> SchedulerConfig:
+    """An interactive replica's engine: chunked within `budget` (`tbt_token_budget`'s), the
+    realtime context cap."""
+    return SchedulerConfig(
+        kind="chunked",
+        token_budget=budget,
+        chunk_size=budget,
+        max_num_seqs=INTERACTIVE_DECODE_BATCH,
+        max_partial_prefills=INTERACTIVE_DECODE_BATCH,
+        max_context=REALTIME_MAX_CONTEXT,
+    )
+
+
 def tbt_token_budget(profile: Profile, decode_batch: int, context_tokens: int) -> int:
     """The largest step budget (a multiple of 128) that keeps a mixed step within the TBT SLO.
 
@@ -244,26 +269,9 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         max_partial_prefills=1,
         max_context=REALTIME_MAX_CONTEXT,
     )
-    # The seed article's chunked settings: 2,048-token step budget, 1,024-token chunks;
-    # vLLM V1 puts no cap on prompts left part-prefilled; 64 (the API maximum) is none here.
-    chunked_long = SchedulerConfig(
-        kind="chunked",
-        token_budget=2048,
-        chunk_size=1024,
-        max_num_seqs=256,
-        max_partial_prefills=64,
-        max_context=LONG_CONTEXT,
-    )
 
     budget = tbt_token_budget(profile, INTERACTIVE_DECODE_BATCH, REALTIME_MAX_PROMPT)
-    slo_interactive = SchedulerConfig(
-        kind="chunked",
-        token_budget=budget,
-        chunk_size=budget,
-        max_num_seqs=INTERACTIVE_DECODE_BATCH,
-        max_partial_prefills=INTERACTIVE_DECODE_BATCH,
-        max_context=REALTIME_MAX_CONTEXT,
-    )
+    slo_interactive = slo_interactive_engine(budget)
     laneway_interactive = interactive_replicas(scenario, profile, budget)
     return (
         ClusterConfig(
@@ -274,7 +282,7 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         ClusterConfig(
             name="unified-chunked",
             summary=f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
-            pools=(_unified(gpus, chunked_long),),
+            pools=(_unified(gpus, CHUNKED_LONG),),
         ),
         ClusterConfig(
             name="split",
@@ -282,7 +290,7 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
             f"{gpus - split_realtime} batch (chunked prefill)",
             pools=(
                 _realtime(split_realtime, full_realtime),
-                _batch(gpus - split_realtime, chunked_long),
+                _batch(gpus - split_realtime, CHUNKED_LONG),
             ),
         ),
         ClusterConfig(
@@ -291,7 +299,7 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
             f"TBT-SLO budget) + {gpus - laneway_interactive} batch (chunked prefill)",
             pools=(
                 _realtime(laneway_interactive, slo_interactive),
-                _batch(gpus - laneway_interactive, chunked_long),
+                _batch(gpus - laneway_interactive, CHUNKED_LONG),
             ),
         ),
     )

@@ -38,14 +38,14 @@ from laneway.simulator.elastic import (
 from laneway.simulator.profiles import PROFILES, Profile
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import (
+    CHUNKED_LONG,
     INTERACTIVE_DECODE_BATCH,
-    LONG_CONTEXT,
-    REALTIME_MAX_CONTEXT,
     REALTIME_MAX_PROMPT,
     TBT_SLO_S,
     TTFT_SLO_S,
     SeedScenario,
     interactive_replicas,
+    slo_interactive_engine,
     tbt_token_budget,
 )
 from laneway.stats import percentile
@@ -178,22 +178,8 @@ def plan(day: DayScenario, profile: Profile) -> Plan:
     sessions = math.ceil(day.peak_rps * sum(think) / 2)
     peak = SeedScenario(gpus=1_000, sessions=sessions, think_time_s=think)
     replicas = interactive_replicas(peak, profile, budget)
-    interactive = SchedulerConfig(
-        kind="chunked",
-        token_budget=budget,
-        chunk_size=budget,
-        max_num_seqs=INTERACTIVE_DECODE_BATCH,
-        max_partial_prefills=INTERACTIVE_DECODE_BATCH,
-        max_context=REALTIME_MAX_CONTEXT,
-    )
-    batch = SchedulerConfig(
-        kind="chunked",
-        token_budget=2048,
-        chunk_size=1024,
-        max_num_seqs=256,
-        max_partial_prefills=64,
-        max_context=LONG_CONTEXT,
-    )
+    interactive = slo_interactive_engine(budget)
+    batch = CHUNKED_LONG
     replica_rps = day.peak_rps / replicas
     in_flight = in_flight_per_replica(profile, interactive, replica_rps)
     target = max(1, math.floor(in_flight * (1 - day.headroom)))
