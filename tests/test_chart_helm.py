@@ -31,7 +31,7 @@ import openai
 import pytest
 import redis as redis_client
 import yaml
-from merging import merged
+from support.merging import merged
 
 from laneway import __version__
 from laneway.api import (

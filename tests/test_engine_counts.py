@@ -28,10 +28,11 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import CollectorRegistry, Counter
-from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
-from test_gateway_e2e import client, scrape, total
-from test_pool_tokenizer import WORDS, prompts
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from support.chat_model import MAX_TOKENS, ModelFiles, chat_request, user
+from support.client import client, scrape, total
+from support.launch import start_gateway, start_sim
+from support.pools import gateway_doc, pool_doc
+from support.tiny_tokenizer import WORDS, prompts
 
 from laneway import api
 from laneway.bench.procs import ChildProcess, Children
@@ -45,7 +46,7 @@ from laneway.gateway.serving.counting import (
     PoolTokenizers,
     tokenizer_free_bounds,
 )
-from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
+from laneway.gateway.serving.request_body import Endpoint, parse_request
 from laneway.tokens import (
     ChatMessage,
     ChatTemplate,
@@ -57,80 +58,10 @@ from laneway.tokens import (
     template_chat,
 )
 
-SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- set system = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
-    "{%- else %}{%- set system = 'You route lanes.' %}{%- endif %}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}"
-    "{%- if tools is not none %}"
-    "{{- '<|start_header_id|>tools<|end_header_id|>\\n\\n' + tools | tojson(indent=2) }}"
-    "{{- '<|eot_id|>' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{- raise_exception('Conversation roles must alternate user/assistant/user/...') }}"
-    "{%- endif %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
-    "{{- message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{%- endif %}"
-)
-MAX_TOKENS = 2
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    tokenizer: Path  # tokenizer.json
-    config: Path  # tokenizer_config.json, with the chat template
-
-
-@pytest.fixture
-def model_files(tmp_path: Path) -> ModelFiles:
-    rng = random.Random(7)
-    corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(300)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus, trainer)
-    # Llama 3's tokenizer.json puts a BOS before every text it encodes with special tokens:
-    # a completion prompt's, not a rendered chat's (whose template writes its own).
-    bos = SPECIALS[0]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
-    )
-    files = ModelFiles(tmp_path / "tokenizer.json", tmp_path / "tokenizer_config.json")
-    tokenizer.save(str(files.tokenizer))
-    config = {
-        "bos_token": "<|begin_of_text|>",
-        # tokenizer_config.json writes special tokens as strings or as AddedToken objects.
-        "eos_token": {"content": "<|eot_id|>", "special": True},
-        "chat_template": TEMPLATE,
-    }
-    files.config.write_text(json.dumps(config))
-    return files
-
-
-def user(text: str) -> list[ChatCompletionMessageParam]:
-    return [{"role": "user", "content": text}]
-
 
 def user_chat_count(tokenizer: HuggingFaceTokenizer) -> Callable[[str], int]:
     """A one-message chat's count of `text`, through the tokenizer's chat template."""
     return lambda text: chat_request(user(text)).count(tokenizer)
-
-
-def chat_request(messages: list[ChatCompletionMessageParam]) -> ParsedRequest:
-    body = {"model": "llama", "messages": messages, "max_tokens": MAX_TOKENS}
-    return parse_request(orjson.dumps(body), Endpoint.CHAT)
 
 
 def straddling(count: Callable[[str], int], edge: int, seed: int) -> tuple[str, str]:

@@ -20,10 +20,11 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
-from scripted_engines import engine_app
-from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
-from test_gateway_e2e import client, scrape, total
-from test_pool_tokenizer import prompts, train_tokenizer
+from support.client import client, scrape, total
+from support.engines import engine_app
+from support.launch import start_gateway, start_sim
+from support.pools import gateway_doc, pool_doc
+from support.tiny_tokenizer import prompts, train_tokenizer
 
 from laneway.bench.procs import ChildProcess, Children
 from laneway.gateway.serving.engine_usage import engine_prompt_tokens

@@ -15,8 +15,9 @@ import aiohttp
 import msgpack
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
-from simulated_pools import gateway_doc, pool_doc, start_gateway
-from test_gateway_e2e import client, eventually, scrape, total
+from support.client import client, eventually, scrape, total
+from support.launch import start_gateway
+from support.pools import gateway_doc, pool_doc
 
 from laneway.api import parse_pool
 from laneway.bench.procs import ChildProcess, Children

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simulated_pools import simulated_pool
+from support.pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.config import GatewaySettings

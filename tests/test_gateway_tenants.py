@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import openai
 import pytest
 import yaml
-from simulated_pools import FAST, gateway_doc, pool_doc, start_sim
+from support.launch import start_sim
+from support.pools import FAST, gateway_doc, pool_doc
 
 from laneway.bench.procs import ChildProcess, Children
 

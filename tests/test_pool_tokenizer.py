@@ -8,7 +8,6 @@ must agree exactly, and the lane threshold must hold at the engine's count.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -16,50 +15,17 @@ import aiohttp
 import orjson
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
-from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
-from test_gateway_e2e import client
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from support.client import client
+from support.launch import start_gateway, start_sim
+from support.pools import gateway_doc, pool_doc
+from support.tiny_tokenizer import prompts, train_tokenizer
 
 from laneway.bench.procs import Children
 from laneway.gateway.serving.counting import OffLoopCounter
 from laneway.gateway.serving.request_body import Endpoint, parse_request
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer
 
-WORDS = [
-    "lane",
-    "gateway",
-    "engine",
-    "prompt",
-    "token",
-    "batch",
-    "chunk",
-    "prefill",
-    "decode",
-    "router",
-    "pool",
-]
 THRESHOLD = 120  # the interactive pool's maxPromptTokens
-
-
-def train_tokenizer(path: Path) -> Path:
-    rng = random.Random(7)
-    corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(300)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tokenizer.train_from_iterator(corpus, trainer)
-    tokenizer.save(str(path))
-    return path
-
-
-def prompts() -> list[str]:
-    rng = random.Random(11)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(n)) for n in (1, 5, 20, 40, 60, 90)]
-    # Words the tokenizer never saw, punctuation and non-ASCII: byte-level fallbacks.
-    texts += ["Zebra-crossing, 42 times: überraschend!", "naïve café — 東京 🚀", "x" * 150]
-    return texts
 
 
 @pytest.fixture
