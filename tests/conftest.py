@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "support.fixtures.apiserver",
+    "support.fixtures.chart",
     "support.fixtures.kube",
     "support.fixtures.models",
     "support.fixtures.processes",
