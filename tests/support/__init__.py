@@ -1,6 +1,6 @@
 """What the tests share that is no test: pure builders and types (imported from here), and
-the resources they need as fixtures (support.fixtures, loaded by tests/conftest.py and
-e2e/conftest.py). No test module imports another."""
+the resources they need as fixtures (support.fixtures, loaded by tests/conftest.py; e2e/
+uses only the pure part). No test module imports another."""
 
 from __future__ import annotations
 
