@@ -40,7 +40,6 @@ class Served:
     """One app listening on loopback."""
 
     url: str
-    app: web.Application
     runner: web.AppRunner
 
     @property
@@ -72,7 +71,7 @@ class Servers:
         )
         app = create_sim_app(settings, tokenizer)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        return await self._serve(app, args.port, runner)
+        return await self._serve(args.port, runner)
 
     async def gateway(self, path: Path, documents: Sequence[dict[str, Any]], *flags: str) -> Served:
         """What `laneway gateway --config PATH FLAGS` serves, `documents` written to `path`."""
@@ -90,7 +89,7 @@ class Servers:
             access_log=None,
             keepalive_timeout=loaded.settings.clients.idle_timeout_millis / 1000,
         )
-        served = await self._serve(app, args.port, runner)
+        served = await self._serve(args.port, runner)
         announce_listening(app, LOOPBACK, served.port)
         return served
 
@@ -113,20 +112,15 @@ class Servers:
         )
         return engine, gateway
 
-    async def stop(self, served: Served) -> None:
-        """Stop one app: its port refuses connections from now on."""
-        self._running.remove(served)
-        await served.runner.cleanup()
-
     async def close(self) -> None:
-        for served in reversed(self._running):
-            await self.stop(served)
+        while self._running:
+            await self._running.pop().runner.cleanup()
 
-    async def _serve(self, app: web.Application, port: int, runner: web.AppRunner) -> Served:
+    async def _serve(self, port: int, runner: web.AppRunner) -> Served:
         await runner.setup()
         site = web.TCPSite(runner, LOOPBACK, port)
         await site.start()
         bound = runner.addresses[0][1]
-        served = Served(url=f"http://{LOOPBACK}:{bound}", app=app, runner=runner)
+        served = Served(url=f"http://{LOOPBACK}:{bound}", runner=runner)
         self._running.append(served)
         return served
