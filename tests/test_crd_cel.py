@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from crd_tools import admit, apply_defaults, cel_failures, pool_schema, walk
-from merging import merged
+from support.crd import admit, apply_defaults, cel_failures, pool_schema, walk
+from support.merging import merged
 
 from laneway import api
 

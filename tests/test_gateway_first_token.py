@@ -21,8 +21,8 @@ import pytest
 import pytest_asyncio
 import yaml
 from aiohttp import web
-from scripted_engines import Script, scripted_engine
-from simulated_pools import gateway_doc, pool_doc
+from support.engines import Script, scripted_engine
+from support.pools import gateway_doc, pool_doc
 from test_gateway_e2e import requests_by_status, scrape, total
 
 from laneway.bench.harness.procs import ChildProcess, Children

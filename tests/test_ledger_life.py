@@ -7,7 +7,7 @@ import dataclasses
 import random
 
 import pytest
-from ledger_helpers import ask, ledger_with, pool
+from support.ledger import ask, ledger_with, pool
 
 from laneway.ledger import Admitted, EndpointLoad, Ledger, PromptBlocks, RequestLog
 from laneway.routing.engine_metrics import EngineMetrics

@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from simulated_pools import simulated_pool
+from support.pools import simulated_pool
 
 from laneway.routing.cycle import (
     BACKLOG_TOKENS,

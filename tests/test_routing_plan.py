@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from simulated_pools import simulated_pool
+from support.pools import simulated_pool
 
 from laneway.api import Lane
 from laneway.routing.admission import AdmissionLine
