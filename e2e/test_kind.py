@@ -29,8 +29,8 @@ from typing import Any
 import openai
 import pytest
 import yaml
-from kube_laneway import check_long_request_streams_to_batch, lane_pool, public_model
 from prometheus_client.parser import text_string_to_metric_families
+from support.kube.laneway import check_long_request_streams_to_batch, lane_pool, public_model
 
 ROOT = Path(__file__).resolve().parent.parent
 KIND_SH = ROOT / "e2e" / "kind.sh"

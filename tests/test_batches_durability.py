@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 import redis
-from redis_fleet import chat_line, start_engines, start_gateway, wait_for, write_config
+from support.fleet import chat_line, start_engines, start_gateway, wait_for, write_config
 
 from laneway.bench.harness.procs import Children
 from laneway.bench.harness.redis_server import LocalRedis

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_engine_counts import ModelFiles, chat_request, model_files, user
+from support.chat_model import ModelFiles, chat_request, user
 
 from laneway.bench.counts.run import render, run_bench
 from laneway.tokens import HuggingFaceTokenizer, default_tokenizer
-
-__all__ = ["model_files"]  # the fixture, shared
 
 
 def test_the_default_against_itself_misses_nothing() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from simulated_pools import start_sim
+from support.launch import start_sim
 
 from laneway.bench.gateway import floor_proxy
 from laneway.bench.gateway.peers import FLOOR, parse_peers

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from marked_processes import marked_environment, processes_marked
-from test_gateway_e2e import scrape, total
+from support.client import scrape, total
+from support.marks import marked_environment, processes_marked
 
 from laneway.bench.gateway.classify import time_classification
 from laneway.bench.gateway.config import BenchOptions, check_options, gateway_config

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from crd_tools import EXAMPLES, admit, apply_defaults, load_crd, pool_schema, walk
-from kube_cluster import Cluster
-from test_crd_cel import CASES, document
+from support.crd import EXAMPLES, admit, apply_defaults, load_crd, pool_schema, walk
+from support.crd_cases import CASES, document
+from support.kube.cluster import Cluster
 
 from laneway import api
 

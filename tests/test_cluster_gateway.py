@@ -24,8 +24,10 @@ from typing import Any
 import openai
 import pytest
 import yaml
-from kube_cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster, eventually, free_port
-from kube_laneway import (
+from openai.types.chat import ChatCompletion
+from prometheus_client.parser import text_string_to_metric_families
+from support.kube.cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster
+from support.kube.laneway import (
     Laneway,
     Release,
     check_long_request_streams_to_batch,
@@ -36,8 +38,7 @@ from kube_laneway import (
     released,
     wait_listening,
 )
-from openai.types.chat import ChatCompletion
-from prometheus_client.parser import text_string_to_metric_families
+from support.kube.processes import eventually, free_port
 
 # Each step waits generously for a loaded machine; a whole test may take more than the
 # suite-wide 300 s before it is judged hung.

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_cluster import Cluster, eventually
-from kube_laneway import CHART, helm, helm_available
+from support.kube.cluster import Cluster
+from support.kube.laneway import CHART, helm, helm_available
+from support.kube.processes import eventually
 
 pytestmark = pytest.mark.cluster
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import openai
 import pytest
-from kube_cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster, eventually, free_port
-from kube_laneway import (
+from support.kube.cluster import HOST_NODE_NAME, HOST_NODE_TAINT, Cluster
+from support.kube.kubelet import kubelet_argv
+from support.kube.laneway import (
     Laneway,
     Release,
     condition,
@@ -31,7 +32,7 @@ from kube_laneway import (
     released,
     wait_listening,
 )
-from test_render_kv_events import kubelet_argv
+from support.kube.processes import eventually, free_port
 
 from laneway.gateway.pools.kv_events import endpoint_of_topic
 from laneway.operator.render import POD_IP_ENV

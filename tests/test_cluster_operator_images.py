@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kube_cluster import Cluster, eventually, free_port
-from kube_laneway import Laneway, condition, released
+from support.kube.cluster import Cluster
+from support.kube.laneway import Laneway, condition, released
+from support.kube.processes import eventually, free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

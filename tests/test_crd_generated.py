@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from crd_tools import load_crd
 from pydantic import ConfigDict, Field
+from support.crd import load_crd
 
 from laneway import __version__
 from laneway.api import crd

@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-from crd_tools import (
+from support.crd import (
     EXAMPLES,
     apply_defaults,
     example_documents,

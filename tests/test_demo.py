@@ -21,7 +21,7 @@ import openai
 import pyte
 import pytest
 import yaml
-from marked_processes import marked_environment, processes_marked
+from support.marks import marked_environment, processes_marked
 
 from laneway.api import Lane, SLOSpec
 from laneway.bench.demo.run import (

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_apiserver import FakeApiServer
-from rbac_rules import granted_rules, rbac_call
+from support.apiserver import FakeApiServer
+from support.rbac import granted_rules, rbac_call
 
 from laneway.api import InferencePool
 from laneway.gateway.pools.discovery import Backoff, KubernetesPoolSource
@@ -87,14 +87,11 @@ class Harness:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    fake = FakeApiServer()
-    fake.put(POOLS, pool("realtime"))
-    fake.put(POOLS, pool("batch", lane="batch"))
-    fake.put(SLICES, endpoint_slice("realtime", ["10.0.0.5"], not_ready=["10.0.0.9"]))
-    await fake.start()
-    yield fake
-    await fake.stop()
+def server(fake_apiserver: FakeApiServer) -> FakeApiServer:
+    fake_apiserver.put(POOLS, pool("realtime"))
+    fake_apiserver.put(POOLS, pool("batch", lane="batch"))
+    fake_apiserver.put(SLICES, endpoint_slice("realtime", ["10.0.0.5"], not_ready=["10.0.0.9"]))
+    return fake_apiserver
 
 
 @pytest.fixture

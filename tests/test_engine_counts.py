@@ -13,10 +13,9 @@ context cap included.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,28 +24,18 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
-from prometheus_client import CollectorRegistry, Counter
-from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
-from test_gateway_e2e import client, scrape, total
-from test_pool_tokenizer import WORDS, prompts
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from support.chat_model import MAX_TOKENS, ModelFiles, chat_request, user
+from support.client import Listening, client, scrape, total
+from support.inproc import Served, Servers
+from support.pools import gateway_doc, pool_doc
+from support.tiny_tokenizer import WORDS, prompts
 
-from laneway import api
-from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
-from laneway.gateway.app import ledger_settings
-from laneway.gateway.config import GatewaySettings
 from laneway.gateway.serving.counting import (
-    EngineTokenize,
-    LocalCount,
-    OffLoopCounter,
-    PoolTokenizers,
     tokenizer_free_bounds,
 )
-from laneway.gateway.serving.request_body import Endpoint, ParsedRequest, parse_request
-from laneway.ledger import Ledger
+from laneway.gateway.serving.request_body import Endpoint, parse_request
 from laneway.tokens import (
     ChatMessage,
     ChatTemplate,
@@ -58,80 +47,10 @@ from laneway.tokens import (
     template_chat,
 )
 
-SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- set system = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
-    "{%- else %}{%- set system = 'You route lanes.' %}{%- endif %}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}"
-    "{%- if tools is not none %}"
-    "{{- '<|start_header_id|>tools<|end_header_id|>\\n\\n' + tools | tojson(indent=2) }}"
-    "{{- '<|eot_id|>' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{- raise_exception('Conversation roles must alternate user/assistant/user/...') }}"
-    "{%- endif %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
-    "{{- message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{%- endif %}"
-)
-MAX_TOKENS = 2
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    tokenizer: Path  # tokenizer.json
-    config: Path  # tokenizer_config.json, with the chat template
-
-
-@pytest.fixture
-def model_files(tmp_path: Path) -> ModelFiles:
-    rng = random.Random(7)
-    corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(300)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus, trainer)
-    # Llama 3's tokenizer.json puts a BOS before every text it encodes with special tokens:
-    # a completion prompt's, not a rendered chat's (whose template writes its own).
-    bos = SPECIALS[0]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
-    )
-    files = ModelFiles(tmp_path / "tokenizer.json", tmp_path / "tokenizer_config.json")
-    tokenizer.save(str(files.tokenizer))
-    config = {
-        "bos_token": "<|begin_of_text|>",
-        # tokenizer_config.json writes special tokens as strings or as AddedToken objects.
-        "eos_token": {"content": "<|eot_id|>", "special": True},
-        "chat_template": TEMPLATE,
-    }
-    files.config.write_text(json.dumps(config))
-    return files
-
-
-def user(text: str) -> list[ChatCompletionMessageParam]:
-    return [{"role": "user", "content": text}]
-
 
 def user_chat_count(tokenizer: HuggingFaceTokenizer) -> Callable[[str], int]:
     """A one-message chat's count of `text`, through the tokenizer's chat template."""
     return lambda text: chat_request(user(text)).count(tokenizer)
-
-
-def chat_request(messages: list[ChatCompletionMessageParam]) -> ParsedRequest:
-    body = {"model": "llama", "messages": messages, "max_tokens": MAX_TOKENS}
-    return parse_request(orjson.dumps(body), Endpoint.CHAT)
 
 
 def straddling(count: Callable[[str], int], edge: int, seed: int) -> tuple[str, str]:
@@ -146,7 +65,7 @@ def straddling(count: Callable[[str], int], edge: int, seed: int) -> tuple[str, 
             return text, longer
 
 
-async def engine_count(session: aiohttp.ClientSession, engine: ChildProcess, text: str) -> int:
+async def engine_count(session: aiohttp.ClientSession, engine: Listening, text: str) -> int:
     """The engine's own count of a one-message chat, from its /tokenize."""
     body = {"model": "tiny", "messages": user(text)}
     async with session.post(f"{engine.url}/tokenize", json=body) as response:
@@ -200,7 +119,7 @@ async def send(api_client: openai.AsyncOpenAI, text: str) -> Routed:
 async def check_chat_routed_by_engine_count(
     session: aiohttp.ClientSession,
     api_client: openai.AsyncOpenAI,
-    engine: ChildProcess,
+    engine: Listening,
     text: str,
     threshold: int,
     cap: int,
@@ -224,7 +143,7 @@ async def check_chat_routed_by_engine_count(
 
 
 async def check_completion_counted_as_engine(
-    session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, engine: ChildProcess, text: str
+    session: aiohttp.ClientSession, api_client: openai.AsyncOpenAI, engine: Listening, text: str
 ) -> tuple[dict[str, Any], str]:
     """Send a text completion through the gateway: its header and usage, and its header as
     a stream (the gateway's own count), hold the engine's /tokenize count of the prompt.
@@ -246,7 +165,7 @@ async def check_completion_counted_as_engine(
 
 
 def lanes(
-    engine: ChildProcess, tokenizer: dict[str, Any], threshold: int, cap: int
+    engine: Listening, tokenizer: dict[str, Any], threshold: int, cap: int
 ) -> list[dict[str, Any]]:
     short = pool_doc("short", "interactive", "tiny", [engine.url], {"maxPromptTokens": threshold})
     long = pool_doc(
@@ -262,10 +181,9 @@ def lanes(
     return [short, long, gateway_doc()]
 
 
-def start_model_sim(children: Children, model_files: ModelFiles, cap: int) -> ChildProcess:
+async def start_model_sim(servers: Servers, model_files: ModelFiles, cap: int) -> Served:
     """A `laneway sim` that counts with the test's tokenizer and template, capped at `cap`."""
-    return start_sim(
-        children,
+    return await servers.sim(
         "tiny",
         "--tokenizer",
         str(model_files.tokenizer),
@@ -391,7 +309,7 @@ def test_a_chat_a_template_frames_has_no_length_bounds(model_files: ModelFiles) 
 
 
 async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
-    tmp_path: Path, model_files: ModelFiles
+    servers: Servers, tmp_path: Path, model_files: ModelFiles
 ) -> None:
     ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
     count = user_chat_count(ours)
@@ -408,54 +326,53 @@ async def test_a_tokenizer_json_pool_counts_chats_through_the_template(
         "configPath": str(model_files.config),
     }
     cl100k = default_tokenizer()
-    with Children() as children:
-        engine = start_model_sim(children, model_files, cap)
-        gateway = start_gateway(
-            children, tmp_path / "gateway.yaml", lanes(engine, tokenizer, threshold, cap)
-        )
-        differs_from_openai_rule = 0
-        async with client(gateway) as api_client, aiohttp.ClientSession() as session:
-            for text in texts:
-                expected = await check_chat_routed_by_engine_count(
-                    session, api_client, engine, text, threshold, cap
-                )
-                differs_from_openai_rule += count_chat(cl100k, [ChatMessage("user", text)]) != (
-                    expected
-                )
-            # A completion's prompt gets the tokenizer's BOS, at the gateway as at the engine.
-            for text in prompts()[:4]:
-                tokenized, _ = await check_completion_counted_as_engine(
-                    session, api_client, engine, text
-                )
-                assert tokenized["tokens"][0] == ours.encode_prompt("")[0]
-                assert tokenized["count"] == ours.count(text) + 1
-            # Tools reach the template as sent, here and at the engine.
-            tools: list[Any] = [{"type": "function", "function": {"name": "route_lane"}}]
-            raw_chat = await api_client.chat.completions.with_raw_response.create(
-                model="llama", messages=user("lane"), tools=tools, max_tokens=MAX_TOKENS
+    engine = await start_model_sim(servers, model_files, cap)
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lanes(engine, tokenizer, threshold, cap)
+    )
+    differs_from_openai_rule = 0
+    async with client(gateway) as api_client, aiohttp.ClientSession() as session:
+        for text in texts:
+            expected = await check_chat_routed_by_engine_count(
+                session, api_client, engine, text, threshold, cap
             )
-            answer = raw_chat.parse()
-            assert answer.usage is not None
-            async with session.post(
-                f"{engine.url}/tokenize",
-                json={"model": "tiny", "messages": user("lane"), "tools": tools},
-            ) as response:
-                with_tools = (await response.json())["count"]
-            assert with_tools > await engine_count(session, engine, "lane")
-            header = int(raw_chat.headers["x-laneway-prompt-tokens"])
-            assert header == answer.usage.prompt_tokens == with_tools
-            # The template's own refusal reaches the client as the engine's would: a 400.
-            with pytest.raises(openai.BadRequestError, match="roles must alternate"):
-                await api_client.chat.completions.create(
-                    model="llama",
-                    messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
-                )
+            differs_from_openai_rule += count_chat(cl100k, [ChatMessage("user", text)]) != (
+                expected
+            )
+        # A completion's prompt gets the tokenizer's BOS, at the gateway as at the engine.
+        for text in prompts()[:4]:
+            tokenized, _ = await check_completion_counted_as_engine(
+                session, api_client, engine, text
+            )
+            assert tokenized["tokens"][0] == ours.encode_prompt("")[0]
+            assert tokenized["count"] == ours.count(text) + 1
+        # Tools reach the template as sent, here and at the engine.
+        tools: list[Any] = [{"type": "function", "function": {"name": "route_lane"}}]
+        raw_chat = await api_client.chat.completions.with_raw_response.create(
+            model="llama", messages=user("lane"), tools=tools, max_tokens=MAX_TOKENS
+        )
+        answer = raw_chat.parse()
+        assert answer.usage is not None
+        async with session.post(
+            f"{engine.url}/tokenize",
+            json={"model": "tiny", "messages": user("lane"), "tools": tools},
+        ) as response:
+            with_tools = (await response.json())["count"]
+        assert with_tools > await engine_count(session, engine, "lane")
+        header = int(raw_chat.headers["x-laneway-prompt-tokens"])
+        assert header == answer.usage.prompt_tokens == with_tools
+        # The template's own refusal reaches the client as the engine's would: a 400.
+        with pytest.raises(openai.BadRequestError, match="roles must alternate"):
+            await api_client.chat.completions.create(
+                model="llama",
+                messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+            )
     # The test means something only if OpenAI's framing rule would have counted otherwise.
     assert differs_from_openai_rule >= len(texts) // 2
 
 
 async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decide(
-    tmp_path: Path, model_files: ModelFiles
+    servers: Servers, tmp_path: Path, model_files: ModelFiles
 ) -> None:
     ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
     count = user_chat_count(ours)
@@ -467,195 +384,42 @@ async def test_an_engine_pool_asks_the_engine_only_where_the_bounds_do_not_decid
         *straddling(count, threshold, seed=3),
         *straddling(count, cap - MAX_TOKENS, seed=4),
     ]
-    with Children() as children:
-        engine = start_model_sim(children, model_files, cap)
-        gateway = start_gateway(
-            children,
-            tmp_path / "gateway.yaml",
-            lanes(engine, {"kind": "engine", "timeoutMillis": 10_000}, threshold, cap),
-        )
+    engine = await start_model_sim(servers, model_files, cap)
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml",
+        lanes(engine, {"kind": "engine", "timeoutMillis": 10_000}, threshold, cap),
+    )
 
-        async def asked() -> float:
-            samples = await scrape(gateway.url)
-            return total(samples, "laneway_gateway_engine_counts_total", outcome="engine")
+    async def asked() -> float:
+        samples = await scrape(gateway.url)
+        return total(samples, "laneway_gateway_engine_counts_total", outcome="engine")
 
-        async with client(gateway) as api_client, aiohttp.ClientSession() as session:
+    async with client(gateway) as api_client, aiohttp.ClientSession() as session:
+        before = await asked()
+        short = await send(api_client, "lane gateway")
+        assert short.pool == "short"
+        assert await asked() == before, "a chat the bounds route needs no engine count"
+        for text in prompts():
+            expected = await engine_count(session, engine, text)
             before = await asked()
-            short = await send(api_client, "lane gateway")
-            assert short.pool == "short"
-            assert await asked() == before, "a chat the bounds route needs no engine count"
-            for text in prompts():
-                expected = await engine_count(session, engine, text)
-                before = await asked()
-                routed = await send(api_client, text)
-                assert routed.pool == expected_route(expected, threshold, cap), (text, expected)
-                if await asked() > before:
-                    assert routed.header_count == routed.usage_count == expected, text
-            for text in near_edges:
-                before = await asked()
-                await check_chat_routed_by_engine_count(
-                    session, api_client, engine, text, threshold, cap
-                )
-                # Once for each pool: each may run another model, so each engine counts.
-                assert await asked() == before + 2, text
-            # A completion's prompt, BOS and all, near the threshold.
-            for text in straddling(lambda t: len(ours.encode_prompt(t)), threshold, seed=5):
-                tokenized, pool = await check_completion_counted_as_engine(
-                    session, api_client, engine, text
-                )
-                assert pool == expected_route(tokenized["count"], threshold, cap)
-            # The same prompt again is answered from the gateway's cache.
-            await send(api_client, near_edges[0])
-            samples = await scrape(gateway.url)
+            routed = await send(api_client, text)
+            assert routed.pool == expected_route(expected, threshold, cap), (text, expected)
+            if await asked() > before:
+                assert routed.header_count == routed.usage_count == expected, text
+        for text in near_edges:
+            before = await asked()
+            await check_chat_routed_by_engine_count(
+                session, api_client, engine, text, threshold, cap
+            )
+            # Once for each pool: each may run another model, so each engine counts.
+            assert await asked() == before + 2, text
+        # A completion's prompt, BOS and all, near the threshold.
+        for text in straddling(lambda t: len(ours.encode_prompt(t)), threshold, seed=5):
+            tokenized, pool = await check_completion_counted_as_engine(
+                session, api_client, engine, text
+            )
+            assert pool == expected_route(tokenized["count"], threshold, cap)
+        # The same prompt again is answered from the gateway's cache.
+        await send(api_client, near_edges[0])
+        samples = await scrape(gateway.url)
     assert total(samples, "laneway_gateway_engine_counts_total", outcome="cached") >= 1
-
-
-# --- the engine does not answer ---------------------------------------------------------------
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-async def _slow(request: web.Request) -> web.Response:
-    await asyncio.sleep(60)
-    return web.json_response({"count": 1})
-
-
-async def _failing(request: web.Request) -> web.Response:
-    return web.json_response({"error": {"message": "boom"}}, status=500)
-
-
-async def _refusing(request: web.Request) -> web.Response:
-    return web.json_response({"error": {"message": "roles must alternate"}}, status=400)
-
-
-async def _countless(request: web.Request) -> web.Response:
-    return web.json_response({"tokens": []})
-
-
-@pytest.fixture
-async def stub_engine() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def serve(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_post("/tokenize", handler)
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-    yield serve
-    for runner in runners:
-        await runner.cleanup()
-
-
-def engine_pool(url: str, timeout_millis: int) -> api.InferencePool:
-    doc = pool_doc("short", "interactive", "tiny", [url])
-    doc["spec"]["tokenizer"] = {"kind": "engine", "timeoutMillis": timeout_millis}
-    return api.parse_pool(doc)
-
-
-@pytest.mark.parametrize(
-    ("handler", "outcome"),
-    [(_slow, "timeout"), (_failing, "failed"), (_refusing, "refused"), (_countless, "bad_answer")],
-)
-async def test_an_engine_that_does_not_answer_leaves_the_count_to_the_gateway(
-    stub_engine: Callable[[Handler], Awaitable[str]], handler: Handler, outcome: str
-) -> None:
-    pool = engine_pool(await stub_engine(handler), timeout_millis=200)
-    await check_fallback(pool, outcome)
-
-
-async def test_an_unreachable_engine_leaves_the_count_to_the_gateway() -> None:
-    await check_fallback(engine_pool("http://127.0.0.1:9", timeout_millis=2000), "unreachable")
-
-
-async def check_fallback(pool: api.InferencePool, outcome: str) -> None:
-    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
-    ledger.update_pools(0.0, [pool])
-    metrics = CollectorRegistry()
-    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=metrics)
-    fallback = LocalCount(default_tokenizer(), OffLoopCounter())
-    parsed = chat_request(user("lane gateway engine"))
-    async with aiohttp.ClientSession() as session:
-        engine = EngineTokenize(lambda: session, ledger, outcomes)
-        assert await engine.count(pool, parsed, fallback) == parsed.count(default_tokenizer())
-    labels = {"pool": pool.key, "outcome": outcome}
-    assert metrics.get_sample_value("engine_counts_total", labels) == 1
-
-
-async def test_an_engine_answer_is_cached(
-    stub_engine: Callable[[Handler], Awaitable[str]],
-) -> None:
-    questions: list[dict[str, Any]] = []
-
-    async def counting(request: web.Request) -> web.Response:
-        questions.append(await request.json())
-        return web.json_response({"count": 7, "tokens": [0] * 7, "max_model_len": 100})
-
-    pool = engine_pool(await stub_engine(counting), timeout_millis=2000)
-    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
-    ledger.update_pools(0.0, [pool])
-    metrics = CollectorRegistry()
-    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=metrics)
-    fallback = LocalCount(default_tokenizer(), OffLoopCounter())
-    chat = chat_request(user("lane"))
-    completion = parse_request(
-        orjson.dumps({"model": "llama", "prompt": ["a b", "c"]}), Endpoint.COMPLETIONS
-    )
-    async with aiohttp.ClientSession() as session:
-        engine = EngineTokenize(lambda: session, ledger, outcomes)
-        assert await engine.count(pool, chat, fallback) == 7
-        assert await engine.count(pool, chat, fallback) == 7
-        # Each prompt of a list is asked alone (vLLM takes one string); the longest decides.
-        assert await engine.count(pool, completion, fallback) == 7
-    # vLLM's and SGLang's shapes: the served name, and messages or one prompt string.
-    assert questions == [
-        {"model": "tiny", "messages": user("lane")},
-        {"model": "tiny", "prompt": "a b"},
-        {"model": "tiny", "prompt": "c"},
-    ]
-    labels = {"pool": pool.key, "outcome": "cached"}
-    assert metrics.get_sample_value("engine_counts_total", labels) == 1
-
-
-async def test_the_worker_process_renders_the_template_as_the_loop_does(
-    model_files: ModelFiles,
-) -> None:
-    ours = HuggingFaceTokenizer(model_files.tokenizer, model_files.config)
-    parsed = chat_request(
-        [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": " ".join(WORDS) * 50},
-        ]
-    )
-    counter = OffLoopCounter()
-    try:
-        assert await counter.count(parsed, ours) == parsed.count(ours)
-    finally:
-        counter.close()
-
-
-def test_each_models_counters_are_built_once_per_set_of_pools(model_files: ModelFiles) -> None:
-    tokenizer = {"kind": "huggingface", "path": str(model_files.tokenizer)}
-    documents = [pool_doc("short", "interactive", "tiny", ["http://127.0.0.1:1"])]
-    documents.append(pool_doc("long", "batch", "tiny", ["http://127.0.0.1:1"]))
-    documents[1]["spec"]["tokenizer"] = tokenizer
-    pools = tuple(api.parse_pool(doc) for doc in documents)
-    ledger = Ledger(ledger_settings(GatewaySettings()), random.Random(0))
-    outcomes = Counter("engine_counts", "", ("pool", "outcome"), registry=CollectorRegistry())
-    engine = EngineTokenize(lambda: aiohttp.ClientSession(), ledger, outcomes)
-    tokenizers = PoolTokenizers(default_tokenizer(), 1, OffLoopCounter(), engine)
-
-    counters = tokenizers.serving(pools, "llama")
-    assert set(counters.by_pool) == {pool.key for pool in pools}
-    assert counters.by_pool[pools[0].key] is tokenizers.default
-    assert len(counters.distinct) == 2, "the default and the pool's own tokenizer"
-    assert tokenizers.serving(pools, "llama") is counters
-    # Another set of pools (an update) builds them again; an unknown model is not kept.
-    assert tokenizers.serving(pools[:1], "llama").distinct == (tokenizers.default,)
-    unknown = tokenizers.serving(pools[:1], "gpt-nothing")
-    assert (dict(unknown.by_pool), unknown.distinct) == ({}, (tokenizers.default,))
-    assert tokenizers.serving(pools[:1], "gpt-nothing") is not unknown

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from simulated_pools import pool_doc, start_gateway
+from support.launch import start_gateway
+from support.pools import pool_doc
 
 from laneway.bench.harness.procs import Children
 from laneway.bench.harness.redis_server import LocalRedis

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
-from ledger_helpers import ask, pool
+from support.ledger import ask, pool
 
 from laneway.api import InferencePool, Lane
 from laneway.gateway.app import create_app

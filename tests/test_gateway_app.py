@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
-from simulated_pools import simulated_pool
+from support.pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.app import create_app

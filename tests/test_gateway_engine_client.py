@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.typedefs import Handler
-from scripted_engines import engine_app
-from simulated_pools import simulated_pool
+from support.engines import engine_app
+from support.pools import simulated_pool
 
 from laneway.gateway.app import create_app
 from laneway.gateway.config import GatewaySettings, ScrapeSettings, UpstreamSettings

@@ -1,31 +1,32 @@
 """A non-streaming answer's prompt count is the engine's own `usage.prompt_tokens`.
 
-The pure part is table-driven. Then `laneway gateway` runs in front of a `laneway sim` that
-counts with a tokenizer trained here while the pool names none (so the gateway's own count,
-cl100k_base, differs on most prompts): the header, the prompt-token metric and the log line
-of a non-streaming answer carry the engine's count, a stream's the gateway's. Scripted
-engines show where the gateway counts after all: an answer without usage, an error answer,
-and a list of prompts, whose usage is their total where the header names the longest.
+The pure part is table-driven. Then the gateway app serves in front of a simulated engine
+(both in-process) that counts with a tokenizer trained here while the pool names none (so
+the gateway's own count, cl100k_base, differs on most prompts): the header, the
+prompt-token metric and the log line of a non-streaming answer carry the engine's count, a
+stream's the gateway's. Scripted engines show where the gateway counts after all: an answer
+without usage, an error answer, and a list of prompts, whose usage is their total where the
+header names the longest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from aiohttp import web
-from scripted_engines import engine_app
-from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
-from test_gateway_e2e import client, scrape, total
-from test_pool_tokenizer import prompts, train_tokenizer
+from support.client import client, scrape, total
+from support.engines import engine_app
+from support.inproc import Served, Servers
+from support.pools import gateway_doc, pool_doc
+from support.tiny_tokenizer import prompts, train_tokenizer
 
-from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.gateway.serving.engine_usage import engine_prompt_tokens
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer
 
@@ -65,13 +66,16 @@ def chat_body(text: str, stream: bool = False) -> dict[str, Any]:
     }
 
 
-async def logged_prompt_tokens(gateway: ChildProcess, requests: int) -> list[int]:
-    """`prompt_tokens` of the gateway's first `requests` log lines, once they are written."""
+async def logged_prompt_tokens(capsys: pytest.CaptureFixture[str], requests: int) -> list[int]:
+    """`prompt_tokens` of the gateway's first `requests` log lines, once it has written them
+    to stderr."""
+    written: list[str] = []
     async with asyncio.timeout(30):
         while True:
+            written.append(capsys.readouterr().err)
             lines = [
                 json.loads(line)
-                for line in gateway.stderr_tail().splitlines()
+                for line in "".join(written).splitlines()
                 if line.startswith("{") and '"path"' in line
             ]
             if len(lines) >= requests:
@@ -79,37 +83,43 @@ async def logged_prompt_tokens(gateway: ChildProcess, requests: int) -> list[int
             await asyncio.sleep(0.05)
 
 
-async def test_a_non_streaming_answer_carries_the_engines_count(tmp_path: Path) -> None:
+async def test_a_non_streaming_answer_carries_the_engines_count(
+    servers: Servers,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # As `laneway gateway` configures logging; pytest's root logger says WARNING.
+    caplog.set_level(logging.INFO, logger="laneway.gateway.requests")
     tokenizer_json = train_tokenizer(tmp_path / "tokenizer.json")
     engines_tokenizer = HuggingFaceTokenizer(tokenizer_json)
     texts = prompts()
-    with Children() as children:
-        engine = start_sim(children, "tiny", "--tokenizer", str(tokenizer_json))
-        # The pool names no tokenizer: the gateway counts with its default, cl100k_base.
-        documents = [pool_doc("solo", "interactive", "tiny", [engine.url]), gateway_doc()]
-        gateway = start_gateway(children, tmp_path / "gateway.yaml", documents)
-        headers, usages = [], []
-        async with client(gateway) as api:
-            for text in texts:
-                raw = await api.chat.completions.with_raw_response.create(
-                    model="llama", messages=[{"role": "user", "content": text}], max_tokens=2
-                )
-                reply = raw.parse()
-                assert reply.usage is not None
-                headers.append(int(raw.headers["x-laneway-prompt-tokens"]))
-                usages.append(reply.usage.prompt_tokens)
-        # A stream's header goes out before the engine's usage: it is the gateway's count.
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                f"{gateway.url}/v1/chat/completions", json=chat_body(texts[0], stream=True)
-            ) as response,
-        ):
-            assert response.status == 200
-            await response.read()
-            streamed = int(response.headers["x-laneway-prompt-tokens"])
-        samples = await scrape(gateway.url)
-        logged = await logged_prompt_tokens(gateway, len(texts) + 1)
+    engine = await servers.sim("tiny", "--tokenizer", str(tokenizer_json))
+    # The pool names no tokenizer: the gateway counts with its default, cl100k_base.
+    documents = [pool_doc("solo", "interactive", "tiny", [engine.url]), gateway_doc()]
+    gateway = await servers.gateway(tmp_path / "gateway.yaml", documents)
+    headers, usages = [], []
+    async with client(gateway) as api:
+        for text in texts:
+            raw = await api.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": text}], max_tokens=2
+            )
+            reply = raw.parse()
+            assert reply.usage is not None
+            headers.append(int(raw.headers["x-laneway-prompt-tokens"]))
+            usages.append(reply.usage.prompt_tokens)
+    # A stream's header goes out before the engine's usage: it is the gateway's count.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gateway.url}/v1/chat/completions", json=chat_body(texts[0], stream=True)
+        ) as response,
+    ):
+        assert response.status == 200
+        await response.read()
+        streamed = int(response.headers["x-laneway-prompt-tokens"])
+    samples = await scrape(gateway.url)
+    logged = await logged_prompt_tokens(capsys, len(texts) + 1)
 
     chats = [[ChatMessage("user", text)] for text in texts]
     assert usages == [count_chat(engines_tokenizer, chat) for chat in chats]
@@ -144,7 +154,7 @@ def scripted_answer(usage: bool, status: int = 200) -> web.Application:
 
 
 @pytest.fixture
-async def scripted_gateway(tmp_path: Path) -> AsyncIterator[ChildProcess]:
+async def scripted_gateway(servers: Servers, tmp_path: Path) -> AsyncIterator[Served]:
     """A gateway with three pools: `usage` (its engine reports usage), `countless` (it does
     not) and `refusing` (it answers 429)."""
     runners = []
@@ -161,18 +171,13 @@ async def scripted_gateway(tmp_path: Path) -> AsyncIterator[ChildProcess]:
             await web.TCPSite(runner, "127.0.0.1", 0).start()
             url = f"http://127.0.0.1:{runner.addresses[0][1]}"
             documents.append(pool_doc(model, "interactive", "scripted", [url], {"models": [model]}))
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump_all([*documents, gateway_doc()]))
-        with Children() as children:
-            # Started without blocking the loop: the scripted engines answer its probes.
-            args = ["--config", str(path), "--host", "127.0.0.1", "--port", "0"]
-            yield await children.start_laneway_async("gateway", args)
+        yield await servers.gateway(tmp_path / "gateway.yaml", [*documents, gateway_doc()])
     finally:
         for runner in runners:
             await runner.cleanup()
 
 
-async def answered(gateway: ChildProcess, path: str, body: dict[str, Any]) -> tuple[int, int]:
+async def answered(gateway: Served, path: str, body: dict[str, Any]) -> tuple[int, int]:
     """The status and the x-laneway-prompt-tokens header of one non-streaming request."""
     async with (
         aiohttp.ClientSession() as session,
@@ -183,7 +188,7 @@ async def answered(gateway: ChildProcess, path: str, body: dict[str, Any]) -> tu
 
 
 async def test_without_the_engines_count_the_gateway_counts(
-    scripted_gateway: ChildProcess,
+    scripted_gateway: Served,
 ) -> None:
     text = "Which lane does this prompt take?"
     chat = [ChatMessage("user", text)]

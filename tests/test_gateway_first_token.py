@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 import yaml
 from aiohttp import web
-from scripted_engines import Script, scripted_engine
-from simulated_pools import gateway_doc, pool_doc
-from test_gateway_e2e import requests_by_status, scrape, total
+from support.client import requests_by_status, scrape, total
+from support.engines import Script, scripted_engine
+from support.pools import gateway_doc, pool_doc
 
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.gateway.serving.first_token import FirstTokenWatch, carries_output

@@ -22,7 +22,8 @@ from typing import Any, BinaryIO
 
 import openai
 import pytest
-from simulated_pools import MAX_BODY, gateway_doc, pool_doc, start_gateway, start_sim
+from support.launch import start_gateway, start_sim
+from support.pools import MAX_BODY, gateway_doc, pool_doc
 
 from laneway.bench.harness.procs import ChildProcess, Children
 

@@ -1,4 +1,4 @@
-"""The prefix index fed by the engines' own KV cache events: two `laneway sim` engines publish
+"""The prefix index fed by the engines' own KV cache events: two simulated engines publish
 vLLM's events (`--kv-events-config`) to the gateway's SUB socket, and the gateway routes on
 what the engines really hold, including prefixes it never routed itself."""
 
@@ -9,18 +9,17 @@ import json
 import random
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import msgpack
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
-from simulated_pools import gateway_doc, pool_doc, start_gateway
-from test_gateway_e2e import client, eventually, scrape, total
+from support.client import client, eventually, scrape, total
+from support.inproc import Served, Servers
+from support.pools import gateway_doc, pool_doc
 
 from laneway.api import parse_pool
-from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.redis_server import free_port
 from laneway.errors import UsageError
 from laneway.gateway.app import ledger_settings
@@ -37,19 +36,13 @@ DOCUMENT = " ".join(
 MODEL = "llama-small"
 
 
-@pytest.fixture
-def children() -> Iterator[Children]:
-    with Children(stop_grace=10) as started:
-        yield started
-
-
-def start_publishing_sim(children: Children, gateway_events: str, name: str) -> ChildProcess:
+async def start_publishing_sim(servers: Servers, gateway_events: str) -> Served:
     port = free_port()
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": gateway_events,
               "topic": f"kv@127.0.0.1:{port}@{MODEL}"}  # fmt: skip
-    args = ["--host", "127.0.0.1", "--port", str(port), "--model", MODEL, "--max-context", "32768",
+    args = ["--host", "127.0.0.1", "--port", str(port), "--max-context", "32768",
             "--kv-events-config", json.dumps(config)]  # fmt: skip
-    return children.start_laneway("sim", args, name=name)
+    return await servers.sim(MODEL, *args)
 
 
 def content(question: str) -> str:
@@ -60,22 +53,21 @@ def ask(question: str) -> list[ChatCompletionUserMessageParam]:
     return [{"role": "user", "content": content(question)}]
 
 
-async def index_blocks(gateway: ChildProcess, engine: ChildProcess) -> float:
+async def index_blocks(gateway: Served, engine: Served) -> float:
     samples = await scrape(gateway.url)
     return total(samples, "laneway_gateway_prefix_index_blocks", endpoint=engine.url)
 
 
-async def served(engine: ChildProcess) -> float:
+async def served(engine: Served) -> float:
     return total(await scrape(engine.url), "vllm:request_success_total")
 
 
 async def test_the_gateway_routes_to_the_engine_whose_events_say_it_holds_the_prompt(
-    children: Children, tmp_path: Path
+    servers: Servers, tmp_path: Path
 ) -> None:
     events = f"tcp://127.0.0.1:{free_port()}"
-    engines = [start_publishing_sim(children, events, f"sim {i}") for i in range(2)]
-    gateway = start_gateway(
-        children,
+    engines = [await start_publishing_sim(servers, events) for _ in range(2)]
+    gateway = await servers.gateway(
         tmp_path / "gateway.yaml",
         [
             pool_doc(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simulated_pools import lane_pool
+from support.pools import lane_pool
 
 from laneway.api import InferencePool, Lane
 from laneway.routing.lanes import (

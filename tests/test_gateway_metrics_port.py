@@ -17,7 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from simulated_pools import pool_doc, start_gateway, start_sim
+from support.launch import start_gateway, start_sim
+from support.pools import pool_doc
 
 from laneway.bench.harness.procs import Children, laneway_argv
 from laneway.bench.harness.redis_server import free_port

@@ -7,8 +7,8 @@ import random
 from typing import Any
 
 import pytest
-from ledger_helpers import ask
-from simulated_pools import simulated_pool
+from support.ledger import ask
+from support.pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.app import ledger_settings

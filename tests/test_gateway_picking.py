@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
-from given_facts import GivenFacts, cycle_over
-from ledger_helpers import pool, route_to
+from support.given_facts import GivenFacts, cycle_over
+from support.ledger import pool, route_to
 
 from laneway.routing.cycle import CycleState, EndpointLoad
 from laneway.routing.engine_metrics import EngineMetrics

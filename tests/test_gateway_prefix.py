@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
-from simulated_pools import gateway_doc, pool_doc, start_gateway
-from test_gateway_e2e import client, eventually, scrape, total
+from support.client import client, eventually, scrape, total
+from support.launch import start_gateway
+from support.pools import gateway_doc, pool_doc
 
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.tokens import default_tokenizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from ledger_helpers import ask
-from simulated_pools import simulated_pool
+from support.ledger import ask
+from support.pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.gateway.app import ledger_settings

@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 from aiohttp.test_utils import TestClient, TestServer
-from simulated_pools import simulated_pool
+from support.pools import simulated_pool
 
 from laneway.api import InferencePool
 from laneway.bench.harness.procs import Children

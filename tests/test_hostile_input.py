@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from simulated_pools import pool_doc, start_gateway, start_sim
+from support.launch import start_gateway, start_sim
+from support.pools import pool_doc
 
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.redis_server import LocalRedis

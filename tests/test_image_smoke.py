@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_image_dockerfile import (
+from support.dockerfile import (
     DOCKERFILE,
     context_files,
     image_environment,

@@ -4,7 +4,7 @@ order, refusals as data, and every slot that frees handing itself on."""
 from __future__ import annotations
 
 import pytest
-from ledger_helpers import ask, ledger_with, pool
+from support.ledger import ask, ledger_with, pool
 
 from laneway.api import Lane
 from laneway.ledger import Admitted, Queued, Refused, Wakes

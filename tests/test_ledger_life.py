@@ -7,8 +7,8 @@ import dataclasses
 import random
 
 import pytest
-from given_facts import GivenFacts, cycle_over
-from ledger_helpers import ask, ledger_with, pool
+from support.given_facts import GivenFacts, cycle_over
+from support.ledger import ask, ledger_with, pool
 
 from laneway.ledger import Admitted, EndpointLoad, Ledger, PromptBlocks, RequestLog
 from laneway.routing.engine_metrics import EngineMetrics

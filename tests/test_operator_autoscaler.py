@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from operator_fakes import FakeCluster, pool_document
+from support.fake_cluster import FakeCluster, pool_document
 
 from laneway.api import KIND, InferencePool, parse_pool
 from laneway.autoscale import DemandCount

@@ -10,7 +10,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from crd_tools import EXAMPLES
+from support.crd import EXAMPLES
 
 from laneway.cli import main
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_apiserver import FakeApiServer
+from support.apiserver import FakeApiServer
 
 from laneway.kube.client import FIELD_MANAGER, RESOURCE_TYPES, ApiUnreachable, KubeApi, KubeError
 
@@ -15,13 +15,12 @@ DEPLOYMENT = "/apis/apps/v1/namespaces/serving/deployments/realtime"
 
 
 @pytest.fixture
-async def api_and_server() -> AsyncIterator[tuple[KubeApi, FakeApiServer]]:
-    server = FakeApiServer()
-    await server.start()
-    api = KubeApi(server.url, authorization=lambda: "Bearer t")
-    yield api, server
+async def api_and_server(
+    fake_apiserver: FakeApiServer,
+) -> AsyncIterator[tuple[KubeApi, FakeApiServer]]:
+    api = KubeApi(fake_apiserver.url, authorization=lambda: "Bearer t")
+    yield api, fake_apiserver
     await api.close()
-    await server.stop()
 
 
 async def test_apply_is_a_forced_server_side_apply(

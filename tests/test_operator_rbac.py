@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import kopf
 import pytest
 from kopf._core.engines import posting
-from operator_fakes import FakeCluster, pool_document
-from rbac_rules import granted_rules
+from support.fake_cluster import FakeCluster, pool_document
+from support.rbac import granted_rules
 
 from laneway.api import KIND
 from laneway.autoscale import DemandCount

@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import pytest
 from kopf._core.engines import posting
-from operator_fakes import FakeCluster, pool_document
+from support.fake_cluster import FakeCluster, pool_document
 
 from laneway.api import KIND
 from laneway.kube.client import ApiUnreachable, KubeError

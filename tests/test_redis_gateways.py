@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 import redis
-from redis_fleet import (
+from support.fleet import (
     chat_line,
     finished_requests,
     http,

@@ -9,14 +9,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from redis_fleet import (
-    chat_line,
-    metric,
-    start_engines,
-    start_gateway,
-    wait_for,
-    write_config,
-)
+from support.fleet import chat_line, metric, start_engines, start_gateway, wait_for, write_config
 
 from laneway.bench.harness.procs import Children
 from laneway.bench.harness.redis_server import LocalRedis

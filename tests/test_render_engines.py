@@ -11,7 +11,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from crd_tools import example_documents
+from support.crd import example_documents
+from support.pools import spec_pool
 
 from laneway import api
 from laneway.api import POOL_LABEL
@@ -23,22 +24,6 @@ from laneway.operator.render import (
     engine_command,
     render_pool,
 )
-
-
-def pool(spec: dict[str, Any], name: str = "pool", uid: str = "") -> api.InferencePool:
-    base: dict[str, Any] = {"lane": "interactive", "model": "org/model", "servedModelName": "m"}
-    metadata: dict[str, Any] = {"name": name, "namespace": "serving"}
-    if uid:
-        metadata["uid"] = uid
-    return api.parse_pool(
-        {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": metadata,
-            "spec": {**base, **copy.deepcopy(spec)},
-        }
-    )
-
 
 KNOBS = {
     "port": 9000,
@@ -158,7 +143,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
 
 @pytest.mark.parametrize(("case", "spec", "argv"), TABLE, ids=[t[0] for t in TABLE])
 def test_engine_flags(case: str, spec: dict[str, Any], argv: list[str]) -> None:
-    rendered = render_pool(pool(spec))
+    rendered = render_pool(spec_pool(spec))
     assert list(rendered.engine.argv) == argv, case
     deployment = rendered.child("Deployment")
     assert deployment is not None
@@ -168,7 +153,7 @@ def test_engine_flags(case: str, spec: dict[str, Any], argv: list[str]) -> None:
 
 @pytest.mark.parametrize("spec", [t[1] for t in TABLE if t[1]["engine"]["kind"] == "simulator"])
 def test_simulator_flags_are_accepted_by_laneway_sim(spec: dict[str, Any]) -> None:
-    argv = engine_command(pool(spec)).argv
+    argv = engine_command(spec_pool(spec)).argv
     parsed = build_parser().parse_args(list(argv[1:]))
     assert parsed.command == "sim"
     assert parsed.port == int(argv[argv.index("--port") + 1])
@@ -183,8 +168,8 @@ def _all_rendered() -> list[dict[str, Any]]:
         document["metadata"]["uid"] = "9a1c6f0e-0000-4000-8000-000000000001"
         objects += render_pool(api.parse_pool(document)).children
     for _, spec, _ in TABLE:
-        objects += render_pool(pool(spec, uid="uid-1")).children
-    objects += render_pool(pool({"engine": {"kind": "vllm"}, "selector": {
+        objects += render_pool(spec_pool(spec, uid="uid-1")).children
+    objects += render_pool(spec_pool({"engine": {"kind": "vllm"}, "selector": {
         "matchLabels": {"app": "existing-vllm"}}})).children  # fmt: skip
     return objects
 
@@ -197,7 +182,7 @@ def test_rendered_objects_pass_the_upstream_kubernetes_schemas(manifest: dict[st
 
 
 def test_children_are_owned_labelled_and_named_after_the_pool() -> None:
-    rendered = render_pool(pool({"engine": {"kind": "vllm"}}, name="realtime", uid="u-1"))
+    rendered = render_pool(spec_pool({"engine": {"kind": "vllm"}}, name="realtime", uid="u-1"))
     assert [c["kind"] for c in rendered.children] == [
         "Service",
         "Deployment",
@@ -229,12 +214,12 @@ def test_children_are_owned_labelled_and_named_after_the_pool() -> None:
 
 
 def test_offline_render_has_no_owner() -> None:
-    for child in render_pool(pool({"engine": {"kind": "simulator"}})).children:
+    for child in render_pool(spec_pool({"engine": {"kind": "simulator"}})).children:
         assert "ownerReferences" not in child["metadata"]
 
 
 def test_gpu_engines_get_a_gpu_probes_and_a_non_root_pod() -> None:
-    deployment = render_pool(pool({"engine": {"kind": "vllm"}})).child("Deployment")
+    deployment = render_pool(spec_pool({"engine": {"kind": "vllm"}})).child("Deployment")
     assert deployment is not None
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -249,7 +234,7 @@ def test_gpu_engines_get_a_gpu_probes_and_a_non_root_pod() -> None:
 
 @pytest.mark.parametrize("kind", [k.value for k in api.EngineKind])
 def test_every_engine_runs_read_only_with_its_scratch_on_empty_dirs(kind: str) -> None:
-    deployment = render_pool(pool({"engine": {"kind": kind}})).child("Deployment")
+    deployment = render_pool(spec_pool({"engine": {"kind": kind}})).child("Deployment")
     assert deployment is not None
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -287,7 +272,7 @@ def test_pool_image_resources_and_scheduling_pass_through() -> None:
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         "affinity": {"nodeAffinity": {}},
     }
-    deployment = render_pool(pool(spec)).child("Deployment")
+    deployment = render_pool(spec_pool(spec)).child("Deployment")
     assert deployment is not None
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -301,14 +286,16 @@ def test_pool_image_resources_and_scheduling_pass_through() -> None:
 
 def test_operator_default_image_for_simulators() -> None:
     options = RenderOptions(images={**DEFAULT_IMAGES, api.EngineKind.SIMULATOR: "laneway:test"})
-    deployment = render_pool(pool({"engine": {"kind": "simulator"}}), options).child("Deployment")
+    deployment = render_pool(spec_pool({"engine": {"kind": "simulator"}}), options).child(
+        "Deployment"
+    )
     assert deployment is not None
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "laneway:test"
 
 
 def test_selector_mode_adopts_pods_instead_of_a_deployment() -> None:
     spec = {"engine": {"kind": "vllm"}, "selector": {"matchLabels": {"app": "vllm"}}}
-    rendered = render_pool(pool(spec))
+    rendered = render_pool(spec_pool(spec))
     assert rendered.child("Deployment") is None
     service, budget = rendered.child("Service"), rendered.child("PodDisruptionBudget")
     assert service is not None
@@ -325,7 +312,7 @@ def test_autoscaling_renders_no_hpa_and_the_deployment_runs_spec_replicas() -> N
         "replicas": 3,
         "autoscaling": {"minReplicas": 2, "maxReplicas": 6},
     }
-    rendered = render_pool(pool(spec))
+    rendered = render_pool(spec_pool(spec))
     assert [c["kind"] for c in rendered.children] == [
         "Service",
         "Deployment",
@@ -338,7 +325,7 @@ def test_autoscaling_renders_no_hpa_and_the_deployment_runs_spec_replicas() -> N
 
 def test_rendering_is_deterministic() -> None:
     spec = {**KNOBS, "prefill": {"chunkSize": 512, "tokenBudget": 4096}, "engine": {"kind": "vllm"}}
-    assert render_pool(pool(spec, uid="u")) == render_pool(pool(spec, uid="u"))
+    assert render_pool(spec_pool(spec, uid="u")) == render_pool(spec_pool(spec, uid="u"))
 
 
 def test_a_rendered_simulator_pod_command_serves_its_pool() -> None:
@@ -350,7 +337,7 @@ def test_a_rendered_simulator_pod_command_serves_its_pool() -> None:
         "limits": {"maxContextTokens": 2048},
         "prefill": {"chunkSize": 256, "tokenBudget": 512},
     }
-    argv = list(engine_command(pool(spec)).argv)
+    argv = list(engine_command(spec_pool(spec)).argv)
     assert argv[:2] == ["laneway", "sim"]
     argv[argv.index("--host") + 1] = "127.0.0.1"
     argv[argv.index("--port") + 1] = "0"

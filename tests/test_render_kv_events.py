@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
-from test_gateway_e2e import eventually
-from test_render_engines import pool
+from support.client import eventually
+from support.kube.kubelet import kubelet_argv
+from support.pools import spec_pool
 
 from laneway import api
 from laneway.bench.harness.procs import Children
@@ -42,30 +42,13 @@ def container_of(rendered_pool: api.InferencePool) -> dict[str, Any]:
     return container
 
 
-def kubelet_argv(container: Mapping[str, Any], pod_ip: str) -> list[str]:
-    """The container's command line as the kubelet starts it: each `$(NAME)` replaced by the
-    container's env var NAME (a literal value, or the downward API's status.podIP), and a
-    reference to no such variable left as written, as Kubernetes does."""
-    values: dict[str, str] = {}
-    for var in container.get("env", ()):
-        if "value" in var:
-            values[var["name"]] = var["value"]
-        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
-            values[var["name"]] = pod_ip
-
-    def expand(arg: str) -> str:
-        return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: values.get(m[1], m[0]), arg)
-
-    return [expand(arg) for arg in [*container["command"], *container["args"]]]
-
-
 def test_the_pod_ip_comes_from_the_downward_api_only_where_kv_events_need_it() -> None:
     engine = {
         "kind": "vllm",
         "kvEvents": {"endpoint": "tcp://gw:5557"},
         "env": [{"name": "POD_IP", "value": "theirs"}],
     }
-    publishing = container_of(pool({"engine": engine}))
+    publishing = container_of(spec_pool({"engine": engine}))
     assert publishing["env"][-2:] == [
         {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_IP", "value": "theirs"},  # the pool's own, untouched
@@ -73,7 +56,7 @@ def test_the_pod_ip_comes_from_the_downward_api_only_where_kv_events_need_it() -
     argv = kubelet_argv(publishing, "10.1.2.3")
     config = argv[argv.index("--kv-events-config") + 1]
     assert '"topic":"kv@10.1.2.3:8000"' in config
-    quiet = container_of(pool({"engine": {"kind": "vllm", "kvEvents": None}}))
+    quiet = container_of(spec_pool({"engine": {"kind": "vllm", "kvEvents": None}}))
     assert POD_IP_ENV not in {var["name"] for var in quiet["env"]}
     assert "--kv-events-config" not in quiet["args"]
 
@@ -115,7 +98,7 @@ def test_a_pool_the_operator_cannot_render_kv_events_for_says_what_to_change(
     engine: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(api.SpecError) as caught:
-        pool({"engine": engine})
+        spec_pool({"engine": engine})
     first = str(caught.value.errors[0])
     assert first.startswith(message), first
 
@@ -130,7 +113,7 @@ async def test_a_rendered_pod_publishes_kv_events_the_gateway_files_under_its_en
     children: Children,
 ) -> None:
     port, events = free_port(), f"tcp://127.0.0.1:{free_port()}"
-    rendered_pool = pool(
+    rendered_pool = spec_pool(
         {
             "port": port,
             "servedModelName": "sim-chat",

@@ -7,8 +7,8 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from given_facts import GivenFacts
-from simulated_pools import simulated_pool
+from support.given_facts import GivenFacts
+from support.pools import simulated_pool
 
 from laneway.routing.cycle import (
     BACKLOG_TOKENS,

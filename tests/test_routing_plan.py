@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from given_facts import GivenFacts, cycle_over
-from simulated_pools import simulated_pool
+from support.given_facts import GivenFacts, cycle_over
+from support.pools import simulated_pool
 
 from laneway.api import Lane
 from laneway.routing.admission import AdmissionLine

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from given_facts import GivenFacts, cycle_over
-from ledger_helpers import pool, route_to
+from support.given_facts import GivenFacts, cycle_over
+from support.ledger import pool, route_to
 
 from laneway.routing.cycle import BACKLOG_TOKENS, CycleState, EndpointLoad
 from laneway.routing.prefix_index import (

@@ -7,7 +7,7 @@ keys through the gateway is tests/test_gateway_tenants.py.
 from __future__ import annotations
 
 import pytest
-from simulated_pools import lane_pool, simulated_pool
+from support.pools import lane_pool, simulated_pool
 
 from laneway.api import InferencePool, Lane, check_pool_set
 from laneway.routing.lanes import NoFit, Route, RouteRequest, UnknownModel, classify

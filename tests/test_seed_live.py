@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from marked_processes import alive, children_of
+from support.marks import alive, children_of
 
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario, seed_configs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_sim_scheduler import small_kv_profile
+from support.profiles import small_kv_profile
 
 from laneway.simulator.engine import BlocksCached, BlocksEvicted, EngineCore
 from laneway.simulator.prefix_cache import PrefixCache, PrefixHit, block_hashes

@@ -6,10 +6,11 @@ import dataclasses
 import random
 
 import pytest
+from support.profiles import small_kv_profile
 
 from laneway.api import SchedulingPolicy
 from laneway.simulator.engine import EngineCore, RequestRejected
-from laneway.simulator.profiles import GIB, PROFILES, Profile
+from laneway.simulator.profiles import GIB, PROFILES
 from laneway.simulator.scheduler import (
     ChunkedScheduler,
     FullScheduler,
@@ -22,15 +23,6 @@ from laneway.simulator.scheduler import (
 
 H200 = PROFILES["h200-llama3-8b"]
 PLENTY_OF_KV = 1_000_000
-
-
-def small_kv_profile(kv_tokens: int) -> Profile:
-    """The H200 profile with just enough memory for `kv_tokens` of KV cache."""
-    eff = H200.efficiency
-    needed = H200.model.weight_bytes + eff.activation_reserve_bytes
-    needed += kv_tokens * H200.model.kv_bytes_per_token
-    gpu = dataclasses.replace(H200.gpu, memory_bytes=int(needed / eff.memory_utilization) + 1)
-    return dataclasses.replace(H200, gpu=gpu)
 
 
 def decoding(rid: str, prompt: int = 100, generated: int = 1) -> RequestState:

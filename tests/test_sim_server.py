@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from redis_fleet import wait_for
+from support.fleet import wait_for
 
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.prompt_ids import chat_token_ids

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simulated_pools import gateway_doc, pool_doc, start_gateway, start_sim
+from support.launch import start_gateway, start_sim
+from support.pools import gateway_doc, pool_doc
 
 from laneway.bench.harness.procs import ChildProcess, Children
 

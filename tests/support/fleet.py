@@ -1,4 +1,4 @@
-"""Helpers for the state-layer tests: simulated engines and gateway processes sharing a Redis."""
+"""The state-layer tests' fleet: simulated engines and gateway processes sharing a Redis."""
 
 from __future__ import annotations
 

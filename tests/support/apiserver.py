@@ -1,6 +1,6 @@
 """A scripted Kubernetes API server over real HTTP on loopback, for the watch client.
 
-The real one (tests/kube_cluster.py) shows what the gateway's discovery does in a cluster;
+The real one (support/kube/cluster.py) shows what the gateway's discovery does in a cluster;
 this one makes the rare moments of a watch happen on cue: list (with resourceVersion), watch
 streams of newline-delimited JSON events, 410 Gone for a resourceVersion older than the
 compacted history (as a status and as an ERROR event), connections that drop, and canned
@@ -160,7 +160,7 @@ class FakeApiServer:
             return web.json_response(canned[1], status=canned[0])
         if request.method != "GET":
             # Writes are answered only as a test scripts them (responses): the real API
-            # server in tests/kube_cluster.py is where writes have their real effects.
+            # server in support/kube/cluster.py is where writes have their real effects.
             return web.json_response({"kind": "Status", "code": 405}, status=405)
         if request.query.get("watch") == "true":
             return await self._watch(request)

@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import functools
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -39,7 +35,11 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+from support.kube.network import PodNetwork, make_pod_network, remove_pod_network
+from support.kube.pki import make_pki, write_kubeconfig
+from support.kube.processes import Process, eventually, free_port
+
 BUILD_SCRIPT = ROOT / "scripts" / "controlplane.sh"
 KWOK_STAGES = ROOT / "e2e" / "controlplane" / "kwok-stages.yaml"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -55,99 +55,6 @@ START_TIMEOUT_S = 240.0
 Manifest = dict[str, Any]
 
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def die_with_parent() -> None:
-    """For Popen's preexec_fn: the child is killed when the test run that started it dies,
-    however it dies, so no control plane outlives a killed pytest on a shared machine."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def eventually(what: str, check: Callable[[], bool], timeout_s: float = 120.0) -> None:
-    """Poll `check` until it holds; fail with `what` after `timeout_s` (a generous bound
-    for a loaded machine, not a budget the behaviour is judged by)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.1
-    while True:
-        if check():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting until {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 2.0)
-
-
-@dataclass(frozen=True)
-class PodNetwork:
-    """A network namespace of this run that owns every pod address of the cluster.
-
-    A veth pair joins it to this machine, and the pod range is routed into it, where a local
-    route makes each of its addresses answer: an engine for a pod on `kwok-host` listens there
-    on the pod's address, and anything sent to another pod is refused at once. Test traffic
-    thus goes nowhere but loopback and this run's own namespace.
-    """
-
-    namespace: str
-    host_link: str
-    pod_cidr: str  # what KWOK gives pods on ordinary nodes
-    pod_ip: str  # the address of every pod on kwok-host
-    node_ip: str
-
-    def inside(self, argv: list[str]) -> list[str]:
-        """`argv`, run inside the namespace."""
-        return ["ip", "netns", "exec", self.namespace, *argv]
-
-
-def make_pod_network() -> PodNetwork | None:
-    """A fresh namespace, veth pair and routes (root only); None where they cannot be made."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return None
-    pid = os.getpid()
-    # 198.18.0.0/15 is reserved for network tests (RFC 2544): per run, by process id, a /24
-    # of pod addresses and a /30 for the link.
-    third, block = pid % 256, (pid // 256) % 64 * 4
-    pods = f"198.18.{third}"
-    host_end, namespace_end = f"198.19.{third}.{block + 1}", f"198.19.{third}.{block + 2}"
-    network = PodNetwork(
-        namespace=f"laneway-pods-{pid}",
-        host_link=f"lwh{pid}",
-        pod_cidr=f"{pods}.0/25",
-        pod_ip=f"{pods}.250",
-        node_ip=f"{pods}.254",
-    )
-    peer = f"lwp{pid}"
-    steps = [
-        ["ip", "netns", "add", network.namespace],
-        ["ip", "link", "add", network.host_link, "type", "veth", "peer", "name", peer],
-        ["ip", "link", "set", peer, "netns", network.namespace],
-        ["ip", "addr", "add", f"{host_end}/30", "dev", network.host_link],
-        ["ip", "link", "set", network.host_link, "up"],
-        ["ip", "route", "add", f"{pods}.0/24", "via", namespace_end],
-        network.inside(["ip", "addr", "add", f"{namespace_end}/30", "dev", peer]),
-        network.inside(["ip", "link", "set", peer, "up"]),
-        network.inside(["ip", "link", "set", "lo", "up"]),
-        network.inside(["ip", "route", "add", "local", f"{pods}.0/24", "dev", "lo"]),
-    ]
-    for step in steps:
-        if subprocess.run(step, capture_output=True, check=False).returncode != 0:
-            remove_pod_network(network)
-            return None
-    return network
-
-
-def remove_pod_network(network: PodNetwork) -> None:
-    subprocess.run(["ip", "link", "delete", network.host_link], capture_output=True, check=False)
-    subprocess.run(["ip", "netns", "delete", network.namespace], capture_output=True, check=False)
-
-
 def binaries_folder() -> Path:
     """Where scripts/controlplane.sh keeps (or would keep) the binaries of the pinned versions."""
     out = subprocess.run(
@@ -158,118 +65,6 @@ def binaries_folder() -> Path:
 
 def missing_binaries(folder: Path) -> list[str]:
     return [b for b in BINARIES if not (folder / b).is_file()]
-
-
-# --- certificates -------------------------------------------------------------------------
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _sign(pki: Path, name: str, subject: str, extensions: str) -> None:
-    """A P-256 key and a certificate for it signed by the test CA."""
-    _openssl(
-        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki,
-    )  # fmt: skip
-    (pki / f"{name}.ext").write_text(extensions)
-    _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt",
-        cwd=pki,
-    )  # fmt: skip
-
-
-def make_pki(pki: Path) -> None:
-    """A CA, the API server's serving certificate, an admin client certificate (group
-    system:masters) and the key pair that signs service-account tokens."""
-    pki.mkdir(parents=True)
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=laneway-test-ca",
-        cwd=pki,
-    )  # fmt: skip
-    service_ip = "10.96.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
-    _sign(
-        pki,
-        "apiserver",
-        "/CN=kube-apiserver",
-        "subjectAltName=IP:127.0.0.1,IP:" + service_ip + ",DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
-        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
-    )
-    _sign(
-        pki,
-        "admin",
-        "/O=system:masters/CN=laneway-test-admin",
-        "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
-    )
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
-             "-out", "sa.key", cwd=pki)  # fmt: skip
-    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-
-
-def write_kubeconfig(path: Path, server: str, ca: Path, user: dict[str, str]) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}
-        ],
-        "users": [{"name": "user", "user": user}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
-        "current-context": "test",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
-# --- processes ----------------------------------------------------------------------------
-
-
-@dataclass
-class Process:
-    """One control-plane process, its output in a log file."""
-
-    name: str
-    argv: list[str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=30)
-        self.popen = None
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass

@@ -7,12 +7,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from simulated_pools import simulated_pool
-
 from laneway.api import InferencePool, Lane
 from laneway.ledger import Admission, Ledger, LedgerSettings
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.tokens import TokenBounds
+from support.pools import simulated_pool
 
 
 def pool(

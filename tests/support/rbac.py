@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
-from fake_apiserver import Request
 
-RBAC = Path(__file__).resolve().parent.parent / "manifests" / "rbac"
+from support import ROOT
+from support.apiserver import Request
+
+RBAC = ROOT / "manifests" / "rbac"
 
 
 def granted_rules(component: str) -> set[tuple[str, str, str]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import celpy
@@ -19,7 +18,8 @@ import jsonschema
 import yaml
 from celpy.adapter import json_to_cel
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+
 CRD_PATH = ROOT / "crds" / "laneway.io_inferencepools.yaml"
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 

@@ -21,9 +21,11 @@ from typing import Any
 import openai
 import pytest
 import yaml
-from kube_cluster import Cluster, die_with_parent, eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+from support.kube.cluster import Cluster
+from support.kube.processes import die_with_parent, eventually
+
 CHART = ROOT / "charts" / "laneway"
 LANEWAY = Path(sys.executable).parent / "laneway"
 

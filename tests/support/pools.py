@@ -1,21 +1,18 @@
-"""Simulated engines and the pools and gateway configs that put them behind a gateway.
+"""The pools and gateway configs that put simulated engines behind a gateway.
 
-The one place tests build them: `start_sim` starts a `laneway sim`, `pool_doc` and
-`gateway_doc` write the documents a `laneway gateway --config` reads (`start_gateway`,
-`start_single_pool`), and `simulated_pool` / `lane_pool` give parsed pools for in-process
-gateways and the routing library's tables.
+The one place tests build them: `pool_doc` and `gateway_doc` write the documents a
+`laneway gateway --config` reads (support.launch starts such a gateway as a process,
+support.inproc in the test's own event loop), and `simulated_pool` / `lane_pool` give
+parsed pools for in-process gateways and the routing library's tables.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from laneway.api import API_VERSION, KIND, InferencePool, parse_pool
-from laneway.bench.harness.procs import ChildProcess, Children
 
 FAST = "20"  # engine time scale for tests that only need answers, not long streams
 MAX_BODY = 1024 * 1024
@@ -76,36 +73,18 @@ def gateway_doc(**spec: Any) -> dict[str, Any]:
     }
 
 
-def start_sim(children: Children, model: str, *extra: str) -> ChildProcess:
-    args = ["--host", "127.0.0.1", "--port", "0", "--model", model, *extra]
-    return children.start_laneway("sim", args, name=f"sim {model}")
-
-
-def start_gateway(
-    children: Children, path: Path, documents: list[dict[str, Any]], *extra: str
-) -> ChildProcess:
-    """A gateway reading `documents` from `path`; `extra`: more command-line flags."""
-    path.write_text(yaml.safe_dump_all(documents))
-    args = ["--config", str(path), "--host", "127.0.0.1", "--port", "0", *extra]
-    return children.start_laneway("gateway", args)
-
-
-def start_single_pool(
-    children: Children,
-    tmp_path: Path,
-    time_scale: str,
-    name: str = "solo",
-    limits: dict[str, Any] | None = None,
-    **gateway_spec: Any,
-) -> tuple[ChildProcess, ChildProcess]:
-    """One engine, the only pool behind a gateway: (engine, gateway)."""
-    engine = start_sim(children, "llama-small", "--time-scale", time_scale)
-    gateway = start_gateway(
-        children,
-        tmp_path / "gateway.yaml",
-        [
-            pool_doc(name, "interactive", "llama-small", [engine.url], limits=limits),
-            gateway_doc(**gateway_spec),
-        ],
+def spec_pool(spec: dict[str, Any], name: str = "pool", uid: str = "") -> InferencePool:
+    """A parsed pool of `spec` over a minimal one (interactive, org/model served as m), for
+    the operator's renderer."""
+    base: dict[str, Any] = {"lane": "interactive", "model": "org/model", "servedModelName": "m"}
+    metadata: dict[str, Any] = {"name": name, "namespace": "serving"}
+    if uid:
+        metadata["uid"] = uid
+    return parse_pool(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": metadata,
+            "spec": {**base, **copy.deepcopy(spec)},
+        }
     )
-    return engine, gateway
