@@ -1,11 +1,11 @@
 """The request log: one JSON line per request, batched so the event loop pays microseconds.
 
-Going through `logging` cost a LogRecord, handler locks and a synchronous write per request
-(~10% of the gateway's CPU under load in the profile in docs/BENCHMARKS.md), and handing the
-records to a thread cost as much again in GIL hand-offs. Here a request's fields are kept
-as a dict; a flush scheduled a moment later serialises the batch with orjson and writes it
-in one call. The line's fields and its stream (stderr) are what they were; the logger
-`laneway.gateway.requests` still switches it off (`setLevel(WARNING)`).
+Going through `logging` means a LogRecord, handler locks and a synchronous write per request
+on the event loop, and handing the records to a thread means GIL hand-offs per request.
+Here a request's fields are kept as a dict; a flush scheduled a moment later serialises the
+batch with orjson and writes it in one call. The line's fields and its stream (stderr) are
+those of a logging line; the logger `laneway.gateway.requests` still switches it off
+(`setLevel(WARNING)`).
 """
 
 from __future__ import annotations

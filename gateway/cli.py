@@ -142,16 +142,14 @@ def run_gateway(args: argparse.Namespace) -> int:
 def settle_heap() -> None:
     """What startup built (modules, the tokenizer, the app) lives as long as the process:
     collected once, then kept out of the collector's sight. Otherwise every full collection
-    walks those ~65,000 objects again, holding the event loop for 10-25 ms each time
-    (measured in docs/BENCHMARKS.md, "The tail"), where after this it walks what requests
-    left behind.
+    walks those tens of thousands of objects again, holding the event loop (and every stream
+    on it) while it does, where after this it walks only what requests left behind.
 
     And the youngest generation is collected once YOUNG_COLLECTION_THRESHOLD more objects
     are alive than at the last collection, not 700 (CPython's default): a request's objects
     die with it by reference counting, but 64 requests in flight hold a few thousand at
-    once, so at 700 a collection ran every twenty requests, walking live requests that it
-    could not free (18 us per request, measured in docs/BENCHMARKS.md, "The hot path, sixth
-    pass")."""
+    once, so at 700 a collection would run every twenty requests, walking live requests that
+    it cannot free."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()

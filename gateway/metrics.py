@@ -147,8 +147,8 @@ class StreamGaps(Collector):
 
     Observed once per relayed chunk, the stream's hottest metric: plain counts updated on the
     event loop, where every observation and every scrape runs, instead of a prometheus_client
-    Histogram and Counter whose locks and bucket walk cost several times the relay's own work
-    per chunk (measured in docs/BENCHMARKS.md)."""
+    Histogram and Counter, whose locks guard against threads this loop never has and whose
+    bucket walk runs in Python per chunk."""
 
     def __init__(self) -> None:
         self._tallies: dict[tuple[str, str], GapTally] = {}
@@ -179,7 +179,7 @@ class LoopHistogram(Collector):
     """A histogram observed only on the event loop, exposed as prometheus_client's Histogram
     exposes one (less its `_created` samples): plain counts (`Tally`), where
     prometheus_client's `observe` takes a lock per bucket and per sum and walks the buckets in
-    Python, several times the cost on every request (its shares in docs/BENCHMARKS.md)."""
+    Python on every request, for threads that never observe it."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]

@@ -23,9 +23,8 @@ async def scrape_forever(
     engine's prefixes when its prefix counter went back, where the settings say so).
 
     A round's scrapes start spread over the interval, not all at once: each answer is read
-    and parsed on the event loop (0.7 ms for a vLLM /metrics of 70 KB on the shared 2-core
-    machine, docs/BENCHMARKS.md "The tail"), and answers landing together held the loop,
-    and every stream relayed on it, for that times the number of endpoints."""
+    and parsed on the event loop, so answers landing together would hold the loop, and every
+    stream relayed on it, for one parse times the number of endpoints."""
     timeout = aiohttp.ClientTimeout(total=settings.scrape.timeout_millis / 1000)
     interval_s = settings.scrape.interval_millis / 1000
     while True:
