@@ -73,7 +73,7 @@ def test_every_example_pool_is_admitted_defaulted_and_listed(
         kube.apply(docs)
         for doc in docs:
             stored = kube.get("lwpool", doc["metadata"]["name"], "-n", kube_namespace)
-            # The server's structural defaulting is what crd_tools predicts offline.
+            # The server's structural defaulting is what support.crd predicts offline.
             assert stored["spec"] == apply_defaults(pool_schema(), doc)["spec"], path.name
             api.parse_pool(stored)
 

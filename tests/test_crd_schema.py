@@ -1,5 +1,5 @@
 """The InferencePool CRD: structural, self-describing, in agreement with laneway.api, and
-accepting every example. No API server runs here: `crd_tools` stands in for its defaulting,
+accepting every example. No API server runs here: `support.crd` stands in for its defaulting,
 schema validation and CEL steps, and kubernetes-validate checks the CRD object itself
 against the upstream apiextensions.k8s.io/v1 schema."""
 
