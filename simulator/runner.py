@@ -68,7 +68,7 @@ from laneway.ledger import (
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.picker import PickingSettings
-from laneway.routing.prefix_index import chain_hashes
+from laneway.routing.prefix_index import leading_block_hashes
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
@@ -342,10 +342,7 @@ class VirtualCluster:
         if prompt_ids is None or not self.ledger.wants_prefix_blocks:
             return NO_BLOCKS
         size = self._prefix.block_chars // CHARS_PER_TOKEN
-        blocks = min(len(prompt_ids) // size, self._prefix.max_blocks)
-        hashes = chain_hashes(
-            hash(tuple(prompt_ids[i : i + size])) for i in range(0, blocks * size, size)
-        )
+        hashes = leading_block_hashes(tuple(prompt_ids), size, self._prefix.max_blocks)
         return PromptBlocks(hashes=hashes) if hashes else NO_BLOCKS
 
     # -- engines ---------------------------------------------------------------------------

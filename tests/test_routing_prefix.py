@@ -11,20 +11,20 @@ from laneway.routing.prefix_index import (
     PrefixIndex,
     chain_hashes,
     estimated_cached_tokens,
-    text_block_hashes,
+    leading_block_hashes,
 )
 from laneway.routing.scorers import SCORERS
 from laneway.routing.scorers.prefix_affinity import PrefixAffinityScorer
 
 
 def test_text_blocks_are_full_chained_and_capped() -> None:
-    assert len(text_block_hashes("x" * 1000, 256, 128)) == 3, "the partial tail is not hashed"
-    assert len(text_block_hashes("x" * 10_000, 256, 8)) == 8
-    same_block_twice = text_block_hashes("ab" * 256, 256, 10)
+    assert len(leading_block_hashes("x" * 1000, 256, 128)) == 3, "the partial tail is not hashed"
+    assert len(leading_block_hashes("x" * 10_000, 256, 8)) == 8
+    same_block_twice = leading_block_hashes("ab" * 256, 256, 10)
     assert same_block_twice[0] != same_block_twice[1], "a block stands for its whole prefix"
     shared = "system prompt " * 40
-    first = text_block_hashes(shared + "question one " * 10, 64, 100)
-    second = text_block_hashes(shared + "another question " * 10, 64, 100)
+    first = leading_block_hashes(shared + "question one " * 10, 64, 100)
+    second = leading_block_hashes(shared + "another question " * 10, 64, 100)
     common = len(shared) // 64
     assert first[:common] == second[:common]
     assert first[common] != second[common]

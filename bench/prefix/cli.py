@@ -175,7 +175,7 @@ def index_cost(block_chars: int, max_blocks: int, capacity_blocks: int) -> dict[
     """Feed 100k sessions' prompts through one index, as the gateway would; measure it."""
     import random
 
-    from laneway.routing.prefix_index import PrefixIndex, text_block_hashes
+    from laneway.routing.prefix_index import PrefixIndex, leading_block_hashes
 
     rng = random.Random(0)
     systems = ["".join(rng.choices("abcdefgh ", k=4000)) for _ in range(8)]
@@ -183,7 +183,7 @@ def index_cost(block_chars: int, max_blocks: int, capacity_blocks: int) -> dict[
     tracemalloc.start()
     for session in range(INDEX_SESSIONS):
         text = systems[session % 8] + f"session {session} " * 200
-        hashes = text_block_hashes(text, block_chars, max_blocks)
+        hashes = leading_block_hashes(text, block_chars, max_blocks)
         index.matched_blocks(hashes)
         index.record(f"http://10.0.0.{session % INDEX_ENDPOINTS}:8000", hashes)
     memory_bytes, _ = tracemalloc.get_traced_memory()
@@ -192,7 +192,7 @@ def index_cost(block_chars: int, max_blocks: int, capacity_blocks: int) -> dict[
     rounds = 2000
     started = time.process_time()
     for round_index in range(rounds):
-        hashes = text_block_hashes(request, block_chars, max_blocks)
+        hashes = leading_block_hashes(request, block_chars, max_blocks)
         index.matched_blocks(hashes)
         index.record(f"http://10.0.0.{round_index % INDEX_ENDPOINTS}:8000", hashes)
     cpu_s = time.process_time() - started

@@ -33,7 +33,7 @@ from laneway.routing.lanes import (
     UnknownModel,
     classify,
 )
-from laneway.routing.prefix_index import text_block_hashes
+from laneway.routing.prefix_index import leading_block_hashes
 from laneway.tokens import TokenBounds
 
 # A body this small holds little enough text to count exactly in well under a millisecond:
@@ -206,7 +206,7 @@ async def prompt_blocks(
     source = prefix.kv_events_of(pool.name)
     if source is None:
         return PromptBlocks(
-            hashes=text_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
+            hashes=leading_block_hashes(parsed.prefix_text(), prefix.block_chars, prefix.max_blocks)
         )
     # The engine's token ids, as the pool's tokenizer renders them: a chat through the
     # model's chat template where the pool has one (else the simulator's framing), a text

@@ -21,17 +21,20 @@ from dataclasses import dataclass
 ROOT_HASH = 0
 
 
-def text_block_hashes(text: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained hashes of the leading full blocks of `text`, at most `max_blocks`.
+def leading_block_hashes(
+    items: str | tuple[int, ...], block_size: int, max_blocks: int
+) -> tuple[int, ...]:
+    """Chained hashes of the leading full blocks of `items`, at most `max_blocks`.
 
-    Characters, not tokens: the gateway often routes on token-count bounds without
-    tokenizing, and a prefix of characters is a prefix of tokens up to the block's edge.
+    The gateway hashes characters, not tokens: it often routes on token-count bounds without
+    tokenizing, and a prefix of characters is a prefix of tokens up to the block's edge. The
+    virtual runner, whose prompts are token ids, hashes those in blocks of the same size.
     Python's str hash is salted per process, so these hashes mean nothing across replicas.
     """
-    blocks = min(len(text) // block_chars, max_blocks)
+    blocks = min(len(items) // block_size, max_blocks)
     return chain_hashes(
-        hash(text[start : start + block_chars])
-        for start in range(0, blocks * block_chars, block_chars)
+        hash(items[start : start + block_size])
+        for start in range(0, blocks * block_size, block_size)
     )
 
 
