@@ -37,8 +37,8 @@ async def two_replicas(servers: Servers, redis: LocalRedis, folder: Path) -> lis
                  routing={"minPromptTokens": 2001}, limits={"maxContextTokens": 32768}),
         gateway_doc(picking={"policy": "random"}),
     ]  # fmt: skip
-    flags = ("--redis-url", redis.url, "--tenants", str(folder / "tenants.yaml"))
-    return [await servers.gateway(folder / f"g{i}.yaml", documents, *flags) for i in range(2)]
+    shared = ("--redis-url", redis.url, "--tenants", str(folder / "tenants.yaml"))
+    return [await servers.gateway(folder / f"g{i}.yaml", documents, *shared) for i in range(2)]
 
 
 def client(gateway: Served, key: str = "sk-acme") -> openai.AsyncOpenAI:

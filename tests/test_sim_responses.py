@@ -26,7 +26,7 @@ async def test_store_is_ignored_unless_enabled_as_on_vllm(servers: Servers) -> N
     engine = await servers.sim(MODEL, "--time-scale", FAST)
     async with api(engine.url) as client:
         made = await client.responses.create(model=MODEL, input="hi", max_output_tokens=3)
-        assert made.store is False  # asked for (OpenAI's default), silently not kept
+        assert made.to_dict()["store"] is False  # asked for (OpenAI's default), silently not kept
         with pytest.raises(openai.NotFoundError) as missing:
             await client.responses.retrieve(made.id)
         with pytest.raises(openai.NotFoundError) as unknown:
@@ -53,7 +53,7 @@ async def test_the_prompt_is_the_chat_of_instructions_history_and_input(servers:
         fetched = await client.responses.retrieve(second.id)
         with pytest.raises(openai.BadRequestError) as refused:
             await client.responses.cancel(second.id)
-    assert first.store
+    assert first.to_dict()["store"] is True
     assert first.usage is not None
     assert second.usage is not None
     assert first.output_text == " lorem ipsum dolor"
