@@ -270,3 +270,13 @@ async def test_a_prompt_over_the_context_is_refused_before_the_engine(setup: Set
     error = answer["error"]
     assert isinstance(error, dict)
     assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
+
+
+async def test_delete_which_vllm_does_not_serve_is_an_openai_405(setup: Setup) -> None:
+    async with client(setup) as api:
+        made = await api.responses.create(model="llama", input="hi", max_output_tokens=2)
+        with pytest.raises(openai.APIStatusError) as refused:
+            await api.responses.delete(made.id)
+    assert refused.value.status_code == 405
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["type"] == "invalid_request_error"
