@@ -118,6 +118,13 @@ async def _serve(
             outcome=outcome,
         )
         answer = await forward(exchange)
+        if held is not None and outcome.status == 404:
+            # The holder lost it, its engine restarted before a scrape showed it: the
+            # history is gone, as OpenAI says of a response it does not have.
+            previous = parsed.previous_response_id
+            assert previous is not None
+            path.ledger.forget_response(previous)
+            raise previous_not_found(previous)
         made = outcome.made
         if made is not None and made.stored:
             await remember(path, admitted.ticket, made)

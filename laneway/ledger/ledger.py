@@ -305,6 +305,10 @@ class Ledger:
         self._responses.record(response_id, stored)
         return stored
 
+    def forget_response(self, response_id: str) -> None:
+        """Its holder answered that it does not have it (its engine restarted unseen)."""
+        self._responses.forget(response_id)
+
     def adopt_response(self, response_id: str, stored: StoredResponse) -> None:
         """A response another gateway replica recorded (shared through Redis)."""
         self._responses.record(response_id, stored)

@@ -66,6 +66,9 @@ class ResponseBook:
             return None
         return stored, pool
 
+    def forget(self, response_id: str) -> None:
+        self._held.pop(response_id, None)
+
     def forget_endpoint(self, url: str) -> None:
         """The endpoint's engine lost its store (restarted, or left its pool)."""
         gone = [rid for rid, stored in self._held.items() if stored.endpoint == url]
