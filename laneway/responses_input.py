@@ -8,9 +8,10 @@ first, then the stored history of `previous_response_id` (its input messages, th
 output messages as assistant messages, reasoning skipped), then the new input: a string is
 one user message, a list is taken item by item. `construct_chat_message_with_tool_call`
 (vllm/entrypoints/responses_utils.py) makes a `function_call` item an assistant message with
-one tool call and a `function_call_output` item a tool message. Function tools are flattened
-in the Responses API (`{type, name, description, parameters}`) and nested in chat
-(`{type, function: {...}}`), as vLLM converts them for the template.
+one tool call and a `function_call_output` item a tool message. Function tools are flat in
+the Responses API (`{type, name, description, parameters}`) and nested in chat: vLLM's
+`convert_tool_responses_to_completions_format` (vllm/entrypoints/openai/responses/utils.py)
+wraps the whole flat tool as the chat tool's `function`, which the template renders.
 
 The gateway and the simulator both convert with this, so they frame a request alike. The
 previous response's history is the engine's to prepend: only it holds the messages.
@@ -147,9 +148,6 @@ def _tools(tools: object) -> tuple[dict[str, Any], ...] | None:
                 "built-in tools are not served here",
                 where,
             )
-        function = {"name": _string(tool, "name", where)}
-        for field in ("description", "parameters", "strict"):
-            if tool.get(field) is not None:
-                function[field] = tool[field]
-        converted.append({"type": "function", "function": function})
+        _string(tool, "name", where)
+        converted.append({"type": "function", "function": dict(tool)})
     return tuple(converted) or None

@@ -43,8 +43,8 @@ def test_instructions_then_every_item_kind_in_order() -> None:
             {"role": "tool", "content": "Leeds", "tool_call_id": "c1"},
             {"role": "assistant", "content": [{"type": "text", "text": "In Leeds."}]},
         ),
-        tools=({"type": "function",
-                "function": {"name": "track", "parameters": {"type": "object"}}},),
+        tools=({"type": "function", "function": {"type": "function", "name": "track",
+                                                  "parameters": {"type": "object"}}},),
     )  # fmt: skip
 
 
