@@ -149,6 +149,9 @@ async def test_a_stream_is_relayed_unchanged_and_timed_from_its_first_delta(setu
     # gaps, however the bookkeeping events after the last delta arrive.
     gaps = "laneway_gateway_tbt_seconds_count"
     assert 1 <= total(after, gaps, pool="realtime") - total(before, gaps, pool="realtime") <= 11
+    # Its end, the terminal event (no `[DONE]`), closes the gateway's own time on it.
+    ends = "laneway_gateway_overhead_seconds_count"
+    assert total(after, ends, stage="stream") - total(before, ends, stage="stream") == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -69,8 +69,10 @@ def test_tbt_counts_a_responses_deltas_and_a_chats_data_events() -> None:
 def test_the_terminal_event_gives_the_response_however_split(size: int, store: bool) -> None:
     stream, reply = sim_stream(store)
     watch = TerminalEventWatch()
-    for chunk in chunks(stream, size):
-        watch.feed(chunk)
+    pieces = chunks(stream, size)
+    completing = [watch.feed(chunk) for chunk in pieces]
+    # The stream's last chunk completes its terminal event (the relay's end marker).
+    assert completing == [False] * (len(pieces) - 1) + [True]
     assert watch.made == MadeResponse(
         response_id=reply.response_id, stored=store, input_tokens=20, output_tokens=TOKENS
     )

@@ -238,11 +238,12 @@ class _StreamRelay:
         read_at = self._clock()
         # Only the chunks up to the first token are parsed for it; none after.
         self._first = not self._first_token.seen and self._first_token.feed(data)
-        if self._terminal is not None:
-            self._terminal.feed(data)
+        # A Responses stream's end is its terminal event, not a `[DONE]`.
+        terminal = self._terminal
+        ended = terminal is not None and terminal.made is None and terminal.feed(data)
         chunk = self._rename.feed(data) if self._rename else data
         ending = self.tail + chunk[-SSE_TAIL:]
-        self._ends = bool(chunk) and not self._outcome.complete and STREAM_END in ending
+        self._ends = bool(chunk) and not self._outcome.complete and (ended or STREAM_END in ending)
         if self._ends:
             # Taken before the write that sends the end: the client, once it has it, may
             # ask /metrics for it at once.

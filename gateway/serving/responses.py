@@ -90,21 +90,22 @@ class TerminalEventWatch:
         self._tail = b""
         self._event: bytearray | None = None  # from the terminal event's line on
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bool:
+        """True for the chunk that completes the terminal event."""
         if self.made is not None:
-            return
+            return False
         if self._event is None:
             seen = self._tail + chunk
             self._tail = seen[-TAIL_BYTES:]
             at = _terminal_event_at(seen)
             if at < 0:
-                return
+                return False
             self._event = bytearray(seen[at:])
         else:
             self._event += chunk
         end = self._event.find(b"\n\n")
         if end < 0:
-            return
+            return False
         for line in bytes(self._event[:end]).split(b"\n"):
             if line.startswith(b"data:"):
                 try:
@@ -114,6 +115,7 @@ class TerminalEventWatch:
                 if isinstance(event, dict):
                     self.made = made_response(event.get("response"))
         self._event = None
+        return True
 
 
 def _terminal_event_at(data: bytes) -> int:
