@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from openai.types.responses import ResponseCompletedEvent
@@ -80,3 +81,35 @@ async def test_a_pools_chat_template_frames_a_response_as_the_engines(
     # The header goes out before the engine counts: the first turn's tokens plus the new
     # turn framed alone, an upper bound (its framing and tools counted once more).
     assert int(stream.headers["x-laneway-prompt-tokens"]) >= last.response.usage.input_tokens
+
+
+async def test_a_holder_that_is_down_is_a_503_never_another_replica(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The other engine could answer, but without the history: the turn waits for the
+    holder (503 with Retry-After) instead."""
+    flags = ("--time-scale", FAST, "--enable-responses-store")
+    engines = [await servers.sim("llama-small", *flags) for _ in range(2)]
+    documents = [
+        pool_doc("pair", "interactive", "llama-small", [e.url for e in engines]),
+        gateway_doc(health={"failuresToEject": 1}),
+    ]
+    gateway = await servers.gateway(tmp_path / "gateway.yaml", documents)
+    async with openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0) as api:
+        made = await api.responses.create(model="llama", input="hi", max_output_tokens=2)
+        holders = []
+        async with aiohttp.ClientSession() as session:
+            for engine in engines:
+                async with session.get(f"{engine.url}/v1/responses/{made.id}") as answer:
+                    holders.append(answer.status == 200)
+        assert sorted(holders) == [False, True]
+        await engines[holders.index(True)].runner.cleanup()
+        for _ in range(2):  # the failed attempt, then the ejected holder
+            with pytest.raises(openai.InternalServerError) as refused:
+                await api.responses.create(
+                    model="llama", input="x", previous_response_id=made.id, max_output_tokens=2
+                )
+            assert refused.value.status_code == 503
+            assert refused.value.response.headers["Retry-After"]
+        # Requests without history still go to the engine that is up.
+        assert (await api.responses.create(model="llama", input="y", max_output_tokens=2)).id
