@@ -15,6 +15,7 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.state.callers import TenantLimits
 from laneway.gateway.state.redis_store import RedisLoadShare
+from laneway.gateway.state.responses import RedisResponseShare
 from laneway.gateway.wakes import Waiters
 from laneway.ledger import Ledger, Wakes
 
@@ -31,6 +32,7 @@ class RequestPath:
     access_log: AccessLog
     tenant_limits: TenantLimits | None  # None: no state layer
     load_share: RedisLoadShare | None  # None: one replica, its load its own
+    response_share: RedisResponseShare | None = None  # None: stored responses not shared
 
     def wake(self, wakes: Wakes) -> None:
         self.waiters.wake(wakes)

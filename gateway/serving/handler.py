@@ -23,10 +23,16 @@ from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.incoming import SESSION_HEADER, read_body
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.serving.relay import Exchange, forward
-from laneway.gateway.serving.request_body import LANE_HEADER, Endpoint, parse_lane
+from laneway.gateway.serving.request_body import (
+    LANE_HEADER,
+    Endpoint,
+    ParsedRequest,
+    parse_lane,
+)
+from laneway.gateway.serving.responses import holder, previous_not_found, remember
 from laneway.gateway.serving.routing import parse, prompt_blocks, route_request
 from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_name
-from laneway.ledger import Admission, PromptBlocks, RequestLog, Ticket
+from laneway.ledger import Admission, PromptBlocks, RequestLog, StoredResponse, Ticket
 from laneway.routing.plan import RoutingPlan
 
 log = logging.getLogger("laneway.gateway.requests")
@@ -68,8 +74,17 @@ async def _serve(
     parsed, inline = await parse(body, endpoint)
     outcome.parsed = parsed
     pinned = parse_lane(request.headers.get(LANE_HEADER))
+    held = await _continued(path, parsed, tenant_name(caller))
     route, count = await route_request(
-        path, parsed, len(body), inline, pinned, routing_tenant(caller), outcome
+        path,
+        parsed,
+        len(body),
+        inline,
+        pinned,
+        routing_tenant(caller),
+        outcome,
+        held_by=held[1] if held else None,
+        history_tokens=(held[0].context_tokens or 0) if held else 0,
     )
     pool = route.pool
     if path.tenant_limits is not None:
@@ -90,7 +105,8 @@ async def _serve(
         admitted = await admit(path, ask, outcome)
         path.metrics.queue_wait_of(pool.name, route.lane.value).observe(admitted.queue_ms / 1000)
         blocks = await prompt_blocks(path, parsed, pool)
-        plan = await _plan(path, admitted.ticket, pool, blocks)
+        only = (held[0].endpoint,) if held else None
+        plan = await _plan(path, admitted.ticket, pool, blocks, only)
         exchange = Exchange(
             path=path,
             request=request,
@@ -101,22 +117,54 @@ async def _serve(
             count=count,
             outcome=outcome,
         )
-        return await forward(exchange)
+        answer = await forward(exchange)
+        if held is not None and outcome.status == 404:
+            # The holder lost it, its engine restarted before a scrape showed it: the
+            # history is gone, as OpenAI says of a response it does not have.
+            previous = parsed.previous_response_id
+            assert previous is not None
+            path.ledger.forget_response(previous)
+            raise previous_not_found(previous)
+        made = outcome.made
+        if made is not None and made.stored:
+            await remember(path, admitted.ticket, made)
+        if made is not None and made.input_tokens is not None:
+            outcome.prompt_tokens = made.input_tokens  # the engine's count, history and all
+        return answer
     finally:
         count.cancel()
 
 
+async def _continued(
+    path: RequestPath, parsed: ParsedRequest, tenant: str
+) -> tuple[StoredResponse, InferencePool] | None:
+    """The stored response a request continues, and its endpoint's pool; 400 where no
+    endpoint holds it for this tenant (its history would be missing)."""
+    previous = parsed.previous_response_id
+    if previous is None:
+        return None
+    held = await holder(path, previous, tenant)
+    if held is None:
+        raise previous_not_found(previous)
+    return held
+
+
 async def _plan(
-    path: RequestPath, ticket: Ticket, pool: InferencePool, blocks: PromptBlocks
+    path: RequestPath,
+    ticket: Ticket,
+    pool: InferencePool,
+    blocks: PromptBlocks,
+    only: tuple[str, ...] | None,
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot: with
-    Redis, the other replicas' load on them read first."""
+    Redis, the other replicas' load on them read first. `only`: the endpoints it may use
+    (the one that stored the response it continues)."""
     ledger = path.ledger
     if path.load_share is not None:
         current = ledger.current(pool)
         if current is not None:
             ledger.set_peer_loads(await path.load_share.peers(ledger.available(current)))
-    return ledger.plan(ticket, path.clock(), blocks)
+    return ledger.plan(ticket, path.clock(), blocks, subset=only)
 
 
 def _finished(

@@ -33,6 +33,7 @@ from laneway.gateway.keys import (
     LOAD_SHARE,
     LOOPBACK,
     METRICS,
+    RESPONSE_SHARE,
     STATE_METRICS,
     TENANTS,
     Loopback,
@@ -48,6 +49,7 @@ from laneway.gateway.state.redis_store import (
     connect,
     redis_settings,
 )
+from laneway.gateway.state.responses import RedisResponseShare
 from laneway.gateway.state.settings import (
     FILE_TTL_S,
     MAX_FILE_BYTES,
@@ -103,6 +105,7 @@ def install(app: web.Application, options: SharedStateOptions) -> SharedRedis | 
     prefix = options.redis.prefix
     tracker = RedisLoadShare(redis, prefix, lease_s=options.load_lease_s)
     app[LOAD_SHARE] = tracker
+    app[RESPONSE_SHARE] = RedisResponseShare(redis, prefix)
     metrics.watch_redis(lambda: tracker.shared)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))

@@ -23,6 +23,10 @@ class LedgerSettings:
     stale_after_s: float = 5.0  # older scraped gauges are not scored
     slo_window_s: float = 300.0  # TTFT-SLO attainment over this long (demand)
     max_attempts: int = 2  # the first pick, and one retry on the next endpoint
+    # Stored responses (responses.py): OpenAI keeps them 30 days; vLLM's store, for its
+    # process's life, so an entry also ends with its endpoint's engine.
+    response_ttl_s: float = 30 * 24 * 3600.0
+    response_capacity: int = 100_000  # ids remembered, the least recently made dropped first
 
 
 @dataclass(frozen=True)

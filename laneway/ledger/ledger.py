@@ -44,6 +44,7 @@ from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.lines import GateState, PoolGate, Ticket
 from laneway.ledger.load import LoadBook
 from laneway.ledger.log import RequestLog
+from laneway.ledger.responses import ResponseBook, StoredResponse
 from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.kv_events import EngineBlockFeed, KVEvent
@@ -87,6 +88,7 @@ class Ledger:
         self.prefix_index = PrefixIndex(settings.picking.prefix.capacity_blocks)
         self._feeds: dict[str, EngineBlockFeed] = {}
         self._requests: dict[Ticket, _Request] = {}
+        self._responses = ResponseBook(settings.response_capacity)
         self._tickets = itertools.count(1)
         self.synced = False  # a pool set has been delivered
 
@@ -272,6 +274,8 @@ class Ledger:
         """Keep an engine's gauges; True when they show its prefix cache was reset (the
         index then forgets the endpoint, where the settings say so)."""
         reset = self._endpoints.scrape(url, now, metrics)
+        if reset:
+            self._responses.forget_endpoint(url)  # the store went with the old process
         if reset and self.settings.picking.prefix.forget_on_engine_restart:
             self.prefix_index.forget(url)
         return reset
@@ -282,6 +286,38 @@ class Ledger:
         if feed is None:
             feed = self._feeds[url] = EngineBlockFeed(url, self.prefix_index)
         feed.apply(events)
+
+    def record_response(
+        self, ticket: Ticket, response_id: str, now: float, context_tokens: int | None
+    ) -> StoredResponse:
+        """The endpoint the request was sent to last stored its response `response_id`:
+        what continues that response, for the same tenant, goes there."""
+        request = self._requests[ticket]
+        assert request.tried is not None, "recorded before sent"
+        assert request.plan is not None, "recorded before planned"
+        stored = StoredResponse(
+            endpoint=request.tried.url,
+            pool=request.plan.pool.key,
+            tenant=request.ask.tenant,
+            context_tokens=context_tokens,
+            expires_at=now + self.settings.response_ttl_s,
+        )
+        self._responses.record(response_id, stored)
+        return stored
+
+    def forget_response(self, response_id: str) -> None:
+        """Its holder answered that it does not have it (its engine restarted unseen)."""
+        self._responses.forget(response_id)
+
+    def adopt_response(self, response_id: str, stored: StoredResponse) -> None:
+        """A response another gateway replica recorded (shared through Redis)."""
+        self._responses.record(response_id, stored)
+
+    def response_holder(
+        self, response_id: str, tenant: str, now: float
+    ) -> tuple[StoredResponse, InferencePool] | None:
+        """Where `response_id` is stored, and that endpoint's pool (`ResponseBook.holder`)."""
+        return self._responses.holder(response_id, tenant, now, self._endpoints.pools)
 
     def set_peer_loads(self, loads: Mapping[str, EndpointLoad]) -> None:
         """The other gateway replicas' load per endpoint, summed (replaces the last)."""
