@@ -9,8 +9,9 @@ the CPU milliseconds the router process spent per request, with the ratio to lan
 The peers are Python packages with Rust cores: they are installed on demand into a virtual
 environment of their own (`--peers-venv`), never as a dependency of laneway. One more peer,
 `python-floor`, is laneway's own measuring stick (bench/gateway/floor_proxy.py): a proxy on the
-gateway's event loop and HTTP parser that does nothing but forward, so the gap between it and
-laneway is laneway's own work, and the gap between it and the Rust routers is Python's.
+gateway's event loop and HTTP stack (aiohttp's server and client) that does nothing but
+forward, so the gap between it and laneway is laneway's own work, and the gap between it and
+the Rust routers is what that stack costs.
 And `laneway@DIR` is laneway as installed in DIR (`pip install --no-deps --target DIR` of
 another checkout): the same bench, before and after a change, in one run.
 """
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httptools
 
 from laneway.bench.gateway import floor_proxy
 from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
@@ -248,7 +248,7 @@ def _command_of(package: str) -> str:
 def _floor_version() -> str:
     loop = event_loop_factory()
     name = "uvloop" if loop is not None else "asyncio"
-    return f"Python {platform.python_version()}, {name} loop, httptools {httptools.__version__}"
+    return f"Python {platform.python_version()}, {name} loop, aiohttp {aiohttp.__version__}"
 
 
 def _installed_version(python: Path, package: str) -> str:
