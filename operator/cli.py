@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.api import KIND, EngineKind, InferencePool, SpecError, check_pool_set, parse_pool
 from laneway.errors import UsageError
+
+if TYPE_CHECKING:
+    from laneway.operator.render import RenderOptions
 
 GATEWAY_URL_ENV = "LANEWAY_GATEWAY_URL"
 
@@ -28,6 +32,7 @@ def register(
     )
     render.add_argument("file", metavar="FILE", help="YAML file of InferencePools, or '-'")
     add_image_flag(render)
+    add_access_flags(render)
     render.set_defaults(handler=run_render)
 
     operator = commands.add_parser(
@@ -65,15 +70,7 @@ def register(
         help="how often to read the gateway's demand and scale (default 15)",
     )
     add_image_flag(operator)
-    operator.add_argument(
-        "--allowed-image-prefix",
-        action="append",
-        default=[],
-        metavar="PREFIX",
-        help="run only engine images under this registry or repository prefix, matched on "
-        "whole name components (e.g. registry.example.com/inference); repeatable; a pool "
-        "with another image gets Ready=False and nothing is applied (default: any image)",
-    )
+    add_access_flags(operator)
     operator.set_defaults(handler=run_operator)
 
 
@@ -85,6 +82,40 @@ def add_image_flag(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KIND=IMAGE",
         help=f"default engine image for a kind ({kinds}); repeatable",
+    )
+
+
+def add_access_flags(parser: argparse.ArgumentParser) -> None:
+    """What pools may reach: the same flags on the operator and on `laneway render`, so an
+    offline render refuses what the operator would."""
+    parser.add_argument(
+        "--allowed-image-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="run only engine images under this registry or repository prefix, matched on "
+        "whole name components (e.g. registry.example.com/inference); repeatable; a pool "
+        "with another image gets Ready=False and nothing is applied (default: any image)",
+    )
+    parser.add_argument(
+        "--allowed-env-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret (in the pool's namespace) that spec.engine.env may read with "
+        "valueFrom.secretKeyRef, e.g. a Hugging Face token; repeatable; a pool reading "
+        "another gets Ready=False and nothing is applied (default: none)",
+    )
+
+
+def render_options(args: argparse.Namespace, simulator_image: str | None = None) -> RenderOptions:
+    """The RenderOptions the image and access flags describe."""
+    from laneway.operator.render import RenderOptions
+
+    return RenderOptions(
+        images=parse_images(args.image, simulator_image),
+        allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
+        allowed_env_secrets=parse_allowed_secrets(args.allowed_env_secret),
     )
 
 
@@ -114,6 +145,19 @@ def parse_allowed_prefixes(values: Sequence[str]) -> tuple[str, ...]:
         problem = prefix_problem(value)
         if problem is not None:
             raise UsageError(f"--allowed-image-prefix {value!r}: {problem}")
+    return tuple(values)
+
+
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def parse_allowed_secrets(values: Sequence[str]) -> tuple[str, ...]:
+    for value in values:
+        if len(value) > 253 or not _SECRET_NAME.fullmatch(value):
+            raise UsageError(
+                f"--allowed-env-secret {value!r}: must be a Secret's name (lowercase letters, "
+                "digits, '-' and '.', at most 253 characters), e.g. hf-token"
+            )
     return tuple(values)
 
 
@@ -150,7 +194,7 @@ def load_pools(text: str, source: str) -> list[InferencePool]:
 def run_render(args: argparse.Namespace) -> int:
     import yaml
 
-    from laneway.operator.render import RenderOptions, render_pool
+    from laneway.operator.render import refusal, render_pool
 
     if args.file == "-":
         text, source = sys.stdin.read(), "stdin"
@@ -160,9 +204,12 @@ def run_render(args: argparse.Namespace) -> int:
             text, source = path.read_text(encoding="utf-8"), str(path)
         except (OSError, UnicodeDecodeError) as error:
             raise UsageError(f"cannot read {path}: {error}") from error
-    options = RenderOptions(images=parse_images(args.image))
+    options = render_options(args)
     documents = []
     for pool in load_pools(text, source):
+        refused = refusal(pool, options)
+        if refused is not None:
+            raise UsageError(f"{source}: InferencePool {pool.key}: {refused.message}")
         rendered = render_pool(pool, options)
         header = f"# {KIND} {pool.key}: {' '.join(rendered.engine.argv)}\n"
         for index, child in enumerate(rendered.children):
@@ -178,7 +225,6 @@ def run_operator(args: argparse.Namespace) -> int:
 
     from laneway.kube.client import KubeApi
     from laneway.operator.handlers import OperatorState, registry
-    from laneway.operator.render import RenderOptions
 
     if not 0 < args.health_port < 65536:
         raise UsageError(f"--health-port {args.health_port}: must be 1-65535")
@@ -189,10 +235,7 @@ def run_operator(args: argparse.Namespace) -> int:
             f"--gateway-url {args.gateway_url!r}: must start with http:// or https:// "
             "(e.g. http://laneway-gateway.laneway-system:8080)"
         )
-    options = RenderOptions(
-        images=parse_images(args.image, os.environ.get("LANEWAY_IMAGE")),
-        allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
-    )
+    options = render_options(args, os.environ.get("LANEWAY_IMAGE"))
     try:
         cluster = KubeApi.from_environment()
     except ConfigException as error:

@@ -21,7 +21,7 @@ from laneway.kube.endpoints import SERVICE_NAME_LABEL, ready_endpoint_urls
 from laneway.operator.render import (
     CHILD_KINDS,
     RenderOptions,
-    refused_image,
+    refusal,
     render_pool,
     selector_string,
 )
@@ -134,10 +134,13 @@ async def reconcile(
     except SpecError as error:
         message = f"the spec cannot work: {error}"
         return _problem(generation, previous, now, "InvalidSpec", message)
-    refusal = refused_image(pool, options)
-    if refusal is not None:
-        # Nothing is applied: a running Deployment keeps its allowed image.
-        return _problem(generation, previous, now, "ImageNotAllowed", refusal)
+    refused = refusal(pool, options)
+    if refused is not None:
+        # Nothing is applied: running children keep what was allowed before, unless they
+        # themselves reach what the pool may not.
+        withdrawn = await _delete_owned(pool, cluster, CHILD_KINDS) if refused.withdraw else []
+        problem = _problem(generation, previous, now, refused.reason, refused.message)
+        return ReconcileOutcome(status=problem.status, events=(*withdrawn, *problem.events))
 
     events: list[Event] = []
     spec_changed = generation != previous.get("observedGeneration")
@@ -163,14 +166,8 @@ async def reconcile(
                 return _problem(generation, previous, now, "ApplyRejected", message)
             events.append(_change_event(kind, pool.name, differences, spec_changed))
         live_children[kind] = live
-    for kind in CHILD_KINDS:
-        if rendered.child(kind) is None:
-            stale = await cluster.get(kind, pool.namespace, pool.name)
-            if stale is not None and owned_by(stale, pool.uid):
-                await cluster.delete(kind, pool.namespace, pool.name)
-                events.append(
-                    Event(type="Normal", reason="Deleted", message=f"deleted {kind}/{pool.name}")
-                )
+    stale = [kind for kind in CHILD_KINDS if rendered.child(kind) is None]
+    events += await _delete_owned(pool, cluster, stale)
 
     slices = await cluster.list(
         "EndpointSlice", pool.namespace, f"{SERVICE_NAME_LABEL}={pool.name}"
@@ -200,6 +197,19 @@ async def reconcile(
     return ReconcileOutcome(
         status=status_document(observed, conditions, previous, now), events=tuple(events)
     )
+
+
+async def _delete_owned(pool: InferencePool, cluster: Cluster, kinds: Sequence[str]) -> list[Event]:
+    """Delete the pool's children of `kinds` that exist and that it owns."""
+    events = []
+    for kind in kinds:
+        stale = await cluster.get(kind, pool.namespace, pool.name)
+        if stale is not None and owned_by(stale, pool.uid):
+            await cluster.delete(kind, pool.namespace, pool.name)
+            events.append(
+                Event(type="Normal", reason="Deleted", message=f"deleted {kind}/{pool.name}")
+            )
+    return events
 
 
 async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:

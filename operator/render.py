@@ -27,6 +27,7 @@ from laneway.api import (
 )
 from laneway.kube.client import Manifest
 from laneway.kube.endpoints import PORT_NAME
+from laneway.operator.access import Refusal, secret_refusal, selector_refusal
 from laneway.operator.images import image_refusal
 
 MANAGED_BY = "laneway-operator"
@@ -82,11 +83,13 @@ _SIMULATOR_TMP: Mapping[str, str] = {"sizeLimit": "64Mi"}
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """Operator-wide settings: default images per engine kind (overridable per pool), and
-    the registries engine images must come from (empty: any)."""
+    """Operator-wide settings: default images per engine kind (overridable per pool), the
+    registries engine images must come from (empty: any), and the Secrets engine env may
+    read (empty: none)."""
 
     images: Mapping[EngineKind, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
     allowed_image_prefixes: tuple[str, ...] = ()
+    allowed_env_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,16 @@ def refused_image(pool: InferencePool, options: RenderOptions) -> str | None:
     if pool.spec.selector is not None:
         return None
     return image_refusal(engine_image(pool, options), options.allowed_image_prefixes)
+
+
+def refusal(pool: InferencePool, options: RenderOptions) -> Refusal | None:
+    """Why the operator (and `laneway render`) must not run this pool as written, or None:
+    an image outside the allowed registries, a Secret outside the allowed ones, a selector
+    that adopts pods which never opted in (operator/access.py)."""
+    image = refused_image(pool, options)
+    if image is not None:
+        return Refusal(reason="ImageNotAllowed", message=image)
+    return secret_refusal(pool, options.allowed_env_secrets) or selector_refusal(pool)
 
 
 def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> RenderedPool:

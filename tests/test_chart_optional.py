@@ -21,6 +21,7 @@ from support.chart import (
     NAMESPACE,
     RELEASE,
     Manifest,
+    access_flags,
     container,
     deployment,
     env_of,
@@ -32,6 +33,7 @@ from support.chart import (
     template,
 )
 
+from laneway.bench.harness.procs import laneway_argv
 from laneway.bench.harness.redis_server import free_port
 from laneway.gateway.config import parse_documents
 from laneway.gateway.state.redis_store import redis_settings
@@ -273,8 +275,11 @@ def test_default_render_is_secure(rendered: dict[str, list[Manifest]]) -> None:
     assert service_ports == {"http", "metrics"}
     operator = container(deployment(objects, "operator"))
     assert "--allowed-image-prefix" in operator["args"]
+    assert "--allowed-env-secret" not in operator["args"]  # engines read no Secret
     engines = operator_render(
-        [o for o in objects if o["kind"] == "InferencePool"], operator_image(objects)
+        [o for o in objects if o["kind"] == "InferencePool"],
+        operator_image(objects),
+        access_flags(operator["args"]),
     )
     for manifest in [*objects, *engines]:
         if manifest["kind"] == "Deployment":
@@ -282,3 +287,29 @@ def test_default_render_is_secure(rendered: dict[str, list[Manifest]]) -> None:
             assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
             for each in pod["containers"]:
                 assert each["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_operator_lets_engines_read_only_the_listed_secrets(helm: str) -> None:
+    objects = template(helm, "--set", "operator.allowedEnvSecrets={hf-token,registry-creds}")
+    args = container(deployment(objects, "operator"))["args"]
+    flags = access_flags(args)
+    secrets = [value for flag, value in zip(flags[::2], flags[1::2], strict=True)
+               if flag == "--allowed-env-secret"]  # fmt: skip
+    assert secrets == ["hf-token", "registry-creds"]
+    # The flags the chart renders are ones `laneway render` (the operator's parser) takes,
+    # and a chart pool reading another Secret is refused as the operator would refuse it.
+    pool = next(o for o in objects if o["kind"] == "InferencePool")
+    pool["spec"]["engine"]["env"] = [
+        {"name": "K", "valueFrom": {"secretKeyRef": {"name": f"{RELEASE}-laneway-api-key"}}}
+    ]
+    refused = subprocess.run(
+        laneway_argv("render", "-", *access_flags(args)),
+        input=json.dumps(pool),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert f"reads Secret '{RELEASE}-laneway-api-key'" in refused.stderr
+    assert "the Secrets it allows are hf-token, registry-creds" in refused.stderr

@@ -137,6 +137,11 @@ BAD_VALUES: list[tuple[str, Manifest, str]] = [
         "networkPolicy.engineNamespaces guards engines in other namespaces",
     ),
     (
+        "env secret that is no Secret name",
+        nested("operator.allowedEnvSecrets", ["HF Token"]),
+        "/operator/allowedEnvSecrets/0",
+    ),
+    (
         "image prefix with a tag",
         nested("operator.allowedImagePrefixes", ["vllm/vllm-openai:v0.11.0"]),
         "/operator/allowedImagePrefixes/0",

@@ -90,7 +90,9 @@ async def life_cycle(cluster: FakeCluster) -> None:
         KIND,
         "serving",
         "p",
-        lambda p: p["spec"].update(selector={"matchLabels": {"a": "b"}}, autoscaling=None),
+        lambda p: p["spec"].update(
+            selector={"matchLabels": {"laneway.io/adoptable": "true"}}, autoscaling=None
+        ),
     )
     del cluster.objects[(KIND, "serving", "p")]["spec"]["autoscaling"]
     await once()
