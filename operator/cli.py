@@ -33,6 +33,7 @@ def register(
     render.add_argument("file", metavar="FILE", help="YAML file of InferencePools, or '-'")
     add_image_flag(render)
     add_access_flags(render)
+    add_picker_flags(render)
     render.set_defaults(handler=run_render)
 
     operator = commands.add_parser(
@@ -71,6 +72,7 @@ def register(
     )
     add_image_flag(operator)
     add_access_flags(operator)
+    add_picker_flags(operator)
     operator.set_defaults(handler=run_operator)
 
 
@@ -108,14 +110,46 @@ def add_access_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_picker_flags(parser: argparse.ArgumentParser) -> None:
+    """laneway's endpoint picker behind a Gateway (operator/upstream.py)."""
+    parser.add_argument(
+        "--picker-service",
+        metavar="NAME",
+        help="the Service of laneway's endpoint picker (`laneway epp`, gRPC port 9002) in "
+        "each pool's namespace: where the Gateway API Inference Extension's CRD is "
+        "installed, one inference.networking.k8s.io InferencePool per model selects that "
+        "model's engine pods and names this picker (default: none rendered)",
+    )
+    parser.add_argument(
+        "--picker-failure-mode",
+        # operator/upstream.py's FailureMode, spelled here so the CLI starts without it.
+        choices=("FailClose", "FailOpen"),
+        default="FailClose",
+        help="what the Gateway does while the picker does not answer: FailClose refuses "
+        "requests, FailOpen sends them to an endpoint of its own choosing (default FailClose)",
+    )
+
+
 def render_options(args: argparse.Namespace, simulator_image: str | None = None) -> RenderOptions:
     """The RenderOptions the image and access flags describe."""
     from laneway.operator.render import RenderOptions
+    from laneway.operator.upstream import FailureMode, PickerRef
 
+    picker = None
+    if args.picker_service is not None:
+        if len(args.picker_service) > 63 or not _DNS_LABEL.fullmatch(args.picker_service):
+            raise UsageError(
+                f"--picker-service {args.picker_service!r}: must be a Service's name "
+                "(lowercase letters, digits and '-', at most 63 characters)"
+            )
+        picker = PickerRef(
+            service=args.picker_service, failure_mode=FailureMode(args.picker_failure_mode)
+        )
     return RenderOptions(
         images=parse_images(args.image, simulator_image),
         allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
         allowed_env_secrets=parse_allowed_secrets(args.allowed_env_secret),
+        picker=picker,
     )
 
 
@@ -148,6 +182,7 @@ def parse_allowed_prefixes(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -206,7 +241,8 @@ def run_render(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot read {path}: {error}") from error
     options = render_options(args)
     documents = []
-    for pool in load_pools(text, source):
+    pools = load_pools(text, source)
+    for pool in pools:
         refused = refusal(pool, options)
         if refused is not None:
             raise UsageError(f"{source}: InferencePool {pool.key}: {refused.message}")
@@ -214,6 +250,13 @@ def run_render(args: argparse.Namespace) -> int:
         header = f"# {KIND} {pool.key}: {' '.join(rendered.engine.argv)}\n"
         for index, child in enumerate(rendered.children):
             text = yaml.safe_dump(child, sort_keys=False)
+            documents.append(header + text if index == 0 else text)
+    if options.picker is not None:
+        from laneway.operator.upstream import upstream_pools
+
+        header = "# where inference.networking.k8s.io is installed: one pool per model\n"
+        for index, upstream in enumerate(upstream_pools(pools, options.picker)):
+            text = yaml.safe_dump(upstream, sort_keys=False)
             documents.append(header + text if index == 0 else text)
     sys.stdout.write("---\n".join(documents))
     return 0

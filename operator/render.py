@@ -25,12 +25,13 @@ from laneway.api import (
     SchedulingPolicy,
     SimulatorSpec,
 )
-from laneway.kube.client import Manifest
+from laneway.kube.client import FIELD_MANAGER, Manifest
 from laneway.kube.endpoints import PORT_NAME
 from laneway.operator.access import Refusal, secret_refusal, selector_refusal
 from laneway.operator.images import image_refusal
+from laneway.operator.upstream import PickerRef, model_labels
 
-MANAGED_BY = "laneway-operator"
+MANAGED_BY = FIELD_MANAGER  # the operator's name: on its children, and as their field manager
 HEALTH_PATH = "/health"  # vLLM, SGLang and the simulator all answer here
 
 DEFAULT_IMAGES: Mapping[EngineKind, str] = {
@@ -90,6 +91,8 @@ class RenderOptions:
     images: Mapping[EngineKind, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
     allowed_image_prefixes: tuple[str, ...] = ()
     allowed_env_secrets: tuple[str, ...] = ()
+    # Set: upstream InferencePools select engine pods by their models (operator/upstream.py).
+    picker: PickerRef | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,15 @@ def pool_labels(pool: InferencePool) -> dict[str, str]:
         "laneway.io/lane": pool.spec.lane.value,
         "laneway.io/engine": pool.spec.engine.kind.value,
     }
+
+
+def _pod_labels(pool: InferencePool, options: RenderOptions) -> dict[str, str]:
+    """A pod's labels: its pool's, and with a picker its models' (never in the Deployment's
+    selector, which cannot change)."""
+    labels = pool_labels(pool)
+    if options.picker is not None:
+        labels.update(model_labels(pool))
+    return labels
 
 
 def pod_selector(pool: InferencePool) -> dict[str, str]:
@@ -352,7 +364,7 @@ def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptio
         "progressDeadlineSeconds": 1800 if gpu else 300,
         "revisionHistoryLimit": 3,
         "template": {
-            "metadata": {"labels": pool_labels(pool)},
+            "metadata": {"labels": _pod_labels(pool, options)},
             "spec": _pod_spec(pool, container, gpu),
         },
         "replicas": spec.replicas,
