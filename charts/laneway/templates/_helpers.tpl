@@ -162,3 +162,21 @@ third of it, a file half a quota. Otherwise the gateway's own defaults.
 {{- else }}1073741824
 {{- end }}
 {{- end }}
+
+{{/*
+The name operator/upstream.py's model_slug gives a model: its upstream InferencePool's
+name and its pods' label (models.laneway.io/<slug>). Kept equal by tests/test_chart_picker.py.
+*/}}
+{{- define "laneway.modelSlug" -}}
+{{- if and (le (len .) 63) (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" .) }}
+{{- . }}
+{{- else }}
+{{- $base := regexReplaceAll "[^a-z0-9]+" (lower .) "-" | trimAll "-" | trunc 54 | trimSuffix "-" }}
+{{- $digest := sha256sum . | trunc 8 }}
+{{- if $base }}{{ printf "%s-%s" $base $digest }}{{ else }}{{ printf "model-%s" $digest }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.picker.fullname" -}}
+{{- printf "%s-picker" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
