@@ -33,6 +33,7 @@ from laneway.gateway.keys import (
     SETTINGS,
     SHUTTING_DOWN,
     STOP,
+    TENANT_SHARE,
     TOKENIZER,
     WAITERS,
 )
@@ -176,6 +177,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
             access_log=app[ACCESS_LOG],
             tenant_limits=TenantLimits.of(app),
             load_share=app.get(LOAD_SHARE),
+            tenant_share=app.get(TENANT_SHARE),
         )
         yield
 

@@ -25,7 +25,7 @@ from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.serving.relay import Exchange, forward
 from laneway.gateway.serving.request_body import LANE_HEADER, Endpoint, parse_lane
 from laneway.gateway.serving.routing import parse, prompt_blocks, route_request
-from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_name
+from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_caps, tenant_name
 from laneway.ledger import Admission, PromptBlocks, RequestLog, Ticket
 from laneway.routing.plan import RoutingPlan
 
@@ -85,6 +85,7 @@ async def _serve(
             stream=parsed.stream,
             tenant=tenant_name(caller),
             fair_tokens=parsed.sequences * route.prefill_tokens,
+            caps=tenant_caps(caller),
             session_key=(request.headers.get(SESSION_HEADER) or "").strip() or None,
         )
         admitted = await admit(path, ask, outcome)
