@@ -91,6 +91,10 @@ def test_a_mounted_secret_directory_is_read_without_its_hidden_entries(tmp_path:
         ),
         ("tenants: [{name: a, apiKeys: [k], weight: -1}]", "tenants[0].weight: must be a number"),
         (
+            "tenants: [{name: a, apiKeys: [k], priority: high}]",
+            "tenants[0].priority: must be a whole number, got 'high'",
+        ),
+        (
             "tenants: [{name: a, apiKeys: [k], maxConcurrentRequests: 0}]",
             "tenants[0].maxConcurrentRequests: must be a whole number of at least 1, got 0",
         ),

@@ -25,9 +25,16 @@ from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.serving.relay import Exchange, forward
 from laneway.gateway.serving.request_body import LANE_HEADER, Endpoint, parse_lane
 from laneway.gateway.serving.routing import parse, prompt_blocks, route_request
-from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_caps, tenant_name
+from laneway.gateway.state.callers import (
+    caller_of,
+    routing_tenant,
+    tenant_caps,
+    tenant_name,
+    tenant_priority,
+)
 from laneway.ledger import Admission, PromptBlocks, RequestLog, Ticket
 from laneway.routing.plan import RoutingPlan
+from laneway.routing.priority import gateway_level
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -98,6 +105,7 @@ async def _serve(
             ticket=admitted.ticket,
             parsed=parsed,
             body=body,
+            level=gateway_level(tenant_priority(caller), route.priority, parsed.priority),
             plan=plan,
             count=count,
             outcome=outcome,

@@ -1,4 +1,5 @@
-"""Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on.
+"""Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on
+as `engine_body.py` allows.
 
 Pure: bytes in, a `ParsedRequest` out, or an ApiError(400) that names the field.
 
@@ -20,6 +21,7 @@ import orjson
 
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError, bad_request
+from laneway.gateway.serving.engine_body import refuse_engine_control
 from laneway.tokens import (
     ChatMessage,
     TemplateChat,
@@ -68,6 +70,7 @@ class ParsedRequest:
     # Prompt text outside messages and prompts: tool definitions, a completion's suffix.
     extra_texts: tuple[str, ...] = ()
     choices: int = 1  # completions generated per prompt (`n`, or `best_of` when larger)
+    priority: int | None = None  # the client's `priority`: a later place it asks for
 
     @property
     def sequences(self) -> int:
@@ -198,7 +201,9 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     stream = payload.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise bad_request(f"'stream' must be a boolean, got {_short(stream)}", "stream")
+    refuse_engine_control(payload)
     max_tokens = _max_tokens(payload, endpoint)
+    priority = _priority(payload)
     if endpoint is Endpoint.CHAT:
         messages, contents = _messages(payload)
         return ParsedRequest(
@@ -211,6 +216,7 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
             contents=contents,
             extra_texts=_tool_texts(payload),
             choices=_positive(payload, "n"),
+            priority=priority,
         )
     prompts, token_lengths = _prompts(payload)
     suffix = payload.get("suffix")
@@ -226,6 +232,7 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
         token_prompt_lengths=token_lengths,
         extra_texts=(suffix,) if suffix else (),
         choices=max(_positive(payload, "n"), _positive(payload, "best_of")),
+        priority=priority,
     )
 
 
@@ -251,6 +258,16 @@ def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> int | None:
             raise bad_request(f"'{name}' must be a positive integer, got {_short(value)}", name)
         return value
     return None
+
+
+def _priority(payload: Mapping[str, Any]) -> int | None:
+    value = payload.get("priority")
+    if value is None:
+        return None
+    # vLLM takes a 64-bit integer; a larger one would fail there instead of here.
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise bad_request(f"'priority' must be a 64-bit integer, got {_short(value)}", "priority")
+    return value
 
 
 def _positive(payload: Mapping[str, Any], name: str) -> int:

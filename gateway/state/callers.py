@@ -116,6 +116,11 @@ def tenant_caps(caller: Caller | None) -> TenantCaps:
     return NO_CAPS if caller is None or caller.internal else caller.tenant.caps
 
 
+def tenant_priority(caller: Caller | None) -> int:
+    """The tenant's `priority` level (lower first); 0 without a tenant."""
+    return 0 if caller is None else caller.tenant.priority
+
+
 def routing_tenant(caller: Caller | None) -> str | None:
     """The tenant whose pools the request may use; None when it is not authenticated."""
     if caller is None or caller.tenant is ANONYMOUS_TENANT:

@@ -9,6 +9,7 @@ holds one file per key of the Secret):
         requestsPerMinute: 600      # optional; absent: unlimited
         tokensPerMinute: 200000     # optional; prompt tokens + max_tokens, charged up front
         weight: 2                   # optional; the tenant's share in the batch lane
+        priority: 0                 # optional; its engine priority level, lower first
         maxFiles: 100               # optional; files kept at once (default: the gateway's)
         maxFileBytes: 1073741824    # optional; their bytes together (default: the gateway's)
         maxBatchTokens: 50000000    # optional; tokens of batch items not yet run (same)
@@ -60,6 +61,7 @@ class Tenant:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
+    priority: int = 0  # its requests' level at a priority-scheduled engine, lower first
     max_files: int | None = None  # None: the gateway's default quota
     max_file_bytes: int | None = None
     max_batch_tokens: int | None = None
@@ -173,7 +175,7 @@ def _read_tenants_file(file: Path, default_caps: TenantCaps) -> list[tuple[str, 
 
 
 KNOWN_FIELDS = (
-    *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight"),
+    *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight", "priority"),
     *("maxFiles", "maxFileBytes", "maxBatchTokens"),
     *("maxConcurrentRequests", "maxQueuedRequests"),
 )
@@ -200,8 +202,12 @@ def _parse_tenant(entry: object, where: str, default_caps: TenantCaps) -> tuple[
     weight = entry.get("weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
         raise UsageError(f"{where}.weight: must be a number above 0, got {weight!r}")
+    priority = entry.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+        raise UsageError(f"{where}.priority: must be a whole number, got {priority!r}")
     tenant = Tenant(
         name=name,
+        priority=priority,
         requests_per_minute=_optional_limit(entry, "requestsPerMinute", where),
         tokens_per_minute=_optional_limit(entry, "tokensPerMinute", where),
         weight=float(weight),
