@@ -93,6 +93,13 @@ def count(gateway: Served, tenant: str) -> TenantCount:
     return ledger.tenant_count(pool, tenant)
 
 
+def own(gateway: Served, tenant: str) -> TenantCount:
+    """The tenant's requests in the pool on this replica alone."""
+    ledger = gateway.runner.app[LEDGER]
+    (pool,) = [p for p in ledger.pools() if p.name == POOL]
+    return ledger.own_tenants().get((pool.key, tenant), TenantCount())
+
+
 async def until(check: Callable[[], bool], what: str) -> None:
     for _ in range(400):
         if check():
@@ -193,6 +200,51 @@ async def test_the_caps_hold_over_two_replicas_sharing_redis(
             await first.runner.app[TENANT_SHARE].flush()
             status, _, _ = await chat(session, second, "sk-acme", 5)
             assert status == 200
+    finally:
+        await servers.close()
+
+
+async def test_two_replicas_admitting_at_once_stay_within_the_cap(
+    tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    servers = Servers()
+    try:
+        gateways = await start(
+            tmp_path,
+            servers,
+            slots=64,
+            acme="    maxConcurrentRequests: 2",
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        await until(
+            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
+            "both replicas count each other",
+        )
+        peak = 0
+
+        def sample() -> bool:
+            nonlocal peak
+            peak = max(peak, sum(own(g, "acme").running for g in gateways))
+            return False
+
+        async def watch() -> None:
+            while True:
+                sample()
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        async with aiohttp.ClientSession() as session:
+            # Ten senders at once, five on each replica, three requests each.
+            for _ in range(3):
+                answers = await asyncio.gather(
+                    *(chat(session, gateways[i % 2], "sk-acme", 30) for i in range(10))
+                )
+                assert [status for status, _, _ in answers] == [200] * 10
+        watcher.cancel()
+        # Each replica's reading of the other is older than their concurrent admissions;
+        # each keeping to half of the cap holds the total to it.
+        assert peak == 2
     finally:
         await servers.close()
 

@@ -96,6 +96,20 @@ def test_other_replicas_requests_count_against_the_cap() -> None:
     assert [g.ticket for g in wakes.granted] == [waiting.ticket]
 
 
+def test_each_replica_keeps_to_its_part_of_a_cap() -> None:
+    # Readings of the other replicas are never a reservation: two replicas admitting at the
+    # same moment both see 0 there. Each keeping to half of the cap bounds the total anyway.
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    ledger.set_peer_tenants(0.0, {}, replicas=2)
+    caps = TenantCaps(max_running=4)
+    decisions = [ledger.admit(0.0, replace(ask(chat, tenant="a"), caps=caps)) for _ in range(3)]
+    assert [type(d) for d in decisions] == [Admitted, Admitted, Queued]
+    # Alone again: the whole cap is this replica's, and the waiting request runs.
+    wakes = ledger.set_peer_tenants(1.0, {}, replicas=1)
+    assert [g.ticket for g in wakes.granted] == [decisions[2].ticket]
+
+
 def test_a_line_place_goes_from_the_largest_holder_up_to_an_equal_share() -> None:
     assert line_place_for("b", {"a": 8}, 8) == "a"
     assert line_place_for("b", {"a": 4, "b": 4}, 8) is None  # b has its share

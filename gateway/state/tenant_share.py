@@ -8,7 +8,9 @@ running requests where endpoint load keeps requests in flight, the waiting ones 
 keeps prefill tokens. The ledger counts this replica's own; a request of a capped tenant
 reads the others' before it is admitted, and the heartbeat reads them again for the tenants
 with requests waiting here, so one whose requests ended on another replica runs here
-within a heartbeat.
+within a heartbeat. The heartbeat also counts the replicas holding a lease: each keeps to
+its part of every cap (`laneway.ledger.tenants`), since readings alone would let replicas
+admitting at the same moment pass the cap together.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def _as_loads(own: Mapping[TenantKey, TenantCount]) -> dict[str, EndpointLoad]:
 
 class RedisTenantShare:
     def __init__(self, redis: Redis, prefix: str, replica: str, lease_s: float) -> None:
+        self._redis = redis
+        self._replicas_key = f"{prefix}:tenants:load:replicas"  # RedisLoadShare's, leased
         self._share = RedisLoadShare(
             redis, f"{prefix}:tenants", replica=replica, lease_s=lease_s, what="tenant counts"
         )
@@ -71,14 +75,15 @@ class RedisTenantShare:
         while True:
             try:
                 await self._share.heartbeat(_as_loads(ledger.own_tenants()))
+                replicas = int(await self._redis.scard(self._replicas_key))
                 capped = ledger.capped_tenants()
                 waiting = [
                     key
                     for key, count in ledger.own_tenants().items()
                     if count.waiting and key[1] in capped
                 ]
-                if waiting:
-                    wake(ledger.set_peer_tenants(clock(), await self.peers(waiting)))
+                peers = await self.peers(waiting) if waiting else {}
+                wake(ledger.set_peer_tenants(clock(), peers, replicas))
             except REDIS_DOWN as error:
                 self._share.went_down(error)
             await asyncio.sleep(self._share.heartbeat_s)

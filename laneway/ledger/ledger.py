@@ -303,10 +303,15 @@ class Ledger:
         """The other gateway replicas' load per endpoint, summed (replaces the last)."""
         self._load.set_peers(loads)
 
-    def set_peer_tenants(self, now: float, counts: Mapping[TenantKey, TenantCount]) -> Wakes:
-        """The other replicas' requests of these (pool, tenant)s, summed: a tenant whose
-        requests ended there may run here again."""
+    def set_peer_tenants(
+        self, now: float, counts: Mapping[TenantKey, TenantCount], replicas: int | None = None
+    ) -> Wakes:
+        """The other replicas' requests of these (pool, tenant)s, summed, and how many
+        replicas share the caps (each keeps to its part): a tenant whose requests ended there
+        may run here again."""
         self._tenants.set_peers(counts)
+        if replicas is not None:
+            self._tenants.replicas = max(1, replicas)
         return self._grant_all(now)
 
     # -- reading ---------------------------------------------------------------------------
@@ -357,6 +362,11 @@ class Ledger:
     def own_tenants(self) -> dict[TenantKey, TenantCount]:
         """This replica's own requests per (pool, tenant): what it publishes."""
         return self._tenants.own()
+
+    @property
+    def cap_replicas(self) -> int:
+        """The gateway replicas sharing the tenants' caps, as last told."""
+        return self._tenants.replicas
 
     def capped_tenants(self) -> frozenset[str]:
         """The tenants with a cap, whose counts on other replicas matter here."""

@@ -3,6 +3,12 @@ gateway replicas' (arriving as data from the Redis shell), against the tenant's 
 
 A tenant's caps (`laneway.routing.fairshare.TenantCaps`) come with each of its admissions,
 so a changed tenants file applies from the tenant's next request on.
+
+The other replicas' counts are a reading, never a reservation: two replicas admitting at
+the same moment would each see the other's old count and together pass the cap. So each of
+`replicas` replicas also keeps to its part of a cap (`cap / replicas`, rounded up): the
+total stays within the cap (or `replicas - 1` over it, where the cap does not divide), at
+the price of a tenant whose requests all reach one replica getting only that part.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class TenantBook:
         self._own: dict[TenantKey, TenantCount] = {}
         self._peers: dict[TenantKey, TenantCount] = {}
         self._caps: dict[str, TenantCaps] = {}
+        self.replicas = 1  # the gateway replicas sharing the caps (with Redis)
 
     def set_caps(self, tenant: str, caps: TenantCaps) -> None:
         if caps == NO_CAPS:
@@ -55,12 +62,21 @@ class TenantBook:
         return own if peers is None else own.plus(peers)
 
     def may_run(self, pool: str, tenant: str) -> bool:
-        caps = self._caps.get(tenant, NO_CAPS)
-        return caps.max_running is None or caps.may_run(self.of(pool, tenant).running)
+        cap = self._caps.get(tenant, NO_CAPS).max_running
+        if cap is None:
+            return True
+        own = self._own.get((pool, tenant), NONE).running
+        return own < self._part(cap) and self.of(pool, tenant).running < cap
 
     def may_wait(self, pool: str, tenant: str) -> bool:
-        caps = self._caps.get(tenant, NO_CAPS)
-        return caps.max_waiting is None or caps.may_wait(self.of(pool, tenant).waiting)
+        cap = self._caps.get(tenant, NO_CAPS).max_waiting
+        if cap is None:
+            return True
+        own = self._own.get((pool, tenant), NONE).waiting
+        return own < self._part(cap) and self.of(pool, tenant).waiting < cap
+
+    def _part(self, cap: int) -> int:
+        return -(-cap // self.replicas)  # rounded up: a cap of 1 still admits one per replica
 
     def caps(self, tenant: str) -> TenantCaps:
         return self._caps.get(tenant, NO_CAPS)
