@@ -64,6 +64,13 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         "other tenant's. Exits 1 unless that tenant's TTFT p99 in the flood segments stays "
         "within 10%% of the baseline ones' and none of its requests is refused",
     )
+    chaos.add_argument(
+        "--flood-queue",
+        type=int,
+        metavar="N",
+        help="with --flood: the flooding tenant's maxQueuedRequests (default 8); past it "
+        "its requests get 429 and come back after Retry-After",
+    )
     add_json_flag(chaos)
     chaos.set_defaults(handler=run_bench_chaos)
 
@@ -101,11 +108,19 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
 
 def _run_flood(args: argparse.Namespace) -> int:
     from laneway.bench.chaos.flood import FloodOptions, render, run_flood, stderr_say
+    from laneway.errors import UsageError
 
+    if args.flood_queue is not None and args.flood_queue < 1:
+        raise UsageError(f"--flood-queue must be at least 1, got {args.flood_queue}")
     quick = FloodOptions(duration_s=20.0, sessions=3)
     options = overridden(
         quick if args.quick else FloodOptions(),
-        {"duration_s": args.duration, "sessions": args.sessions, "seed": args.seed},
+        {
+            "duration_s": args.duration,
+            "sessions": args.sessions,
+            "seed": args.seed,
+            "flood_queue": args.flood_queue,
+        },
     )
     return run_and_report(
         lambda command: run_flood(options, command, stderr_say),

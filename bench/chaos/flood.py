@@ -3,7 +3,7 @@ SLO is measured, through two gateway replicas sharing one redis-server.
 
 Two `laneway sim` engines behind one interactive pool, two gateway replicas with a keys file
 of two tenants: `steady` (no caps) and `flood`, whose share is `FLOOD_SHARE` requests
-running in the pool at once and `FLOOD_QUEUE` waiting (`maxConcurrentRequests`,
+running in the pool at once and `flood_queue` waiting (`maxConcurrentRequests`,
 `maxQueuedRequests`, held over both replicas through Redis). The same steady clients run
 throughout (closed-loop chat sessions spread over both replicas), and the run alternates
 `CYCLES` times between two kinds of segment of `duration_s / (2 x CYCLES)` each:
@@ -47,28 +47,30 @@ WARMUP, BASELINE, FLOOD = "warm-up", "baseline", "flood"
 # Not counted: the first requests meet cold engines and gateways (tokenizer, connections).
 WARMUP_S = 2.0
 FLOOD_SHARE = 4  # the flood tenant's maxConcurrentRequests in the pool
-FLOOD_QUEUE = 8  # its maxQueuedRequests
 FLOOD_FACTOR = 10  # the flood segments' senders, in shares
 GOAL_RATIO = 1.10  # steady TTFT P99, flood segments over baseline ones
 CYCLES = 3  # baseline, flood, baseline, flood, ...
 KEYS = {"steady": "sk-steady", "flood": "sk-flood"}
-TENANTS = {
-    "tenants": [
-        {"name": "steady", "apiKeys": [KEYS["steady"]]},
-        {
-            "name": "flood",
-            "apiKeys": [KEYS["flood"]],
-            "maxConcurrentRequests": FLOOD_SHARE,
-            "maxQueuedRequests": FLOOD_QUEUE,
-        },
-    ]
-}
+
+
+def tenants_file(flood_queue: int) -> dict[str, Any]:
+    """The keys file: the flood tenant's caps, the steady tenant's none."""
+    flood = {
+        "name": "flood",
+        "apiKeys": [KEYS["flood"]],
+        "maxConcurrentRequests": FLOOD_SHARE,
+        "maxQueuedRequests": flood_queue,
+    }
+    return {"tenants": [{"name": "steady", "apiKeys": [KEYS["steady"]]}, flood]}
 
 
 @dataclass(frozen=True)
 class FloodOptions:
     duration_s: float = 60.0  # both halves together
     sessions: int = 4  # the steady tenant's closed-loop chat sessions
+    # The flood tenant's maxQueuedRequests: past it its senders are refused (429) and come
+    # back after Retry-After; a line as long as the flood holds them waiting instead.
+    flood_queue: int = 8
     seed: int = 0
 
 
@@ -246,14 +248,16 @@ async def run_flood(options: FloodOptions, command: str, say: Any) -> FloodRepor
         try:
             await asyncio.to_thread(server.start)
             async with Children() as children:
-                urls = await _start(children, server, directory, say)
+                urls = await _start(children, server, directory, options, say)
                 sent = await _load(urls, options, say)
         finally:
             server.stop()
     return report_of(command, options, sent)
 
 
-async def _start(children: Children, server: LocalRedis, directory: Path, say: Any) -> list[str]:
+async def _start(
+    children: Children, server: LocalRedis, directory: Path, options: FloodOptions, say: Any
+) -> list[str]:
     chat = DEMO_POOLS[0]
     engines = await asyncio.gather(
         *(
@@ -265,10 +269,10 @@ async def _start(children: Children, server: LocalRedis, directory: Path, say: A
     )
     config = directory / "gateway.yaml"
     config.write_text(yaml.safe_dump_all([chat.document([e.url for e in engines], "demo")]))
-    tenants = directory / "tenants.yaml"
-    tenants.write_text(yaml.safe_dump(TENANTS))
+    keys = directory / "tenants.yaml"
+    keys.write_text(yaml.safe_dump(tenants_file(options.flood_queue)))
     flags = ["--config", str(config), "--host", "127.0.0.1", "--redis-url", server.url]
-    flags += ["--tenants", str(tenants)]
+    flags += ["--tenants", str(keys)]
     gateways = await asyncio.gather(
         *(
             children.start_laneway_async(
