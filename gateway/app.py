@@ -34,6 +34,7 @@ from laneway.gateway.keys import (
     SETTINGS,
     SHUTTING_DOWN,
     STOP,
+    TENANT_SHARE,
     TOKENIZER,
     WAITERS,
 )
@@ -181,6 +182,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
             tenant_limits=TenantLimits.of(app),
             load_share=app.get(LOAD_SHARE),
             response_share=app.get(RESPONSE_SHARE),
+            tenant_share=app.get(TENANT_SHARE),
         )
         yield
 

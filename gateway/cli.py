@@ -347,6 +347,22 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         f"entry sets maxBatchTokens (default {TENANT_BATCH_TOKENS})",
     )
     parser.add_argument(
+        "--tenant-max-concurrent",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests a tenant may run in one pool at once, over every replica, unless its "
+        "tenants entry sets maxConcurrentRequests (default: no cap)",
+    )
+    parser.add_argument(
+        "--tenant-max-queued",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests a tenant may have waiting in one pool's line, over every replica, "
+        "unless its tenants entry sets maxQueuedRequests (default: no cap)",
+    )
+    parser.add_argument(
         "--file-ttl",
         type=int,
         default=FILE_TTL_S,

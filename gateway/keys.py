@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from laneway.gateway.state.redis_store import RedisLoadShare
     from laneway.gateway.state.responses import RedisResponseShare
     from laneway.gateway.state.settings import FileQuota
+    from laneway.gateway.state.tenant_share import RedisTenantShare
     from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
     from laneway.gateway.wakes import Waiters
     from laneway.ledger import Ledger
@@ -65,6 +66,7 @@ STATE_METRICS: web.AppKey[StateMetrics] = web.AppKey("state_metrics")
 DEMAND_SHARE: web.AppKey[RedisDemandShare] = web.AppKey("demand_share")  # absent: no Redis
 LOAD_SHARE: web.AppKey[RedisLoadShare] = web.AppKey("load_share")  # absent: no Redis
 RESPONSE_SHARE: web.AppKey[RedisResponseShare] = web.AppKey("response_share")  # the same
+TENANT_SHARE: web.AppKey[RedisTenantShare] = web.AppKey("tenant_share")  # absent: no Redis
 
 
 class Loopback:

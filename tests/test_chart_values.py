@@ -20,8 +20,11 @@ from support.chart import (
     NAMESPACE,
     RELEASE,
     Manifest,
+    container,
+    deployment,
     gateway_config_documents,
     nested,
+    parse_laneway,
     run_helm,
     template,
     values_args,
@@ -271,6 +274,25 @@ def test_schema_rules_mirror_the_gateway_parser(helm: str) -> None:
         rejected = run_helm(helm, "template", RELEASE, str(CHART), "--set", value)
         assert rejected.returncode != 0, value
         assert where in rejected.stderr, rejected.stderr
+
+
+def test_tenant_caps_become_the_gateways_defaults_for_every_tenant(helm: str) -> None:
+    objects = template(
+        helm,
+        "--set",
+        "gateway.tenants.maxConcurrentRequests=4",
+        "--set",
+        "gateway.tenants.maxQueuedRequests=16",
+    )
+    args = parse_laneway(list(container(deployment(objects, "gateway"))["args"]))
+    assert (args.tenant_max_concurrent, args.tenant_max_queued) == (4, 16)
+    default = parse_laneway(list(container(deployment(template(helm), "gateway"))["args"]))
+    assert (default.tenant_max_concurrent, default.tenant_max_queued) == (None, None)
+    rejected = run_helm(
+        helm, "template", RELEASE, str(CHART), "--set", "gateway.tenants.maxQueuedRequests=0"
+    )
+    assert rejected.returncode != 0
+    assert "/gateway/tenants/maxQueuedRequests" in rejected.stderr, rejected.stderr
 
 
 # --- the chart's own files ----------------------------------------------------------

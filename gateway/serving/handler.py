@@ -31,9 +31,16 @@ from laneway.gateway.serving.request_body import (
 )
 from laneway.gateway.serving.responses import holder, previous_not_found, remember
 from laneway.gateway.serving.routing import parse, prompt_blocks, route_request
-from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_name
+from laneway.gateway.state.callers import (
+    caller_of,
+    routing_tenant,
+    tenant_caps,
+    tenant_name,
+    tenant_priority,
+)
 from laneway.ledger import Admission, PromptBlocks, RequestLog, StoredResponse, Ticket
 from laneway.routing.plan import RoutingPlan
+from laneway.routing.priority import gateway_level
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -100,6 +107,7 @@ async def _serve(
             stream=parsed.stream,
             tenant=tenant_name(caller),
             fair_tokens=parsed.sequences * route.prefill_tokens,
+            caps=tenant_caps(caller),
             session_key=(request.headers.get(SESSION_HEADER) or "").strip() or None,
         )
         admitted = await admit(path, ask, outcome)
@@ -113,6 +121,7 @@ async def _serve(
             ticket=admitted.ticket,
             parsed=parsed,
             body=body,
+            level=gateway_level(tenant_priority(caller), route.priority, parsed.priority),
             plan=plan,
             count=count,
             outcome=outcome,

@@ -12,13 +12,13 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from laneway.gateway.errors import error_body
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admitting import no_endpoint
 from laneway.gateway.serving.context import RequestPath
+from laneway.gateway.serving.engine_body import engine_body
 from laneway.gateway.serving.engine_usage import engine_prompt_tokens
 from laneway.gateway.serving.first_token import FirstTokenWatch, content_events_of
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
@@ -28,6 +28,7 @@ from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch, 
 from laneway.gateway.serving.routing import PromptCount
 from laneway.ledger import Sent, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
+from laneway.routing.priority import engine_priority
 from laneway.routing.slo import within_slo
 
 log = logging.getLogger("laneway.gateway.requests")
@@ -53,7 +54,8 @@ class Exchange:
     request: web.Request
     ticket: Ticket
     parsed: ParsedRequest
-    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
+    body: bytes  # as the client sent it: forwarded unchanged unless `engine_body` changes it
+    level: int  # the request's priority level, lower first (`laneway.routing.priority`)
     plan: RoutingPlan
     count: PromptCount
     outcome: Outcome
@@ -62,10 +64,13 @@ class Exchange:
 async def forward(exchange: Exchange) -> web.StreamResponse:
     path, plan = exchange.path, exchange.plan
     served = plan.pool.spec.served_model_name
-    body = (
-        exchange.body
-        if served == exchange.parsed.model
-        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    parsed = exchange.parsed
+    body = engine_body(
+        parsed.payload,
+        parsed.endpoint.value,
+        exchange.body,
+        served,
+        engine_priority(plan.pool, exchange.level),
     )
     failures = []
     candidate = plan.endpoints[0] if plan.endpoints else None

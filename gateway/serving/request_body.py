@@ -1,4 +1,5 @@
-"""Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on.
+"""Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on
+as `engine_body.py` allows.
 
 Pure: bytes in, a `ParsedRequest` out, or an ApiError(400) that names the field.
 
@@ -20,6 +21,7 @@ import orjson
 
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError, bad_request
+from laneway.gateway.serving.engine_body import refuse_engine_control
 from laneway.responses_input import ResponsesInputError, responses_chat
 from laneway.tokens import (
     ChatMessage,
@@ -83,6 +85,8 @@ class ParsedRequest:
     def chat_body(self) -> Mapping[str, Any]:
         """Where the chat's `messages` and `tools` are: the body, or a response's input."""
         return self.payload if self.chat_input is None else self.chat_input
+
+    priority: int | None = None  # the client's `priority`: a later place it asks for
 
     @property
     def sequences(self) -> int:
@@ -214,9 +218,11 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     stream = payload.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise bad_request(f"'stream' must be a boolean, got {_short(stream)}", "stream")
+    refuse_engine_control(payload)
     max_tokens = _max_tokens(payload, endpoint)
+    priority = _priority(payload)
     if endpoint is Endpoint.RESPONSES:
-        return _responses_request(payload, model, bool(stream), max_tokens)
+        return _responses_request(payload, model, bool(stream), max_tokens, priority)
     if endpoint is Endpoint.CHAT:
         messages, contents = _messages(payload)
         return ParsedRequest(
@@ -229,6 +235,7 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
             contents=contents,
             extra_texts=_tool_texts(payload),
             choices=_positive(payload, "n"),
+            priority=priority,
         )
     prompts, token_lengths = _prompts(payload)
     suffix = payload.get("suffix")
@@ -244,11 +251,16 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
         token_prompt_lengths=token_lengths,
         extra_texts=(suffix,) if suffix else (),
         choices=max(_positive(payload, "n"), _positive(payload, "best_of")),
+        priority=priority,
     )
 
 
 def _responses_request(
-    payload: Mapping[str, Any], model: str, stream: bool, max_tokens: int | None
+    payload: Mapping[str, Any],
+    model: str,
+    stream: bool,
+    max_tokens: int | None,
+    priority: int | None,
 ) -> ParsedRequest:
     """A response's input as the chat the engine renders; its history is the engine's."""
     try:
@@ -274,6 +286,7 @@ def _responses_request(
         extra_texts=_tool_texts(chat_input),
         chat_input=chat_input,
         previous_response_id=previous,
+        priority=priority,
     )
 
 
@@ -302,6 +315,16 @@ def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> int | None:
             raise bad_request(f"'{name}' must be a positive integer, got {_short(value)}", name)
         return value
     return None
+
+
+def _priority(payload: Mapping[str, Any]) -> int | None:
+    value = payload.get("priority")
+    if value is None:
+        return None
+    # vLLM takes a 64-bit integer; a larger one would fail there instead of here.
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise bad_request(f"'priority' must be a 64-bit integer, got {_short(value)}", "priority")
+    return value
 
 
 def _positive(payload: Mapping[str, Any], name: str) -> int:
