@@ -176,3 +176,21 @@ def test_a_body_with_nothing_to_change_is_forwarded_as_sent() -> None:
         "messages": [],
     }
     assert "kv_transfer_params" in ENGINE_CONTROL
+
+
+def test_a_response_keeps_its_own_fields_and_loses_unknown_ones() -> None:
+    payload = {
+        "model": "public",
+        "input": "hi",
+        "instructions": "be brief",
+        "previous_response_id": "resp_1",
+        "store": True,
+        "max_output_tokens": 8,
+        "top_k": 4,
+        "for_another_service": 1,
+    }
+    body = orjson.dumps(payload)
+    sent = orjson.loads(engine_body(payload, "/v1/responses", body, "served", None))
+    assert sent == {k: v for k, v in payload.items() if k != "for_another_service"} | {
+        "model": "served"
+    }

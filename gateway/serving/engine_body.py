@@ -19,7 +19,7 @@ import orjson
 
 from laneway.gateway.errors import bad_request
 
-# The OpenAI API's request fields for both endpoints.
+# The OpenAI API's request fields for both completion endpoints.
 _COMMON = frozenset(
     {
         *("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n"),
@@ -51,6 +51,16 @@ FORWARDED: Mapping[str, frozenset[str]] = {
     "/v1/completions": _COMMON
     | _SAMPLING
     | {"prompt", "suffix", "echo", "best_of", "add_special_tokens"},
+    # The Responses API's create fields (vLLM's `ResponsesRequest` takes the sampling ones too).
+    "/v1/responses": _SAMPLING
+    | {
+        *("model", "input", "instructions", "stream", "stream_options", "store"),
+        *("previous_response_id", "max_output_tokens", "max_tool_calls", "temperature"),
+        *("top_p", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"),
+        *("reasoning", "text", "truncation", "include", "metadata", "background"),
+        *("service_tier", "user", "prompt", "prompt_cache_key", "safety_identifier"),
+        *("seed", "stop", "logit_bias"),
+    },
 }
 # Fields that steer the engine rather than a request's sampling: refused, never forwarded.
 ENGINE_CONTROL = frozenset(
