@@ -40,6 +40,7 @@ class ExternalProcessor(ext_grpc.ExternalProcessorServicer):  # type: ignore[mis
     async def Process(
         self, requests: AsyncIterator[ext.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ext.ProcessingResponse]:
+        # grpc takes an async generator function only: this one re-yields the stream's.
         async for answer in PickerStream(self._path).run(requests):
             yield answer
 

@@ -87,6 +87,13 @@ class PickerStream:
     ) -> AsyncIterator[ext.ProcessingResponse]:
         try:
             async for message in messages:
+                if self._watch is not None and message.HasField("response_body"):
+                    # A response chunk, the stream's most frequent message: no coroutine or
+                    # list to make for it.
+                    chunk = self._response_body(message.response_body)
+                    if chunk is not None:
+                        yield chunk
+                    continue
                 try:
                     answers = await self._answer(message)
                 except Exception:
@@ -118,8 +125,11 @@ class PickerStream:
             return [protocol.trailers_continue(response=False)]
         if kind == "response_headers":
             return await self._response_headers(message)
-        if kind == "response_body":
-            return self._response_body(message.response_body)
+        if kind == "response_body":  # before the response's headers (no routed request)
+            body = message.response_body
+            return [
+                protocol.response_body_chunk(body.body, body.end_of_stream, self._duplex_response)
+            ]
         if kind == "response_trailers":
             return [protocol.trailers_continue(response=True)]
         return []
@@ -291,12 +301,11 @@ class PickerStream:
                 break
         path.load_changed()
 
-    def _response_body(self, body: ext.HttpBody) -> list[ext.ProcessingResponse]:
+    def _response_body(self, body: ext.HttpBody) -> ext.ProcessingResponse | None:
+        """The chunk passed back (renamed); None while a buffered body is still coming."""
         watch, routed = self._watch, self._routed
-        if watch is None or routed is None:
-            return [
-                protocol.response_body_chunk(body.body, body.end_of_stream, self._duplex_response)
-            ]
+        assert watch is not None
+        assert routed is not None, "a watch is set once routed"
         path = self._path
         read_at = path.clock()
         chunk, first = watch.feed(body.body)
@@ -308,8 +317,8 @@ class PickerStream:
             self._outcome.complete = True
             self._release()
         if not self._duplex_response and not body.end_of_stream:
-            return []  # buffered: the whole body comes in one message
-        return [protocol.response_body_chunk(chunk, body.end_of_stream, self._duplex_response)]
+            return None  # buffered: the whole body comes in one message
+        return protocol.response_body_chunk(chunk, body.end_of_stream, self._duplex_response)
 
     def _time_tokens(self, routed: _Routed, chunk: bytes, first: bool, read_at: float) -> None:
         path, plan = self._path, routed.plan
