@@ -51,7 +51,11 @@ class ResponseWatch:
         return chunk.count(b"data:") - chunk.count(b"[DONE]")
 
     def _scan_usage(self, chunk: bytes) -> None:
-        lines = (self._partial + chunk).split(b"\n")
+        data = self._partial + chunk if self._partial else chunk
+        if USAGE not in data:  # most events: only the last line's start is kept
+            self._partial = data[data.rfind(b"\n") + 1 :]
+            return
+        lines = data.split(b"\n")
         self._partial = lines.pop()
         for line in lines:
             if USAGE in line and line.startswith(b"data:"):

@@ -28,6 +28,7 @@ from laneway.gateway.epp import protocol
 from laneway.gateway.epp.asks import read_asks
 from laneway.gateway.epp.following import ResponseWatch
 from laneway.gateway.errors import ApiError
+from laneway.gateway.metrics import GapTally
 from laneway.gateway.serving.admitting import admit, no_endpoint
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.handler import record, release
@@ -79,6 +80,7 @@ class PickerStream:
         self._on: PlannedEndpoint | None = None  # the endpoint the ledger counts it on
         self._watch: ResponseWatch | None = None
         self._last_event: float | None = None
+        self._gaps: GapTally | None = None  # the pool's TBT tally, from the first token on
         self._status = 0
         self._released = False
 
@@ -306,13 +308,14 @@ class PickerStream:
         watch, routed = self._watch, self._routed
         assert watch is not None
         assert routed is not None, "a watch is set once routed"
-        path = self._path
-        read_at = path.clock()
+        # One moment per chunk: the picker reads it and hands it on at once (the engine's
+        # read and the client's write of the gateway are one hop apart here).
+        now = self._path.clock()
         chunk, first = watch.feed(body.body)
         if body.end_of_stream:
             chunk += watch.end()
         if watch.streaming and self._status == 200 and chunk:
-            self._time_tokens(routed, chunk, first, read_at)
+            self._time_tokens(routed, watch, chunk, first, now)
         if body.end_of_stream:
             self._outcome.complete = True
             self._release()
@@ -320,25 +323,23 @@ class PickerStream:
             return None  # buffered: the whole body comes in one message
         return protocol.response_body_chunk(chunk, body.end_of_stream, self._duplex_response)
 
-    def _time_tokens(self, routed: _Routed, chunk: bytes, first: bool, read_at: float) -> None:
-        path, plan = self._path, routed.plan
-        now = path.clock()
-        labels = (plan.pool.name, plan.lane.value)
+    def _time_tokens(
+        self, routed: _Routed, watch: ResponseWatch, chunk: bytes, first: bool, now: float
+    ) -> None:
         if first and self._on is not None:
-            token = path.ledger.first_token(routed.ticket, read_at=read_at, written_at=now)
+            path, plan = self._path, routed.plan
+            token = path.ledger.first_token(routed.ticket, read_at=now, written_at=now)
             path.load_changed()
+            labels = (plan.pool.name, plan.lane.value)
             path.metrics.ttft_of(*labels).observe(token.ttft_ms / 1000)
             path.metrics.ttft_slo_of(*labels, "true" if token.met_slo else "false").inc()
+            self._gaps = path.metrics.tbt.labels(*labels)
             self._last_event = now
-        elif (
-            self._last_event is not None
-            and self._watch is not None
-            and self._watch.events(chunk) > 0
-        ):
-            gap = now - self._last_event
-            path.metrics.tbt.labels(*labels).observe(
-                gap, within_slo(gap, plan.pool.spec.slo.tbt_millis)
-            )
+            return
+        last, gaps = self._last_event, self._gaps
+        if last is not None and gaps is not None and watch.events(chunk) > 0:
+            gap = now - last
+            gaps.observe(gap, within_slo(gap, routed.plan.pool.spec.slo.tbt_millis))
             self._last_event = now
 
     # -- the end -----------------------------------------------------------------------------
