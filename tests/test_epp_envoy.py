@@ -18,7 +18,14 @@ from support.client import eventually, scrape, total
 from support.launch import start_sim
 from support.pools import FAST, gateway_doc, pool_doc
 
-from laneway.bench.harness.envoy import Ports, envoy_config, envoy_stat, free_port, start_envoy
+from laneway.bench.harness.envoy import (
+    HEALTHY_PICKERS,
+    Ports,
+    envoy_config,
+    envoy_stat,
+    free_port,
+    start_envoy,
+)
 from laneway.bench.harness.procs import ChildProcess, Children
 
 pytestmark = pytest.mark.slow
@@ -191,11 +198,12 @@ async def test_picker_down_under_fail_open_and_fail_close_then_restarted(
     solo = pool_doc("solo", "interactive", "llama-small", [engine.url], {"models": ["llama-small"]})
     picker = start_picker(children, tmp_path, [solo])
     where = f"127.0.0.1:{picker.port}"
+    ports = {"fail-close": Ports.free(), "fail-open": Ports.free()}
     closed, opened = (
         start_envoy(
             children,
             tmp_path / name,
-            envoy_config(ports=Ports.free(), picker=where, endpoints=[engine.url], fail_open=fail),
+            envoy_config(ports=ports[name], picker=where, endpoints=[engine.url], fail_open=fail),
             name=f"envoy {name}",
         )
         for name, fail in (("fail-close", False), ("fail-open", True))
@@ -209,16 +217,25 @@ async def test_picker_down_under_fail_open_and_fail_close_then_restarted(
         assert picker.process is not None
         await asyncio.to_thread(picker.process.stop)
 
-        # FailClose: refused at once, never hung. FailOpen: Envoy's own balancing serves it.
+        # FailClose: refused at once, never hung.
         async with asyncio.timeout(20):
             with pytest.raises(openai.APIStatusError) as refused:
                 await fail_close.chat.completions.create(**hello(model="llama-small", max_tokens=2))
-            assert refused.value.status_code >= 500
+        assert refused.value.status_code >= 500
+
+        # FailOpen: Envoy's own balancing serves it, unrouted, once its health check has
+        # found the picker gone: then no body chunk goes to the picker first, after which
+        # Envoy cannot fail open in full-duplex mode (envoy PR 41276) and answers 500.
+        async def picker_unhealthy() -> bool:
+            return envoy_stat(ports["fail-open"].admin, HEALTHY_PICKERS) == 0
+
+        await eventually(picker_unhealthy, "Envoy's health check to find the picker down")
+        async with asyncio.timeout(20):
             raw = await fail_open.chat.completions.with_raw_response.create(
                 **hello(model="llama-small", max_tokens=2)
             )
-            assert raw.parse().choices[0].message.content
-            assert "x-laneway-pool" not in raw.headers  # no picker saw it
+        assert raw.parse().choices[0].message.content
+        assert "x-laneway-pool" not in raw.headers  # no picker saw it
 
         await asyncio.to_thread(picker.start)
 

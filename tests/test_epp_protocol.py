@@ -440,3 +440,14 @@ async def test_health_names_liveness_readiness_and_the_service(picker: Picker) -
 
     await eventually(ready, "readiness once the engines pass their probes")
     assert await status("envoy.service.ext_proc.v3.ExternalProcessor") == serving
+
+
+async def test_a_completion_without_a_body_passes_through_unlogged(picker: Picker) -> None:
+    exchange = Exchange(picker)
+    bodiless = request_headers()
+    bodiless.request_headers.end_of_stream = True
+    exchange.send(bodiless)
+    head = await exchange.read()
+    assert not head.request_headers.response.header_mutation.set_headers
+    await exchange.close()
+    assert total(picker.samples(), "laneway_gateway_requests_total") == 0

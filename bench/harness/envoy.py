@@ -26,6 +26,8 @@ from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
 
 READY_WITHIN_S = 30.0
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # the health service name
+HEALTHY_PICKERS = "cluster.epp.membership_healthy"
 
 
 def envoy_binary() -> str:
@@ -202,6 +204,23 @@ def _picker_cluster(picker: str) -> dict[str, Any]:
         "name": "epp",
         "type": "STATIC",
         "connect_timeout": "1s",
+        # The picker's own gRPC health: a picker that is down (or not ready) leaves no
+        # healthy host, so the ext_proc stream fails before any body chunk has gone to it,
+        # the one point where Envoy can still fail open in full-duplex mode (envoy PR 41276);
+        # no panic routing to an unhealthy host.
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "0.5s",
+                # Without traffic (every request failing open) Envoy checks every 60 s by
+                # default: a restarted picker would wait that long to be used again.
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
+            }
+        ],
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": http2
         },
@@ -242,16 +261,19 @@ def start_envoy(
     announce = f"echo '{READY_LINE}{url}'; exec \"$@\""
     child = children.start(name, ["sh", "-c", announce, "sh", *argv], READY_LINE)
     ready = f"http://{admin['address']}:{admin['port_value']}/ready"
+    picked = any(c["name"] == "epp" for c in config["static_resources"]["clusters"])
     deadline = time.monotonic() + READY_WITHIN_S
     while time.monotonic() < deadline:
         if child.returncode is not None:
             raise AssertionError(f"envoy exited: {child.describe_exit()}")
         try:
             with urllib.request.urlopen(ready, timeout=1) as answer:
-                if answer.status == 200:
-                    return child
+                live = answer.status == 200
         except (urllib.error.URLError, OSError):
-            pass
+            live = False
+        # With a picker, ready once its health check passed (the picker is ready).
+        if live and (not picked or envoy_stat(admin["port_value"], HEALTHY_PICKERS) > 0):
+            return child
         time.sleep(0.1)
     raise AssertionError(f"envoy was not ready within {READY_WITHIN_S} s: {child.stderr_tail()}")
 

@@ -55,8 +55,7 @@ class _Routed:
     """What the picker decided for one routed request."""
 
     ticket: Ticket
-    plan: RoutingPlan
-    chosen: tuple[PlannedEndpoint, ...]  # among the proxy's candidates, best first
+    plan: RoutingPlan  # its endpoints among the proxy's candidates, best first
     public_model: str
     count: PromptCount
 
@@ -149,7 +148,7 @@ class PickerStream:
         method = self._headers.get(":method", "POST")
         endpoint = ENDPOINTS.get(self._route_path) if method == "POST" else None
         if endpoint is None or message.request_headers.end_of_stream:
-            self._route_path = self._route_path or PASS_THROUGH
+            self._route_path = PASS_THROUGH  # for the proxy's own balancing; not logged
             return [protocol.request_headers_continue()]
         self._endpoint = endpoint
         if self._duplex_request:
@@ -216,7 +215,6 @@ class PickerStream:
         self._routed = routed = _Routed(
             ticket=admitted.ticket,
             plan=plan,
-            chosen=plan.endpoints,
             public_model=parsed.model,
             count=count,
         )
