@@ -68,7 +68,7 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
             request.transport.abort()
         return outcome.stream
     finally:
-        _record(path, _finished(path, endpoint, outcome, started))
+        record(path, release(path, endpoint.value, outcome, started))
 
 
 async def _serve(
@@ -176,10 +176,9 @@ async def _plan(
     return ledger.plan(ticket, path.clock(), blocks, subset=only)
 
 
-def _finished(
-    path: RequestPath, endpoint: Endpoint, outcome: Outcome, started: float
-) -> RequestLog:
-    """Whatever the request held is released; its log."""
+def release(path: RequestPath, route_path: str, outcome: Outcome, started: float) -> RequestLog:
+    """Whatever the request held is released; its log. The endpoint picker's requests end
+    here too."""
     now = path.clock()
     ticket = outcome.ticket
     if ticket is not None:
@@ -194,7 +193,7 @@ def _finished(
     # Refused before the ledger saw it: bad JSON, an unknown model, no lane, a tenant limit.
     parsed, route = outcome.parsed, outcome.route
     return RequestLog(
-        path=endpoint.value,
+        path=route_path,
         status=outcome.status,
         total_ms=(now - started) * 1000,
         model=parsed.model if parsed else "",
@@ -207,12 +206,12 @@ def _finished(
     )
 
 
-def _record(path: RequestPath, record: RequestLog) -> None:
+def record(path: RequestPath, entry: RequestLog) -> None:
     metrics = path.metrics
-    metrics.requests_of(record.pool, record.lane, str(record.status)).inc()
-    if record.pool and record.status == 200:
-        metrics.e2e_of(record.pool, record.lane).observe(record.total_ms / 1000)
-    if record.lane and record.prompt_tokens is not None:
-        metrics.prompt_tokens_of(record.lane).observe(record.prompt_tokens)
+    metrics.requests_of(entry.pool, entry.lane, str(entry.status)).inc()
+    if entry.pool and entry.status == 200:
+        metrics.e2e_of(entry.pool, entry.lane).observe(entry.total_ms / 1000)
+    if entry.lane and entry.prompt_tokens is not None:
+        metrics.prompt_tokens_of(entry.lane).observe(entry.prompt_tokens)
     if path.access_log.enabled:
-        path.access_log.write(record.line(time.time()))
+        path.access_log.write(entry.line(time.time()))
