@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-tools.sh
+# The real-engine tier (pytest -m vllm): vLLM on the CPU in its own venv; a no-op once there.
+bash scripts/install-vllm.sh
 export PATH="$PWD/.tools/bin:$PATH"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # Console scripts, not `python -m`: with the repo root first on sys.path, the operator/
