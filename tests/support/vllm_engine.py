@@ -36,7 +36,10 @@ VLLM = VENV / "bin" / "vllm"
 # the cold one (ENVIRONMENT.md: about 3 min cold, 1.5 min warm on 2 busy cores).
 CACHE = Path(os.environ.get("VLLM_CACHE_ROOT", ROOT / ".vllm-cache"))
 SERVED_NAME = "tiny"
-BLOCK_SIZE = 16  # pinned (--block-size), so the KV events' blocks are the gateway's blocks
+# Pinned (--block-size), so the KV events' blocks are the gateway's blocks. 32, not CUDA's
+# default 16: vLLM's CPU attention backend takes only multiples of 32 ("No common block size
+# for 16 (CPU_ATTN: [MultipleOf(32)])" at start-up).
+BLOCK_SIZE = 32
 # The scheduler the session's server runs, and the simulator is given in the comparison.
 MAX_NUM_SEQS = 2  # two running at once: a third waits, where priority order shows
 TOKEN_BUDGET = 256  # --max-num-batched-tokens
@@ -65,8 +68,11 @@ def write_tiny_model(folder: Path) -> TinyModel:
     vocab = json.loads(files.tokenizer.read_text())["model"]["vocab"]
     # transformers picks the fast tokenizer class from here; without it a Llama config
     # would make it LlamaTokenizerFast, which rewrites the post-processor (BOS) its own way.
+    # The EOS as a plain string: transformers 5 refuses a special token written as an
+    # object without its "__type" (the counting tests' config writes one, for the gateway).
     config = json.loads(files.config.read_text())
-    files.config.write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    config |= {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eot_id|>"}
+    files.config.write_text(json.dumps(config))
     shape = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -144,7 +150,10 @@ def running_vllm(model: TinyModel, port: int, kv_events: str, log: Path) -> Iter
     server = VLLMServer(f"http://127.0.0.1:{port}", model, kv_events, topic, tuple(argv), log)
     with log.open("wb") as out, subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        env=environment(), start_new_session=True,
+        # Run from the log's folder: vLLM starts `python -m` children, which put the working
+        # directory first on sys.path, and the repository root's operator/ would shadow the
+        # standard library's operator module.
+        env=environment(), start_new_session=True, cwd=log.parent,
     ) as child:  # fmt: skip
         try:
             _wait_healthy(child, server)
@@ -169,7 +178,10 @@ def _wait_healthy(child: subprocess.Popen[bytes], server: VLLMServer) -> None:
 
 
 def _exit_report(server: VLLMServer, reason: str) -> str:
-    tail = "\n".join(server.log.read_text(errors="replace").splitlines()[-40:])
+    lines = server.log.read_text(errors="replace").splitlines()
+    # The root cause is logged by the engine core above its parent's own traceback.
+    causes = [line for line in lines if " ERROR " in line][:10]
+    tail = "\n".join([*causes, "...", *lines[-20:]])
     return f"vllm serve {reason}; its last output ({server.log}):\n{tail}"
 
 
