@@ -2,6 +2,11 @@
 # Sets up everything the tests need on a fresh machine, then runs lint, types and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The real-engine tier (pytest -m vllm): vLLM on the CPU in its own venv, a no-op once
+# there. Mostly downloads, so it runs beside install-tools.sh's builds, which are mostly CPU.
+vllm_log="${TMPDIR:-/tmp}/laneway-install-vllm.log"
+bash scripts/install-vllm.sh >"$vllm_log" 2>&1 &
+vllm_install=$!
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -11,4 +16,10 @@ export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/typecheck.sh
+if ! wait "$vllm_install"; then
+    cat "$vllm_log" >&2
+    echo "scripts/install-vllm.sh failed (its output above)" >&2
+    exit 1
+fi
+cat "$vllm_log"
 .venv/bin/pytest "$@"

@@ -25,6 +25,8 @@ ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+# Tokens per engine step (vllm/v1/metrics/buckets.py, ITERATION_TOKENS_BUCKETS).
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -50,6 +52,9 @@ class MetricNames:
     prefix_queries: str | None = None
     prefix_hits: str | None = None
     cache_hit_rate: str | None = None
+    # vLLM's histogram of tokens per step (the steps that emit tokens: those tokens and the
+    # prompts they complete; it does not show chunking). SGLang exports no such histogram.
+    iteration_tokens: str | None = None
 
 
 NAMES: dict[MetricsFlavor, MetricNames] = {
@@ -66,6 +71,7 @@ NAMES: dict[MetricsFlavor, MetricNames] = {
         queue_time="vllm:request_queue_time_seconds",
         prefix_queries="vllm:prefix_cache_queries",
         prefix_hits="vllm:prefix_cache_hits",
+        iteration_tokens="vllm:iteration_tokens_total",
     ),
     MetricsFlavor.SGLANG: MetricNames(
         running="sglang:num_running_reqs",
@@ -175,6 +181,20 @@ class SimulatorMetrics:
         self._queue_time = histogram(
             names.queue_time, "Time waiting before scheduling.", REQUEST_BUCKETS
         )
+        self._iteration_tokens = (
+            histogram(
+                names.iteration_tokens,
+                "Histogram of number of tokens per engine_step.",
+                ITERATION_TOKEN_BUCKETS,
+            )
+            if names.iteration_tokens
+            else None
+        )
+
+    def stepped(self, tokens: int) -> None:
+        """One engine step emitted tokens: `tokens` counts them and the prompts they end."""
+        if self._iteration_tokens is not None:
+            self._iteration_tokens.labels(**self._labels).observe(tokens)
 
     def admitted(self, queued_s: float) -> None:
         self._queue_time.labels(**self._labels).observe(queued_s)

@@ -140,10 +140,16 @@ class RealTimeEngine:
             if (tracked := self._tracked.get(rid)) is not None:
                 self.metrics.admitted(now - tracked.arrived)
         finished = set(outcome.finished)
+        # vLLM's vllm:iteration_tokens_total as vLLM counts it (v1/metrics/stats.py,
+        # IterationStats): per step that emits tokens, those tokens plus the whole prompt of
+        # each request whose first token this is; a step that only advances a prefill emits
+        # nothing and is not counted.
+        step_tokens = 0
         for rid in outcome.tokens:
             tracked = self._tracked.get(rid)
             if tracked is None:
                 continue
+            step_tokens += 1 + (tracked.prompt_tokens if tracked.emitted == 0 else 0)
             if tracked.emitted == 0:
                 self.metrics.first_token(tracked.prompt_tokens, now - tracked.arrived)
             else:
@@ -155,3 +161,5 @@ class RealTimeEngine:
             if last:
                 self.metrics.finished("length", now - tracked.arrived)
                 del self._tracked[rid]
+        if step_tokens:
+            self.metrics.stepped(step_tokens)

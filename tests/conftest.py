@@ -8,4 +8,5 @@ pytest_plugins = [
     "support.fixtures.processes",
     "support.fixtures.redis",
     "support.fixtures.servers",
+    "support.fixtures.vllm",
 ]

@@ -207,6 +207,11 @@ def test_vllm_metrics_count_what_was_served(
         "vllm:generation_tokens_total", 0
     )
     assert generated == 5
+    # vLLM's tokens-per-step histogram, counted as vLLM does: the step of the first token
+    # counts it and the whole prompt, then each step its one token.
+    steps = "vllm:iteration_tokens_total"
+    assert after[f"{steps}_count"] - before.get(f"{steps}_count", 0) == 5
+    assert after[f"{steps}_sum"] - before.get(f"{steps}_sum", 0) == 100 + 5
     assert after["vllm:time_to_first_token_seconds_count"] >= 1
     assert after["vllm:inter_token_latency_seconds_count"] >= 4
     assert after["vllm:num_requests_running"] == 0

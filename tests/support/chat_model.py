@@ -26,7 +26,7 @@ TEMPLATE = (
     "{%- set system = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
     "{%- else %}{%- set system = 'You route lanes.' %}{%- endif %}"
     "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}"
-    "{%- if tools is not none %}"
+    "{%- if tools is defined and tools is not none %}"
     "{{- '<|start_header_id|>tools<|end_header_id|>\\n\\n' + tools | tojson(indent=2) }}"
     "{{- '<|eot_id|>' }}"
     "{%- endif %}"
