@@ -7,7 +7,7 @@ import json
 import pytest
 
 from laneway.gateway.batch.lines import (
-    Item,
+    Entry,
     LineError,
     parse_create,
     parse_input,
@@ -55,7 +55,8 @@ def test_good_lines_are_kept_blank_lines_skipped_and_duplicates_refused() -> Non
     )
     items, errors = parse_input(content.encode(), CHAT)
     assert [(i.index, i.custom_id) for i in items] == [(0, "a"), (3, "b")]
-    assert items[0] == Item(index=0, custom_id="a", body={"model": "m", "messages": []})
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    assert items[0] == Entry(index=0, custom_id="a", body=body)
     assert [(e.index, e.custom_id, e.code) for e in errors] == [
         (4, "a", "duplicate_custom_id"),
         (5, None, "invalid_json"),
