@@ -300,3 +300,22 @@ async def test_outputs_past_the_file_quota_fail_their_items_instead_of_growing_t
     stored = sum(int(v) for v in sizes.values())
     # Within the quota but for the short failure lines themselves.
     assert stored <= 8_000 + 400 * counts["failed"], sizes
+
+
+async def test_a_retry_while_the_first_create_still_validates_gets_that_batch(
+    gateway: Gateway,
+) -> None:
+    file_id = await gateway.upload([request_line(f"r{i}") for i in range(20_000)])
+    first = asyncio.create_task(gateway.call("POST", "/v1/batches", json=create_body(file_id)))
+    async with asyncio.timeout(60):
+        while not (await gateway.call("GET", "/v1/batches"))[1]["data"]:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    status, retried = await gateway.call("POST", "/v1/batches", json=create_body(file_id))
+    assert status == 200, retried
+    assert retried["status"] == "validating"  # the first try is still at it
+    status, created = await first
+    assert status == 200, created
+    assert created["id"] == retried["id"]
+    assert created["status"] == "in_progress"
+    _, listed = await gateway.call("GET", "/v1/batches")
+    assert [b["id"] for b in listed["data"]] == [created["id"]]

@@ -22,6 +22,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.lines import (
@@ -136,8 +137,6 @@ async def create_batch(
         claimed = await store.claim_retry(key, batch_id, window_s, unusable=claimed)
         if claimed != batch_id:  # another retry got there between the two looks
             return await store.get(claimed, tenant)
-    content = await store.files.content(source.id, tenant)
-    check_size(content)
     created = int(now)
     meta = {
         "id": batch_id,
@@ -148,20 +147,22 @@ async def create_batch(
         "expires_at": created + WINDOW_SECONDS,
         "owner": tenant,
     }
-    await store.open(meta, file_quota.bytes, now)
-    await _fill(store, batch_id, tenant, now, request.endpoint, content, token_limit)
+    await _fill(store, meta, now, token_limit, file_quota)
     return await store.get(batch_id, tenant)
 
 
 async def _fill(
     store: BatchStore,
-    batch_id: str,
-    tenant: str,
+    meta: dict[str, Any],
     now: float,
-    endpoint: str,
-    content: bytes,
     token_limit: int,
+    file_quota: FileQuota,
 ) -> None:
+    batch_id, tenant, endpoint = meta["id"], meta["owner"], meta["endpoint"]
+    # Read here, not by the caller: once parsed, the input's only reference is dropped.
+    content = await store.files.content(meta["input_file_id"], tenant)
+    check_size(content)
+    await store.open(meta, file_quota.bytes, now)
     try:
         validated = await validate(content, endpoint)
         del content  # only the encoded bodies are kept from here on
