@@ -35,6 +35,8 @@ SLOW_BODIES = 10  # as many as the issue held open
 class BatchRun:
     lines: int
     healthz_ms: Distribution  # from the create until the batch finished
+    healthz_create_ms: Distribution  # while the create was answered
+    healthz_run_ms: Distribution  # from its answer until the batch finished
     create_ms: float
     create_status: int
     status: str  # the batch's final status (or the create's error code)
@@ -87,14 +89,15 @@ def rss_mb(pid: int) -> float:
 
 async def _probe_until(
     session: aiohttp.ClientSession, url: str, done: asyncio.Event, pid: int
-) -> tuple[list[float], float]:
-    latencies: list[float] = []
+) -> tuple[list[tuple[float, float]], float]:
+    """(when sent, ms) of each probe until `done`, and the gateway's peak RSS meanwhile."""
+    latencies: list[tuple[float, float]] = []
     peak = rss_mb(pid)
     while not done.is_set():
         begun = time.monotonic()
         async with session.get(f"{url}/healthz") as response:
             await response.read()
-        latencies.append((time.monotonic() - begun) * 1000)
+        latencies.append((begun, (time.monotonic() - begun) * 1000))
         peak = max(peak, rss_mb(pid))
         await asyncio.sleep(0.005)
     return latencies, peak
@@ -121,7 +124,8 @@ async def run_batch(
     async with session.post(f"{url}/v1/batches", json=create, headers=AUTH) as response:
         create_status = response.status
         batch = await response.json()
-    create_ms = (time.monotonic() - begun) * 1000
+    answered = time.monotonic()
+    create_ms = (answered - begun) * 1000
     while create_status == 200 and batch["status"] not in ("completed", "failed", "expired"):
         await asyncio.sleep(0.5)
         async with session.get(f"{url}/v1/batches/{batch['id']}", headers=AUTH) as response:
@@ -129,12 +133,16 @@ async def run_batch(
     finish_s = time.monotonic() - begun
     done.set()
     latencies, peak = await probing
-    healthz = Distribution.of(latencies)
-    assert healthz is not None
+    healthz, creating, running = (
+        _distribution([ms for sent, ms in latencies if keep(sent)])
+        for keep in (lambda _: True, lambda sent: sent < answered, lambda sent: sent >= answered)
+    )
     counts = batch.get("request_counts") or {}
     return BatchRun(
         lines=lines,
         healthz_ms=healthz,
+        healthz_create_ms=creating,
+        healthz_run_ms=running,
         create_ms=create_ms,
         create_status=create_status,
         status=batch.get("status") or batch["error"]["code"],
@@ -145,6 +153,11 @@ async def run_batch(
         rss_mb_peak=peak,
         rss_mb_after=rss_mb(pid),
     )
+
+
+def _distribution(values: list[float]) -> Distribution:
+    # A create answered before the first probe returned leaves that part with none.
+    return Distribution.of(values) or Distribution(count=0, p50=0.0, p99=0.0, max=0.0)
 
 
 async def _slow_body(port: int, path: str) -> tuple[str, float]:
@@ -234,14 +247,18 @@ async def measure_tenant(url: str, pid: int, lines: int, model: str) -> TenantRe
 
 def render_tenant(report: TenantReport) -> list[str]:
     b = report.batch
-    d = b.healthz_ms
+
+    def probes(d: Distribution) -> str:
+        return f"{d.count} probes, p50 {d.p50:.1f} ms, p99 {d.p99:.1f} ms, max {d.max:.1f} ms"
+
     return [
         "",
         f"a hostile tenant (Redis, tenants file; body and upload deadlines {BODY_DEADLINE_MS} ms)",
         f"{b.lines}-line batch: create {b.create_status} in {b.create_ms:.0f} ms, "
         f"{b.status} after {b.finish_s:.1f} s ({b.completed} completed, {b.failed} failed)",
-        f"  /healthz meanwhile: {d.count} probes, p50 {d.p50:.1f} ms, p99 {d.p99:.1f} ms, "
-        f"max {d.max:.1f} ms",
+        f"  /healthz meanwhile: {probes(b.healthz_ms)}",
+        f"    while creating: {probes(b.healthz_create_ms)}",
+        f"    while running: {probes(b.healthz_run_ms)}",
         f"  gateway RSS: {b.rss_mb_before:.0f} MB before, {b.rss_mb_peak:.0f} MB at peak "
         f"(+{b.rss_mb_peak - b.rss_mb_before:.0f}), {b.rss_mb_after:.0f} MB after",
         f"{SLOW_BODIES} bodies a byte every 0.5 s: "

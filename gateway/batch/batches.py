@@ -422,8 +422,11 @@ class BatchStore:
             tx.hset(self.batch_key(batch_id), mapping=fields)
             tx.expire(self.batch_key(batch_id), self.files.ttl_s)
             tx.srem(self.active_key, batch_id)
-            tx.delete(*result_keys)
             await tx.execute()
+        # Apart from the transaction and a chunk at a time: one DEL of 50,000 keys is
+        # encoded on the event loop in one go. A run cut off here leaves keys that expire.
+        for start in range(0, len(result_keys), RESULT_CHUNK):
+            await self._redis.delete(*result_keys[start : start + RESULT_CHUNK])
 
     # ---- the dispatcher's side ----
 
