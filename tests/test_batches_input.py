@@ -11,6 +11,7 @@ from laneway.gateway.batch.lines import (
     LineError,
     parse_create,
     parse_input,
+    slices,
 )
 from laneway.gateway.errors import ApiError
 
@@ -90,3 +91,12 @@ def test_a_good_create_request() -> None:
     request = parse_create({**GOOD, "metadata": {"team": "legal"}})
     assert (request.input_file_id, request.endpoint) == ("file-1", CHAT)
     assert request.metadata == {"team": "legal"}
+
+
+def test_slices_hold_at_most_their_lines_and_bytes_and_cover_the_file() -> None:
+    content = b"\n".join([b"a" * 10] * 7 + [b"b" * 100] + [b"", b"c"])
+    cut = list(slices(content, max_lines=3, max_bytes=25))
+    assert [(first, len(lines)) for first, lines in cut] == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert [line for _, lines in cut for line in lines] == content.split(b"\n")
+    # The line that takes a slice past max_bytes ends it, whole.
+    assert cut[2][1] == [b"a" * 10, b"b" * 100]

@@ -1,8 +1,8 @@
 """Creating a batch, at any size the API allows, without stalling the gateway.
 
 The input is checked against OpenAI's caps (50,000 lines, 200 MB) before anything else,
-then parsed a slice of lines at a time in a worker thread, so the event loop serves other
-requests between slices. Its tokens are reserved in one step; its items and bad lines are
+then parsed a bounded slice of lines at a time, the event loop serving other requests
+between slices. Its tokens are reserved in one step; its items and bad lines are
 written in pipelines of a bounded size, not one transaction holding them all. Until the
 batch is `in_progress`, dispatchers wait for it; a creation that fails part way (Redis gone,
 the request cancelled) fails the batch, takes its queued items back out and returns its
@@ -35,6 +35,7 @@ from laneway.gateway.batch.lines import (
     LineParser,
     Status,
     line_count,
+    slices,
 )
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.state.settings import FileQuota
@@ -42,7 +43,10 @@ from laneway.gateway.state.settings import FileQuota
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 KEYED_RETRY_S = 24 * 3600  # as long as a retry with the same Idempotency-Key finds the batch
 SAME_REQUEST_RETRY_S = 600  # as long as the same create finds it without a key
-SLICE_LINES = 2_000  # lines parsed per turn in the worker thread
+# What one slice of parsing may hold the event loop for: 200 short lines or 256 KiB of
+# input, a few milliseconds.
+SLICE_LINES = 200
+SLICE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -92,17 +96,18 @@ def check_size(content: bytes) -> None:
 
 
 async def validate(content: bytes, endpoint: str) -> Validated:
-    """Every line parsed, SLICE_LINES at a time off the event loop."""
-    lines = await asyncio.to_thread(content.split, b"\n")
+    """Every line parsed on the event loop a bounded slice at a time, other requests served
+    between slices. Not in a worker thread: parsing is Python code that holds the GIL, and
+    the loop then waits up to a switch interval (5 ms) for every step it takes."""
     parser = LineParser(endpoint)
     entries: list[Entry] = []
     errors: list[LineError] = []
-    last = -1
-    for first in range(0, len(lines), SLICE_LINES):
-        good, bad = await asyncio.to_thread(parser.parse, lines[first : first + SLICE_LINES], first)
+    for first, lines in slices(content, SLICE_LINES, SLICE_BYTES):
+        good, bad = parser.parse(lines, first)
         entries += good
         errors += bad
-        last = max([last, *(e.index for e in good[-1:]), *(e.index for e in bad[-1:])])
+        await asyncio.sleep(0)
+    last = max([-1, *(e.index for e in entries[-1:]), *(e.index for e in errors[-1:])])
     return Validated(entries=entries, errors=errors, lines=last + 1)
 
 

@@ -9,7 +9,7 @@ keeps (batches.py). Nothing here touches Redis or the network.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -96,6 +96,23 @@ class LineParser:
             else:
                 errors.append(parsed)
         return entries, errors
+
+
+def slices(content: bytes, max_lines: int, max_bytes: int) -> Iterator[tuple[int, list[bytes]]]:
+    """The file's lines in slices of at most `max_lines` lines and about `max_bytes` bytes
+    (the line that crosses it ends the slice; no line is cut), each with its first line's
+    index."""
+    index, position = 0, 0
+    while position < len(content):
+        first, size = index, 0
+        lines: list[bytes] = []
+        while position < len(content) and len(lines) < max_lines and size < max_bytes:
+            end = content.find(b"\n", position)
+            end = len(content) if end < 0 else end
+            lines.append(content[position:end])
+            size += end - position
+            position, index = end + 1, index + 1
+        yield first, lines
 
 
 def parse_input(content: bytes, endpoint: str) -> tuple[list[Entry], list[LineError]]:
