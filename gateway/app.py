@@ -29,10 +29,12 @@ from laneway.gateway.keys import (
     METRICS,
     POOL_TOKENIZERS,
     REQUEST_PATH,
+    RESPONSE_SHARE,
     SESSION,
     SETTINGS,
     SHUTTING_DOWN,
     STOP,
+    TENANT_SHARE,
     TOKENIZER,
     WAITERS,
 )
@@ -41,6 +43,7 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.pools.kv_events import KVEventSubscriber
 from laneway.gateway.pools.scrape import probe_forever, scrape_forever
 from laneway.gateway.pools.sources import PoolSource
+from laneway.gateway.serving import responses
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.handler import handle_completion
@@ -103,6 +106,8 @@ def create_app(
     app.on_shutdown.append(_begin_drain)
     for endpoint in Endpoint:
         app.router.add_post(endpoint.value, _completion(endpoint), expect_handler=expect_continue)
+    app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
+    app.router.add_post("/v1/responses/{response_id}/cancel", responses.cancel)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -182,6 +187,8 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
             access_log=app[ACCESS_LOG],
             tenant_limits=TenantLimits.of(app),
             load_share=app.get(LOAD_SHARE),
+            response_share=app.get(RESPONSE_SHARE),
+            tenant_share=app.get(TENANT_SHARE),
         )
         yield
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -67,7 +68,17 @@ def register(
         help="with --kubernetes: watch every namespace, even in a pod (needs the cluster-wide "
         "role of manifests/rbac/gateway.yaml)",
     )
-    gateway.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    gateway.add_argument(
+        "--host",
+        help="address to bind (default 0.0.0.0 with --tenants, else 127.0.0.1: without API "
+        "keys every caller is anonymous, so only this machine may call)",
+    )
+    gateway.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="let a gateway without --tenants listen beyond loopback: only behind your own "
+        "authentication (the chart's gateway.auth.enabled=false)",
+    )
     gateway.add_argument(
         "--port",
         type=int,
@@ -99,6 +110,11 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    host = bind_address(
+        args.host,
+        authenticated=args.tenants is not None,
+        allow_unauthenticated=args.allow_unauthenticated,
+    )
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
             raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
@@ -136,7 +152,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     settle_heap()
     drain_seconds = settings.drain_timeout_millis / 1000
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve(app, args.host, args.port, drain_seconds, args.metrics_port))
+        return runner.run(serve(app, host, args.port, drain_seconds, args.metrics_port))
 
 
 def settle_heap() -> None:
@@ -252,6 +268,28 @@ async def serve(
     return 0 if stop.failure is None else 1
 
 
+def bind_address(host: str | None, *, authenticated: bool, allow_unauthenticated: bool) -> str:
+    """Where to listen: anywhere only with API keys, or when told the keys are elsewhere."""
+    if host is None:
+        return "0.0.0.0" if authenticated else "127.0.0.1"
+    if authenticated or allow_unauthenticated or _loopback(host):
+        return host
+    raise UsageError(
+        f"--host {host} without --tenants would serve anyone who reaches it, unauthenticated: "
+        "give --tenants (API keys), bind 127.0.0.1, or pass --allow-unauthenticated when "
+        "your own authentication sits in front"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name, which may resolve to any address
+
+
 def add_state_flags(parser: argparse.ArgumentParser) -> None:
     """The state layer's flags on `laneway gateway` (beside --redis-url, declared there)."""
     parser.add_argument(
@@ -307,6 +345,22 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="estimated tokens of a tenant's batch items not yet run, unless its tenants "
         f"entry sets maxBatchTokens (default {TENANT_BATCH_TOKENS})",
+    )
+    parser.add_argument(
+        "--tenant-max-concurrent",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests a tenant may run in one pool at once, over every replica, unless its "
+        "tenants entry sets maxConcurrentRequests (default: no cap)",
+    )
+    parser.add_argument(
+        "--tenant-max-queued",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests a tenant may have waiting in one pool's line, over every replica, "
+        "unless its tenants entry sets maxQueuedRequests (default: no cap)",
     )
     parser.add_argument(
         "--file-ttl",

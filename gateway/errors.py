@@ -31,9 +31,10 @@ class ApiError(Exception):
         self,
         status: int,
         message: str,
-        code: str,
+        code: str | None,
         param: str | None = None,
         retry_after: int | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -41,12 +42,13 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.retry_after = retry_after
+        self.error_type = error_type  # where OpenAI names another than the status's
         # The connection closes after the answer: what the client still sends (a refused
         # body) would be read as its next request.
         self.closes = False
 
     def body(self) -> dict[str, object]:
-        return error_body(self.status, self.message, self.code, self.param)
+        return error_body(self.status, self.message, self.code, self.param, self.error_type)
 
     def encoded(self) -> bytes:
         return json.dumps(self.body()).encode()
@@ -70,11 +72,17 @@ class ApiError(Exception):
         return response
 
 
-def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, object]:
+def error_body(
+    status: int,
+    message: str,
+    code: str | None,
+    param: str | None = None,
+    error_type: str | None = None,
+) -> dict[str, object]:
     return {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "server_error"),
+            "type": error_type or ERROR_TYPES.get(status, "server_error"),
             "param": param,
             "code": code,
         }

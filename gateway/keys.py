@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from laneway.gateway.state.demand import RedisDemandShare
     from laneway.gateway.state.metrics import StateMetrics
     from laneway.gateway.state.redis_store import RedisLoadShare
+    from laneway.gateway.state.responses import RedisResponseShare
     from laneway.gateway.state.settings import FileQuota
+    from laneway.gateway.state.tenant_share import RedisTenantShare
     from laneway.gateway.state.tenants import RateLimiter, Tenant, TenantKeys
     from laneway.gateway.wakes import Waiters
     from laneway.ledger import Ledger
@@ -63,6 +65,8 @@ BATCH_TOKEN_LIMIT: web.AppKey[int] = web.AppKey("batch_token_limit")  # the same
 STATE_METRICS: web.AppKey[StateMetrics] = web.AppKey("state_metrics")
 DEMAND_SHARE: web.AppKey[RedisDemandShare] = web.AppKey("demand_share")  # absent: no Redis
 LOAD_SHARE: web.AppKey[RedisLoadShare] = web.AppKey("load_share")  # absent: no Redis
+RESPONSE_SHARE: web.AppKey[RedisResponseShare] = web.AppKey("response_share")  # the same
+TENANT_SHARE: web.AppKey[RedisTenantShare] = web.AppKey("tenant_share")  # absent: no Redis
 
 
 class Loopback:

@@ -19,6 +19,7 @@ from laneway.errors import ChildError, UsageError
 COMPONENT_CLIS = (
     "laneway.simulator.cli",
     "laneway.gateway.cli",
+    "laneway.gateway.epp.cli",
     "laneway.operator.cli",
     "laneway.bench.cli",
 )

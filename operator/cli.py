@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.api import KIND, EngineKind, InferencePool, SpecError, check_pool_set, parse_pool
 from laneway.errors import UsageError
+
+if TYPE_CHECKING:
+    from laneway.operator.render import RenderOptions
 
 GATEWAY_URL_ENV = "LANEWAY_GATEWAY_URL"
 
@@ -28,6 +32,8 @@ def register(
     )
     render.add_argument("file", metavar="FILE", help="YAML file of InferencePools, or '-'")
     add_image_flag(render)
+    add_access_flags(render)
+    add_picker_flags(render)
     render.set_defaults(handler=run_render)
 
     operator = commands.add_parser(
@@ -65,15 +71,8 @@ def register(
         help="how often to read the gateway's demand and scale (default 15)",
     )
     add_image_flag(operator)
-    operator.add_argument(
-        "--allowed-image-prefix",
-        action="append",
-        default=[],
-        metavar="PREFIX",
-        help="run only engine images under this registry or repository prefix, matched on "
-        "whole name components (e.g. registry.example.com/inference); repeatable; a pool "
-        "with another image gets Ready=False and nothing is applied (default: any image)",
-    )
+    add_access_flags(operator)
+    add_picker_flags(operator)
     operator.set_defaults(handler=run_operator)
 
 
@@ -85,6 +84,72 @@ def add_image_flag(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KIND=IMAGE",
         help=f"default engine image for a kind ({kinds}); repeatable",
+    )
+
+
+def add_access_flags(parser: argparse.ArgumentParser) -> None:
+    """What pools may reach: the same flags on the operator and on `laneway render`, so an
+    offline render refuses what the operator would."""
+    parser.add_argument(
+        "--allowed-image-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="run only engine images under this registry or repository prefix, matched on "
+        "whole name components (e.g. registry.example.com/inference); repeatable; a pool "
+        "with another image gets Ready=False and nothing is applied (default: any image)",
+    )
+    parser.add_argument(
+        "--allowed-env-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret (in the pool's namespace) that spec.engine.env may read with "
+        "valueFrom.secretKeyRef, e.g. a Hugging Face token; repeatable; a pool reading "
+        "another gets Ready=False and nothing is applied (default: none)",
+    )
+
+
+def add_picker_flags(parser: argparse.ArgumentParser) -> None:
+    """laneway's endpoint picker behind a Gateway (operator/upstream.py)."""
+    parser.add_argument(
+        "--picker-service",
+        metavar="NAME",
+        help="the Service of laneway's endpoint picker (`laneway epp`, gRPC port 9002) in "
+        "each pool's namespace: where the Gateway API Inference Extension's CRD is "
+        "installed, one inference.networking.k8s.io InferencePool per model selects that "
+        "model's engine pods and names this picker (default: none rendered)",
+    )
+    parser.add_argument(
+        "--picker-failure-mode",
+        # operator/upstream.py's FailureMode, spelled here so the CLI starts without it.
+        choices=("FailClose", "FailOpen"),
+        default="FailClose",
+        help="what the Gateway does while the picker does not answer: FailClose refuses "
+        "requests, FailOpen sends them to an endpoint of its own choosing (default FailClose)",
+    )
+
+
+def render_options(args: argparse.Namespace, simulator_image: str | None = None) -> RenderOptions:
+    """The RenderOptions the image and access flags describe."""
+    from laneway.operator.render import RenderOptions
+    from laneway.operator.upstream import FailureMode, PickerRef
+
+    picker = None
+    if args.picker_service is not None:
+        if len(args.picker_service) > 63 or not _DNS_LABEL.fullmatch(args.picker_service):
+            raise UsageError(
+                f"--picker-service {args.picker_service!r}: must be a Service's name "
+                "(lowercase letters, digits and '-', at most 63 characters)"
+            )
+        picker = PickerRef(
+            service=args.picker_service, failure_mode=FailureMode(args.picker_failure_mode)
+        )
+    return RenderOptions(
+        images=parse_images(args.image, simulator_image),
+        allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
+        allowed_env_secrets=parse_allowed_secrets(args.allowed_env_secret),
+        picker=picker,
     )
 
 
@@ -114,6 +179,20 @@ def parse_allowed_prefixes(values: Sequence[str]) -> tuple[str, ...]:
         problem = prefix_problem(value)
         if problem is not None:
             raise UsageError(f"--allowed-image-prefix {value!r}: {problem}")
+    return tuple(values)
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def parse_allowed_secrets(values: Sequence[str]) -> tuple[str, ...]:
+    for value in values:
+        if len(value) > 253 or not _SECRET_NAME.fullmatch(value):
+            raise UsageError(
+                f"--allowed-env-secret {value!r}: must be a Secret's name (lowercase letters, "
+                "digits, '-' and '.', at most 253 characters), e.g. hf-token"
+            )
     return tuple(values)
 
 
@@ -150,7 +229,7 @@ def load_pools(text: str, source: str) -> list[InferencePool]:
 def run_render(args: argparse.Namespace) -> int:
     import yaml
 
-    from laneway.operator.render import RenderOptions, render_pool
+    from laneway.operator.render import refusal, render_pool
 
     if args.file == "-":
         text, source = sys.stdin.read(), "stdin"
@@ -160,13 +239,24 @@ def run_render(args: argparse.Namespace) -> int:
             text, source = path.read_text(encoding="utf-8"), str(path)
         except (OSError, UnicodeDecodeError) as error:
             raise UsageError(f"cannot read {path}: {error}") from error
-    options = RenderOptions(images=parse_images(args.image))
+    options = render_options(args)
     documents = []
-    for pool in load_pools(text, source):
+    pools = load_pools(text, source)
+    for pool in pools:
+        refused = refusal(pool, options)
+        if refused is not None:
+            raise UsageError(f"{source}: InferencePool {pool.key}: {refused.message}")
         rendered = render_pool(pool, options)
         header = f"# {KIND} {pool.key}: {' '.join(rendered.engine.argv)}\n"
         for index, child in enumerate(rendered.children):
             text = yaml.safe_dump(child, sort_keys=False)
+            documents.append(header + text if index == 0 else text)
+    if options.picker is not None:
+        from laneway.operator.upstream import upstream_pools
+
+        header = "# where inference.networking.k8s.io is installed: one pool per model\n"
+        for index, upstream in enumerate(upstream_pools(pools, options.picker)):
+            text = yaml.safe_dump(upstream, sort_keys=False)
             documents.append(header + text if index == 0 else text)
     sys.stdout.write("---\n".join(documents))
     return 0
@@ -178,7 +268,6 @@ def run_operator(args: argparse.Namespace) -> int:
 
     from laneway.kube.client import KubeApi
     from laneway.operator.handlers import OperatorState, registry
-    from laneway.operator.render import RenderOptions
 
     if not 0 < args.health_port < 65536:
         raise UsageError(f"--health-port {args.health_port}: must be 1-65535")
@@ -189,10 +278,7 @@ def run_operator(args: argparse.Namespace) -> int:
             f"--gateway-url {args.gateway_url!r}: must start with http:// or https:// "
             "(e.g. http://laneway-gateway.laneway-system:8080)"
         )
-    options = RenderOptions(
-        images=parse_images(args.image, os.environ.get("LANEWAY_IMAGE")),
-        allowed_image_prefixes=parse_allowed_prefixes(args.allowed_image_prefix),
-    )
+    options = render_options(args, os.environ.get("LANEWAY_IMAGE"))
     try:
         cluster = KubeApi.from_environment()
     except ConfigException as error:

@@ -35,8 +35,15 @@ from laneway.operator.autoscaler import (
     gateway_demand,
     pool_step,
 )
-from laneway.operator.reconcile import Cluster, Event, ReconcileOutcome, reconcile
+from laneway.operator.reconcile import (
+    Cluster,
+    Event,
+    ReconcileOutcome,
+    reconcile,
+    reconcile_upstream,
+)
 from laneway.operator.render import MANAGED_BY, RenderOptions
+from laneway.operator.upstream import PickerRef
 
 log = logging.getLogger("laneway.operator")
 
@@ -104,6 +111,24 @@ async def reconcile_pool_named(state: OperatorState, namespace: str, name: str) 
                 ) from error
             raise
         post_events(pool, outcome)
+    if state.options.picker is not None:
+        await _upstream_pass(state, state.options.picker, namespace)
+
+
+async def _upstream_pass(state: OperatorState, picker: PickerRef, namespace: str) -> None:
+    """The namespace's upstream InferencePools, after any of its pools changed. One pass
+    per namespace at a time ("NS/" is no pool's key), since each reads all its pools."""
+    async with state.locks.setdefault(f"{namespace}/", asyncio.Lock()):
+        try:
+            changes = await reconcile_upstream(namespace, state.cluster, picker)
+        except KubeError as error:
+            if error.transient:
+                raise kopf.TemporaryError(
+                    f"Kubernetes API: {error}", delay=RETRY_SECONDS
+                ) from error
+            raise
+    for change in changes:
+        log.info(change)
 
 
 def post_events(body: kopf.Body, outcome: ReconcileOutcome) -> None:

@@ -16,12 +16,13 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from laneway.api import KIND, InferencePool, SpecError, check_pool_set, parse_pool
-from laneway.kube.client import KubeError, ListResult, Manifest
+from laneway.kube.client import UPSTREAM_POOL, KubeError, ListResult, Manifest
 from laneway.kube.endpoints import SERVICE_NAME_LABEL, ready_endpoint_urls
 from laneway.operator.render import (
     CHILD_KINDS,
+    MANAGED_BY,
     RenderOptions,
-    refused_image,
+    refusal,
     render_pool,
     selector_string,
 )
@@ -33,6 +34,7 @@ from laneway.operator.status import (
     serving_conditions,
     status_document,
 )
+from laneway.operator.upstream import PickerRef, upstream_pools
 
 
 class Cluster(Protocol):
@@ -134,10 +136,13 @@ async def reconcile(
     except SpecError as error:
         message = f"the spec cannot work: {error}"
         return _problem(generation, previous, now, "InvalidSpec", message)
-    refusal = refused_image(pool, options)
-    if refusal is not None:
-        # Nothing is applied: a running Deployment keeps its allowed image.
-        return _problem(generation, previous, now, "ImageNotAllowed", refusal)
+    refused = refusal(pool, options)
+    if refused is not None:
+        # Nothing is applied: running children keep what was allowed before, unless they
+        # themselves reach what the pool may not.
+        withdrawn = await _delete_owned(pool, cluster, CHILD_KINDS) if refused.withdraw else []
+        problem = _problem(generation, previous, now, refused.reason, refused.message)
+        return ReconcileOutcome(status=problem.status, events=(*withdrawn, *problem.events))
 
     events: list[Event] = []
     spec_changed = generation != previous.get("observedGeneration")
@@ -163,14 +168,8 @@ async def reconcile(
                 return _problem(generation, previous, now, "ApplyRejected", message)
             events.append(_change_event(kind, pool.name, differences, spec_changed))
         live_children[kind] = live
-    for kind in CHILD_KINDS:
-        if rendered.child(kind) is None:
-            stale = await cluster.get(kind, pool.namespace, pool.name)
-            if stale is not None and owned_by(stale, pool.uid):
-                await cluster.delete(kind, pool.namespace, pool.name)
-                events.append(
-                    Event(type="Normal", reason="Deleted", message=f"deleted {kind}/{pool.name}")
-                )
+    stale = [kind for kind in CHILD_KINDS if rendered.child(kind) is None]
+    events += await _delete_owned(pool, cluster, stale)
 
     slices = await cluster.list(
         "EndpointSlice", pool.namespace, f"{SERVICE_NAME_LABEL}={pool.name}"
@@ -200,6 +199,60 @@ async def reconcile(
     return ReconcileOutcome(
         status=status_document(observed, conditions, previous, now), events=tuple(events)
     )
+
+
+async def reconcile_upstream(namespace: str, cluster: Cluster, picker: PickerRef) -> list[str]:
+    """Bring the namespace's upstream InferencePools (operator/upstream.py) in line with its
+    laneway pools: apply what differs, delete the ones no pool serves any more. Returns
+    what it changed, for the log. Where the upstream CRD is not installed, nothing.
+
+    An upstream pool of the same name that laneway did not make is left alone."""
+    try:
+        live = await cluster.list(UPSTREAM_POOL, namespace, f"{_MANAGED_BY_LABEL}={MANAGED_BY}")
+    except KubeError as error:
+        if error.status == 404:
+            return []  # no such resource: the Gateway API Inference Extension is not installed
+        raise
+    pools = []
+    for document in (await cluster.list(KIND, namespace)).items:
+        try:
+            pools.append(parse_pool(document))
+        except SpecError:
+            continue  # each invalid pool reports itself
+    ours = {str(obj["metadata"]["name"]): obj for obj in live.items}
+    changes = []
+    desired = upstream_pools(pools, picker)
+    for manifest in desired:
+        name = manifest["metadata"]["name"]
+        current = ours.get(name)
+        if current is None and await cluster.get(UPSTREAM_POOL, namespace, name) is not None:
+            changes.append(
+                f"left {UPSTREAM_POOL} {namespace}/{name} alone: laneway did not make it"
+            )
+            continue
+        if current is None or drift(manifest, current):
+            await cluster.apply(manifest)
+            changes.append(f"applied {UPSTREAM_POOL} {namespace}/{name}")
+    for name in sorted(ours.keys() - {m["metadata"]["name"] for m in desired}):
+        await cluster.delete(UPSTREAM_POOL, namespace, name)
+        changes.append(f"deleted {UPSTREAM_POOL} {namespace}/{name}: no pool serves its model")
+    return changes
+
+
+_MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+
+async def _delete_owned(pool: InferencePool, cluster: Cluster, kinds: Sequence[str]) -> list[Event]:
+    """Delete the pool's children of `kinds` that exist and that it owns."""
+    events = []
+    for kind in kinds:
+        stale = await cluster.get(kind, pool.namespace, pool.name)
+        if stale is not None and owned_by(stale, pool.uid):
+            await cluster.delete(kind, pool.namespace, pool.name)
+            events.append(
+                Event(type="Normal", reason="Deleted", message=f"deleted {kind}/{pool.name}")
+            )
+    return events
 
 
 async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:

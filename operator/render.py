@@ -25,11 +25,13 @@ from laneway.api import (
     SchedulingPolicy,
     SimulatorSpec,
 )
-from laneway.kube.client import Manifest
+from laneway.kube.client import FIELD_MANAGER, Manifest
 from laneway.kube.endpoints import PORT_NAME
+from laneway.operator.access import Refusal, secret_refusal, selector_refusal
 from laneway.operator.images import image_refusal
+from laneway.operator.upstream import PickerRef, model_labels
 
-MANAGED_BY = "laneway-operator"
+MANAGED_BY = FIELD_MANAGER  # the operator's name: on its children, and as their field manager
 HEALTH_PATH = "/health"  # vLLM, SGLang and the simulator all answer here
 
 DEFAULT_IMAGES: Mapping[EngineKind, str] = {
@@ -82,11 +84,15 @@ _SIMULATOR_TMP: Mapping[str, str] = {"sizeLimit": "64Mi"}
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """Operator-wide settings: default images per engine kind (overridable per pool), and
-    the registries engine images must come from (empty: any)."""
+    """Operator-wide settings: default images per engine kind (overridable per pool), the
+    registries engine images must come from (empty: any), and the Secrets engine env may
+    read (empty: none)."""
 
     images: Mapping[EngineKind, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
     allowed_image_prefixes: tuple[str, ...] = ()
+    allowed_env_secrets: tuple[str, ...] = ()
+    # Set: upstream InferencePools select engine pods by their models (operator/upstream.py).
+    picker: PickerRef | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,15 @@ def pool_labels(pool: InferencePool) -> dict[str, str]:
     }
 
 
+def _pod_labels(pool: InferencePool, options: RenderOptions) -> dict[str, str]:
+    """A pod's labels: its pool's, and with a picker its models' (never in the Deployment's
+    selector, which cannot change)."""
+    labels = pool_labels(pool)
+    if options.picker is not None:
+        labels.update(model_labels(pool))
+    return labels
+
+
 def pod_selector(pool: InferencePool) -> dict[str, str]:
     """Labels that pick the pool's engine pods: its own, or the adopted ones."""
     if pool.spec.selector is not None:
@@ -237,6 +252,16 @@ def refused_image(pool: InferencePool, options: RenderOptions) -> str | None:
     if pool.spec.selector is not None:
         return None
     return image_refusal(engine_image(pool, options), options.allowed_image_prefixes)
+
+
+def refusal(pool: InferencePool, options: RenderOptions) -> Refusal | None:
+    """Why the operator (and `laneway render`) must not run this pool as written, or None:
+    an image outside the allowed registries, a Secret outside the allowed ones, a selector
+    that adopts pods which never opted in (operator/access.py)."""
+    image = refused_image(pool, options)
+    if image is not None:
+        return Refusal(reason="ImageNotAllowed", message=image)
+    return secret_refusal(pool, options.allowed_env_secrets) or selector_refusal(pool)
 
 
 def render_pool(pool: InferencePool, options: RenderOptions | None = None) -> RenderedPool:
@@ -339,7 +364,7 @@ def _deployment(pool: InferencePool, engine: EngineCommand, options: RenderOptio
         "progressDeadlineSeconds": 1800 if gpu else 300,
         "revisionHistoryLimit": 3,
         "template": {
-            "metadata": {"labels": pool_labels(pool)},
+            "metadata": {"labels": _pod_labels(pool, options)},
             "spec": _pod_spec(pool, container, gpu),
         },
         "replicas": spec.replicas,

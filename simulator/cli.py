@@ -64,6 +64,12 @@ def register(
         "(vLLM's flag and fields; an endpoint with '*' or an ipc:// one is bound, others "
         "connected)",
     )
+    sim.add_argument(
+        "--enable-responses-store",
+        action="store_true",
+        help="keep responses created with store=true (for GET and previous_response_id), as "
+        "vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (default: store is ignored, as vLLM)",
+    )
     sim.set_defaults(handler=run_sim)
 
 
@@ -147,6 +153,7 @@ def run_sim(args: argparse.Namespace) -> int:
         kv_events=parse_kv_events_config(args.kv_events_config)
         if args.kv_events_config is not None
         else None,
+        responses_store=args.enable_responses_store,
     )
     if args.chat_template and not args.tokenizer:
         raise UsageError("--chat-template needs --tokenizer: the template's text is tokenized")

@@ -28,17 +28,20 @@ T = TypeVar("T")
 OFF_LOOP_CHARS = 16_384  # prompts longer than this are tokenized (and hashed) in a thread
 OUTPUT_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing")
 
-ApiRoute = Literal["completions", "chat"]
+ApiRoute = Literal["completions", "chat", "responses"]
 
 
 class OpenAIError(Exception):
     """Turned into vLLM's error JSON by the middleware."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, error_type: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.error_type = error_type  # where vLLM names one; else by status
 
 
 # The error "type" vLLM's server sends (the exception's name), not OpenAI's types.
@@ -46,11 +49,13 @@ VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNo
                413: "RequestEntityTooLarge", 500: "InternalServerError"}  # fmt: skip
 
 
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+def error_response(
+    status: int, message: str, param: str | None = None, error_type: str | None = None
+) -> web.Response:
     body = {
         "error": {
             "message": message,
-            "type": VLLM_ERROR_TYPES.get(status, "BadRequestError"),
+            "type": error_type or VLLM_ERROR_TYPES.get(status, "BadRequestError"),
             "param": param,
             "code": status,
         }
@@ -75,7 +80,7 @@ class GenerationRequest:
     token_ids: Sequence[int] = ()  # the prompt's, for KV events
 
 
-def _priority(body: dict[str, Any]) -> int:
+def priority_of(body: dict[str, Any]) -> int:
     value = body.get("priority", 0)
     if value is None:
         return 0
@@ -84,7 +89,7 @@ def _priority(body: dict[str, Any]) -> int:
     return value
 
 
-def _positive_int(body: dict[str, Any], name: str) -> int | None:
+def positive_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -171,14 +176,14 @@ def chat_ids(
 
 
 @dataclass(frozen=True)
-class _PromptTokens:
+class PromptTokens:
     count: int
     block_hashes: tuple[int, ...]
     ids: Sequence[int]
 
 
-def _prompt_tokens(ids: Sequence[int]) -> _PromptTokens:
-    return _PromptTokens(count=len(ids), block_hashes=block_hashes(ids, KV_BLOCK_TOKENS), ids=ids)
+def prompt_tokens_of(ids: Sequence[int]) -> PromptTokens:
+    return PromptTokens(count=len(ids), block_hashes=block_hashes(ids, KV_BLOCK_TOKENS), ids=ids)
 
 
 async def off_loop(length: int, count: Callable[[], T]) -> T:
@@ -216,20 +221,22 @@ async def parse_generation(
     if endpoint == "completions":
         prompt = _completion_prompt(body)
         if isinstance(prompt, list):
-            tokens = _prompt_tokens(prompt)
+            tokens = prompt_tokens_of(prompt)
         else:
             text = prompt
             tokens = await off_loop(
-                len(text), lambda: _prompt_tokens(tokenizer.encode_prompt(text))
+                len(text), lambda: prompt_tokens_of(tokenizer.encode_prompt(text))
             )
-        max_tokens = _positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
+        max_tokens = positive_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
     else:
         messages = chat_messages(body)
         length = sum(len(m.content) for m in messages)
-        tokens = await off_loop(length, lambda: _prompt_tokens(chat_ids(tokenizer, body, messages)))
+        tokens = await off_loop(
+            length, lambda: prompt_tokens_of(chat_ids(tokenizer, body, messages))
+        )
         max_tokens = (
-            _positive_int(body, "max_completion_tokens")
-            or _positive_int(body, "max_tokens")
+            positive_int(body, "max_completion_tokens")
+            or positive_int(body, "max_tokens")
             or max(1, min(CHAT_DEFAULT_MAX_TOKENS, max_context - tokens.count))
         )
     return GenerationRequest(
@@ -238,7 +245,7 @@ async def parse_generation(
         max_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
-        priority=_priority(body),
+        priority=priority_of(body),
         block_hashes=tokens.block_hashes,
         token_ids=tokens.ids,
     )
@@ -255,7 +262,7 @@ def _usage(parsed: GenerationRequest, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def _word(index: int) -> str:
+def output_word(index: int) -> str:
     return OUTPUT_WORDS[index % len(OUTPUT_WORDS)]
 
 
@@ -276,10 +283,10 @@ class Reply:
     def token_chunk(self, event: TokenEvent) -> dict[str, Any]:
         finish = "length" if event.last else None
         if self.parsed.endpoint == "completions":
-            choice = {"index": 0, "text": _word(event.index), "logprobs": None,
+            choice = {"index": 0, "text": output_word(event.index), "logprobs": None,
                       "finish_reason": finish}  # fmt: skip
         else:
-            choice = {"index": 0, "delta": {"content": _word(event.index)}, "logprobs": None,
+            choice = {"index": 0, "delta": {"content": output_word(event.index)}, "logprobs": None,
                       "finish_reason": finish}  # fmt: skip
         return {**self.envelope(True), "choices": [choice]}
 
@@ -296,7 +303,7 @@ class Reply:
         }
 
     def whole(self, completion_tokens: int) -> dict[str, Any]:
-        text = "".join(_word(i) for i in range(completion_tokens))
+        text = "".join(output_word(i) for i in range(completion_tokens))
         if self.parsed.endpoint == "completions":
             choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
                                       "finish_reason": "length", "stop_reason": None}  # fmt: skip

@@ -39,6 +39,13 @@ from laneway.simulator.openai_framing import (
 )
 from laneway.simulator.profiles import Profile
 from laneway.simulator.realtime import RealTimeEngine, TokenEvent
+from laneway.simulator.responses import (
+    ResponseReply,
+    ResponseStore,
+    not_found,
+    parse_responses,
+    sse_event,
+)
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.tokens import Tokenizer, count_chat, default_tokenizer
 
@@ -53,6 +60,8 @@ class SimSettings:
     metrics_flavor: MetricsFlavor = MetricsFlavor.VLLM
     time_scale: float = 1.0
     kv_events: KVEventsConfig | None = None  # --kv-events-config; None: not published
+    # --enable-responses-store: vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1 (responses.py)
+    responses_store: bool = False
 
 
 async def _sse(response: web.StreamResponse, payload: dict[str, Any] | str) -> None:
@@ -135,6 +144,93 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "chat")
 
 
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/responses` (responses.py says how vLLM frames it)."""
+    settings, engine, store = request.app[SETTINGS], request.app[ENGINE], request.app[RESPONSES]
+    parsed = await parse_responses(
+        await request.read(),
+        settings.model,
+        settings.scheduler.max_context,
+        request.app[TOKENIZER],
+        store,
+    )
+    reply = ResponseReply(request=parsed, model=settings.model, created=int(time.time()))
+    generation = parsed.generation
+    try:
+        events = engine.submit(
+            reply.response_id,
+            generation.prompt_tokens,
+            generation.max_tokens,
+            priority=generation.priority,
+            prompt_block_hashes=generation.block_hashes,
+            prompt_token_ids=generation.token_ids,
+        )
+    except RequestRejected as error:
+        raise OpenAIError(400, str(error), error_type="invalid_request_error") from None
+    try:
+        if generation.stream:
+            return await _stream_response(request, reply, events, store)
+        emitted = 0
+        while not (await events.get()).last:
+            emitted += 1
+        answer = reply.response("completed", emitted + 1)
+        if parsed.store:
+            store.held[reply.response_id] = reply.kept(answer)
+        return web.json_response(answer)
+    finally:
+        engine.abort(reply.response_id)
+
+
+async def _stream_response(
+    request: web.Request,
+    reply: ResponseReply,
+    events: asyncio.Queue[TokenEvent],
+    store: ResponseStore,
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    sequence = 0
+
+    async def send(event: dict[str, Any]) -> None:
+        nonlocal sequence
+        await response.write(sse_event(event, sequence))
+        sequence += 1
+
+    for event in reply.opening():
+        await send(event)
+    emitted = 0
+    while True:
+        token = await events.get()
+        await send(reply.delta(token.index))
+        emitted += 1
+        if token.last:
+            break
+    closing = reply.closing(emitted)
+    if reply.request.store:
+        store.held[reply.response_id] = reply.kept(closing[-1]["response"])
+    for event in closing:
+        await send(event)
+    await response.write_eof()
+    return response
+
+
+async def retrieve_response(request: web.Request) -> web.Response:
+    """`GET /v1/responses/{id}`: a stored response (vLLM's `retrieve_responses`)."""
+    stored = request.app[RESPONSES].get(request.match_info["response_id"])
+    return web.json_response(stored.response)
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    """`POST /v1/responses/{id}/cancel` (vLLM's `cancel_responses`): only a background
+    response still queued or running can be; none is, here."""
+    response_id = request.match_info["response_id"]
+    if response_id not in request.app[RESPONSES].held:
+        raise not_found(response_id)
+    raise OpenAIError(
+        400, "Cannot cancel a synchronous response.", error_type="invalid_request_error"
+    )
+
+
 async def models(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     card = {
@@ -211,7 +307,7 @@ async def openai_errors(
     try:
         return await handler(request)
     except OpenAIError as error:
-        return error_response(error.status, error.message, error.param)
+        return error_response(error.status, error.message, error.param, error.error_type)
     except web.HTTPException as error:
         if error.status < 400:
             raise
@@ -223,6 +319,7 @@ async def openai_errors(
 SETTINGS = web.AppKey("settings", SimSettings)
 ENGINE = web.AppKey("engine", RealTimeEngine)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+RESPONSES = web.AppKey("responses", ResponseStore)
 
 
 async def _engine_task(app: web.Application) -> AsyncIterator[None]:
@@ -246,11 +343,15 @@ def create_app(settings: SimSettings, tokenizer: Tokenizer | None = None) -> web
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
     app[SETTINGS] = settings
     app[TOKENIZER] = tokenizer or default_tokenizer()
+    app[RESPONSES] = ResponseStore(enabled=settings.responses_store)
     app.cleanup_ctx.append(_engine_task)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", retrieve_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/metrics", metrics)
     return app

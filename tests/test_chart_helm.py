@@ -239,10 +239,9 @@ def test_every_pod_is_non_root_with_a_read_only_root_filesystem(
             assert security["capabilities"]["drop"] == ["ALL"]
 
 
-def test_gateway_defaults_to_several_replicas_spread_over_nodes(
-    rendered: dict[str, list[Manifest]],
-) -> None:
-    gateway = deployment(rendered["default"], "gateway")
+def test_gateway_replicas_spread_over_nodes(rendered: dict[str, list[Manifest]]) -> None:
+    # Several replicas need Redis (one replica is the default without it); ci/redis-values.
+    gateway = deployment(rendered["redis"], "gateway")
     assert gateway["spec"]["replicas"] >= 2
     assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert container(gateway)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
@@ -253,7 +252,7 @@ def test_gateway_defaults_to_several_replicas_spread_over_nodes(
     term = preferred[0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"].items() <= pod_labels.items()
-    pdb = only(rendered["default"], "PodDisruptionBudget")
+    pdb = only(rendered["redis"], "PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 

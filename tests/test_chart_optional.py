@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -21,6 +22,7 @@ from support.chart import (
     NAMESPACE,
     RELEASE,
     Manifest,
+    access_flags,
     container,
     deployment,
     env_of,
@@ -32,7 +34,9 @@ from support.chart import (
     template,
 )
 
+from laneway.bench.harness.procs import laneway_argv
 from laneway.bench.harness.redis_server import free_port
+from laneway.cli import build_parser
 from laneway.gateway.config import parse_documents
 from laneway.gateway.state.redis_store import redis_settings
 from laneway.routing.prefix_index import KVEventSource
@@ -61,14 +65,18 @@ def test_bundled_redis_password_comes_from_a_generated_secret(
 
 
 def test_bundled_redis_command_and_gateway_env_work_with_the_real_server(
-    rendered: dict[str, list[Manifest]],
+    rendered: dict[str, list[Manifest]], tmp_path: Path
 ) -> None:
     """Run the bundled Redis container's args (with the kubelet's $(VAR) expansion of the
-    Secret's password) as a real redis-server, and connect the way the gateway's env says."""
+    Secret's password) as a real redis-server, and connect the way the gateway's env says;
+    it keeps an append-only file in its data volume and refuses writes above maxmemory."""
     objects = rendered["redis"]
     password = base64.b64decode(only(objects, "Secret", "-redis")["data"]["password"]).decode()
     redis = container(deployment(objects, "redis"))
+    [mount] = redis["volumeMounts"]
     args = [a.replace("$(REDIS_PASSWORD)", password) for a in redis["args"]]
+    assert args[args.index("--dir") + 1] == mount["mountPath"]
+    args[args.index("--dir") + 1] = str(tmp_path)  # the emptyDir, here
     port = free_port()
     args[args.index("--port") + 1] = str(port)
     executable = shutil.which("redis-server")
@@ -96,7 +104,24 @@ def test_bundled_redis_command_and_gateway_env_work_with_the_real_server(
         with pytest.raises(redis_client.AuthenticationError):
             redis_client.Redis(host="127.0.0.1", port=port).ping()
         assert with_password.config_get("save") == {"save": ""}
-        assert with_password.config_get("appendonly") == {"appendonly": "no"}
+        assert with_password.config_get("appendonly") == {"appendonly": "yes"}
+        assert with_password.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        maxmemory = int(str(with_password.config_get("maxmemory")["maxmemory"]))
+        assert maxmemory == 200 * 1024 * 1024
+        limit = redis["resources"]["limits"]["memory"]
+        assert limit == "256Mi"
+        assert maxmemory < 256 * 1024 * 1024
+        with_password.set("batch", "kept")
+        with_password.bgrewriteaof()
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("appendonlydir/*.aof")):
+            assert time.monotonic() < deadline, "no append-only file in the data volume"
+            time.sleep(0.05)
+        # A tenant's quota and largest file fit the bundled Redis, with room for others.
+        args_of_gateway = container(deployment(objects, "gateway"))["args"]
+        quota = int(args_of_gateway[args_of_gateway.index("--tenant-file-bytes") + 1])
+        largest = int(args_of_gateway[args_of_gateway.index("--max-file-bytes") + 1])
+        assert largest <= quota <= maxmemory // 3
         service = only(objects, "Service", "-redis")
         assert url.hostname == service["metadata"]["name"]
         assert url.port == service["spec"]["ports"][0]["port"]
@@ -273,8 +298,11 @@ def test_default_render_is_secure(rendered: dict[str, list[Manifest]]) -> None:
     assert service_ports == {"http", "metrics"}
     operator = container(deployment(objects, "operator"))
     assert "--allowed-image-prefix" in operator["args"]
+    assert "--allowed-env-secret" not in operator["args"]  # engines read no Secret
     engines = operator_render(
-        [o for o in objects if o["kind"] == "InferencePool"], operator_image(objects)
+        [o for o in objects if o["kind"] == "InferencePool"],
+        operator_image(objects),
+        access_flags(operator["args"]),
     )
     for manifest in [*objects, *engines]:
         if manifest["kind"] == "Deployment":
@@ -282,3 +310,54 @@ def test_default_render_is_secure(rendered: dict[str, list[Manifest]]) -> None:
             assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
             for each in pod["containers"]:
                 assert each["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_operator_lets_engines_read_only_the_listed_secrets(helm: str) -> None:
+    objects = template(helm, "--set", "operator.allowedEnvSecrets={hf-token,registry-creds}")
+    args = container(deployment(objects, "operator"))["args"]
+    flags = access_flags(args)
+    secrets = [value for flag, value in zip(flags[::2], flags[1::2], strict=True)
+               if flag == "--allowed-env-secret"]  # fmt: skip
+    assert secrets == ["hf-token", "registry-creds"]
+    # The flags the chart renders are ones `laneway render` (the operator's parser) takes,
+    # and a chart pool reading another Secret is refused as the operator would refuse it.
+    pool = next(o for o in objects if o["kind"] == "InferencePool")
+    pool["spec"]["engine"]["env"] = [
+        {"name": "K", "valueFrom": {"secretKeyRef": {"name": f"{RELEASE}-laneway-api-key"}}}
+    ]
+    refused = subprocess.run(
+        laneway_argv("render", "-", *access_flags(args)),
+        input=json.dumps(pool),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert f"reads Secret '{RELEASE}-laneway-api-key'" in refused.stderr
+    assert "the Secrets it allows are hf-token, registry-creds" in refused.stderr
+
+
+def test_the_default_gateway_is_one_replica_with_the_gateways_own_file_limits(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """No Redis by default, so one replica: apart, replicas would each keep their own limits
+    and answer 501 for files and batches."""
+    gateway = deployment(rendered["default"], "gateway")
+    assert gateway["spec"]["replicas"] == 1
+    args = container(gateway)["args"]
+    assert args[args.index("--max-file-bytes") + 1] == "104857600"
+    assert args[args.index("--tenant-file-bytes") + 1] == "1073741824"
+    assert "--allow-unauthenticated" not in args
+
+
+def test_a_gateway_without_auth_is_told_it_may_listen_unauthenticated(helm: str) -> None:
+    args = container(deployment(template(helm, "--set", "gateway.auth.enabled=false"), "gateway"))[
+        "args"
+    ]
+    assert "--tenants" not in args
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert "--allow-unauthenticated" in args
+    # The flags parse as `laneway gateway` takes them.
+    parsed = build_parser().parse_args(args)
+    assert parsed.allow_unauthenticated is True

@@ -20,8 +20,11 @@ from support.chart import (
     NAMESPACE,
     RELEASE,
     Manifest,
+    container,
+    deployment,
     gateway_config_documents,
     nested,
+    parse_laneway,
     run_helm,
     template,
     values_args,
@@ -137,6 +140,34 @@ BAD_VALUES: list[tuple[str, Manifest, str]] = [
         "networkPolicy.engineNamespaces guards engines in other namespaces",
     ),
     (
+        "two replicas without Redis",
+        nested("gateway.replicaCount", 2),
+        "gateway.replicaCount (2) needs shared state: set redis.enabled=true",
+    ),
+    (
+        "autoscaling without Redis",
+        nested("gateway.autoscaling.enabled", True),
+        "gateway.autoscaling.maxReplicas (10) needs shared state",
+    ),
+    (
+        "a largest file above the quota",
+        merged(
+            nested("redis.enabled", True),
+            nested("gateway.batch.maxFileBytes", 104857600),
+        ),
+        "gateway.batch.maxFileBytes (104857600) exceeds gateway.batch.tenantFileBytes (67108864)",
+    ),
+    (
+        "redis maxmemory without a unit",
+        nested("redis.maxMemory", "200"),
+        "/redis/maxMemory",
+    ),
+    (
+        "env secret that is no Secret name",
+        nested("operator.allowedEnvSecrets", ["HF Token"]),
+        "/operator/allowedEnvSecrets/0",
+    ),
+    (
         "image prefix with a tag",
         nested("operator.allowedImagePrefixes", ["vllm/vllm-openai:v0.11.0"]),
         "/operator/allowedImagePrefixes/0",
@@ -245,6 +276,25 @@ def test_schema_rules_mirror_the_gateway_parser(helm: str) -> None:
         assert where in rejected.stderr, rejected.stderr
 
 
+def test_tenant_caps_become_the_gateways_defaults_for_every_tenant(helm: str) -> None:
+    objects = template(
+        helm,
+        "--set",
+        "gateway.tenants.maxConcurrentRequests=4",
+        "--set",
+        "gateway.tenants.maxQueuedRequests=16",
+    )
+    args = parse_laneway(list(container(deployment(objects, "gateway"))["args"]))
+    assert (args.tenant_max_concurrent, args.tenant_max_queued) == (4, 16)
+    default = parse_laneway(list(container(deployment(template(helm), "gateway"))["args"]))
+    assert (default.tenant_max_concurrent, default.tenant_max_queued) == (None, None)
+    rejected = run_helm(
+        helm, "template", RELEASE, str(CHART), "--set", "gateway.tenants.maxQueuedRequests=0"
+    )
+    assert rejected.returncode != 0
+    assert "/gateway/tenants/maxQueuedRequests" in rejected.stderr, rejected.stderr
+
+
 # --- the chart's own files ----------------------------------------------------------
 
 
@@ -265,7 +315,7 @@ def test_notes_tell_how_to_call_the_gateway(helm: str) -> None:
     assert f"kubectl -n {NAMESPACE} port-forward svc/{RELEASE}-laneway-gateway 8080:80" in notes
     assert "/v1/chat/completions" in notes
     assert "sim-realtime: lane interactive" in notes
-    assert "without Redis keep separate state" in notes
+    assert "without Redis the gateway runs one replica" in notes
     secret = f"{RELEASE}-laneway-api-key"
     assert (
         f"export LANEWAY_API_KEY=$(kubectl -n {NAMESPACE} get secret {secret} "

@@ -222,26 +222,29 @@ def test_a_pool_with_a_selector_adopts_pods_and_drops_its_deployment(
     # Engines started by hand, from the same pod template the operator rendered (so that
     # they start wherever the operator's do, KWOK's nodes or a real cluster's).
     template = copy.deepcopy(pools.get("deployment", "adopter")["spec"]["template"])
-    template["metadata"] = {"labels": {"app": "hand-made"}}
+    # They opt in to adoption, as the operator requires (not with laneway.io/pool: adopter,
+    # which the pool's own Deployment still selects by until it is deleted).
+    hand_made = {"app": "hand-made", "laneway.io/adoptable": "true"}
+    template["metadata"] = {"labels": hand_made}
     pods: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": "hand-made-engines"},
         "spec": {
             "replicas": 2,
-            "selector": {"matchLabels": {"app": "hand-made"}},
+            "selector": {"matchLabels": hand_made},
             "template": template,
         },
     }
     pools.apply(pods)
-    adopting = pool("adopter", selector={"matchLabels": {"app": "hand-made"}})
+    adopting = pool("adopter", selector={"matchLabels": hand_made})
     del adopting["spec"]["replicas"]
     pools.apply(adopting)
     eventually(
         "the pool's own Deployment is deleted", lambda: not pools.exists("deployment", "adopter")
     )
     service = pools.get("service", "adopter")
-    assert service["spec"]["selector"] == {"app": "hand-made"}
+    assert service["spec"]["selector"] == hand_made
     eventually(
         "the adopted pods are the pool's ready endpoints",
         lambda: len(pools.get("lwpool", "adopter").get("status", {}).get("endpoints", [])) == 2,

@@ -69,11 +69,11 @@ def test_install_manifests_match_the_chart() -> None:
 def test_check_fails_when_the_install_manifests_are_edited_by_hand(tmp_path: Path) -> None:
     copy = repo_copy(tmp_path)
     edited = copy / INSTALL
-    edited.write_text(edited.read_text().replace("replicas: 2", "replicas: 5", 1))
+    edited.write_text(edited.read_text().replace("replicas: 1", "replicas: 5", 1))
     result = gen_check(copy)
     assert result.returncode == 1
     assert f"{INSTALL} differs from what the chart renders" in result.stderr
-    assert "+  replicas: 2" in result.stderr, "the diff shows what the chart renders"
+    assert "+  replicas: 1" in result.stderr, "the diff shows what the chart renders"
     assert "run scripts/gen-manifests.sh" in result.stderr
 
 

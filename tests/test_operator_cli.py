@@ -20,7 +20,8 @@ LANEWAY = [sys.executable, "-m", "laneway.cli"]
 def test_render_prints_valid_manifests() -> None:
     realtime = next(p for p in EXAMPLES if "realtime" in p.name)
     result = subprocess.run(
-        [*LANEWAY, "render", str(realtime)],
+        # The example's engine reads its Hugging Face token from the Secret `huggingface`.
+        [*LANEWAY, "render", str(realtime), "--allowed-env-secret", "huggingface"],
         capture_output=True,
         text=True,
         check=True,

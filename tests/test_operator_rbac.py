@@ -16,8 +16,9 @@ from laneway.api import KIND
 from laneway.autoscale import DemandCount
 from laneway.operator.autoscaler import Demand
 from laneway.operator.handlers import OperatorState, child_changed, demand_pass
-from laneway.operator.reconcile import reconcile
+from laneway.operator.reconcile import reconcile, reconcile_upstream
 from laneway.operator.render import RenderOptions
+from laneway.operator.upstream import PickerRef
 
 # What kopf itself does besides the operator's calls (tests/test_cluster_operator.py runs
 # it under this role in a real cluster): watch what it serves (including the children the
@@ -53,7 +54,10 @@ def no_event_posting() -> Iterator[None]:
 async def life_cycle(cluster: FakeCluster) -> None:
     """Create, autoscale (the demand loop), change, drift, switch to adopted pods, report
     status."""
-    memo = kopf.Memo(state=OperatorState(cluster=cluster, options=RenderOptions()))
+    # With laneway's picker: the upstream InferencePools are created, changed and pruned.
+    picker = PickerRef(service="picker")
+    options = RenderOptions(picker=picker)
+    memo = kopf.Memo(state=OperatorState(cluster=cluster, options=options))
     spec = {"lane": "batch", "model": "m", "engine": {"kind": "sglang"}}
     pool = cluster.create(pool_document("p", spec))
     # What an earlier version rendered for spec.autoscaling: pruned on the first pass.
@@ -68,8 +72,9 @@ async def life_cycle(cluster: FakeCluster) -> None:
     )
 
     async def once() -> None:
-        outcome = await reconcile(cluster.pool("serving", "p"), cluster, RenderOptions(), "t")
+        outcome = await reconcile(cluster.pool("serving", "p"), cluster, options, "t")
         await cluster.patch_status(KIND, "serving", "p", outcome.status)
+        await reconcile_upstream("serving", cluster, picker)
 
     await once()
     cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(autoscaling={"maxReplicas": 3}))
@@ -84,13 +89,19 @@ async def life_cycle(cluster: FakeCluster) -> None:
     cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(autoscaling={"maxReplicas": 5}))
     cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(prefill={"chunkSize": 512}))
     await once()
+    cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(port=8001))
+    await once()  # the upstream pool's targetPorts follow
+    cluster.edit(KIND, "serving", "p", lambda p: p["spec"].update(servedModelName="m2"))
+    await once()  # another model: its upstream pool made, the old one deleted
     cluster.edit("Service", "serving", "p", lambda s: s["spec"].update(selector={}))
     await child_changed(body=kopf.Body(cluster.objects[("Service", "serving", "p")]), memo=memo)  # type: ignore[arg-type]
     cluster.edit(
         KIND,
         "serving",
         "p",
-        lambda p: p["spec"].update(selector={"matchLabels": {"a": "b"}}, autoscaling=None),
+        lambda p: p["spec"].update(
+            selector={"matchLabels": {"laneway.io/adoptable": "true"}}, autoscaling=None
+        ),
     )
     del cluster.objects[(KIND, "serving", "p")]["spec"]["autoscaling"]
     await once()

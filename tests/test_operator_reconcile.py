@@ -233,16 +233,16 @@ async def test_switching_to_selector_mode_deletes_the_owned_deployment() -> None
         KIND,
         "serving",
         "realtime",
-        lambda p: p["spec"].update(selector={"matchLabels": {"app": "my-engine"}}),
+        lambda p: p["spec"].update(selector={"matchLabels": {"laneway.io/adoptable": "true"}}),
     )
     outcome = await run_pass(cluster)
     assert ("Deployment", "realtime") not in children(cluster)
     assert ("Normal", "Deleted") in [(e.type, e.reason) for e in outcome.events]
     service = cluster.objects[("Service", "serving", "realtime")]
-    assert service["spec"]["selector"] == {"app": "my-engine"}
+    assert service["spec"]["selector"] == {"laneway.io/adoptable": "true"}
     ready = condition(outcome, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "NoReadyPods")
-    assert "app=my-engine" in ready["message"]
+    assert "laneway.io/adoptable=true" in ready["message"]
 
 
 async def test_a_spec_that_cannot_work_ends_not_ready_with_what_to_change() -> None:

@@ -22,6 +22,7 @@ from laneway.gateway.state.tenants import (
     retry_after_header,
     take,
 )
+from laneway.routing.fairshare import TenantCaps
 
 TENANTS_YAML = """
 tenants:
@@ -46,6 +47,22 @@ def test_keys_file_maps_keys_to_tenants(tmp_path: Path) -> None:
     assert directory.authenticate("Basic sk-free") is None
     assert directory.authenticate(None) is None
     assert sorted(t.name for t in directory.tenants) == ["acme", "free"]
+
+
+def test_concurrency_caps_come_from_the_entry_else_the_gateways_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(
+        "tenants:\n"
+        "  - {name: acme, apiKeys: [k1], maxConcurrentRequests: 4, maxQueuedRequests: 8}\n"
+        "  - {name: free, apiKeys: [k2], maxQueuedRequests: 2}\n"
+    )
+    defaults = TenantCaps(max_running=1, max_waiting=3)
+    caps = {t.name: t.caps for t in load_tenants(path, defaults).tenants}
+    assert caps == {
+        "acme": TenantCaps(max_running=4, max_waiting=8),
+        "free": TenantCaps(max_running=1, max_waiting=2),  # its own where it sets one
+    }
+    assert {t.name: t.caps for t in load_tenants(path).tenants}["free"] == TenantCaps(max_waiting=2)
 
 
 def test_a_mounted_secret_directory_is_read_without_its_hidden_entries(tmp_path: Path) -> None:
@@ -73,6 +90,14 @@ def test_a_mounted_secret_directory_is_read_without_its_hidden_entries(tmp_path:
             "tenants[0].requestsPerMinute: must be a whole number of at least 1, got 0",
         ),
         ("tenants: [{name: a, apiKeys: [k], weight: -1}]", "tenants[0].weight: must be a number"),
+        (
+            "tenants: [{name: a, apiKeys: [k], priority: high}]",
+            "tenants[0].priority: must be a whole number, got 'high'",
+        ),
+        (
+            "tenants: [{name: a, apiKeys: [k], maxConcurrentRequests: 0}]",
+            "tenants[0].maxConcurrentRequests: must be a whole number of at least 1, got 0",
+        ),
         (
             "tenants: [{name: a, apiKeys: [k]}, {name: b, apiKeys: [k]}]",
             "API key of tenant 'b' is used twice",

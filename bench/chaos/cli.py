@@ -55,11 +55,29 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         preset=True,
     )
     add_value_flag(chaos, "--seed", 0, "workload seed", preset=True)
+    chaos.add_argument(
+        "--flood",
+        action="store_true",
+        help="instead: one tenant floods at 10x its share (its maxConcurrentRequests) while "
+        "another's chat TTFT is measured, alternating segments at its share and flooding, "
+        "through two replicas on one Redis; --duration covers them all, --sessions are the "
+        "other tenant's. Exits 1 unless that tenant's TTFT p99 in the flood segments stays "
+        "within 10%% of the baseline ones' and none of its requests is refused",
+    )
+    chaos.add_argument(
+        "--flood-queue",
+        type=int,
+        metavar="N",
+        help="with --flood: the flooding tenant's maxQueuedRequests (default 8); past it "
+        "its requests get 429 and come back after Retry-After",
+    )
     add_json_flag(chaos)
     chaos.set_defaults(handler=run_bench_chaos)
 
 
 def run_bench_chaos(args: argparse.Namespace) -> int:
+    if args.flood:
+        return _run_flood(args)
     from laneway.bench.chaos.options import QUICK, ChaosOptions, check_options
     from laneway.bench.chaos.report import render
     from laneway.bench.chaos.run import run_bench
@@ -82,6 +100,30 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
     check_options(options)
     return run_and_report(
         lambda command: run_bench(options, command, say),
+        render,
+        args.json,
+        succeeded=lambda report: report.goal_met,
+    )
+
+
+def _run_flood(args: argparse.Namespace) -> int:
+    from laneway.bench.chaos.flood import FloodOptions, render, run_flood, stderr_say
+    from laneway.errors import UsageError
+
+    if args.flood_queue is not None and args.flood_queue < 1:
+        raise UsageError(f"--flood-queue must be at least 1, got {args.flood_queue}")
+    quick = FloodOptions(duration_s=20.0, sessions=3)
+    options = overridden(
+        quick if args.quick else FloodOptions(),
+        {
+            "duration_s": args.duration,
+            "sessions": args.sessions,
+            "seed": args.seed,
+            "flood_queue": args.flood_queue,
+        },
+    )
+    return run_and_report(
+        lambda command: run_flood(options, command, stderr_say),
         render,
         args.json,
         succeeded=lambda report: report.goal_met,

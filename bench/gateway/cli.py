@@ -66,7 +66,8 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         "--against",
         metavar="PEERS",
         help="instead: laneway beside these routers (sglang-router, vllm-router, python-floor, "
-        "laneway@DIR: laneway installed in DIR; "
+        "envoy: Envoy alone, envoy+floor: Envoy with a pass-through Python picker, "
+        "envoy+laneway: Envoy with `laneway epp`, laneway@DIR: laneway installed in DIR; "
         "comma-separated) on 4 engines, each pinned to one CPU, non-streaming and streaming",
     )
     gateway.add_argument(

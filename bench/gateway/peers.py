@@ -9,8 +9,9 @@ the CPU milliseconds the router process spent per request, with the ratio to lan
 The peers are Python packages with Rust cores: they are installed on demand into a virtual
 environment of their own (`--peers-venv`), never as a dependency of laneway. One more peer,
 `python-floor`, is laneway's own measuring stick (bench/gateway/floor_proxy.py): a proxy on the
-gateway's event loop and HTTP parser that does nothing but forward, so the gap between it and
-laneway is laneway's own work, and the gap between it and the Rust routers is Python's.
+gateway's event loop and HTTP stack (aiohttp's server and client) that does nothing but
+forward, so the gap between it and laneway is laneway's own work, and the gap between it and
+the Rust routers is what that stack costs.
 And `laneway@DIR` is laneway as installed in DIR (`pip install --no-deps --target DIR` of
 another checkout): the same bench, before and after a change, in one run.
 """
@@ -34,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httptools
 
 from laneway.bench.gateway import floor_proxy
 from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
+from laneway.bench.gateway.envoy_peers import ENVOY_PEERS, Together, envoy_version, start_envoy_peer
 from laneway.bench.gateway.profile import Profile, Sampler, render_profiles, summarize
 from laneway.bench.gateway.run import progress
 from laneway.bench.harness.closed_loop import in_closed_loop
@@ -94,9 +95,10 @@ class AgainstOptions:
 
 def parse_peers(text: str) -> tuple[str, ...]:
     peers = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [p for p in peers if p not in (*PEER_COMMANDS, FLOOR) and not p.startswith(BASELINE)]
+    named = (*PEER_COMMANDS, FLOOR, *ENVOY_PEERS)
+    unknown = [p for p in peers if p not in named and not p.startswith(BASELINE)]
     if not peers or unknown:
-        known = ", ".join((*PEER_COMMANDS, FLOOR, f"{BASELINE}DIR"))
+        known = ", ".join((*named, f"{BASELINE}DIR"))
         raise UsageError(f"--against takes one or more of {known}; got {text!r}")
     for peer in peers:
         where = _baseline_dir(peer) if peer.startswith(BASELINE) else None
@@ -223,6 +225,7 @@ def ensure_peers(venv: Path, peers: Sequence[str], profiling: bool = False) -> d
     """Install missing peers (and py-spy, when profiling) into `venv`, created if absent;
     their versions by name."""
     versions = {FLOOR: _floor_version()} if FLOOR in peers else {}
+    versions |= {"envoy": envoy_version()} if set(peers) & set(ENVOY_PEERS) else {}
     versions |= {p: str(_baseline_dir(p)) for p in peers if p.startswith(BASELINE)}
     packages = [peer for peer in peers if peer in PEER_COMMANDS] + ([PY_SPY] if profiling else [])
     if not packages:
@@ -248,7 +251,7 @@ def _command_of(package: str) -> str:
 def _floor_version() -> str:
     loop = event_loop_factory()
     name = "uvloop" if loop is not None else "asyncio"
-    return f"Python {platform.python_version()}, {name} loop, httptools {httptools.__version__}"
+    return f"Python {platform.python_version()}, {name} loop, aiohttp {aiohttp.__version__}"
 
 
 def _installed_version(python: Path, package: str) -> str:
@@ -343,7 +346,8 @@ async def _stream(
     return _Result(ok=result.status == 200 and result.error is None, e2e_s=result.e2e_s)
 
 
-Target = tuple[Callable[[], str], ChildProcess | None]  # the next URL to send to; the router
+# The next URL to send to; the router (Envoy and its picker together for the Envoy peers).
+Target = tuple[Callable[[], str], ChildProcess | Together | None]
 
 
 async def measure(
@@ -434,9 +438,12 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
         progress("starting the laneway gateway and the peers, each pinned to one CPU")
         gateway = await start_gateway(children, gateway_config(urls))
         pin(gateway.pid, [router_cpu])
-        peers = {}
+        peers: dict[str, ChildProcess | Together] = {}
         for peer in options.peers:
-            if peer.startswith(BASELINE):
+            if peer in ENVOY_PEERS:
+                documents = gateway_config(urls)
+                peers[peer] = await start_envoy_peer(children, peer, urls, documents, router_cpu)
+            elif peer.startswith(BASELINE):
                 env = {"PYTHONPATH": str(_baseline_dir(peer))}
                 peers[peer] = await start_gateway(children, gateway_config(urls), env=env)
                 pin(peers[peer].pid, [router_cpu])

@@ -38,6 +38,7 @@ from laneway.errors import ChildError
 READY_PREFIXES = {
     "sim": "laneway sim: serving ",
     "gateway": "laneway gateway: listening on ",
+    "epp": "laneway epp: listening on ",
 }
 DEFAULT_READY_TIMEOUT = 60.0
 DEFAULT_STOP_GRACE = 5.0

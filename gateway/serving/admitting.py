@@ -1,5 +1,8 @@
 """A routed request's slot in its pool: the ledger admits it, queues it or refuses it; a
-queued one waits here, up to the queue's limit, for the change that admits or refuses it."""
+queued one waits here, up to the queue's limit, for the change that admits or refuses it.
+
+A tenant with caps has its requests on the other replicas read first (with Redis), so its
+caps hold over all of them."""
 
 from __future__ import annotations
 
@@ -10,19 +13,26 @@ from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.wakes import LineRefused
-from laneway.ledger import Admission, Admitted, Refused
+from laneway.ledger import Admission, Admitted, Queued, Refused
+from laneway.routing.fairshare import NO_CAPS
 
 
 async def admit(path: RequestPath, ask: Admission, outcome: Outcome) -> Admitted:
     """The request's slot; ApiError 429 or 503 (with Retry-After) when it gets none."""
     ledger = path.ledger
+    pool = ask.route.pool
+    if path.tenant_share is not None and ask.caps != NO_CAPS:
+        peers = await path.tenant_share.peers([(pool.key, ask.tenant)])
+        path.wake(ledger.set_peer_tenants(path.clock(), peers))
     decision = ledger.admit(path.clock(), ask)
     outcome.ticket = decision.ticket
+    if isinstance(decision, Queued):
+        path.wake(decision.wakes)  # the request whose place it took is told why
+    path.load_changed()
     if isinstance(decision, Admitted):
         return decision
-    pool = ask.route.pool
     if isinstance(decision, Refused):
-        raise refusal(path, pool, decision, waited_ms=None)
+        raise refusal(path, ask, decision, waited_ms=None)
     limit_ms = path.settings.queue.wait_limit_millis(bool(pool.endpoints))
     try:
         async with asyncio.timeout(limit_ms / 1000):
@@ -30,17 +40,20 @@ async def admit(path: RequestPath, ask: Admission, outcome: Outcome) -> Admitted
     except TimeoutError:
         withdrawn = ledger.withdraw(decision.ticket, path.clock())
         path.wake(withdrawn.wakes)
-        raise refusal(path, pool, withdrawn.refused, limit_ms) from None
+        raise refusal(path, ask, withdrawn.refused, limit_ms) from None
     except LineRefused as refused:
-        raise refusal(path, pool, refused.refused, limit_ms) from None
+        raise refusal(path, ask, refused.refused, limit_ms) from None
 
 
-def refusal(
-    path: RequestPath, pool: InferencePool, refused: Refused, waited_ms: int | None
-) -> ApiError:
-    """Why `pool` has no slot for the request, said to its client; `waited_ms` is how long it
-    waited in line (None: it was refused without joining)."""
+def refusal(path: RequestPath, ask: Admission, refused: Refused, waited_ms: int | None) -> ApiError:
+    """Why the request's pool has no slot for it, said to its client; `waited_ms` is how long
+    it waited in line (None: it was refused without joining)."""
+    pool = ask.route.pool
     reason, gate = refused.reason, refused.gate
+    if reason in ("tenant_queue_full", "line_share") or (
+        reason == "timeout" and _at_running_cap(path, ask)
+    ):
+        return _tenant_refusal(path, ask, reason, waited_ms)
     if reason == "timeout":
         now = path.ledger.current(pool)
         if now is not None and not now.endpoints:
@@ -66,6 +79,43 @@ def refusal(
         429,
         f"Pool {pool.name} is saturated ({gate.active} requests running): {why}; retry later",
         "pool_saturated",
+        retry_after=path.settings.queue.retry_after_seconds,
+    )
+
+
+def _at_running_cap(path: RequestPath, ask: Admission) -> bool:
+    cap = ask.caps.max_running
+    return cap is not None and path.ledger.tenant_count(ask.route.pool, ask.tenant).running >= cap
+
+
+def _tenant_refusal(
+    path: RequestPath, ask: Admission, reason: str, waited_ms: int | None
+) -> ApiError:
+    """A refusal that the tenant's own requests caused: its message names the tenant's limit."""
+    pool, tenant, caps = ask.route.pool, ask.tenant, ask.caps
+    count = path.ledger.tenant_count(pool, tenant)
+    if reason == "tenant_queue_full":
+        why = (
+            f"it has {count.waiting} requests waiting for pool {pool.name}, its limit "
+            f"maxQueuedRequests={caps.max_waiting}"
+        )
+        code = "tenant_queue_full"
+    elif reason == "line_share":
+        why = (
+            f"pool {pool.name}'s line is full and tenant {tenant} held more than an equal "
+            "share of it, so this request gave its place to another tenant's"
+        )
+        code = "tenant_line_share"
+    else:
+        why = (
+            f"it has {count.running} requests running in pool {pool.name}, its limit "
+            f"maxConcurrentRequests={caps.max_running}, and none ended within {waited_ms} ms"
+        )
+        code = "tenant_concurrency_exceeded"
+    return ApiError(
+        429,
+        f"Concurrency limit reached for tenant {tenant}: {why}; retry later",
+        code,
         retry_after=path.settings.queue.retry_after_seconds,
     )
 

@@ -15,6 +15,8 @@ from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.serving.counting import PoolTokenizers
 from laneway.gateway.state.callers import TenantLimits
 from laneway.gateway.state.redis_store import RedisLoadShare
+from laneway.gateway.state.responses import RedisResponseShare
+from laneway.gateway.state.tenant_share import RedisTenantShare
 from laneway.gateway.wakes import Waiters
 from laneway.ledger import Ledger, Wakes
 
@@ -31,11 +33,16 @@ class RequestPath:
     access_log: AccessLog
     tenant_limits: TenantLimits | None  # None: no state layer
     load_share: RedisLoadShare | None  # None: one replica, its load its own
+    response_share: RedisResponseShare | None = None  # None: stored responses not shared
+    tenant_share: RedisTenantShare | None = None  # None: tenants' counts are this replica's
 
     def wake(self, wakes: Wakes) -> None:
         self.waiters.wake(wakes)
 
     def load_changed(self) -> None:
-        """This replica's load on an endpoint changed: its peers hear of it."""
+        """This replica's load on an endpoint (or a tenant's count) changed: its peers hear
+        of it."""
         if self.load_share is not None:
             self.load_share.publish(self.ledger.own_loads())
+        if self.tenant_share is not None:
+            self.tenant_share.publish(self.ledger.own_tenants())

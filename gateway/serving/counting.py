@@ -45,7 +45,7 @@ from laneway.api import (
 )
 from laneway.errors import UsageError
 from laneway.gateway.errors import ApiError, bad_request
-from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
+from laneway.gateway.serving.request_body import ParsedRequest
 from laneway.ledger import Ledger
 from laneway.tokens import (
     ChatTemplateError,
@@ -235,7 +235,7 @@ class EngineCount:
 def tokenizer_free_bounds(parsed: ParsedRequest) -> TokenBounds:
     """Bounds that hold for any tokenizer whose every token covers at least one UTF-8 byte
     (byte-level BPE, SentencePiece with byte fallback): none below, the bytes above."""
-    if parsed.endpoint is Endpoint.CHAT:
+    if parsed.is_chat:
         if parsed.extra_texts:
             return TokenBounds(0, UNBOUNDED)
         texts = sum(utf8_length(m.role) + utf8_length(m.content) for m in parsed.messages)
@@ -280,7 +280,7 @@ class EngineTokenize:
 
     async def count(self, pool: InferencePool, parsed: ParsedRequest, fallback: LocalCount) -> int:
         try:
-            if parsed.endpoint is Endpoint.CHAT:
+            if parsed.is_chat:
                 return await self._ask(pool, _chat_question(parsed))
             # A list of prompts runs as separate sequences: the longest one decides, as in
             # ParsedRequest.count; each text is asked for alone (vLLM takes one string).
@@ -358,8 +358,9 @@ class EngineTokenize:
 
 def _chat_question(parsed: ParsedRequest) -> dict[str, Any]:
     """The chat as the engine's template gets it on a chat completion."""
-    question: dict[str, Any] = {"messages": parsed.payload["messages"]}
-    tools = parsed.payload.get("tools")
+    chat = parsed.chat_body
+    question: dict[str, Any] = {"messages": chat["messages"]}
+    tools = chat.get("tools")
     if tools is not None:
         question["tools"] = tools
     return question
@@ -385,11 +386,11 @@ class OffLoopCounter:
             )
         # The body's other fields stay here; a chat template renders the messages and tools.
         payload = (
-            {k: v for k, v in parsed.payload.items() if k in ("messages", "tools")}
+            {k: v for k, v in parsed.chat_body.items() if k in ("messages", "tools")}
             if tokenizer.chat_template is not None
             else {}
         )
-        prompt = dataclasses.replace(parsed, payload=payload)
+        prompt = dataclasses.replace(parsed, payload=payload, chat_input=None)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, _count, tokenizer.recipe, prompt)

@@ -7,17 +7,33 @@ the loop over engine results in vLLM's `chat_completion_stream_generator` and SG
 send it as soon as the request arrives, before any prefill; usage and keep-alive events
 carry nothing either. So the time to first token is taken at the first event that carries
 output, whatever the engine sends before it: text, a tool call, reasoning text or logprobs.
+
+A Responses stream (`/v1/responses`) names its events (`event: TYPE`, the type again in the
+data): its first token is the first `*.delta` event with a non-empty `delta`
+(`response.output_text.delta`, `response.reasoning_text.delta`,
+`response.function_call_arguments.delta`, `response.refusal.delta`); `response.created`,
+`response.in_progress` and the `*.added` events come before any prefill (vLLM's
+`responses_stream_generator` sends the first two on arrival). Its TBT runs between those
+content events alone, not the `.done` and `.added` bookkeeping around them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from laneway.gateway.serving.request_body import Endpoint
+
 DATA = b"data:"
 DONE = b"[DONE]"
+STREAM_END = DATA + b" " + DONE
+RESPONSE_DELTA = ".delta"
+# In a chunk of Responses events, each content event's type ends its JSON string so:
+# `"type":"response.output_text.delta"` (a quote inside text is escaped, `\"`).
+DELTA_TYPE_END = b'.delta"'
 # Keys of a chat `delta` whose non-empty value is model output.
 DELTA_OUTPUT_KEYS = ("content", "tool_calls", "function_call", "reasoning_content", "reasoning")
 
@@ -34,7 +50,12 @@ def carries_output(line: bytes) -> bool:
         event = _loads(payload)
     except ValueError:
         return False
-    if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
+    if not isinstance(event, dict):
+        return False
+    kind = event.get("type")
+    if isinstance(kind, str):  # a Responses event; chat and completion chunks have no type
+        return kind.endswith(RESPONSE_DELTA) and bool(event.get("delta"))
+    if not isinstance(event.get("choices"), list):
         return False
     return any(_choice_has_output(choice) for choice in event["choices"])
 
@@ -61,6 +82,14 @@ def _has_data(logprobs: Any) -> bool:
     if isinstance(logprobs, dict):
         return any(logprobs.values())
     return bool(logprobs)
+
+
+def content_events_of(endpoint: Endpoint) -> Callable[[bytes], int]:
+    """How many content events a relayed chunk of `endpoint`'s stream holds (for TBT): a
+    chat or completion chunk's `data:` events but the end marker, a response's deltas."""
+    if endpoint is Endpoint.RESPONSES:
+        return lambda chunk: chunk.count(DELTA_TYPE_END)
+    return lambda chunk: chunk.count(DATA) - chunk.count(STREAM_END)
 
 
 class FirstTokenWatch:

@@ -23,11 +23,24 @@ from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.incoming import SESSION_HEADER, read_body
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.serving.relay import Exchange, forward
-from laneway.gateway.serving.request_body import LANE_HEADER, Endpoint, parse_lane
+from laneway.gateway.serving.request_body import (
+    LANE_HEADER,
+    Endpoint,
+    ParsedRequest,
+    parse_lane,
+)
+from laneway.gateway.serving.responses import holder, previous_not_found, remember
 from laneway.gateway.serving.routing import parse, prompt_blocks, route_request
-from laneway.gateway.state.callers import caller_of, routing_tenant, tenant_name
-from laneway.ledger import Admission, PromptBlocks, RequestLog, Ticket
+from laneway.gateway.state.callers import (
+    caller_of,
+    routing_tenant,
+    tenant_caps,
+    tenant_name,
+    tenant_priority,
+)
+from laneway.ledger import Admission, PromptBlocks, RequestLog, StoredResponse, Ticket
 from laneway.routing.plan import RoutingPlan
+from laneway.routing.priority import gateway_level
 
 log = logging.getLogger("laneway.gateway.requests")
 
@@ -55,7 +68,7 @@ async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.Str
             request.transport.abort()
         return outcome.stream
     finally:
-        _record(path, _finished(path, endpoint, outcome, started))
+        record(path, release(path, endpoint.value, outcome, started))
 
 
 async def _serve(
@@ -68,8 +81,17 @@ async def _serve(
     parsed, inline = await parse(body, endpoint)
     outcome.parsed = parsed
     pinned = parse_lane(request.headers.get(LANE_HEADER))
+    held = await _continued(path, parsed, tenant_name(caller))
     route, count = await route_request(
-        path, parsed, len(body), inline, pinned, routing_tenant(caller), outcome
+        path,
+        parsed,
+        len(body),
+        inline,
+        pinned,
+        routing_tenant(caller),
+        outcome,
+        held_by=held[1] if held else None,
+        history_tokens=(held[0].context_tokens or 0) if held else 0,
     )
     pool = route.pool
     if path.tenant_limits is not None:
@@ -85,44 +107,78 @@ async def _serve(
             stream=parsed.stream,
             tenant=tenant_name(caller),
             fair_tokens=parsed.sequences * route.prefill_tokens,
+            caps=tenant_caps(caller),
             session_key=(request.headers.get(SESSION_HEADER) or "").strip() or None,
         )
         admitted = await admit(path, ask, outcome)
         path.metrics.queue_wait_of(pool.name, route.lane.value).observe(admitted.queue_ms / 1000)
         blocks = await prompt_blocks(path, parsed, pool)
-        plan = await _plan(path, admitted.ticket, pool, blocks)
+        only = (held[0].endpoint,) if held else None
+        plan = await _plan(path, admitted.ticket, pool, blocks, only)
         exchange = Exchange(
             path=path,
             request=request,
             ticket=admitted.ticket,
             parsed=parsed,
             body=body,
+            level=gateway_level(tenant_priority(caller), route.priority, parsed.priority),
             plan=plan,
             count=count,
             outcome=outcome,
         )
-        return await forward(exchange)
+        answer = await forward(exchange)
+        if held is not None and outcome.status == 404:
+            # The holder lost it, its engine restarted before a scrape showed it: the
+            # history is gone, as OpenAI says of a response it does not have.
+            previous = parsed.previous_response_id
+            assert previous is not None
+            path.ledger.forget_response(previous)
+            raise previous_not_found(previous)
+        made = outcome.made
+        if made is not None and made.stored:
+            await remember(path, admitted.ticket, made)
+        if made is not None and made.input_tokens is not None:
+            outcome.prompt_tokens = made.input_tokens  # the engine's count, history and all
+        return answer
     finally:
         count.cancel()
 
 
+async def _continued(
+    path: RequestPath, parsed: ParsedRequest, tenant: str
+) -> tuple[StoredResponse, InferencePool] | None:
+    """The stored response a request continues, and its endpoint's pool; 400 where no
+    endpoint holds it for this tenant (its history would be missing)."""
+    previous = parsed.previous_response_id
+    if previous is None:
+        return None
+    held = await holder(path, previous, tenant)
+    if held is None:
+        raise previous_not_found(previous)
+    return held
+
+
 async def _plan(
-    path: RequestPath, ticket: Ticket, pool: InferencePool, blocks: PromptBlocks
+    path: RequestPath,
+    ticket: Ticket,
+    pool: InferencePool,
+    blocks: PromptBlocks,
+    only: tuple[str, ...] | None,
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot: with
-    Redis, the other replicas' load on them read first."""
+    Redis, the other replicas' load on them read first. `only`: the endpoints it may use
+    (the one that stored the response it continues)."""
     ledger = path.ledger
     if path.load_share is not None:
         current = ledger.current(pool)
         if current is not None:
             ledger.set_peer_loads(await path.load_share.peers(ledger.available(current)))
-    return ledger.plan(ticket, path.clock(), blocks)
+    return ledger.plan(ticket, path.clock(), blocks, subset=only)
 
 
-def _finished(
-    path: RequestPath, endpoint: Endpoint, outcome: Outcome, started: float
-) -> RequestLog:
-    """Whatever the request held is released; its log."""
+def release(path: RequestPath, route_path: str, outcome: Outcome, started: float) -> RequestLog:
+    """Whatever the request held is released; its log. The endpoint picker's requests end
+    here too."""
     now = path.clock()
     ticket = outcome.ticket
     if ticket is not None:
@@ -137,7 +193,7 @@ def _finished(
     # Refused before the ledger saw it: bad JSON, an unknown model, no lane, a tenant limit.
     parsed, route = outcome.parsed, outcome.route
     return RequestLog(
-        path=endpoint.value,
+        path=route_path,
         status=outcome.status,
         total_ms=(now - started) * 1000,
         model=parsed.model if parsed else "",
@@ -150,12 +206,12 @@ def _finished(
     )
 
 
-def _record(path: RequestPath, record: RequestLog) -> None:
+def record(path: RequestPath, entry: RequestLog) -> None:
     metrics = path.metrics
-    metrics.requests_of(record.pool, record.lane, str(record.status)).inc()
-    if record.pool and record.status == 200:
-        metrics.e2e_of(record.pool, record.lane).observe(record.total_ms / 1000)
-    if record.lane and record.prompt_tokens is not None:
-        metrics.prompt_tokens_of(record.lane).observe(record.prompt_tokens)
+    metrics.requests_of(entry.pool, entry.lane, str(entry.status)).inc()
+    if entry.pool and entry.status == 200:
+        metrics.e2e_of(entry.pool, entry.lane).observe(entry.total_ms / 1000)
+    if entry.lane and entry.prompt_tokens is not None:
+        metrics.prompt_tokens_of(entry.lane).observe(entry.prompt_tokens)
     if path.access_log.enabled:
-        path.access_log.write(record.line(time.time()))
+        path.access_log.write(entry.line(time.time()))

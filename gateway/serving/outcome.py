@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from laneway.gateway.serving.request_body import ParsedRequest
+from laneway.gateway.serving.responses import MadeResponse
 from laneway.ledger import Ticket
 from laneway.routing.lanes import Route
 
@@ -27,6 +28,7 @@ class Outcome:
     complete: bool = False
     # The stream whose head went out: past it, an error can only end the connection.
     stream: web.StreamResponse | None = None
+    made: MadeResponse | None = None  # /v1/responses: the response the engine says it made
 
     def routing_headers(self) -> dict[str, str]:
         if self.route is None:

@@ -12,21 +12,23 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from laneway.gateway.errors import error_body
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admitting import no_endpoint
 from laneway.gateway.serving.context import RequestPath
+from laneway.gateway.serving.engine_body import engine_body
 from laneway.gateway.serving.engine_usage import engine_prompt_tokens
-from laneway.gateway.serving.first_token import FirstTokenWatch
+from laneway.gateway.serving.first_token import FirstTokenWatch, content_events_of
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
-from laneway.gateway.serving.request_body import ParsedRequest
+from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
+from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch, made_by_answer
 from laneway.gateway.serving.routing import PromptCount
 from laneway.ledger import Sent, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
+from laneway.routing.priority import engine_priority
 from laneway.routing.slo import within_slo
 
 log = logging.getLogger("laneway.gateway.requests")
@@ -52,7 +54,8 @@ class Exchange:
     request: web.Request
     ticket: Ticket
     parsed: ParsedRequest
-    body: bytes  # as the client sent it: forwarded unchanged unless the model is renamed
+    body: bytes  # as the client sent it: forwarded unchanged unless `engine_body` changes it
+    level: int  # the request's priority level, lower first (`laneway.routing.priority`)
     plan: RoutingPlan
     count: PromptCount
     outcome: Outcome
@@ -61,10 +64,13 @@ class Exchange:
 async def forward(exchange: Exchange) -> web.StreamResponse:
     path, plan = exchange.path, exchange.plan
     served = plan.pool.spec.served_model_name
-    body = (
-        exchange.body
-        if served == exchange.parsed.model
-        else orjson.dumps({**exchange.parsed.payload, "model": served})
+    parsed = exchange.parsed
+    body = engine_body(
+        parsed.payload,
+        parsed.endpoint.value,
+        exchange.body,
+        served,
+        engine_priority(plan.pool, exchange.level),
     )
     failures = []
     candidate = plan.endpoints[0] if plan.endpoints else None
@@ -127,6 +133,8 @@ async def _whole_answer(
         if upstream.status == 200 and exchange.parsed.sequences == 1
         else None
     )
+    if upstream.status == 200 and exchange.parsed.endpoint is Endpoint.RESPONSES:
+        outcome.made = made_by_answer(body)
     if rename := rewriter(served, exchange.parsed.model):
         body = rename.whole(body)
     path.ledger.answered(exchange.ticket)
@@ -194,6 +202,7 @@ async def _relay_stream(
         rest = rename.flush() if rename else b""
         if rest and not await writes.write(rest):
             return response
+        outcome.made = relay.made
         outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await writes.end()
         return response
@@ -216,6 +225,11 @@ class _StreamRelay:
         self._tbt_slo_millis = plan.pool.spec.slo.tbt_millis
         self._sent_overhead_s = sent.own_s
         self._first_token = FirstTokenWatch()
+        self._content_events = content_events_of(exchange.parsed.endpoint)
+        # A response's stream ends with the response it made (its id, store, usage).
+        self._terminal = (
+            TerminalEventWatch() if exchange.parsed.endpoint is Endpoint.RESPONSES else None
+        )
         self._first = False  # the chunk being relayed completes the first token
         self._ends = False  # it holds the end marker
         self._last_event: float | None = None
@@ -229,9 +243,12 @@ class _StreamRelay:
         read_at = self._clock()
         # Only the chunks up to the first token are parsed for it; none after.
         self._first = not self._first_token.seen and self._first_token.feed(data)
+        # A Responses stream's end is its terminal event, not a `[DONE]`.
+        terminal = self._terminal
+        ended = terminal is not None and terminal.made is None and terminal.feed(data)
         chunk = self._rename.feed(data) if self._rename else data
         ending = self.tail + chunk[-SSE_TAIL:]
-        self._ends = bool(chunk) and not self._outcome.complete and STREAM_END in ending
+        self._ends = bool(chunk) and not self._outcome.complete and (ended or STREAM_END in ending)
         if self._ends:
             # Taken before the write that sends the end: the client, once it has it, may
             # ask /metrics for it at once.
@@ -246,7 +263,7 @@ class _StreamRelay:
         first = self._first
         if first:
             self._last_event = now
-        elif self._last_event is not None and chunk.count(b"data:") > chunk.count(STREAM_END):
+        elif self._last_event is not None and self._content_events(chunk):
             gap = now - self._last_event
             self._gaps.observe(gap, within_slo(gap, self._tbt_slo_millis))
             self._last_event = now
@@ -254,6 +271,11 @@ class _StreamRelay:
         if self._ends:
             self._outcome.complete = True
         return first
+
+    @property
+    def made(self) -> MadeResponse | None:
+        """The response a Responses stream's terminal event says the engine made."""
+        return self._terminal.made if self._terminal is not None else None
 
 
 def _note_first_token(exchange: Exchange, read_at: float, written_at: float) -> None:

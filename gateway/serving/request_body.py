@@ -1,4 +1,5 @@
-"""Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on.
+"""Parsing OpenAI request bodies: the few fields routing needs, checked, the rest passed on
+as `engine_body.py` allows.
 
 Pure: bytes in, a `ParsedRequest` out, or an ApiError(400) that names the field.
 
@@ -20,6 +21,8 @@ import orjson
 
 from laneway.api import Lane
 from laneway.gateway.errors import ApiError, bad_request
+from laneway.gateway.serving.engine_body import refuse_engine_control
+from laneway.responses_input import ResponsesInputError, responses_chat
 from laneway.tokens import (
     ChatMessage,
     TemplateChat,
@@ -51,6 +54,7 @@ MAX_JSON_VALUES = 32_768
 class Endpoint(StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    RESPONSES = "/v1/responses"  # its input framed as a chat (laneway/responses_input.py)
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,26 @@ class ParsedRequest:
     # Prompt text outside messages and prompts: tool definitions, a completion's suffix.
     extra_texts: tuple[str, ...] = ()
     choices: int = 1  # completions generated per prompt (`n`, or `best_of` when larger)
+    # responses: the chat the engine renders (`messages`, `tools`), converted from the input
+    chat_input: Mapping[str, Any] | None = None
+    previous_response_id: str | None = None  # responses: the turn this one continues
+
+    @property
+    def is_chat(self) -> bool:
+        """Framed by a chat template: a chat completion, or a response's input."""
+        return self.endpoint is not Endpoint.COMPLETIONS
+
+    @property
+    def chat_body(self) -> Mapping[str, Any]:
+        """Where the chat's `messages` and `tools` are: the body, or a response's input."""
+        return self.payload if self.chat_input is None else self.chat_input
+
+    priority: int | None = None  # the client's `priority`: a later place it asks for
 
     @property
     def sequences(self) -> int:
         """Prompts the engine runs: one per chat, one per prompt of a completions list."""
-        if self.endpoint is Endpoint.CHAT:
+        if self.is_chat:
             return 1
         return len(self.prompts) + len(self.token_prompt_lengths)
 
@@ -80,22 +99,23 @@ class ParsedRequest:
     def text_chars(self) -> int:
         """Characters of prompt text, all sequences together: what counting it costs."""
         texts = sum(len(t) for t in self.extra_texts)
-        if self.endpoint is Endpoint.CHAT:
+        if self.is_chat:
             return texts + sum(len(m.role) + len(m.content) for m in self.messages)
         return texts + sum(len(p) for p in self.prompts)
 
     def template_chat(self) -> TemplateChat:
         """The chat as the engine's chat template sees it (the payload's messages and tools)."""
-        return template_chat(self.payload["messages"], self.contents, self.payload.get("tools"))
+        chat = self.chat_body
+        return template_chat(chat["messages"], self.contents, chat.get("tools"))
 
     def bounds(self, tokenizer: Tokenizer) -> TokenBounds:
         """Bounds on the longest sequence's prompt: what must fit one engine's context."""
         template = tokenizer.chat_template
-        if self.endpoint is Endpoint.CHAT and template is not None:
+        if self.is_chat and template is not None:
             # The template renders the tools (or leaves them out) itself.
             return rendered_chat_bounds(tokenizer, template, self.template_chat())
         extra = texts_bounds(tokenizer, self.extra_texts)
-        if self.endpoint is Endpoint.CHAT:
+        if self.is_chat:
             return chat_bounds(tokenizer, self.messages) + extra
         # Several prompts run as separate sequences: the longest one decides fit.
         specials = TokenBounds(tokenizer.prompt_specials, tokenizer.prompt_specials)
@@ -108,10 +128,10 @@ class ParsedRequest:
         """`bounds` from the texts' lengths alone (in constant time for ASCII text): looser,
         and often enough to route. None for a chat a template frames: its text is unknown
         until rendered."""
-        if self.endpoint is Endpoint.CHAT and tokenizer.chat_template is not None:
+        if self.is_chat and tokenizer.chat_template is not None:
             return None
         extra = sum(utf8_length(t) for t in self.extra_texts)
-        if self.endpoint is Endpoint.CHAT:
+        if self.is_chat:
             framing = chat_framing_tokens(len(self.messages))
             texts = sum(utf8_length(m.role) + utf8_length(m.content) for m in self.messages)
             counted = tokenizer.length_bounds(texts + extra)
@@ -126,17 +146,17 @@ class ParsedRequest:
     def prefix_text(self) -> str:
         """The prompt as one string whose prefixes are the prompt's prefixes (for affinity):
         a chat's history resent with a new message extends the previous turn's text."""
-        if self.endpoint is Endpoint.CHAT:
+        if self.is_chat:
             return "".join(f"{m.role}\n{m.content}\n" for m in self.messages)
         return self.prompts[0] if len(self.prompts) == 1 else ""
 
     def count(self, tokenizer: Tokenizer) -> int:
         """The longest sequence's prompt tokens."""
         template = tokenizer.chat_template
-        if self.endpoint is Endpoint.CHAT and template is not None:
+        if self.is_chat and template is not None:
             return count_rendered_chat(tokenizer, template, self.template_chat())
         extra = count_texts(tokenizer, self.extra_texts)
-        if self.endpoint is Endpoint.CHAT:
+        if self.is_chat:
             return count_chat(tokenizer, self.messages) + extra
         specials = tokenizer.prompt_specials
         return extra + max(
@@ -198,7 +218,11 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     stream = payload.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise bad_request(f"'stream' must be a boolean, got {_short(stream)}", "stream")
+    refuse_engine_control(payload)
     max_tokens = _max_tokens(payload, endpoint)
+    priority = _priority(payload)
+    if endpoint is Endpoint.RESPONSES:
+        return _responses_request(payload, model, bool(stream), max_tokens, priority)
     if endpoint is Endpoint.CHAT:
         messages, contents = _messages(payload)
         return ParsedRequest(
@@ -211,6 +235,7 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
             contents=contents,
             extra_texts=_tool_texts(payload),
             choices=_positive(payload, "n"),
+            priority=priority,
         )
     prompts, token_lengths = _prompts(payload)
     suffix = payload.get("suffix")
@@ -226,6 +251,42 @@ def parse_scanned(body: bytes, endpoint: Endpoint) -> ParsedRequest:
         token_prompt_lengths=token_lengths,
         extra_texts=(suffix,) if suffix else (),
         choices=max(_positive(payload, "n"), _positive(payload, "best_of")),
+        priority=priority,
+    )
+
+
+def _responses_request(
+    payload: Mapping[str, Any],
+    model: str,
+    stream: bool,
+    max_tokens: int | None,
+    priority: int | None,
+) -> ParsedRequest:
+    """A response's input as the chat the engine renders; its history is the engine's."""
+    try:
+        chat = responses_chat(payload)
+    except ResponsesInputError as error:
+        raise bad_request(str(error), error.param) from None
+    previous = payload.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise bad_request("'previous_response_id' must be a non-empty string",
+                          "previous_response_id")  # fmt: skip
+    chat_input = {"messages": list(chat.messages), "tools": list(chat.tools or ()) or None}
+    if not chat.messages:
+        raise bad_request("'input' must hold at least one message", "input")
+    messages, contents = _messages(chat_input)
+    return ParsedRequest(
+        Endpoint.RESPONSES,
+        payload,
+        model,
+        stream,
+        max_tokens,
+        messages=messages,
+        contents=contents,
+        extra_texts=_tool_texts(chat_input),
+        chat_input=chat_input,
+        previous_response_id=previous,
+        priority=priority,
     )
 
 
@@ -242,8 +303,11 @@ def parse_lane(value: str | None) -> Lane | None:
 
 
 def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> int | None:
-    names = ("max_completion_tokens", "max_tokens") if endpoint is Endpoint.CHAT else ()
-    for name in names or ("max_tokens",):
+    names = {
+        Endpoint.CHAT: ("max_completion_tokens", "max_tokens"),
+        Endpoint.RESPONSES: ("max_output_tokens",),
+    }.get(endpoint, ("max_tokens",))
+    for name in names:
         value = payload.get(name)
         if value is None:
             continue
@@ -251,6 +315,16 @@ def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> int | None:
             raise bad_request(f"'{name}' must be a positive integer, got {_short(value)}", name)
         return value
     return None
+
+
+def _priority(payload: Mapping[str, Any]) -> int | None:
+    value = payload.get("priority")
+    if value is None:
+        return None
+    # vLLM takes a 64-bit integer; a larger one would fail there instead of here.
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise bad_request(f"'priority' must be a 64-bit integer, got {_short(value)}", "priority")
+    return value
 
 
 def _positive(payload: Mapping[str, Any], name: str) -> int:

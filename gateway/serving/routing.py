@@ -66,18 +66,25 @@ async def route_request(
     pinned: Lane | None,
     tenant: str | None,
     outcome: Outcome,
+    held_by: InferencePool | None = None,
+    history_tokens: int = 0,
 ) -> tuple[Route, PromptCount]:
     """Classify from bounds where they decide; the exact count follows off the loop.
 
     Each pool's prompt is counted with its own tokenizer (once per distinct tokenizer);
-    with one tokenizer everywhere, as by default, that is a single count.
+    with one tokenizer everywhere, as by default, that is a single count. A response that
+    continues a stored one (`held_by` its holder's pool) goes to that pool only, its
+    prompt counted with the `history_tokens` the engine prepends.
     """
     metrics, clock = path.metrics, path.clock
-    pools = path.ledger.pools()
-    counters = path.tokenizers.serving(pools, parsed.model)
+    all_pools = path.ledger.pools()
+    counters = path.tokenizers.serving(all_pools, parsed.model)
     by_pool, distinct = counters.by_pool, counters.distinct
+    pools = all_pools if held_by is None else (held_by,)
+    history = TokenBounds(history_tokens, history_tokens)
 
-    def ask(counted: dict[int, TokenBounds]) -> RouteRequest:
+    def ask(measured: dict[int, TokenBounds]) -> RouteRequest:
+        counted = {key: bounds + history for key, bounds in measured.items()}
         if len(distinct) == 1:  # one tokenizer counts for every pool, as by default
             (only,) = counted.values()
             return RouteRequest(parsed.model, only, parsed.max_tokens, pinned, tenant)
@@ -128,11 +135,13 @@ async def route_request(
     if isinstance(decision, NoFit):
         outcome.prompt_tokens = decision.prompt_tokens
         code = "context_length_exceeded" if decision.context_exceeded else "no_lane_fits"
-        param = "messages" if parsed.endpoint is Endpoint.CHAT else "prompt"
+        param = {Endpoint.CHAT: "messages", Endpoint.RESPONSES: "input"}.get(
+            parsed.endpoint, "prompt"
+        )
         raise ApiError(400, decision.message, code, param)
     assert isinstance(decision, Route)
 
-    count = PromptCount(path, parsed, by_pool[decision.pool.key].once_routed)
+    count = PromptCount(path, parsed, by_pool[decision.pool.key].once_routed, history_tokens)
     if decision.prompt_tokens.exact:
         count.known = decision.prompt_tokens.low
     elif parsed.stream:
@@ -150,6 +159,7 @@ class PromptCount:
     path: RequestPath
     parsed: ParsedRequest
     counter: PromptCounter  # the routed pool's
+    history_tokens: int = 0  # a continued response's, which the engine prepends
     known: int | None = None
     counting: asyncio.Future[int] | None = None
 
@@ -159,9 +169,10 @@ class PromptCount:
     async def _exact(self) -> int:
         if self.known is None:
             if self.counting is None:
-                self.known = await _count_exactly(self.path, self.parsed, self.counter)
+                counted = await _count_exactly(self.path, self.parsed, self.counter)
             else:
-                self.known = await self.counting
+                counted = await self.counting
+            self.known = counted + self.history_tokens
         return self.known
 
     def cancel(self) -> None:
@@ -219,9 +230,9 @@ async def prompt_blocks(
 
     def keys() -> tuple[int, ...]:
         template = tokenizer.chat_template
-        if parsed.endpoint is Endpoint.CHAT and template is not None:
+        if parsed.is_chat and template is not None:
             ids = tokenizer.encode(template.render(parsed.template_chat()))
-        elif parsed.endpoint is Endpoint.CHAT:
+        elif parsed.is_chat:
             ids = chat_token_ids(tokenizer, parsed.messages)
         elif len(parsed.prompts) == 1:
             ids = tokenizer.encode_prompt(parsed.prompts[0])

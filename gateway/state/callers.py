@@ -32,6 +32,7 @@ from laneway.gateway.state.tenants import (
     Tenant,
     retry_after_header,
 )
+from laneway.routing.fairshare import NO_CAPS, TenantCaps
 
 # Demand is not among them: it lists tenant-private pools and their load (it is open on the
 # metrics port instead).
@@ -108,6 +109,17 @@ def _named(app: web.Application, name: str) -> Tenant:
 def tenant_name(caller: Caller | None) -> str:
     """Whose request this is, for fair share in the batch lane."""
     return ANONYMOUS_TENANT.name if caller is None else caller.tenant.name
+
+
+def tenant_caps(caller: Caller | None) -> TenantCaps:
+    """The tenant's caps per pool; none for the batch dispatcher's own calls, which it paces
+    itself (`--batch-concurrency`), as it does for the per-minute limits."""
+    return NO_CAPS if caller is None or caller.internal else caller.tenant.caps
+
+
+def tenant_priority(caller: Caller | None) -> int:
+    """The tenant's `priority` level (lower first); 0 without a tenant."""
+    return 0 if caller is None else caller.tenant.priority
 
 
 def routing_tenant(caller: Caller | None) -> str | None:

@@ -262,8 +262,10 @@ class RedisLoadShare:
         prefix: str = DEFAULT_PREFIX,
         replica: str | None = None,
         lease_s: float = DEFAULT_LEASE_S,
+        what: str = "endpoint load",  # what it shares, for its log lines
     ) -> None:
         self._redis = redis
+        self._what = what
         self._prefix = prefix
         self.replica = replica or replica_id()
         self._lease_ms = int(lease_s * 1000)
@@ -307,7 +309,7 @@ class RedisLoadShare:
         try:
             others = await asyncio.shield(self._read(fields))
         except REDIS_DOWN as error:
-            self._went_down(error)
+            self.went_down(error)
             return {}
         return {
             url: EndpointLoad(
@@ -355,7 +357,7 @@ class RedisLoadShare:
                 if args:
                     await self._apply(keys=[self._totals, self._contribution], args=args)
             except REDIS_DOWN as error:
-                self._went_down(error)
+                self.went_down(error)
         if not self.shared:
             self._unsent.clear()
 
@@ -375,7 +377,7 @@ class RedisLoadShare:
             args += [in_flight, load.in_flight, prefill, load.prefill_tokens]
         reaped: int = await self._sync(keys=self._sync_keys, args=args)
         if not self.shared:
-            log.warning("redis is back: endpoint load is shared again")
+            log.warning("redis is back: %s shared again", self._what)
             self.shared = True
         return reaped
 
@@ -387,7 +389,7 @@ class RedisLoadShare:
                 if reaped:
                     log.info("reaped the load of %d replica(s) whose lease expired", reaped)
             except REDIS_DOWN as error:
-                self._went_down(error)
+                self.went_down(error)
             await asyncio.sleep(self.heartbeat_s)
 
     async def leave(self) -> None:
@@ -399,11 +401,11 @@ class RedisLoadShare:
             await self._redis.delete(f"{self._prefix}:load:lease:{self.replica}")
             await self._redis.srem(self._sync_keys[1], self.replica)
 
-    def _went_down(self, error: BaseException) -> None:
+    def went_down(self, error: BaseException) -> None:
+        """Redis did not answer: this replica's own counts alone until a heartbeat gets through."""
         if self.shared:
             log.warning(
-                "laneway gateway: redis unreachable, picking on this replica's load alone: %s",
-                error,
+                "laneway gateway: redis unreachable, %s kept per replica: %s", self._what, error
             )
             self.shared = False
 

@@ -33,8 +33,11 @@ from laneway.gateway.keys import (
     LOAD_SHARE,
     LOOPBACK,
     METRICS,
+    RESPONSE_SHARE,
     STATE_METRICS,
+    TENANT_SHARE,
     TENANTS,
+    WAITERS,
     Loopback,
 )
 from laneway.gateway.lifecycle import background
@@ -48,6 +51,7 @@ from laneway.gateway.state.redis_store import (
     connect,
     redis_settings,
 )
+from laneway.gateway.state.responses import RedisResponseShare
 from laneway.gateway.state.settings import (
     FILE_TTL_S,
     MAX_FILE_BYTES,
@@ -55,11 +59,13 @@ from laneway.gateway.state.settings import (
     DispatchSettings,
     FileQuota,
 )
+from laneway.gateway.state.tenant_share import RedisTenantShare
 from laneway.gateway.state.tenants import (
     InMemoryRateLimiter,
     RedisRateLimiter,
     TenantKeys,
 )
+from laneway.routing.fairshare import TenantCaps
 
 TENANTS_RELOAD_S = 10.0  # how often a tenants file (a mounted Secret) is checked for changes
 
@@ -103,7 +109,9 @@ def install(app: web.Application, options: SharedStateOptions) -> SharedRedis | 
     prefix = options.redis.prefix
     tracker = RedisLoadShare(redis, prefix, lease_s=options.load_lease_s)
     app[LOAD_SHARE] = tracker
+    app[RESPONSE_SHARE] = RedisResponseShare(redis, prefix)
     metrics.watch_redis(lambda: tracker.shared)
+    app[TENANT_SHARE] = RedisTenantShare(redis, prefix, tracker.replica, options.load_lease_s)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))
     app.cleanup_ctx.append(_background(redis, tracker))
@@ -145,10 +153,15 @@ def _background(
         tasks = [
             asyncio.create_task(tracker.run(app[LEDGER].own_loads), name="load-heartbeat"),
             asyncio.create_task(app[DEMAND_SHARE].run(), name="demand-publish"),
+            asyncio.create_task(
+                app[TENANT_SHARE].run(app[LEDGER], app[CLOCK], app[WAITERS].wake),
+                name="tenant-heartbeat",
+            ),
         ]
         async with background(*tasks):
             yield
         await tracker.leave()
+        await app[TENANT_SHARE].leave()
         await app[DEMAND_SHARE].leave()
         await redis.aclose()
 
@@ -170,9 +183,16 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
     ):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    for flag, cap in (
+        ("--tenant-max-concurrent", args.tenant_max_concurrent),
+        ("--tenant-max-queued", args.tenant_max_queued),
+    ):
+        if cap is not None and cap < 1:
+            raise UsageError(f"{flag} must be at least 1, got {cap}")
+    caps = TenantCaps(max_running=args.tenant_max_concurrent, max_waiting=args.tenant_max_queued)
     return SharedStateOptions(
         redis=redis_settings(args.redis_url),
-        tenants=TenantKeys(args.tenants) if args.tenants else None,
+        tenants=TenantKeys(args.tenants, caps) if args.tenants else None,
         dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
         max_file_bytes=args.max_file_bytes,
         file_quota=FileQuota(files=args.tenant_files, bytes=args.tenant_file_bytes),

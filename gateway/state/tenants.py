@@ -9,15 +9,22 @@ holds one file per key of the Secret):
         requestsPerMinute: 600      # optional; absent: unlimited
         tokensPerMinute: 200000     # optional; prompt tokens + max_tokens, charged up front
         weight: 2                   # optional; the tenant's share in the batch lane
+        priority: 0                 # optional; its engine priority level, lower first
         maxFiles: 100               # optional; files kept at once (default: the gateway's)
         maxFileBytes: 1073741824    # optional; their bytes together (default: the gateway's)
         maxBatchTokens: 50000000    # optional; tokens of batch items not yet run (same)
+        maxConcurrentRequests: 8    # optional; its requests running in one pool at once
+        maxQueuedRequests: 16       # optional; its requests waiting in one pool's line
 
 Limits are token buckets that refill continuously: a bucket holds at most one minute's
 allowance and refills at allowance/60 per second. One request takes one unit from the
 request bucket and its tokens from the token bucket, both or neither. `take` is the pure
 core; the in-memory limiter applies it to local state and the Redis limiter runs the same
 arithmetic in a Lua script, so every replica draws from one bucket in one round trip.
+
+The two concurrency caps count the tenant's requests in each pool over every replica; the
+ledger enforces them (`laneway.routing.fairshare.TenantCaps`). A tenant without its own takes
+the gateway's (`--tenant-max-concurrent`, `--tenant-max-queued`).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from redis.asyncio import Redis
 
 from laneway.errors import UsageError
 from laneway.gateway.state.redis_store import REDIS_DOWN
+from laneway.routing.fairshare import NO_CAPS, TenantCaps
 
 log = logging.getLogger("laneway.gateway.state.tenants")
 
@@ -53,9 +61,11 @@ class Tenant:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
+    priority: int = 0  # its requests' level at a priority-scheduled engine, lower first
     max_files: int | None = None  # None: the gateway's default quota
     max_file_bytes: int | None = None
     max_batch_tokens: int | None = None
+    caps: TenantCaps = NO_CAPS  # maxConcurrentRequests, maxQueuedRequests per pool
 
 
 ANONYMOUS_TENANT = Tenant(ANONYMOUS)
@@ -91,10 +101,11 @@ class TenantKeys:
     keys take effect without a restart. A file that stops parsing keeps the previous keys.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, default_caps: TenantCaps = NO_CAPS) -> None:
         self.path = Path(path)
+        self._default_caps = default_caps
         self._fingerprint = _fingerprint(self.path)
-        self.directory = load_tenants(self.path)
+        self.directory = load_tenants(self.path, default_caps)
 
     def refresh(self) -> bool:
         """True when the keys changed."""
@@ -103,7 +114,7 @@ class TenantKeys:
             return False
         self._fingerprint = fingerprint  # a broken file is reported once, not every check
         try:
-            self.directory = load_tenants(self.path)
+            self.directory = load_tenants(self.path, self._default_caps)
         except UsageError as error:
             log.warning("keeping the previous tenant keys: %s", error)
             return False
@@ -122,8 +133,9 @@ def _fingerprint(path: Path) -> bytes:
     return digest.digest()
 
 
-def load_tenants(path: str | Path) -> TenantDirectory:
-    """Read a tenants file, or every file in a directory; UsageError naming file and field."""
+def load_tenants(path: str | Path, default_caps: TenantCaps = NO_CAPS) -> TenantDirectory:
+    """Read a tenants file, or every file in a directory; UsageError naming file and field.
+    `default_caps` are the caps of a tenant whose entry sets none of its own."""
     path = Path(path)
     if path.is_dir():
         # A mounted Secret also holds `..data` links and hidden timestamped folders.
@@ -134,14 +146,14 @@ def load_tenants(path: str | Path) -> TenantDirectory:
         files = [path]
     by_key: dict[str, Tenant] = {}
     for file in files:
-        for key, tenant in _read_tenants_file(file):
+        for key, tenant in _read_tenants_file(file, default_caps):
             if key in by_key:
                 raise UsageError(f"{file}: API key of tenant {tenant.name!r} is used twice")
             by_key[key] = tenant
     return TenantDirectory(by_key)
 
 
-def _read_tenants_file(file: Path) -> list[tuple[str, Tenant]]:
+def _read_tenants_file(file: Path, default_caps: TenantCaps) -> list[tuple[str, Tenant]]:
     try:
         document = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
@@ -154,7 +166,7 @@ def _read_tenants_file(file: Path) -> list[tuple[str, Tenant]]:
     seen_names: set[str] = set()
     for index, entry in enumerate(document["tenants"]):
         where = f"{file}: tenants[{index}]"
-        tenant, keys = _parse_tenant(entry, where)
+        tenant, keys = _parse_tenant(entry, where, default_caps)
         if tenant.name in seen_names:
             raise UsageError(f"{where}.name: tenant {tenant.name!r} is defined twice")
         seen_names.add(tenant.name)
@@ -163,12 +175,13 @@ def _read_tenants_file(file: Path) -> list[tuple[str, Tenant]]:
 
 
 KNOWN_FIELDS = (
-    *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight"),
+    *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight", "priority"),
     *("maxFiles", "maxFileBytes", "maxBatchTokens"),
+    *("maxConcurrentRequests", "maxQueuedRequests"),
 )
 
 
-def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
+def _parse_tenant(entry: object, where: str, default_caps: TenantCaps) -> tuple[Tenant, list[str]]:
     if not isinstance(entry, Mapping):
         raise UsageError(f"{where}: must be a mapping")
     for field in entry:
@@ -189,16 +202,30 @@ def _parse_tenant(entry: object, where: str) -> tuple[Tenant, list[str]]:
     weight = entry.get("weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
         raise UsageError(f"{where}.weight: must be a number above 0, got {weight!r}")
+    priority = entry.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+        raise UsageError(f"{where}.priority: must be a whole number, got {priority!r}")
     tenant = Tenant(
         name=name,
+        priority=priority,
         requests_per_minute=_optional_limit(entry, "requestsPerMinute", where),
         tokens_per_minute=_optional_limit(entry, "tokensPerMinute", where),
         weight=float(weight),
         max_files=_optional_limit(entry, "maxFiles", where),
         max_file_bytes=_optional_limit(entry, "maxFileBytes", where),
         max_batch_tokens=_optional_limit(entry, "maxBatchTokens", where),
+        caps=_caps(entry, where, default_caps),
     )
     return tenant, list(keys)
+
+
+def _caps(entry: Mapping[str, Any], where: str, defaults: TenantCaps) -> TenantCaps:
+    running = _optional_limit(entry, "maxConcurrentRequests", where)
+    waiting = _optional_limit(entry, "maxQueuedRequests", where)
+    return TenantCaps(
+        max_running=defaults.max_running if running is None else running,
+        max_waiting=defaults.max_waiting if waiting is None else waiting,
+    )
 
 
 def _optional_limit(entry: Mapping[str, Any], field: str, where: str) -> int | None:

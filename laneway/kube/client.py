@@ -37,18 +37,34 @@ class ResourceType:
         return f"{prefix}{where}/{self.plural}" + (f"/{name}" if name else "")
 
 
+# The Gateway API Inference Extension's InferencePool, which shares laneway's kind name:
+# known by its qualified name, as kubectl spells it to tell the two apart.
+UPSTREAM_POOL_GROUP = "inference.networking.k8s.io"
+UPSTREAM_POOL = f"{KIND}.{UPSTREAM_POOL_GROUP}"
+
 RESOURCE_TYPES = {
-    rt.kind: rt
-    for rt in (
-        ResourceType("apps/v1", "Deployment", "deployments"),
-        ResourceType("v1", "Service", "services"),
-        ResourceType("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-        ResourceType("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
-        ResourceType("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
-        ResourceType("v1", "Event", "events"),
-        ResourceType(API_VERSION, KIND, PLURAL),
-    )
+    **{
+        rt.kind: rt
+        for rt in (
+            ResourceType("apps/v1", "Deployment", "deployments"),
+            ResourceType("v1", "Service", "services"),
+            ResourceType("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+            ResourceType("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+            ResourceType("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+            ResourceType("v1", "Event", "events"),
+            ResourceType(API_VERSION, KIND, PLURAL),
+        )
+    },
+    UPSTREAM_POOL: ResourceType(f"{UPSTREAM_POOL_GROUP}/v1", KIND, "inferencepools"),
 }
+
+
+def type_name(manifest: Mapping[str, Any]) -> str:
+    """The RESOURCE_TYPES key of `manifest`: its kind, qualified by its group where two
+    groups share the kind."""
+    group = str(manifest.get("apiVersion", "")).rpartition("/")[0]
+    qualified = f"{manifest['kind']}.{group}"
+    return qualified if qualified in RESOURCE_TYPES else str(manifest["kind"])
 
 
 class KubeError(Exception):
@@ -194,7 +210,7 @@ class KubeApi:
     async def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply with force: this operator owns every field it renders."""
         metadata = manifest["metadata"]
-        path = RESOURCE_TYPES[manifest["kind"]].path(metadata["namespace"], metadata["name"])
+        path = RESOURCE_TYPES[type_name(manifest)].path(metadata["namespace"], metadata["name"])
         applied = await self._request(
             "PATCH",
             path,
@@ -238,7 +254,7 @@ class KubeApi:
         namespace = manifest["metadata"]["namespace"]
         created = await self._request(
             "POST",
-            RESOURCE_TYPES[manifest["kind"]].path(namespace),
+            RESOURCE_TYPES[type_name(manifest)].path(namespace),
             body=manifest,
             content_type="application/json",
         )

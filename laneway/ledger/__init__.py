@@ -23,6 +23,7 @@ from laneway.ledger.decisions import (
 from laneway.ledger.ledger import Ledger
 from laneway.ledger.lines import GateState, Ticket
 from laneway.ledger.log import RequestLog
+from laneway.ledger.responses import StoredResponse
 from laneway.routing.cycle import EndpointLoad
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Refused",
     "RequestLog",
     "Sent",
+    "StoredResponse",
     "Ticket",
     "Wakes",
     "Withdrawn",

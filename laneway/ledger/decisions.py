@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from laneway.ledger.lines import GateState, Ticket
 from laneway.ledger.log import RequestLog
+from laneway.routing.fairshare import NO_CAPS, TenantCaps
 from laneway.routing.kv_events import cached_tokens
 from laneway.routing.lanes import Route
 from laneway.routing.picker import PickingSettings
@@ -23,6 +24,10 @@ class LedgerSettings:
     stale_after_s: float = 5.0  # older scraped gauges are not scored
     slo_window_s: float = 300.0  # TTFT-SLO attainment over this long (demand)
     max_attempts: int = 2  # the first pick, and one retry on the next endpoint
+    # Stored responses (responses.py): OpenAI keeps them 30 days; vLLM's store, for its
+    # process's life, so an entry also ends with its endpoint's engine.
+    response_ttl_s: float = 30 * 24 * 3600.0
+    response_capacity: int = 100_000  # ids remembered, the least recently made dropped first
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,9 @@ class Admission:
     path: str
     model: str
     stream: bool = False
-    tenant: str = ""  # places a batch request in the fair-share order
+    tenant: str = ""  # places the request in the fair-share order, and counts against caps
     fair_tokens: int = 0  # the tokens the fair share charges it (sequences x prompt)
+    caps: TenantCaps = NO_CAPS  # the tenant's caps in each pool
     session_key: str | None = None  # x-laneway-session
 
 
@@ -47,22 +53,15 @@ class Admitted:
 
 
 @dataclass(frozen=True)
-class Queued:
-    """In line; a later answer's `Wakes` admits or refuses it."""
-
-    ticket: Ticket
-
-
-@dataclass(frozen=True)
 class Refused:
     ticket: Ticket
     # "queue_full", "pool_removed", "shutting_down", "all_ejected" (before joining: every
-    # endpoint of the pool is ejected) or "timeout" (withdrawn by the shell)
+    # endpoint of the pool is ejected), "tenant_queue_full" (its tenant's cap of waiting
+    # requests), "line_share" (it gave its place in a full line to another tenant's
+    # request, its tenant holding more than an equal share) or "timeout" (withdrawn by the
+    # shell)
     reason: str
     gate: GateState
-
-
-AdmitDecision = Admitted | Queued | Refused
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,17 @@ class Wakes:
 
 
 NO_WAKES = Wakes()
+
+
+@dataclass(frozen=True)
+class Queued:
+    """In line; a later answer's `Wakes` admits or refuses it."""
+
+    ticket: Ticket
+    wakes: Wakes = NO_WAKES  # the ticket whose place in a full line it took, refused
+
+
+AdmitDecision = Admitted | Queued | Refused
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ runner) with the time and returning data:
     admit -> plan -> sent -> first_token -> finished
                       \\-> failed (-> sent again on the retry)      withdraw: gave up in line
 
-The ledger owns the pools' gates and lines, every endpoint's in-flight load, each pool's
-demand, the prefix index, the learned prefill rates, health and scraped gauges. It reads no
-clock and does no I/O: time comes in as `now` (seconds on one clock of the shell's choosing),
-and whatever a change means for a waiting request comes back as `Wakes`.
+The ledger owns the pools' gates and lines, each tenant's requests per pool (against its
+caps), every endpoint's in-flight load, each pool's demand, the prefix index, the learned
+prefill rates, health and scraped gauges. It reads no clock and does no I/O: time comes in
+as `now` (seconds on one clock of the shell's choosing), and whatever a change means for a
+waiting request comes back as `Wakes`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ from laneway.ledger.decisions import (
 )
 from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
+from laneway.ledger.facts import PlanFacts
 from laneway.ledger.lines import GateState, PoolGate, Ticket
 from laneway.ledger.load import LoadBook
 from laneway.ledger.log import RequestLog
+from laneway.ledger.responses import ResponseBook, StoredResponse
+from laneway.ledger.tenants import TenantBook, TenantCount, TenantKey
 from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.kv_events import EngineBlockFeed, KVEvent
@@ -83,10 +87,12 @@ class Ledger:
         self._endpoints = EndpointBook(settings.failures_to_eject, settings.stale_after_s)
         self._gates: dict[str, PoolGate] = {}
         self._load = LoadBook()
+        self._tenants = TenantBook()
         self._demand = DemandBook(settings.slo_window_s)
         self.prefix_index = PrefixIndex(settings.picking.prefix.capacity_blocks)
         self._feeds: dict[str, EngineBlockFeed] = {}
         self._requests: dict[Ticket, _Request] = {}
+        self._responses = ResponseBook(settings.response_capacity)
         self._tickets = itertools.count(1)
         self.synced = False  # a pool set has been delivered
 
@@ -108,16 +114,28 @@ class Ledger:
             return Refused(ticket=ticket, reason="all_ejected", gate=gate.state())
         if gate.closed is not None:
             return Refused(ticket=ticket, reason=gate.closed, gate=gate.state())
-        if gate.take_free_slot():
+        tenant, route = ask.tenant, ask.route
+        self._tenants.set_caps(tenant, ask.caps)
+        # A tenant at its cap of running requests waits in line for one of its own to end,
+        # however many slots are free.
+        if self._tenants.may_run(key, tenant) and gate.take_free_slot(
+            route.priority, tenant, ask.fair_tokens
+        ):
             self._run(request, now)
             return Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0)
+        if not self._tenants.may_wait(key, tenant):
+            return Refused(ticket=ticket, reason="tenant_queue_full", gate=gate.state())
+        wakes = NO_WAKES
         if not gate.can_join():
-            return Refused(ticket=ticket, reason="queue_full", gate=gate.state())
-        route = ask.route
-        gate.join(ticket, route.priority, ask.tenant, ask.fair_tokens)
+            place = gate.place_from(tenant)
+            if place is None:
+                return Refused(ticket=ticket, reason="queue_full", gate=gate.state())
+            wakes = Wakes(refused=(self._give_up_place(place),))
+        gate.join(ticket, route.priority, tenant, ask.fair_tokens)
         request.state = "queued"
         self._demand.add(key, route.prefill_tokens, queued=True)
-        return Queued(ticket=ticket)
+        self._tenants.add(key, tenant, waiting=1)
+        return Queued(ticket=ticket, wakes=wakes)
 
     def withdraw(self, ticket: Ticket, now: float) -> Withdrawn:
         """The shell stopped waiting (its limit passed, the client left). A slot granted
@@ -157,7 +175,7 @@ class Ledger:
             session_key=request.ask.session_key,
             subset=None if subset is None else frozenset(subset),
         )
-        facts = _PlanFacts(
+        facts = PlanFacts(
             self._load, self._endpoints, self.prefix_index, now, blocks, route.prefill_tokens
         )
         plan = plan_cycle(candidates(ask, pool.endpoints, facts), self._profile, self._rng)
@@ -272,6 +290,8 @@ class Ledger:
         """Keep an engine's gauges; True when they show its prefix cache was reset (the
         index then forgets the endpoint, where the settings say so)."""
         reset = self._endpoints.scrape(url, now, metrics)
+        if reset:
+            self._responses.forget_endpoint(url)  # the store went with the old process
         if reset and self.settings.picking.prefix.forget_on_engine_restart:
             self.prefix_index.forget(url)
         return reset
@@ -283,9 +303,52 @@ class Ledger:
             feed = self._feeds[url] = EngineBlockFeed(url, self.prefix_index)
         feed.apply(events)
 
+    def record_response(
+        self, ticket: Ticket, response_id: str, now: float, context_tokens: int | None
+    ) -> StoredResponse:
+        """The endpoint the request was sent to last stored its response `response_id`:
+        what continues that response, for the same tenant, goes there."""
+        request = self._requests[ticket]
+        assert request.tried is not None, "recorded before sent"
+        assert request.plan is not None, "recorded before planned"
+        stored = StoredResponse(
+            endpoint=request.tried.url,
+            pool=request.plan.pool.key,
+            tenant=request.ask.tenant,
+            context_tokens=context_tokens,
+            expires_at=now + self.settings.response_ttl_s,
+        )
+        self._responses.record(response_id, stored)
+        return stored
+
+    def forget_response(self, response_id: str) -> None:
+        """Its holder answered that it does not have it (its engine restarted unseen)."""
+        self._responses.forget(response_id)
+
+    def adopt_response(self, response_id: str, stored: StoredResponse) -> None:
+        """A response another gateway replica recorded (shared through Redis)."""
+        self._responses.record(response_id, stored)
+
+    def response_holder(
+        self, response_id: str, tenant: str, now: float
+    ) -> tuple[StoredResponse, InferencePool] | None:
+        """Where `response_id` is stored, and that endpoint's pool (`ResponseBook.holder`)."""
+        return self._responses.holder(response_id, tenant, now, self._endpoints.pools)
+
     def set_peer_loads(self, loads: Mapping[str, EndpointLoad]) -> None:
         """The other gateway replicas' load per endpoint, summed (replaces the last)."""
         self._load.set_peers(loads)
+
+    def set_peer_tenants(
+        self, now: float, counts: Mapping[TenantKey, TenantCount], replicas: int | None = None
+    ) -> Wakes:
+        """The other replicas' requests of these (pool, tenant)s, summed, and how many
+        replicas share the caps (each keeps to its part): a tenant whose requests ended there
+        may run here again."""
+        self._tenants.set_peers(counts)
+        if replicas is not None:
+            self._tenants.replicas = max(1, replicas)
+        return self._grant_all(now)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -328,6 +391,23 @@ class Ledger:
         """This replica's load on `url` plus its peers'."""
         return self._load.of(url)
 
+    def tenant_count(self, pool: InferencePool, tenant: str) -> TenantCount:
+        """The tenant's requests running and waiting in `pool`, on every replica."""
+        return self._tenants.of(pool.key, tenant)
+
+    def own_tenants(self) -> dict[TenantKey, TenantCount]:
+        """This replica's own requests per (pool, tenant): what it publishes."""
+        return self._tenants.own()
+
+    @property
+    def cap_replicas(self) -> int:
+        """The gateway replicas sharing the tenants' caps, as last told."""
+        return self._tenants.replicas
+
+    def capped_tenants(self) -> frozenset[str]:
+        """The tenants with a cap, whose counts on other replicas matter here."""
+        return self._tenants.capped()
+
     def own_loads(self) -> dict[str, EndpointLoad]:
         """This replica's own load on every endpoint it has counted: what it publishes."""
         return self._load.own()
@@ -347,20 +427,34 @@ class Ledger:
     def _run(self, request: _Request, now: float) -> None:
         request.state = "running"
         request.queue_ms = (now - request.joined_at) * 1000
-        route = request.ask.route
-        self._demand.add(route.pool.key, route.prefill_tokens, queued=False)
+        ask = request.ask
+        self._demand.add(ask.route.pool.key, ask.route.prefill_tokens, queued=False)
+        self._tenants.add(ask.route.pool.key, ask.tenant, running=1)
 
     def _leave_line(self, ticket: Ticket, request: _Request) -> None:
         request.gate.withdraw(ticket)
-        route = request.ask.route
-        self._demand.remove(route.pool.key, route.prefill_tokens, queued=True)
+        self._dequeued(request)
+
+    def _dequeued(self, request: _Request) -> None:
+        ask = request.ask
+        self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+        self._tenants.add(ask.route.pool.key, ask.tenant, waiting=-1)
+
+    def _give_up_place(self, ticket: Ticket) -> Refused:
+        request = self._requests[ticket]
+        self._leave_line(ticket, request)
+        request.state = "refused"
+        return Refused(ticket=ticket, reason="line_share", gate=request.gate.state())
 
     def _stop_running(self, request: _Request, now: float) -> Wakes:
         self._end_attempt(request)
         ask = request.ask
-        self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=False)
+        key = ask.route.pool.key
+        self._demand.remove(key, ask.route.prefill_tokens, queued=False)
+        self._tenants.add(key, ask.tenant, running=-1)
         request.state = "refused"
-        return self._granted(request.gate.release(), now)
+        request.gate.release()
+        return self._grant(key, request.gate, now)
 
     def _end_attempt(self, request: _Request) -> None:
         on = request.on
@@ -368,22 +462,27 @@ class Ledger:
             self._load.finish(on.url, on.prefill_tokens, prefill_done=request.first is not None)
             request.on = None
 
-    def _granted(self, tickets: Iterable[Ticket], now: float) -> Wakes:
+    def _grant(self, key: str, gate: PoolGate, now: float) -> Wakes:
+        """Free slots to the line, in its order, passing over tenants at their cap."""
         granted = []
-        for ticket in tickets:
+        while (ticket := gate.next_granted(lambda t: self._tenants.may_run(key, t))) is not None:
             request = self._requests[ticket]
-            ask = request.ask
-            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+            self._dequeued(request)
             self._run(request, now)
             granted.append(Admitted(ticket=ticket, queue_ms=request.queue_ms or 0.0))
         return Wakes(granted=tuple(granted)) if granted else NO_WAKES
+
+    def _grant_all(self, now: float) -> Wakes:
+        wakes = NO_WAKES
+        for key, gate in self._gates.items():
+            wakes += self._grant(key, gate, now)
+        return wakes
 
     def _refuse(self, gate: PoolGate, reason: str) -> list[Refused]:
         refused = []
         for ticket in gate.close(reason):
             request = self._requests[ticket]
-            ask = request.ask
-            self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+            self._dequeued(request)
             request.state = "refused"
             refused.append(Refused(ticket=ticket, reason=reason, gate=gate.state()))
         return refused
@@ -391,12 +490,10 @@ class Ledger:
     def _refresh_limits(self, now: float) -> Wakes:
         # A pool admits maxConcurrentRequests per available endpoint; beyond that, requests
         # wait in its line, where interactive ones go first.
-        wakes = NO_WAKES
         for key, pool in self._endpoints.pools.items():
             per_endpoint = pool.spec.limits.max_concurrent_requests
-            limit = per_endpoint * len(self._endpoints.available_of(key))
-            wakes += self._granted(self._gates[key].set_limit(limit), now)
-        return wakes
+            self._gates[key].limit = per_endpoint * len(self._endpoints.available_of(key))
+        return self._grant_all(now)
 
     def _log(
         self,
@@ -425,39 +522,3 @@ class Ledger:
             ttft_ms=request.first.ttft_ms if request.first else None,
             error=error,
         )
-
-
-class _PlanFacts:
-    """The ledger as one plan's producers see it (`laneway.routing.cycle.Facts`)."""
-
-    def __init__(
-        self,
-        load: LoadBook,
-        endpoints: EndpointBook,
-        index: PrefixIndex,
-        now: float,
-        blocks: PromptBlocks,
-        prompt_tokens: int,
-    ) -> None:
-        self._load, self._endpoints, self._index = load, endpoints, index
-        self._now, self._blocks, self._prompt_tokens = now, blocks, prompt_tokens
-        self._matched: dict[str, int] | None = None
-
-    def load(self, url: str) -> EndpointLoad:
-        return self._load.of(url)
-
-    def engine(self, url: str) -> EngineMetrics | None:
-        return self._endpoints.fresh_metrics(url, self._now)
-
-    def prefill_rate(self, url: str) -> PrefillRate | None:
-        return self._endpoints.prefill_rates.get(url)
-
-    def cached_prompt_tokens(self, url: str) -> int | None:
-        if not self._blocks.hashes:
-            return None
-        if self._matched is None:  # one walk of the index for all endpoints
-            self._matched = self._index.matched_blocks(self._blocks.hashes)
-        return self._blocks.cached_tokens(self._matched.get(url, 0), self._prompt_tokens)
-
-    def healthy(self, url: str) -> bool:
-        return self._endpoints.healthy(url)

@@ -3,17 +3,21 @@
 The line holds tickets, never waiters: the shell that waits (an asyncio future per ticket
 in the gateway, nothing in the virtual runner) is told which tickets a change granted or
 refused, and wakes them. The line's order is `laneway.routing.admission.AdmissionLine`'s:
-interactive first, fair share between tenants in the batch lane.
+interactive first, tenants taking turns in each lane. Which tenants may take a slot now (the
+ones under their cap of running requests) is the ledger's to say: `eligible`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from laneway.api import Lane
 from laneway.routing.admission import AdmissionLine
+from laneway.routing.fairshare import line_place_for
 
 Ticket = int  # one request in the ledger, from `Ledger.open` to `Ledger.finished`
+Eligible = Callable[[str], bool]  # whether a tenant may take a slot now
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class PoolGate:
     def __init__(self, max_waiting: int) -> None:
         self.limit = 0  # maxConcurrentRequests x the pool's available endpoints
         self.active = 0
-        self._max_waiting = max_waiting
+        self.max_waiting = max_waiting
         self._line: AdmissionLine[Ticket] = AdmissionLine()
         self.closed: str | None = None  # why the gate refuses everyone, once it does
 
@@ -40,15 +44,25 @@ class PoolGate:
     def state(self) -> GateState:
         return GateState(active=self.active, waiting=self.waiting, limit=self.limit)
 
-    def take_free_slot(self) -> bool:
-        """Take a slot if one is free and nobody waits for it."""
-        if self.closed is None and self.active < self.limit and not self._line:
+    def take_free_slot(self, priority: Lane, tenant: str, tokens: int) -> bool:
+        """Take a slot if one is free. Nobody eligible waits for it: every change that frees
+        a slot or lifts a tenant's cap grants the line first (`next_granted`)."""
+        if self.closed is None and self.active < self.limit:
             self.active += 1
+            self._line.charge(priority, tenant, tokens)
             return True
         return False
 
     def can_join(self) -> bool:
-        return self.closed is None and self.waiting < self._max_waiting
+        return self.closed is None and self.waiting < self.max_waiting
+
+    def place_from(self, tenant: str) -> Ticket | None:
+        """The full line's ticket that gives its place up to a newcomer of `tenant`
+        (`line_place_for`); None: the newcomer is refused."""
+        if self.closed is not None:
+            return None
+        holder = line_place_for(tenant, self._line.waiting(), self.max_waiting)
+        return None if holder is None else self._line.newest(holder)
 
     def join(self, ticket: Ticket, priority: Lane, tenant: str, tokens: int) -> None:
         self._line.join(ticket, priority, tenant, tokens)
@@ -57,27 +71,25 @@ class PoolGate:
         """Take a ticket out of line (its request gave up); False when it is not in line."""
         return self._line.remove(ticket)
 
-    def release(self) -> list[Ticket]:
-        """A running request ended; the tickets its slot (and any other free one) now admits."""
+    def release(self) -> None:
+        """A running request ended: its slot is free for `next_granted`."""
         self.active -= 1
-        return self.grant()
 
-    def set_limit(self, limit: int) -> list[Ticket]:
-        self.limit = limit
-        return self.grant()
-
-    def grant(self) -> list[Ticket]:
-        granted = []
-        while self._line and self.active < self.limit:
-            granted.append(self._line.next())
+    def next_granted(self, eligible: Eligible) -> Ticket | None:
+        """The next ticket in line that a free slot admits (taking the slot); None when no
+        slot is free or no eligible tenant waits."""
+        if self.active >= self.limit:
+            return None
+        ticket = self._line.next(eligible)
+        if ticket is not None:
             self.active += 1
-        return granted
+        return ticket
 
     def close(self, reason: str) -> list[Ticket]:
         """Refuse every ticket in line and every newcomer; running requests finish (drain).
         Returns the refused tickets, in line order."""
         self.closed = reason
         refused = []
-        while self._line:
-            refused.append(self._line.next())
+        while (ticket := self._line.next()) is not None:
+            refused.append(ticket)
         return refused

@@ -1,14 +1,16 @@
 """Admission order: who leaves a pool's line next when a slot frees.
 
-Interactive requests go before batch ones, FIFO among themselves; batch requests leave in
-fair-share order between tenants, weighted by tokens (fairshare.py), so one tenant's 500
-documents do not starve another's five. Pure: the gateway's `PoolGate` holds the waiters
-(asyncio futures) in this line and does the waiting.
+Interactive requests go before batch ones. Within each, tenants take turns (fairshare.py):
+interactive requests by count, so one tenant's burst of chats does not queue another's
+first one behind it, batch requests by tokens, so one tenant's 500 documents do not starve
+another's five; FIFO within a tenant. A tenant at its cap of running requests is passed
+over (`eligible`) until one of its own finishes. Pure: the ledger's `PoolGate` holds the
+tickets in this line, and the shell does the waiting.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from laneway.api import Lane
@@ -19,7 +21,7 @@ T = TypeVar("T")
 
 class AdmissionLine(Generic[T]):
     def __init__(self) -> None:
-        self._interactive: deque[T] = deque()
+        self._interactive: FairShareQueue[T] = FairShareQueue()
         self._batch: FairShareQueue[T] = FairShareQueue()
 
     def __len__(self) -> int:
@@ -34,15 +36,35 @@ class AdmissionLine(Generic[T]):
         if priority is Lane.BATCH:
             self._batch.push(tenant, item, tokens)
         else:
-            self._interactive.append(item)
+            self._interactive.push(tenant, item, 1)
 
-    def next(self) -> T:
-        """The item that leaves next; IndexError when the line is empty."""
-        return self._interactive.popleft() if self._interactive else self._batch.pop()
+    def charge(self, priority: Lane, tenant: str, tokens: int) -> None:
+        """A request of `tenant` took a free slot without waiting: its turn is used all the
+        same, or a tenant whose requests never wait would always be first in line."""
+        if priority is Lane.BATCH:
+            self._batch.charge(tenant, tokens)
+        else:
+            self._interactive.charge(tenant, 1)
+
+    def next(self, eligible: Callable[[str], bool] | None = None) -> T | None:
+        """The item that leaves next, among the `eligible` tenants' (everyone's by default);
+        None when there is none."""
+        for lane in (self._interactive, self._batch):
+            if lane.peek_tenant(eligible) is not None:
+                return lane.pop(eligible)
+        return None
+
+    def waiting(self) -> dict[str, int]:
+        """Each tenant's items in line."""
+        tenants = set(self._interactive.backlogged()) | set(self._batch.backlogged())
+        return {t: self._interactive.queued(t) + self._batch.queued(t) for t in tenants}
+
+    def newest(self, tenant: str) -> T | None:
+        """The item of `tenant` that gives up its place first: its last batch item, else its
+        last interactive one (the batch lane waits longest anyway)."""
+        newest = self._batch.newest(tenant)
+        return newest if newest is not None else self._interactive.newest(tenant)
 
     def remove(self, item: T) -> bool:
         """Drop an item that gave up waiting; False when it is not in line."""
-        if item in self._interactive:
-            self._interactive.remove(item)
-            return True
-        return self._batch.remove(item)
+        return self._interactive.remove(item) or self._batch.remove(item)

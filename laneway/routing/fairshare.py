@@ -1,4 +1,5 @@
-"""Fair share between tenants in the batch lane: a virtual token counter (VTC) queue.
+"""Fair share between tenants: a virtual token counter (VTC) queue, and each tenant's part of
+a pool's slots and line.
 
 After Sheng et al., "Fairness in Serving Large Language Models" (OSDI 2024). Each tenant
 has a counter of the tokens it has been served, divided by its weight. The next item
@@ -8,6 +9,11 @@ arrival. A tenant that was idle cannot bank credit: when it becomes backlogged a
 counter is lifted to the smallest counter among the backlogged tenants.
 
 Pure: no clock, no I/O. Ties go to the tenant whose head item arrived first.
+
+A pool's line is shared too (`line_place_for`): a full line gives a newcomer's tenant a
+place taken from the tenant holding the most, while the newcomer's tenant holds less than an
+equal share, so one tenant's flood cannot fill the line that another's first request needs.
+A tenant's own caps (`TenantCaps`) bound what it runs and queues in each pool.
 """
 
 from __future__ import annotations
@@ -65,15 +71,17 @@ class FairShareQueue(Generic[T]):
             self._queues[tenant] = collections.deque()
         self._queues[tenant].append(_Queued(item=item, cost=cost, seq=next(self._arrivals)))
 
-    def peek_tenant(self) -> str | None:
-        """The tenant whose item `pop` would return; None when empty."""
-        if not self._queues:
+    def peek_tenant(self, eligible: Callable[[str], bool] | None = None) -> str | None:
+        """The tenant whose item `pop` would return; None when empty (or none eligible)."""
+        tenants = [t for t in self._queues if eligible is None or eligible(t)]
+        if not tenants:
             return None
-        return min(self._queues, key=lambda t: (self._counters[t], self._queues[t][0].seq))
+        return min(tenants, key=lambda t: (self._counters[t], self._queues[t][0].seq))
 
-    def pop(self) -> T:
-        """The next item in fair order, charging its tenant; IndexError when empty."""
-        tenant = self.peek_tenant()
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> T:
+        """The next item in fair order among the `eligible` tenants' (every tenant's by
+        default), charging its tenant; IndexError when there is none."""
+        tenant = self.peek_tenant(eligible)
         if tenant is None:
             raise IndexError("pop from an empty FairShareQueue")
         queue = self._queues[tenant]
@@ -83,6 +91,16 @@ class FairShareQueue(Generic[T]):
         self.charge(tenant, head.cost)
         return head.item
 
+    def queued(self, tenant: str) -> int:
+        """How many of `tenant`'s items wait."""
+        queue = self._queues.get(tenant)
+        return 0 if queue is None else len(queue)
+
+    def newest(self, tenant: str) -> T | None:
+        """`tenant`'s last queued item; None when it has none."""
+        queue = self._queues.get(tenant)
+        return None if queue is None else queue[-1].item
+
     def charge(self, tenant: str, tokens: int) -> None:
         """Add tokens served to a tenant's counter (e.g. completion tokens once known)."""
         self._counters[tenant] += tokens / self._weight(tenant)
@@ -91,9 +109,43 @@ class FairShareQueue(Generic[T]):
         """Drop a queued item (its waiter gave up); False when it is not queued."""
         for tenant, queue in self._queues.items():
             for queued in queue:
-                if queued.item is item:
+                if queued.item == item:
                     queue.remove(queued)
                     if not queue:
                         del self._queues[tenant]
                     return True
         return False
+
+
+@dataclass(frozen=True)
+class TenantCaps:
+    """A tenant's caps in each pool it uses, counted over every gateway replica; None: no cap
+    of that kind (the pool's own slots and line still bound it)."""
+
+    max_running: int | None = None  # its requests running in one pool at once
+    max_waiting: int | None = None  # its requests waiting in one pool's line
+
+    def may_run(self, running: int) -> bool:
+        return self.max_running is None or running < self.max_running
+
+    def may_wait(self, waiting: int) -> bool:
+        return self.max_waiting is None or waiting < self.max_waiting
+
+
+NO_CAPS = TenantCaps()
+
+
+def line_place_for(newcomer: str, waiting: Mapping[str, int], places: int) -> str | None:
+    """Whose place in a full line of `places` goes to `newcomer`'s request: the tenant that
+    holds the most places, where it holds more than an equal share among the tenants in
+    line (the newcomer's included) and the newcomer's tenant, with this request, would hold
+    no more than that share. None: the newcomer is refused (its tenant has its share).
+
+    `waiting` is each tenant's requests in line.
+    """
+    share = places / len(waiting.keys() | {newcomer})
+    if waiting.get(newcomer, 0) + 1 > share or not waiting:
+        return None
+    # The largest holder gives up a place; ties go to the name, so the choice is stable.
+    most = max(waiting, key=lambda tenant: (waiting[tenant], tenant))
+    return most if waiting[most] > share else None

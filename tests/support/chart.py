@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import subprocess
 from typing import Any
 
@@ -119,10 +120,22 @@ def tenants_volume(gateway: Manifest) -> Manifest:
     return volume
 
 
-def operator_render(pools: list[Manifest], image: str) -> list[Manifest]:
-    """What the operator creates for `pools`: `laneway render`, the operator's own code."""
+def access_flags(operator_args: list[str]) -> list[str]:
+    """The operator's --allowed-* flags with their values, which `laneway render` takes too."""
+    flags = []
+    for flag, value in itertools.pairwise(operator_args):
+        if flag.startswith("--allowed-"):
+            flags += [flag, value]
+    return flags
+
+
+def operator_render(
+    pools: list[Manifest], image: str, flags: list[str] | None = None
+) -> list[Manifest]:
+    """What the operator creates for `pools`: `laneway render`, the operator's own code,
+    refusing what the operator's `flags` (access_flags) refuse."""
     result = subprocess.run(
-        laneway_argv("render", "-", "--image", f"simulator={image}"),
+        laneway_argv("render", "-", "--image", f"simulator={image}", *(flags or [])),
         input=yaml.safe_dump_all(pools),
         capture_output=True,
         text=True,

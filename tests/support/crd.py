@@ -21,6 +21,10 @@ from celpy.adapter import json_to_cel
 from support import ROOT
 
 CRD_PATH = ROOT / "crds" / "laneway.io_inferencepools.yaml"
+# The Gateway API Inference Extension's InferencePool, written for the tests from its v1 API.
+UPSTREAM_CRD_PATH = (
+    ROOT / "tests" / "support" / "gateway_api" / ("inference.networking.k8s.io_inferencepools.yaml")
+)
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
 Schema = dict[str, Any]
@@ -35,6 +39,13 @@ def load_crd() -> dict[str, Any]:
 
 def pool_schema() -> Schema:
     schema: Schema = load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@functools.cache
+def upstream_schema() -> Schema:
+    crd: dict[str, Any] = yaml.safe_load(UPSTREAM_CRD_PATH.read_text())
+    schema: Schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema
 
 
@@ -98,8 +109,8 @@ def to_json_schema(schema: Schema) -> Schema:
     return converted
 
 
-def schema_errors(document: dict[str, Any]) -> list[str]:
-    validator = jsonschema.Draft7Validator(to_json_schema(pool_schema()))
+def schema_errors(document: dict[str, Any], schema: Schema | None = None) -> list[str]:
+    validator = jsonschema.Draft7Validator(to_json_schema(schema or pool_schema()))
     return [
         f"{'.'.join(str(p) for p in error.absolute_path)}: {error.message}"
         for error in validator.iter_errors(document)
@@ -130,11 +141,12 @@ def cel_failures(schema: Schema, value: Any, path: str = "") -> list[tuple[str, 
     return failures
 
 
-def admit(document: dict[str, Any]) -> list[str]:
-    """What the API server would say about creating `document`: [] when it is accepted."""
-    schema = pool_schema()
+def admit(document: dict[str, Any], schema: Schema | None = None) -> list[str]:
+    """What the API server would say about creating `document` (a laneway pool unless
+    `schema` says otherwise, e.g. upstream_schema()): [] when it is accepted."""
+    schema = schema or pool_schema()
     defaulted = apply_defaults(schema, copy.deepcopy(document))
-    errors = schema_errors(defaulted)
+    errors = schema_errors(defaulted, schema)
     if errors:
         return errors  # the API server runs CEL only on schema-valid objects
     return [message for _, message in cel_failures(schema, defaulted)]

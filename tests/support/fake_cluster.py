@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway.api import API_VERSION, KIND
-from laneway.kube.client import RESOURCE_TYPES, KubeError, ListResult, Manifest
+from laneway.kube.client import RESOURCE_TYPES, KubeError, ListResult, Manifest, type_name
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -100,7 +100,7 @@ class FakeCluster:
         return ListResult(items, str(next(self._counter)))
 
     async def apply(self, manifest: Manifest) -> Manifest:
-        kind, metadata = manifest["kind"], manifest["metadata"]
+        kind, metadata = type_name(manifest), manifest["metadata"]
         key = (kind, metadata["namespace"], metadata["name"])
         live = self.objects.get(key)
         self._record("patch" if live is not None else "create", kind)
@@ -129,11 +129,11 @@ class FakeCluster:
 
     async def create_object(self, manifest: Manifest) -> Manifest:
         """`KubeApi.create`: a POST, which takes generateName."""
-        self._record("create", manifest["kind"])
+        self._record("create", type_name(manifest))
         obj = copy.deepcopy(dict(manifest))
         metadata = obj["metadata"]
         metadata.setdefault("name", f"{metadata.get('generateName', 'x-')}{next(self._counter)}")
-        self.objects[(obj["kind"], metadata["namespace"], metadata["name"])] = obj
+        self.objects[(type_name(obj), metadata["namespace"], metadata["name"])] = obj
         return copy.deepcopy(obj)
 
     async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
@@ -158,7 +158,7 @@ class FakeCluster:
     def create(self, manifest: Mapping[str, Any]) -> Manifest:
         metadata = manifest["metadata"]
         obj = self._new(manifest)
-        self.objects[(manifest["kind"], metadata["namespace"], metadata["name"])] = obj
+        self.objects[(type_name(manifest), metadata["namespace"], metadata["name"])] = obj
         return copy.deepcopy(obj)
 
     def pool(self, namespace: str, name: str) -> Manifest:
@@ -175,14 +175,18 @@ class FakeCluster:
             obj["metadata"]["generation"] += 1
 
     def remove(self, kind: str, namespace: str, name: str) -> None:
-        """Delete, then garbage-collect whatever the deleted object owned."""
+        """Delete, then garbage-collect what the deleted object owned: each object whose
+        owners are all gone (one of several owners leaving keeps it)."""
         gone = self.objects.pop((kind, namespace, name), None)
         if gone is None:
             return  # collected already, through another owner
         uid = gone["metadata"].get("uid")
+        live = {obj["metadata"].get("uid") for obj in self.objects.values()}
         for key, obj in list(self.objects.items()):
             owners = obj.get("metadata", {}).get("ownerReferences") or ()
-            if any(ref.get("uid") == uid for ref in owners):
+            if any(r.get("uid") == uid for r in owners) and not any(
+                r.get("uid") in live for r in owners
+            ):
                 self.remove(*key)
 
 

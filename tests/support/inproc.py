@@ -67,6 +67,7 @@ class Servers:
             kv_events=parse_kv_events_config(args.kv_events_config)
             if args.kv_events_config is not None
             else None,
+            responses_store=args.enable_responses_store,
         )
         tokenizer = (
             HuggingFaceTokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None

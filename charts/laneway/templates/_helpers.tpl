@@ -141,3 +141,42 @@ JSON {"ports": [{"name", "port", "pool"}]}: named by position, since a port name
 {{- end }}
 {{- toJson (dict "ports" $ports) }}
 {{- end }}
+
+{{/*
+The file limits the gateway runs with. With the bundled Redis (200mb by default, and the
+only store of every tenant's files) the defaults are sized to fit it: a tenant's quota a
+third of it, a file half a quota. Otherwise the gateway's own defaults.
+*/}}
+{{- define "laneway.gateway.maxFileBytes" -}}
+{{- $batch := .Values.gateway.batch }}
+{{- if not (kindIs "invalid" $batch.maxFileBytes) }}{{ $batch.maxFileBytes | int64 }}
+{{- else if .Values.redis.enabled }}33554432
+{{- else }}104857600
+{{- end }}
+{{- end }}
+
+{{- define "laneway.gateway.tenantFileBytes" -}}
+{{- $batch := .Values.gateway.batch }}
+{{- if not (kindIs "invalid" $batch.tenantFileBytes) }}{{ $batch.tenantFileBytes | int64 }}
+{{- else if .Values.redis.enabled }}67108864
+{{- else }}1073741824
+{{- end }}
+{{- end }}
+
+{{/*
+The name operator/upstream.py's model_slug gives a model: its upstream InferencePool's
+name and its pods' label (models.laneway.io/<slug>). Kept equal by tests/test_chart_picker.py.
+*/}}
+{{- define "laneway.modelSlug" -}}
+{{- if and (le (len .) 63) (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" .) }}
+{{- . }}
+{{- else }}
+{{- $base := regexReplaceAll "[^a-z0-9]+" (lower .) "-" | trimAll "-" | trunc 54 | trimSuffix "-" }}
+{{- $digest := sha256sum . | trunc 8 }}
+{{- if $base }}{{ printf "%s-%s" $base $digest }}{{ else }}{{ printf "model-%s" $digest }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.picker.fullname" -}}
+{{- printf "%s-picker" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -52,6 +52,19 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- if and .Values.networkPolicy.engineNamespaces (not .Values.watchAllNamespaces) }}
 {{- fail "networkPolicy.engineNamespaces guards engines in other namespaces, which only a gateway with watchAllNamespaces serves: set watchAllNamespaces, or empty the list" }}
 {{- end }}
+{{- if not (or .Values.redis.enabled .Values.redis.url) }}
+{{- if and (not $auto.enabled) (gt (int $gw.replicaCount) 1) }}
+{{- fail (printf "gateway.replicaCount (%d) needs shared state: set redis.enabled=true (the bundled Redis) or redis.url, or keep one replica; apart, each replica keeps its own endpoint load and tenant limits, and the Files and Batches API answers 501" (int $gw.replicaCount)) }}
+{{- end }}
+{{- if and $auto.enabled (gt (int $auto.maxReplicas) 1) }}
+{{- fail (printf "gateway.autoscaling.maxReplicas (%d) needs shared state: set redis.enabled=true (the bundled Redis) or redis.url, or turn gateway.autoscaling off" (int $auto.maxReplicas)) }}
+{{- end }}
+{{- end }}
+{{- $maxFile := include "laneway.gateway.maxFileBytes" . | int64 }}
+{{- $quota := include "laneway.gateway.tenantFileBytes" . | int64 }}
+{{- if gt $maxFile $quota }}
+{{- fail (printf "gateway.batch.maxFileBytes (%d) exceeds gateway.batch.tenantFileBytes (%d), so a file that large could never be kept: lower maxFileBytes or raise tenantFileBytes" $maxFile $quota) }}
+{{- end }}
 {{- if and .Values.redis.enabled .Values.redis.url }}
 {{- fail "set either redis.enabled (the bundled Redis) or redis.url (your own), not both" }}
 {{- end }}

@@ -1,0 +1,106 @@
+"""`laneway epp`: the gateway as a Gateway API endpoint picker behind Envoy."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from laneway.errors import UsageError, cannot_listen
+
+DEFAULT_PORT = 9002  # the Gateway API Inference Extension's EPP port
+DEFAULT_METRICS_PORT = 9090
+
+
+def register(
+    commands: argparse._SubParsersAction[Any], bench: argparse._SubParsersAction[Any]
+) -> None:
+    epp = commands.add_parser(
+        "epp",
+        help="pick endpoints for Envoy (Gateway API Inference Extension endpoint picker)",
+        description="Envoy's ext_proc gRPC service speaking the Endpoint Picker Protocol: "
+        "each request's lane and endpoint chosen as `laneway gateway` chooses them, answered "
+        "as x-gateway-destination-endpoint. gRPC health (liveness, readiness, the ext_proc "
+        "service) on the same port; /metrics, /healthz, /readyz on --metrics-port.",
+    )
+    epp.add_argument(
+        "--config", metavar="FILE", required=True,
+        help="multi-document YAML: InferencePools and at most one GatewayConfig (as for "
+        "`laneway gateway`)",
+    )  # fmt: skip
+    epp.add_argument("--host", default="0.0.0.0", help="address to bind")
+    epp.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port; 0 picks a free one")
+    epp.add_argument(
+        "--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+        help="HTTP port of /metrics, /healthz and /readyz; 0 picks a free one",
+    )  # fmt: skip
+    epp.set_defaults(handler=run_epp)
+
+
+def run_epp(args: argparse.Namespace) -> int:
+    from laneway.gateway.app import create_app
+    from laneway.gateway.cli import event_loop_factory, settle_heap
+    from laneway.gateway.config import load_config
+    from laneway.gateway.pools.sources import StaticPoolSource
+
+    for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if not 0 <= port <= 65535:
+            raise UsageError(f"{flag} must be between 0 and 65535, got {port}")
+    loaded = load_config(args.config, allow_pools=True)
+    if not loaded.pools:
+        raise UsageError(f"{args.config}: holds no InferencePool document to pick endpoints in")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    app = create_app(loaded.settings, StaticPoolSource(loaded.pools), metrics_route=False)
+    settle_heap()
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(serve(app, args.host, args.port, args.metrics_port))
+
+
+async def serve(app: Any, host: str, port: int, metrics_port: int) -> int:
+    """Serve until SIGTERM, SIGINT or a fatal failure; exit code."""
+    from aiohttp import web
+
+    from laneway.gateway.app import create_metrics_app, healthz, readyz
+    from laneway.gateway.epp.server import follow_readiness, start_grpc
+    from laneway.gateway.keys import SETTINGS, STOP
+
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()  # the pools, the ledger and their background tasks start
+    metrics_app = create_metrics_app(app)
+    metrics_app.router.add_get("/healthz", healthz)
+    metrics_app.router.add_get("/readyz", readyz)
+    metrics_runner = web.AppRunner(metrics_app, handle_signals=False)
+    await metrics_runner.setup()
+    try:
+        await web.TCPSite(metrics_runner, host, metrics_port).start()
+    except OSError as error:
+        await metrics_runner.cleanup()
+        await runner.cleanup()
+        raise cannot_listen(host, metrics_port, error, "--metrics-port") from None
+    try:
+        server, health, bound = await start_grpc(app, host, port)
+    except (OSError, RuntimeError) as error:
+        await metrics_runner.cleanup()
+        await runner.cleanup()
+        raise cannot_listen(host, port, OSError(str(error))) from None
+    readiness = asyncio.create_task(follow_readiness(app, health))
+    bound_metrics = metrics_runner.addresses[0][1]
+    print(f"laneway epp: metrics on http://{host}:{bound_metrics}/metrics", flush=True)
+    print(f"laneway epp: listening on grpc://{host}:{bound}", flush=True)
+    stop = app[STOP]
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.requested.set)
+    await stop.requested.wait()
+    if stop.failure is not None:
+        print(f"laneway epp: error: {stop.failure}", file=sys.stderr, flush=True)
+    drain_seconds = app[SETTINGS].drain_timeout_millis / 1000
+    await health.enter_graceful_shutdown()
+    readiness.cancel()
+    await server.stop(drain_seconds)  # open streams get this long to end
+    await runner.cleanup()
+    await metrics_runner.cleanup()
+    return 0 if stop.failure is None else 1

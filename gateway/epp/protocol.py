@@ -1,0 +1,196 @@
+"""The Endpoint Picker Protocol's messages on Envoy's ext_proc stream, as the Gateway API
+Inference Extension publishes it (docs/proposals/004-endpoint-picker-protocol): what the
+proxy hands in (headers, the candidate subset, the endpoint that served) and what the
+picker answers (the picked endpoints as a header and as `envoy.lb` dynamic metadata, the
+body passed back, an immediate error). Builders and readers only; no state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+from laneway.gateway.errors import ApiError
+
+DESTINATION = "x-gateway-destination-endpoint"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+LB_NAMESPACE = "envoy.lb"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+# What plain Envoy says of the upstream that answered, where the ext_proc filter asks for
+# it (`response_attributes`); the served-endpoint metadata says the same where the
+# implementation sets it.
+UPSTREAM_ADDRESS = "upstream.address"
+EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
+
+
+def headers_of(message: ext.HttpHeaders) -> dict[str, str]:
+    """The headers, names lower-cased (HTTP/2 pseudo-headers as `:path`, `:status`)."""
+    found = {}
+    for header in message.headers.headers:
+        found[header.key.lower()] = header.raw_value.decode("utf-8", "replace") or header.value
+    return found
+
+
+def subset_hint(request: ext.ProcessingRequest) -> tuple[str, ...] | None:
+    """The candidates the proxy lets the picker choose from; None where it sets none."""
+    namespaces = request.metadata_context.filter_metadata
+    if SUBSET_NAMESPACE not in namespaces:
+        return None
+    hint = namespaces[SUBSET_NAMESPACE].fields.get(SUBSET_KEY)
+    if hint is None:
+        return None
+    if hint.HasField("list_value"):
+        return tuple(v.string_value.strip() for v in hint.list_value.values)
+    return tuple(part.strip() for part in hint.string_value.split(",") if part.strip())
+
+
+def served_endpoint(request: ext.ProcessingRequest) -> str | None:
+    """The `ip:port` that answered: the protocol's metadata, else Envoy's attribute."""
+    namespaces = request.metadata_context.filter_metadata
+    if LB_NAMESPACE in namespaces:
+        served = namespaces[LB_NAMESPACE].fields.get(SERVED_KEY)
+        if served is not None and served.string_value:
+            return str(served.string_value)
+    attributes = request.attributes.get(EXT_PROC_ATTRIBUTES)
+    if attributes is not None:
+        address = attributes.fields.get(UPSTREAM_ADDRESS)
+        if address is not None and address.string_value:
+            return str(address.string_value)
+    return None
+
+
+def full_duplex(request: ext.ProcessingRequest) -> bool | None:
+    """Whether the request body streams full-duplex; None where the proxy does not say
+    (Envoy sends its protocol configuration on a stream's first message since 1.35)."""
+    if not request.HasField("protocol_config"):
+        return None
+    return bool(request.protocol_config.request_body_mode == ProcessingMode.FULL_DUPLEX_STREAMED)
+
+
+def response_full_duplex(request: ext.ProcessingRequest) -> bool:
+    """Whether the response body streams full-duplex (as the request's where unsaid)."""
+    if not request.HasField("protocol_config"):
+        return True
+    return bool(request.protocol_config.response_body_mode == ProcessingMode.FULL_DUPLEX_STREAMED)
+
+
+def address_of(url: str) -> str:
+    """`http://10.0.0.5:8000` -> `10.0.0.5:8000`, the protocol's `ip:port`."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def _set(headers: Mapping[str, str]) -> ext.HeaderMutation:
+    return ext.HeaderMutation(
+        set_headers=[
+            HeaderValueOption(
+                header=HeaderValue(key=key, raw_value=value.encode()),
+                append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+            for key, value in headers.items()
+        ]
+    )
+
+
+def destination_metadata(addresses: Iterable[str]) -> Struct:
+    """`envoy.lb: {x-gateway-destination-endpoint: "a,b,..."}`: the same value as the
+    header (the protocol forbids them to differ)."""
+    metadata = Struct()
+    metadata.update({LB_NAMESPACE: {DESTINATION: ",".join(addresses)}})
+    return metadata
+
+
+def routed_headers(
+    *, addresses: Iterable[str], headers: Mapping[str, str], body_bytes: int | None
+) -> ext.ProcessingResponse:
+    """The answer to the request headers once the picker has chosen: the destination (and
+    laneway's routing headers) set, the body's new length where it was rewritten."""
+    chosen = tuple(addresses)
+    sets = {DESTINATION: ",".join(chosen), **headers}
+    if body_bytes is not None:
+        sets["content-length"] = str(body_bytes)
+    return ext.ProcessingResponse(
+        request_headers=ext.HeadersResponse(
+            response=ext.CommonResponse(header_mutation=_set(sets))
+        ),
+        dynamic_metadata=destination_metadata(chosen),
+    )
+
+
+def routed_body(
+    *, addresses: Iterable[str], headers: Mapping[str, str], body: bytes, streamed: bool
+) -> ext.ProcessingResponse:
+    """The request body back: streamed (full-duplex: the whole body in one last chunk, the
+    headers having gone with the headers answer) or buffered (a replaced body, with the
+    destination set here since the headers answer went before it)."""
+    if streamed:
+        mutation = ext.BodyMutation(
+            streamed_response=ext.StreamedBodyResponse(body=body, end_of_stream=True)
+        )
+        return ext.ProcessingResponse(
+            request_body=ext.BodyResponse(response=ext.CommonResponse(body_mutation=mutation))
+        )
+    chosen = tuple(addresses)
+    sets = {DESTINATION: ",".join(chosen), **headers, "content-length": str(len(body))}
+    common = ext.CommonResponse(
+        header_mutation=_set(sets), body_mutation=ext.BodyMutation(body=body)
+    )
+    return ext.ProcessingResponse(
+        request_body=ext.BodyResponse(response=common),
+        dynamic_metadata=destination_metadata(chosen),
+    )
+
+
+def request_headers_continue() -> ext.ProcessingResponse:
+    return ext.ProcessingResponse(request_headers=ext.HeadersResponse())
+
+
+def request_body_chunk(body: bytes, end: bool) -> ext.ProcessingResponse:
+    """A full-duplex request body chunk passed back as it came (a request not routed here)."""
+    mutation = ext.BodyMutation(
+        streamed_response=ext.StreamedBodyResponse(body=body, end_of_stream=end)
+    )
+    return ext.ProcessingResponse(
+        request_body=ext.BodyResponse(response=ext.CommonResponse(body_mutation=mutation))
+    )
+
+
+def response_headers(headers: Mapping[str, str]) -> ext.ProcessingResponse:
+    common = ext.CommonResponse(header_mutation=_set(headers)) if headers else ext.CommonResponse()
+    return ext.ProcessingResponse(response_headers=ext.HeadersResponse(response=common))
+
+
+def response_body_chunk(body: bytes, end: bool, streamed: bool) -> ext.ProcessingResponse:
+    """A response body chunk back to the proxy: streamed (full-duplex) or buffered whole."""
+    if streamed:
+        mutation = ext.BodyMutation(
+            streamed_response=ext.StreamedBodyResponse(body=body, end_of_stream=end)
+        )
+    else:
+        mutation = ext.BodyMutation(body=body)
+    return ext.ProcessingResponse(
+        response_body=ext.BodyResponse(response=ext.CommonResponse(body_mutation=mutation))
+    )
+
+
+def trailers_continue(response: bool) -> ext.ProcessingResponse:
+    if response:
+        return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
+    return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
+
+
+def immediate(error: ApiError, headers: Mapping[str, str]) -> ext.ProcessingResponse:
+    """The standalone gateway's answer, sent by the proxy in place of an upstream's."""
+    sets = {"content-type": "application/json", **error.headers(headers)}
+    return ext.ProcessingResponse(
+        immediate_response=ext.ImmediateResponse(
+            status=HttpStatus(code=error.status),
+            headers=_set({key.lower(): value for key, value in sets.items()}),
+            body=error.encoded(),
+            details=error.code,
+        )
+    )

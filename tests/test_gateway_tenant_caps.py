@@ -1,0 +1,252 @@
+"""One tenant must not take a shared pool from another: caps on each tenant's running and
+waiting requests per pool, a fair share of a full line, and with Redis the caps held over
+two gateway replicas.
+
+In-process gateways with a keys file of two tenants, one `laneway sim` engine behind a
+pool of few slots, real HTTP over loopback; a real redis-server for the shared caps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from support.inproc import Served, Servers
+from support.pools import gateway_doc, pool_doc
+
+from laneway.bench.harness.redis_server import LocalRedis
+from laneway.gateway.keys import LEDGER, TENANT_SHARE
+from laneway.ledger.tenants import TenantCount
+
+POOL = "shared"
+
+
+def tenants(acme: str = "") -> str:
+    return f"""
+tenants:
+  - name: acme
+    apiKeys: [sk-acme]
+{acme}
+  - name: beta
+    apiKeys: [sk-beta]
+"""
+
+
+async def start(
+    tmp_path: Path,
+    servers: Servers,
+    *,
+    slots: int,
+    acme: str = "",
+    queue: dict[str, Any] | None = None,
+    replicas: int = 1,
+    flags: tuple[str, ...] = (),
+) -> list[Served]:
+    (tmp_path / "tenants.yaml").write_text(tenants(acme))
+    engine = await servers.sim("llama-small", "--time-scale", "1")
+    documents = [
+        pool_doc(
+            POOL,
+            "interactive",
+            "llama-small",
+            [engine.url],
+            limits={"maxConcurrentRequests": slots},
+        ),
+        gateway_doc(queue={"timeoutMillis": 20000, **(queue or {})}),
+    ]
+    return [
+        await servers.gateway(
+            tmp_path / f"gateway-{i}.yaml",
+            documents,
+            "--tenants",
+            str(tmp_path / "tenants.yaml"),
+            *flags,
+        )
+        for i in range(replicas)
+    ]
+
+
+Answer = tuple[int, dict[str, str], dict[str, Any] | str]
+
+
+async def chat(session: aiohttp.ClientSession, gateway: Served, key: str, tokens: int) -> Answer:
+    body = {
+        "model": "llama",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    async with session.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers) as r:
+        text = await r.text()
+        answer: dict[str, Any] | str = await r.json() if r.status != 200 else text
+        return r.status, dict(r.headers), answer
+
+
+def count(gateway: Served, tenant: str) -> TenantCount:
+    ledger = gateway.runner.app[LEDGER]
+    (pool,) = [p for p in ledger.pools() if p.name == POOL]
+    return ledger.tenant_count(pool, tenant)
+
+
+def own(gateway: Served, tenant: str) -> TenantCount:
+    """The tenant's requests in the pool on this replica alone."""
+    ledger = gateway.runner.app[LEDGER]
+    (pool,) = [p for p in ledger.pools() if p.name == POOL]
+    return ledger.own_tenants().get((pool.key, tenant), TenantCount())
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(400):
+        if check():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"never: {what}")
+
+
+def flood(session: aiohttp.ClientSession, gateway: Served, n: int) -> list[asyncio.Task[Answer]]:
+    # Long streams (~4 s at the engine's real pace): they hold their slots while the test looks.
+    return [asyncio.create_task(chat(session, gateway, "sk-acme", 400)) for _ in range(n)]
+
+
+async def answers(tasks: list[asyncio.Task[Answer]]) -> list[Answer]:
+    return list(await asyncio.gather(*tasks))
+
+
+async def test_a_flood_that_fills_the_line_gives_another_tenants_request_a_place(
+    tmp_path: Path,
+) -> None:
+    servers = Servers()
+    try:
+        (gateway,) = await start(tmp_path, servers, slots=2, queue={"maxWaiting": 4})
+        async with aiohttp.ClientSession() as session:
+            acme = flood(session, gateway, 6)
+            await until(lambda: count(gateway, "acme") == TenantCount(2, 4), "slots and line full")
+            status, _, _ = await chat(session, gateway, "sk-beta", 5)
+            assert status == 200  # without the line's share: 429 pool_saturated
+            results = await answers(acme)
+        refused = [(h, a) for s, h, a in results if s == 429]
+        assert len(refused) == 1  # acme's newest gave its place up
+        ((headers, error),) = refused
+        assert isinstance(error, dict)
+        assert error["error"]["code"] == "tenant_line_share"
+        assert "tenant acme" in error["error"]["message"]
+        assert headers["Retry-After"] == "1"
+        assert sorted(s for s, _, _ in results) == [200] * 5 + [429]
+    finally:
+        await servers.close()
+
+
+async def test_a_tenant_at_its_caps_waits_or_is_refused_while_another_runs(
+    tmp_path: Path,
+) -> None:
+    servers = Servers()
+    caps = "    maxConcurrentRequests: 1\n    maxQueuedRequests: 1"
+    try:
+        (gateway,) = await start(tmp_path, servers, slots=4, acme=caps)
+        async with aiohttp.ClientSession() as session:
+            acme = flood(session, gateway, 2)
+            await until(lambda: count(gateway, "acme") == TenantCount(1, 1), "one runs, one waits")
+            status, headers, error = await chat(session, gateway, "sk-acme", 5)
+            assert status == 429
+            assert isinstance(error, dict)
+            assert error["error"]["code"] == "tenant_queue_full"
+            assert "maxQueuedRequests=1" in error["error"]["message"]
+            assert headers["Retry-After"] == "1"
+            # Three slots are free for beta: it runs at once, while acme's second still waits.
+            status, _, _ = await chat(session, gateway, "sk-beta", 5)
+            assert status == 200
+            assert count(gateway, "acme") == TenantCount(1, 1)
+            assert [s for s, _, _ in await answers(acme)] == [200, 200]
+    finally:
+        await servers.close()
+
+
+async def test_the_caps_hold_over_two_replicas_sharing_redis(
+    tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    servers = Servers()
+    try:
+        first, second = await start(
+            tmp_path,
+            servers,
+            slots=4,
+            acme="    maxConcurrentRequests: 1",
+            queue={"timeoutMillis": 1500},
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        async with aiohttp.ClientSession() as session:
+            (running,) = flood(session, first, 1)
+            await until(lambda: count(first, "acme").running == 1, "acme runs on the first")
+            await first.runner.app[TENANT_SHARE].flush()  # its count is in Redis
+            # The second replica reads acme's request on the first: acme's waits, then is
+            # refused at the queue's limit, naming the tenant's cap. Alone it would have run.
+            status, headers, error = await chat(session, second, "sk-acme", 5)
+            assert status == 429
+            assert isinstance(error, dict)
+            assert error["error"]["code"] == "tenant_concurrency_exceeded"
+            assert "maxConcurrentRequests=1" in error["error"]["message"]
+            assert headers["Retry-After"] == "1"
+            status, _, _ = await chat(session, second, "sk-beta", 5)
+            assert status == 200
+            assert (await running)[0] == 200
+            # Once acme's request on the first ended, the second admits acme again.
+            await until(lambda: count(first, "acme") == TenantCount(), "acme's request ended")
+            await first.runner.app[TENANT_SHARE].flush()
+            status, _, _ = await chat(session, second, "sk-acme", 5)
+            assert status == 200
+    finally:
+        await servers.close()
+
+
+async def test_two_replicas_admitting_at_once_stay_within_the_cap(
+    tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    servers = Servers()
+    try:
+        gateways = await start(
+            tmp_path,
+            servers,
+            slots=64,
+            acme="    maxConcurrentRequests: 2",
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        await until(
+            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
+            "both replicas count each other",
+        )
+        peak = 0
+
+        def sample() -> bool:
+            nonlocal peak
+            peak = max(peak, sum(own(g, "acme").running for g in gateways))
+            return False
+
+        async def watch() -> None:
+            while True:
+                sample()
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        async with aiohttp.ClientSession() as session:
+            # Ten senders at once, five on each replica, three requests each.
+            for _ in range(3):
+                answers = await asyncio.gather(
+                    *(chat(session, gateways[i % 2], "sk-acme", 30) for i in range(10))
+                )
+                assert [status for status, _, _ in answers] == [200] * 10
+        watcher.cancel()
+        # Each replica's reading of the other is older than their concurrent admissions;
+        # each keeping to half of the cap holds the total to it.
+        assert peak == 2
+    finally:
+        await servers.close()
+
+
+pytestmark = pytest.mark.asyncio

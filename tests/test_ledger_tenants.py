@@ -1,0 +1,118 @@
+"""Tenants in a shared pool: caps on what each runs and queues, turns in the line, a fair
+share of a full line, and the other gateway replicas' counts against the same caps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from support.ledger import ask, ledger_with, pool
+
+from laneway.ledger import Admitted, Queued, Refused
+from laneway.ledger.tenants import TenantCount
+from laneway.routing.fairshare import TenantCaps, line_place_for
+
+
+def test_a_tenant_at_its_running_cap_waits_while_another_takes_the_free_slots() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 4})
+    ledger = ledger_with(chat)
+    capped = TenantCaps(max_running=2)
+    flood = [ledger.admit(0.0, replace(ask(chat, tenant="a"), caps=capped)) for _ in range(3)]
+    assert [type(d) for d in flood] == [Admitted, Admitted, Queued]
+    assert ledger.gate(chat).active == 2  # two slots stay free for others
+    other = ledger.admit(0.0, ask(chat, tenant="b"))
+    assert isinstance(other, Admitted)
+    # b's request ending frees a slot, but a is still at its cap: nobody is granted.
+    assert not ledger.finished(other.ticket, 1.0, status=200).wakes
+    # One of a's own ending lets its waiting one run.
+    wakes = ledger.finished(flood[0].ticket, 2.0, status=200).wakes
+    assert [g.ticket for g in wakes.granted] == [flood[2].ticket]
+    assert ledger.tenant_count(chat, "a") == TenantCount(running=2, waiting=0)
+
+
+def test_a_tenant_over_its_cap_of_waiting_requests_is_refused_for_that() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 1})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_waiting=2)
+    decisions = [ledger.admit(0.0, replace(ask(chat, tenant="a"), caps=caps)) for _ in range(4)]
+    assert [type(d) for d in decisions] == [Admitted, Queued, Queued, Refused]
+    refused = decisions[3]
+    assert isinstance(refused, Refused)
+    assert refused.reason == "tenant_queue_full"
+    # Another tenant still joins the line: a's cap is a's alone.
+    assert isinstance(ledger.admit(0.0, ask(chat, tenant="b")), Queued)
+
+
+def test_a_full_line_gives_another_tenants_first_request_a_place() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 1})
+    ledger = ledger_with(chat, max_waiting=4)
+    flood = [ledger.admit(0.0, ask(chat, tenant="a")) for _ in range(5)]
+    assert [type(d) for d in flood] == [Admitted] + [Queued] * 4
+    first = ledger.admit(1.0, ask(chat, tenant="b"))
+    assert isinstance(first, Queued)
+    # a's newest request gave its place up, and its client is told why.
+    (gave_up,) = first.wakes.refused
+    assert (gave_up.ticket, gave_up.reason) == (flood[4].ticket, "line_share")
+    assert ledger.tenant_count(chat, "a").waiting == 3
+    # Up to an equal share each: b gets one more place, then both hold two.
+    second = ledger.admit(1.0, ask(chat, tenant="b"))
+    assert isinstance(second, Queued)
+    assert len(second.wakes.refused) == 1
+    third = ledger.admit(1.0, ask(chat, tenant="b"))
+    assert isinstance(third, Refused)
+    assert third.reason == "queue_full"
+    again = ledger.admit(1.0, ask(chat, tenant="a"))
+    assert isinstance(again, Refused)
+    assert again.reason == "queue_full"
+
+
+def test_tenants_take_turns_in_the_interactive_line() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 1})
+    ledger = ledger_with(chat)
+    running = ledger.admit(0.0, ask(chat, tenant="a"))
+    backlog = [ledger.admit(0.0, ask(chat, tenant="a")).ticket for _ in range(5)]
+    newcomer = ledger.admit(1.0, ask(chat, tenant="b")).ticket
+    order = []
+    ticket = running.ticket
+    for now in (2.0, 3.0, 4.0):
+        (granted,) = ledger.finished(ticket, now, status=200).wakes.granted
+        ticket = granted.ticket
+        order.append(ticket)
+    # Turns by requests served: a has had one (the request that ran at once) when b's first
+    # arrives, so b's leaves after one more of a's, ahead of the rest of a's backlog.
+    assert order == [backlog[0], newcomer, backlog[1]]
+
+
+def test_other_replicas_requests_count_against_the_cap() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 4})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running=2)
+    ledger.set_peer_tenants(0.0, {(chat.key, "a"): TenantCount(running=2)})
+    waiting = ledger.admit(0.0, replace(ask(chat, tenant="a"), caps=caps))
+    assert isinstance(waiting, Queued)
+    assert ledger.tenant_count(chat, "a") == TenantCount(running=2, waiting=1)
+    assert ledger.own_tenants() == {(chat.key, "a"): TenantCount(running=0, waiting=1)}
+    # The peer's requests ended: the waiting one runs here.
+    wakes = ledger.set_peer_tenants(1.0, {(chat.key, "a"): TenantCount()})
+    assert [g.ticket for g in wakes.granted] == [waiting.ticket]
+
+
+def test_each_replica_keeps_to_its_part_of_a_cap() -> None:
+    # Readings of the other replicas are never a reservation: two replicas admitting at the
+    # same moment both see 0 there. Each keeping to half of the cap bounds the total anyway.
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    ledger.set_peer_tenants(0.0, {}, replicas=2)
+    caps = TenantCaps(max_running=4)
+    decisions = [ledger.admit(0.0, replace(ask(chat, tenant="a"), caps=caps)) for _ in range(3)]
+    assert [type(d) for d in decisions] == [Admitted, Admitted, Queued]
+    # Alone again: the whole cap is this replica's, and the waiting request runs.
+    wakes = ledger.set_peer_tenants(1.0, {}, replicas=1)
+    assert [g.ticket for g in wakes.granted] == [decisions[2].ticket]
+
+
+def test_a_line_place_goes_from_the_largest_holder_up_to_an_equal_share() -> None:
+    assert line_place_for("b", {"a": 8}, 8) == "a"
+    assert line_place_for("b", {"a": 4, "b": 4}, 8) is None  # b has its share
+    assert line_place_for("c", {"a": 5, "b": 3}, 8) == "a"
+    assert line_place_for("c", {"a": 3, "b": 3, "c": 2}, 8) is None  # nobody over 8/3
+    assert line_place_for("a", {"a": 8}, 8) is None  # alone: the line is its own
