@@ -114,11 +114,13 @@ def tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 async def raw_request(gateway: Gateway, head: str, body: bytes) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.served.port)
-    writer.write(head.encode() + b"\r\n" + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    return answer
+    try:
+        writer.write(head.encode() + b"\r\n" + body)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
 
 
 async def test_a_limit_in_other_digits_is_a_400(gateway: Gateway) -> None:
@@ -205,6 +207,7 @@ async def test_a_body_sent_a_byte_at_a_time_gets_a_408_and_the_connection_closes
     finally:
         sending.cancel()
         writer.close()
+        await writer.wait_closed()
     took = loop.time() - started
     assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
     assert b'"body_timeout"' in answer
