@@ -47,7 +47,11 @@ from laneway.gateway.serving import responses
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.counting import EngineTokenize, OffLoopCounter, PoolTokenizers
 from laneway.gateway.serving.handler import handle_completion
-from laneway.gateway.serving.incoming import expect_continue
+from laneway.gateway.serving.incoming import (
+    drop_undecodable,
+    expect_continue,
+    unsupported_coding,
+)
 from laneway.gateway.serving.protocol import stamp_arrival
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.callers import TenantLimits, caller_of, routing_tenant
@@ -109,7 +113,9 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     if metrics_route:
         app.router.add_get("/metrics", metrics)
-    app.router.add_get(DEMAND_PATH, demand)
+        # Demand names tenant-private pools and their load: on the API port only behind a
+        # key (the tenant middleware's); with a metrics port, there instead.
+        app.router.add_get(DEMAND_PATH, demand_of(app))
     if shared is not None:
         redis = install(app, shared)
         install_batches(app, shared, redis)
@@ -234,7 +240,15 @@ async def _begin_drain(app: web.Application) -> None:
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves as OpenAI-shaped JSON; a bug is logged here, never sent."""
+    response = await _answer(request, handler)
+    await drop_undecodable(request, response)
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        if (refused := unsupported_coding(request)) is not None:
+            raise refused
         return await handler(request)
     except ApiError as error:
         return error.response()
@@ -273,23 +287,28 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-async def demand(request: web.Request) -> web.Response:
-    """Each pool's demand for the operator's scaler: this replica's, or with Redis every
-    replica's summed."""
-    app = request.app
-    local = app[LEDGER].demand(app[CLOCK]())
-    share = app.get(DEMAND_SHARE)
-    counts, replicas = (local, 1) if share is None else await share.total(local)
-    pools = {key: count.to_wire() for key, count in sorted(counts.items())}
-    return web.json_response({"object": "laneway.demand", "replicas": replicas, "pools": pools})
+def demand_of(app: web.Application) -> Handler:
+    """Each pool's demand in `app` for the operator's scaler: this replica's, or with Redis
+    every replica's summed."""
+
+    async def demand(request: web.Request) -> web.StreamResponse:
+        local = app[LEDGER].demand(app[CLOCK]())
+        share = app.get(DEMAND_SHARE)
+        counts, replicas = (local, 1) if share is None else await share.total(local)
+        pools = {key: count.to_wire() for key, count in sorted(counts.items())}
+        return web.json_response({"object": "laneway.demand", "replicas": replicas, "pools": pools})
+
+    return demand
 
 
 def create_metrics_app(app: web.Application) -> web.Application:
-    """/metrics alone, for a port apart from the API: the metrics name engines and tenants,
-    so a NetworkPolicy can admit only Prometheus there."""
+    """/metrics and /laneway/demand, for a port apart from the API: both name engines,
+    tenants and tenant-private pools, so a NetworkPolicy can admit only Prometheus and the
+    scalers there."""
     metrics_app = web.Application()
     metrics_app[METRICS] = app[METRICS]
     metrics_app.router.add_get("/metrics", metrics)
+    metrics_app.router.add_get(DEMAND_PATH, demand_of(app))
     return metrics_app
 
 

@@ -91,6 +91,9 @@ class ClientSettings:
     # deadline (a head sent a byte at a time).
     idle_timeout_millis: int = 15000
     body_timeout_millis: int = 60000  # the longest a request body may take to arrive (408)
+    # The same for a file upload (POST /v1/files), which may be 100 MiB: 5 minutes is
+    # about 350 KB/s for the largest file, yet a body sent a byte at a time is cut off.
+    upload_timeout_millis: int = 300000
     # The longest a streamed answer may wait for a client that reads nothing before the
     # gateway drops it, ending the engine's work and freeing the pool's slot.
     write_timeout_millis: int = 30000
@@ -336,7 +339,7 @@ def _tokenizer(reader: _Reader, data: Mapping[str, Any]) -> TokenizerSettings:
 
 def _clients(reader: _Reader, data: Mapping[str, Any]) -> ClientSettings:
     path = "spec.clients"
-    known = ("idleTimeoutMillis", "bodyTimeoutMillis", "writeTimeoutMillis")
+    known = ("idleTimeoutMillis", "bodyTimeoutMillis", "uploadTimeoutMillis", "writeTimeoutMillis")
     reader.known_fields(data, path, known)
     default = ClientSettings()
     return ClientSettings(
@@ -345,6 +348,9 @@ def _clients(reader: _Reader, data: Mapping[str, Any]) -> ClientSettings:
         ),
         body_timeout_millis=reader.integer(
             data, "bodyTimeoutMillis", path, default.body_timeout_millis, minimum=100
+        ),
+        upload_timeout_millis=reader.integer(
+            data, "uploadTimeoutMillis", path, default.upload_timeout_millis, minimum=100
         ),
         write_timeout_millis=reader.integer(
             data, "writeTimeoutMillis", path, default.write_timeout_millis, minimum=100

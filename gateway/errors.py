@@ -14,6 +14,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     417: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",

@@ -14,8 +14,9 @@ from redis.asyncio import Redis
 
 from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.batch.batches import BatchStore
+from laneway.gateway.batch.creation import create_batch
 from laneway.gateway.batch.dispatcher import Dispatcher
-from laneway.gateway.batch.files import FileStore
+from laneway.gateway.batch.files import FileStore, as_text
 from laneway.gateway.batch.lines import CreateRequest
 from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.request_body import LANE_HEADER
@@ -87,7 +88,14 @@ class Harness:
         request = CreateRequest(
             input_file_id=file.id, endpoint="/v1/chat/completions", metadata=None
         )
-        batch = await self.store.create(request, tenant, now=0.0, token_limit=token_limit)
+        batch = await create_batch(
+            self.store,
+            request,
+            tenant,
+            now=0.0,
+            token_limit=token_limit,
+            file_quota=FileQuota(files=100, bytes=10**9),
+        )
         return str(batch["id"])
 
     async def wait_finished(self, batch_id: str, tenant: str) -> dict[str, object]:
@@ -318,3 +326,29 @@ async def test_stopping_lets_running_items_finish_and_leaves_the_rest(
     # Nothing is left claimed by the stopped replica; the other four wait for the next one.
     assert pending == []
     assert left == 4
+
+
+async def test_a_creation_cancelled_part_way_takes_its_items_and_tokens_back(
+    harness: Harness, run_dispatcher: list[asyncio.Task[None]]
+) -> None:
+    # A client that times out cancels its create (the gateway cancels a handler whose
+    # client went away) while the items are being queued.
+    creating = asyncio.create_task(harness.submit("r", [f"item {i}" for i in range(20_000)]))
+    redis = harness.store._redis
+    async with asyncio.timeout(60):
+        while await redis.xlen(harness.store.queue_key("r")) == 0:  # noqa: ASYNC110 (Redis)
+            await asyncio.sleep(0.001)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    assert await enqueued(harness, "r") == 0  # every reserved token given back, once
+    assert await redis.xlen(harness.store.queue_key("r")) == 0  # no item left to run
+    (batch_id,) = [as_text(i) for i in await redis.zrange(harness.store.index_key("r"), 0, -1)]
+    batch = await harness.store.get(batch_id, "r")
+    assert batch["status"] == "failed"
+    assert batch["errors"]["data"][0]["code"] == "validation_interrupted"  # type: ignore[index]
+    # The tenant's quota still adds up: a new batch runs and gives back exactly its own.
+    await start(harness, run_dispatcher, concurrency=4)
+    again = await harness.submit("r", ["after"])
+    assert (await harness.wait_finished(again, "r"))["status"] == "completed"
+    assert await enqueued(harness, "r") == 0

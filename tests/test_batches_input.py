@@ -7,10 +7,11 @@ import json
 import pytest
 
 from laneway.gateway.batch.lines import (
-    Item,
+    Entry,
     LineError,
     parse_create,
     parse_input,
+    slices,
 )
 from laneway.gateway.errors import ApiError
 
@@ -55,7 +56,8 @@ def test_good_lines_are_kept_blank_lines_skipped_and_duplicates_refused() -> Non
     )
     items, errors = parse_input(content.encode(), CHAT)
     assert [(i.index, i.custom_id) for i in items] == [(0, "a"), (3, "b")]
-    assert items[0] == Item(index=0, custom_id="a", body={"model": "m", "messages": []})
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    assert items[0] == Entry(index=0, custom_id="a", body=body)
     assert [(e.index, e.custom_id, e.code) for e in errors] == [
         (4, "a", "duplicate_custom_id"),
         (5, None, "invalid_json"),
@@ -89,3 +91,12 @@ def test_a_good_create_request() -> None:
     request = parse_create({**GOOD, "metadata": {"team": "legal"}})
     assert (request.input_file_id, request.endpoint) == ("file-1", CHAT)
     assert request.metadata == {"team": "legal"}
+
+
+def test_slices_hold_at_most_their_lines_and_bytes_and_cover_the_file() -> None:
+    content = b"\n".join([b"a" * 10] * 7 + [b"b" * 100] + [b"", b"c"])
+    cut = list(slices(content, max_lines=3, max_bytes=25))
+    assert [(first, len(lines)) for first, lines in cut] == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert [line for _, lines in cut for line in lines] == content.split(b"\n")
+    # The line that takes a slice past max_bytes ends it, whole.
+    assert cut[2][1] == [b"a" * 10, b"b" * 100]

@@ -1,4 +1,5 @@
-"""`laneway bench hostile` runs end to end and every hostile body gets a 4xx."""
+"""`laneway bench hostile` runs end to end and every hostile body gets a 4xx; the hostile
+tenant's batch completes and its slow bodies get 408."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     out = tmp_path / "hostile.json"
-    args = ["bench", "hostile", "--seconds", "0.5", "--senders", "1", "--json", str(out)]
+    args = ["bench", "hostile", "--seconds", "0.5", "--senders", "1", "--batch-lines", "300"]
+    args += ["--json", str(out)]
     done = subprocess.run(
         [sys.executable, "-P", "-m", "laneway.cli", *args],
         capture_output=True,
@@ -26,3 +28,11 @@ def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     for phase in report["phases"][1:]:
         assert phase["hostile_sent"] >= 1, phase
         assert all(400 <= int(status) < 500 for status in phase["statuses"]), phase
+    tenant = report["tenant"]
+    batch = tenant["batch"]
+    assert (batch["create_status"], batch["status"]) == (200, "completed"), batch
+    assert (batch["completed"], batch["failed"]) == (300, 0)
+    assert tenant["slow_bodies"] == {"408": 10}
+    assert tenant["slow_answer_s"] < 10  # the 2 s deadline, not the trickle's pace
+    assert all(400 <= int(status) < 500 for status in tenant["small_ones"].values()), tenant
+    assert "300-line batch" in done.stdout

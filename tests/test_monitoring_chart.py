@@ -194,7 +194,7 @@ def test_keda_scaled_objects_scale_pools_on_the_gateways_demand() -> None:
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "metrics-api"
     assert trigger["metadata"] == {
-        "url": "http://lw-laneway-gateway.ops:8080/laneway/demand",
+        "url": "http://lw-laneway-gateway.ops:9090/laneway/demand",
         "valueLocation": "pools.ops/docs.queuedPromptTokens",
         "targetValue": "262144",
     }

@@ -5,6 +5,8 @@ list of hundreds of thousands of short strings, a megabytes-long `role`, a hundr
 tiny messages, JSON nested past the recursion limit, an integer of 5,000 digits. A probe
 asks /healthz every few milliseconds, first on a quiet gateway, then while senders post
 those bodies back to back; the report is the probe's latency in each phase and the ratio.
+Then a hostile tenant's cases (tenant.py) on a second gateway with Redis and a tenants file:
+a 50,000-line batch, bodies sent a byte at a time, and the small ones of issue 29.
 """
 
 from __future__ import annotations
@@ -12,16 +14,25 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import aiohttp
 
 from laneway.api import API_VERSION
 from laneway.bench.harness.procs import Children
 from laneway.bench.harness.summary import Distribution
+from laneway.bench.hostile.tenant import (
+    BODY_DEADLINE_MS,
+    TenantReport,
+    measure_tenant,
+    render_tenant,
+    write_tenants,
+)
 
 MODEL = "llama"
 # Each body stays under the gateway's default 4 MiB limit, as an attacker's would.
@@ -56,6 +67,7 @@ class HostileReport:
     command: str
     machine: str
     phases: tuple[Phase, ...]
+    tenant: TenantReport | None  # None with --batch-lines 0
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -77,6 +89,8 @@ def render(report: HostileReport) -> list[str]:
             f"{phase.name:<28}{d.count:>8}{d.p50:>9.1f}{d.p99:>9.1f}{d.max:>9.1f}"
             f"{d.p99 / quiet.p99 if quiet.p99 else 0:>10.1f}x  {answers}"
         )
+    if report.tenant is not None:
+        lines += render_tenant(report.tenant)
     return lines
 
 
@@ -182,14 +196,36 @@ def config_documents(endpoint: str) -> list[dict[str, object]]:
     return [pool]
 
 
-async def run_bench(seconds: float, senders: int, command: str) -> HostileReport:
-    from laneway.bench.harness.live_cluster import start_gateway
-    from laneway.bench.harness.machine import machine_description
+def tenant_documents(endpoint: str) -> list[dict[str, object]]:
+    deadlines = {"bodyTimeoutMillis": BODY_DEADLINE_MS, "uploadTimeoutMillis": BODY_DEADLINE_MS}
+    gateway: dict[str, object] = {
+        "apiVersion": API_VERSION,
+        "kind": "GatewayConfig",
+        "metadata": {"name": "hostile"},
+        "spec": {"clients": deadlines},
+    }
+    return [*config_documents(endpoint), gateway]
 
+
+async def run_bench(seconds: float, senders: int, batch_lines: int, command: str) -> HostileReport:
+    from laneway.bench.harness.live_cluster import LOOPBACK_ANY_PORT, start_gateway
+    from laneway.bench.harness.machine import machine_description
+    from laneway.bench.harness.redis_server import LocalRedis
+
+    tenant = None
     with Children() as children:
         engine = await children.start_laneway_async(
             "sim", ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small"]
         )
         gateway = await start_gateway(children, config_documents(engine.url))
         phases = await measure(gateway.url, seconds, senders)
-    return HostileReport(command=command, machine=machine_description(), phases=phases)
+        if batch_lines:
+            with LocalRedis() as redis, tempfile.TemporaryDirectory() as directory:
+                flags = ["--redis-url", redis.url, "--tenants", str(write_tenants(Path(directory)))]
+                shared = await start_gateway(
+                    children, tenant_documents(engine.url), [*LOOPBACK_ANY_PORT, *flags]
+                )
+                tenant = await measure_tenant(shared.url, shared.pid, batch_lines, MODEL)
+    return HostileReport(
+        command=command, machine=machine_description(), phases=phases, tenant=tenant
+    )

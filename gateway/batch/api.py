@@ -9,6 +9,8 @@ import time
 from aiohttp import web
 
 from laneway.gateway.batch.batches import BatchStore
+from laneway.gateway.batch.creation import IDEMPOTENCY_HEADER
+from laneway.gateway.batch.creation import create_batch as create_batch_in
 from laneway.gateway.batch.files import FileStore, read_upload
 from laneway.gateway.batch.lines import parse_create
 from laneway.gateway.errors import ApiError, bad_request
@@ -18,13 +20,16 @@ from laneway.gateway.keys import (
     FILE_QUOTA,
     FILE_SIZE_LIMIT,
     FILE_STORE,
+    SETTINGS,
     TENANT,
 )
+from laneway.gateway.serving.incoming import read_body
 from laneway.gateway.state.redis_store import needs_redis
 from laneway.gateway.state.settings import FileQuota
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
+MAX_IDEMPOTENCY_KEY = 255
 
 
 def add_routes(app: web.Application) -> None:
@@ -62,15 +67,21 @@ def _batches(request: web.Request) -> BatchStore:
 
 async def upload_file(request: web.Request) -> web.Response:
     store = _files(request)
-    purpose, filename, content = await read_upload(request, request.app[FILE_SIZE_LIMIT])
+    deadline_s = request.app[SETTINGS].clients.upload_timeout_millis / 1000
+    purpose, filename, content = await read_upload(
+        request, request.app[FILE_SIZE_LIMIT], deadline_s
+    )
     tenant = request[TENANT]
     file = store.new_file(len(content), filename, purpose, tenant.name)
-    defaults = request.app[FILE_QUOTA]
-    quota = FileQuota(
+    await store.put(file, content, _file_quota(request))
+    return web.json_response(file.to_json())
+
+
+def _file_quota(request: web.Request) -> FileQuota:
+    tenant, defaults = request[TENANT], request.app[FILE_QUOTA]
+    return FileQuota(
         files=tenant.max_files or defaults.files, bytes=tenant.max_file_bytes or defaults.bytes
     )
-    await store.put(file, content, quota)
-    return web.json_response(file.to_json())
 
 
 async def get_file(request: web.Request) -> web.Response:
@@ -97,15 +108,32 @@ async def file_content(request: web.Request) -> web.Response:
 
 async def create_batch(request: web.Request) -> web.Response:
     store = _batches(request)
+    settings = request.app[SETTINGS]
+    body = await read_body(
+        request, settings.max_body_bytes, settings.clients.body_timeout_millis / 1000
+    )
     try:
-        payload = json.loads(await request.read())
+        payload = json.loads(body)
     except (ValueError, RecursionError) as error:
         raise ApiError(
             400, f"The request body is not valid JSON: {error}"[:300], "invalid_json"
         ) from None
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise bad_request(
+            f"'{IDEMPOTENCY_HEADER}' must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+            IDEMPOTENCY_HEADER,
+        )
     tenant = request[TENANT]
-    limit = tenant.max_batch_tokens or request.app[BATCH_TOKEN_LIMIT]
-    batch = await store.create(parse_create(payload), tenant.name, time.time(), limit)
+    batch = await create_batch_in(
+        store,
+        parse_create(payload),
+        tenant.name,
+        time.time(),
+        token_limit=tenant.max_batch_tokens or request.app[BATCH_TOKEN_LIMIT],
+        file_quota=_file_quota(request),
+        idempotency_key=key,
+    )
     return web.json_response(batch)
 
 
@@ -123,7 +151,8 @@ async def list_batches(request: web.Request) -> web.Response:
 
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit", str(DEFAULT_PAGE))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+    # isdigit alone admits digits int() refuses ("²"): ASCII ones only.
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
         raise bad_request(f"'limit' must be a whole number from 1 to {MAX_PAGE}", "limit")
     return int(raw)
 

@@ -1,35 +1,38 @@
 """The OpenAI Batches API over Redis: batch records, their items, results and output files.
 
-What a batch's lines mean is pure and lives in lines.py; `BatchStore` keeps everything in
-Redis:
+What a batch's lines mean is pure and lives in lines.py; creating one, in creation.py;
+`BatchStore` keeps everything in Redis:
 
 - `{p}:batch:{id}`: the batch record (a hash: `meta` JSON, `status`, timestamps, counters
-  `completed`, `failed`, `skipped` and `settled`, which counts every item that has a result).
+  `completed`, `failed`, `skipped` and `settled`, which counts every item that has a result;
+  `reserved`, the queue tokens it still holds; `quota_bytes`, its owner's file quota).
+  It expires `window + file TTL` after creation, and a file TTL after it finishes (when
+  its output files do).
 - `{p}:batch:queue:{tenant}`: a stream of items per tenant, read by the consumer group
   `dispatchers`; `{p}:batch:queues` lists those streams. One stream per tenant lets the
   dispatcher choose whose item runs next (fair share) instead of serving arrival order.
 - `{p}:batch:{id}:result:{index}`: each item's result line, written once (SET NX) together
-  with its counter by one Lua script, so a crash between the two cannot happen.
-- `{p}:batches:{tenant}`: the tenant's batches by creation time, for listing;
-  `{p}:batches:active`: batches not yet finished, for the finalizing sweep.
-
-Creating a batch writes the record, every item and every per-line error in one MULTI/EXEC
-transaction: an accepted batch is never half-enqueued.
+  with its counter by one Lua script, so a crash between the two cannot happen. Its bytes
+  are charged to the owner's file storage (`{p}:filebytes:{owner}`, field `{id}`) as they
+  are written: they become the output and error files.
+- `{p}:batches:{tenant}`: the tenant's batches by creation time, for listing, pruned of
+  batches past their expiry and itself expiring with the newest; `{p}:batches:active`:
+  batches not yet finished, for the finalizing sweep.
+- `{p}:batch:retry:{tenant}:{digest}`: the batch a retried create answers with.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
+from laneway.gateway.batch import scripts
 from laneway.gateway.batch.files import (
     OUTPUT_PURPOSE,
     FileObject,
@@ -43,97 +46,44 @@ from laneway.gateway.batch.files import (
 from laneway.gateway.batch.lines import (
     FINISHED,
     WINDOW_SECONDS,
-    CreateRequest,
-    Item,
+    Entry,
     ItemOutcome,
     LineError,
+    QueuedItem,
     Result,
     Status,
     batch_json,
     error_line,
     final_status,
-    jsonl,
-    parse_input,
+    give_up,
 )
-from laneway.gateway.errors import ApiError, bad_request, not_found
+from laneway.gateway.errors import ApiError, not_found
 
 CONSUMER_GROUP = "dispatchers"
 RESULT_CHUNK = 500  # result keys read per round trip when finalizing
-
-
-# ---- Redis ----
-
-# KEYS: result key, batch key, the owner's enqueued tokens. ARGV: encoded result, outcome
-# counter field, the item's token estimate. Writes the result only if none exists and the
-# batch is still open, counts it and gives its tokens back to the owner's queue quota in
-# the same step. Returns {written (0/1), settled, total}.
-SETTLE_LUA = """
-local status = redis.call('HGET', KEYS[2], 'status')
-if not status then return {0, 0, 0} end
-if status == 'completed' or status == 'cancelled' or status == 'failed'
-    or status == 'expired' then
-  return {0, 0, 0}
-end
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  return {0, 0, 0}
-end
-redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-redis.call('DECRBY', KEYS[3], ARGV[3])
-local settled = redis.call('HINCRBY', KEYS[2], 'settled', 1)
-return {1, settled, tonumber(redis.call('HGET', KEYS[2], 'total'))}
-"""
-
-
-# KEYS: the tenant's enqueued tokens. ARGV: a new batch's tokens, the tenant's limit.
-# Reserves them when they fit; returns -1, or the tokens already enqueued when they do not.
-RESERVE_TOKENS_LUA = """
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-if used + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return used end
-redis.call('INCRBY', KEYS[1], ARGV[1])
-return -1
-"""
-
-
-# KEYS: batch key. ARGV: now. Moves an in-progress batch to cancelling; returns the status
-# it found, so the caller knows whether it was in progress.
-CANCEL_LUA = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'in_progress' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelling', 'cancelling_at', ARGV[1])
-end
-return status
-"""
-
-
-@dataclass(frozen=True)
-class QueuedItem:
-    stream: str
-    entry_id: str
-    tenant: str
-    batch_id: str
-    index: int
-    custom_id: str
-    endpoint: str
-    body: bytes
-
-    @property
-    def cost(self) -> int:
-        return item_cost(self.body)
-
-
-def item_cost(body: bytes) -> int:
-    """An item's token estimate, for fair share and the queue quota: ~4 bytes of JSON each."""
-    return max(1, len(body) // 4)
+WRITE_CHUNK = 500  # commands per pipeline when creating: no one giant transaction
+# A batch still validating this long after its creation lost the replica creating it.
+VALIDATING_STALE_S = 600
+# A result waits for its batch to finalize, by the window's end; an hour more for a sweep.
+RESULT_TTL_S = WINDOW_SECONDS + 3600
 
 
 class BatchStore:
     def __init__(self, redis: Redis, files: FileStore, prefix: str) -> None:
         self._redis = redis
-        self._files = files
+        self.files = files
         self._prefix = prefix
-        self._settle = redis.register_script(SETTLE_LUA)
-        self._cancel = redis.register_script(CANCEL_LUA)
-        self._reserve_tokens = redis.register_script(RESERVE_TOKENS_LUA)
+        self._settle = redis.register_script(scripts.SETTLE)
+        self._cancel = redis.register_script(scripts.CANCEL)
+        self._reserve_tokens = redis.register_script(scripts.RESERVE_TOKENS)
+        self._release_tokens = redis.register_script(scripts.RELEASE_TOKENS)
+        self._claim_retry = redis.register_script(scripts.CLAIM_RETRY)
+
+    @property
+    def retention_s(self) -> int:
+        """How long a batch is kept after its creation at most: its window, then as long
+        as its output files."""
+        return WINDOW_SECONDS + self.files.ttl_s
 
     def enqueued_key(self, tenant: str) -> str:
         """The token estimates of a tenant's batch items not yet settled."""
@@ -148,6 +98,12 @@ class BatchStore:
     def queue_key(self, tenant: str) -> str:
         return f"{self._prefix}:batch:queue:{tenant}"
 
+    def index_key(self, tenant: str) -> str:
+        return f"{self._prefix}:batches:{tenant}"
+
+    def retry_key(self, tenant: str, digest: str) -> str:
+        return f"{self._prefix}:batch:retry:{tenant}:{digest}"
+
     @property
     def queues_key(self) -> str:
         return f"{self._prefix}:batch:queues"
@@ -156,105 +112,143 @@ class BatchStore:
     def active_key(self) -> str:
         return f"{self._prefix}:batches:active"
 
-    async def create(
-        self, request: CreateRequest, tenant: str, now: float, token_limit: int
-    ) -> dict[str, object]:
-        """Queue a batch; 429 when its items would take the tenant's enqueued tokens past
-        `token_limit` (OpenAI's batch queue limit)."""
-        source = await self._files.get(request.input_file_id, tenant)
-        if source.purpose != "batch":
-            raise bad_request(
-                f"File {source.id!r} has purpose {source.purpose!r}; a batch needs 'batch'",
-                "input_file_id",
-            )
-        content = await self._files.content(source.id, tenant)
-        # A large file takes a while to parse: off the event loop, so requests keep flowing.
-        items, errors = await asyncio.to_thread(parse_input, content, request.endpoint)
-        total = len(items) + len(errors)
-        if total == 0:
-            raise bad_request("The input file holds no requests")
-        batch_id = f"batch_{uuid.uuid4().hex}"
-        created = int(now)
-        meta = {
-            "id": batch_id,
-            "endpoint": request.endpoint,
-            "input_file_id": source.id,
-            "metadata": request.metadata,
-            "created_at": created,
-            "expires_at": created + WINDOW_SECONDS,
-            "owner": tenant,
-        }
-        bodies = [json.dumps(item.body).encode() for item in items]
-        tokens = sum(item_cost(body) for body in bodies)
-        enqueued = await self._reserve_tokens(
-            keys=[self.enqueued_key(tenant)], args=[tokens, token_limit]
-        )
-        if int(enqueued) >= 0:
-            raise ApiError(
-                429,
-                f"Tenant {tenant}'s batch queue holds about {enqueued} tokens; this batch "
-                f"adds about {tokens}, over its limit of {token_limit}: wait for batches "
-                "to finish",
-                "batch_queue_full",
-            )
-        try:
-            await self._write_batch(request, tenant, now, meta, items, bodies, errors)
-        except BaseException:
-            await self._redis.decrby(self.enqueued_key(tenant), tokens)
-            raise
-        if not items:
-            await self.finalize(batch_id, now)
-        return await self.get(batch_id, tenant)
+    # ---- creating (creation.py drives these steps) ----
 
-    async def _write_batch(
-        self,
-        request: CreateRequest,
-        tenant: str,
-        now: float,
-        meta: Mapping[str, Any],
-        items: Sequence[Item],
-        bodies: Sequence[bytes],
-        errors: Sequence[LineError],
-    ) -> None:
-        batch_id, created = str(meta["id"]), int(meta["created_at"])
-        total = len(items) + len(errors)
-        queue = self.queue_key(tenant)
-        await self._ensure_group(queue)
+    async def claim_retry(self, key: str, batch_id: str, window_s: int, unusable: str) -> str:
+        """The batch a create with this retry key answers with: an earlier one's id, or
+        `batch_id` when it is the first within the window (or the earlier, `unusable`, is
+        gone or failed)."""
+        return as_text(await self._claim_retry(keys=[key], args=[batch_id, window_s, unusable]))
+
+    async def find(self, batch_id: str, tenant: str) -> dict[str, object] | None:
+        record = await self._record(batch_id)
+        if record is None or record["meta"]["owner"] != tenant:
+            return None
+        return batch_json(record)
+
+    async def open(self, meta: Mapping[str, Any], quota_bytes: int, now: float) -> None:
+        """The batch's record, validating, in its owner's list: a retry finds it from now on."""
+        batch_id, tenant = str(meta["id"]), str(meta["owner"])
+        index = self.index_key(tenant)
         async with self._redis.pipeline(transaction=True) as tx:
             tx.hset(
                 self.batch_key(batch_id),
                 mapping={
                     "meta": json.dumps(meta),
-                    "status": Status.IN_PROGRESS,
-                    "in_progress_at": created,
-                    "expires_at": created + WINDOW_SECONDS,
-                    "total": total,
+                    "status": Status.VALIDATING,
+                    "expires_at": meta["expires_at"],
+                    "total": 0,
                     "completed": 0,
-                    "failed": len(errors),
+                    "failed": 0,
                     "skipped": 0,
-                    "settled": len(errors),
-                    # result keys are numbered by input line; blank lines leave gaps
-                    "lines": 1 + max([i.index for i in items] + [e.index for e in errors]),
+                    "settled": 0,
+                    "reserved": 0,
+                    "quota_bytes": quota_bytes,
                 },
             )
-            for error in errors:
-                result = Result(outcome=ItemOutcome.FAILED, line=error_line(batch_id, error))
-                tx.set(self.result_key(batch_id, error.index), result.encode())
-            for item, body in zip(items, bodies, strict=True):
-                tx.xadd(
-                    queue,
-                    {
-                        "batch": batch_id,
-                        "index": item.index,
-                        "custom_id": item.custom_id,
-                        "endpoint": request.endpoint,
-                        "body": body,
-                    },
-                )
-            tx.sadd(self.queues_key, tenant)
+            tx.expire(self.batch_key(batch_id), self.retention_s)
+            tx.zremrangebyscore(index, "-inf", now - self.retention_s)
+            tx.zadd(index, {batch_id: now})
+            tx.expire(index, self.retention_s)
             tx.sadd(self.active_key, batch_id)
-            tx.zadd(f"{self._prefix}:batches:{tenant}", {batch_id: now})
             await tx.execute()
+
+    async def reserve(self, batch_id: str, tenant: str, tokens: int, limit: int) -> int:
+        """-1 when the batch's tokens are reserved; else the tokens already enqueued."""
+        keys = [self.enqueued_key(tenant), self.batch_key(batch_id)]
+        return int(await self._reserve_tokens(keys=keys, args=[tokens, limit]))
+
+    async def write_errors(self, batch_id: str, tenant: str, errors: Sequence[LineError]) -> None:
+        """The bad lines' results, a pipeline of WRITE_CHUNK at a time, charged to the
+        owner's file storage like every result."""
+        for start in range(0, len(errors), WRITE_CHUNK):
+            charged = 0
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for error in errors[start : start + WRITE_CHUNK]:
+                    line = error_line(batch_id, error)
+                    encoded = Result(outcome=ItemOutcome.FAILED, line=line).encode()
+                    pipe.set(self.result_key(batch_id, error.index), encoded, ex=self.retention_s)
+                    charged += len(encoded)
+                pipe.hincrby(self.files.sizes_key(tenant), batch_id, charged)
+                await pipe.execute()
+
+    async def enqueue(
+        self, batch_id: str, tenant: str, endpoint: str, entries: Sequence[Entry]
+    ) -> None:
+        """Add items to the tenant's stream, WRITE_CHUNK per pipeline."""
+        queue = self.queue_key(tenant)
+        await self._ensure_group(queue)
+        await self._redis.sadd(self.queues_key, tenant)
+        for start in range(0, len(entries), WRITE_CHUNK):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for entry in entries[start : start + WRITE_CHUNK]:
+                    fields: dict[FieldT, EncodableT] = {
+                        "batch": batch_id,
+                        "index": entry.index,
+                        "custom_id": entry.custom_id,
+                        "endpoint": endpoint,
+                        "body": entry.body,
+                    }
+                    pipe.xadd(queue, fields)
+                await pipe.execute()
+
+    async def start(self, batch_id: str, now: float, total: int, failed: int, lines: int) -> None:
+        """Validated and queued: the dispatchers may run its items."""
+        await self._redis.hset(
+            self.batch_key(batch_id),
+            mapping={
+                "status": Status.IN_PROGRESS,
+                "in_progress_at": int(now),
+                "total": total,
+                "failed": failed,
+                "settled": failed,
+                "lines": lines,  # result keys are numbered by input line; blanks leave gaps
+            },
+        )
+
+    async def discard(self, batch_id: str, tenant: str) -> None:
+        """Forget a batch refused while validating: it queued nothing, and gives back the
+        tokens it reserved (a cancel may land just after the reservation)."""
+        await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(tenant)])
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.delete(self.batch_key(batch_id))
+            tx.zrem(self.index_key(tenant), batch_id)
+            tx.srem(self.active_key, batch_id)
+            await tx.execute()
+
+    async def fail(self, batch_id: str, tenant: str, now: float, message: str) -> None:
+        """A creation that could not finish: the batch fails saying `message`, gives its
+        tokens back, and whatever it had queued leaves the tenant's stream."""
+        await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(tenant)])
+        error = {"code": "validation_interrupted", "message": message, "param": None, "line": None}
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.hset(
+                self.batch_key(batch_id),
+                mapping={
+                    "status": Status.FAILED,
+                    "failed_at": int(now),
+                    "errors": json.dumps({"object": "list", "data": [error]}),
+                },
+            )
+            tx.expire(self.batch_key(batch_id), self.files.ttl_s)
+            tx.srem(self.active_key, batch_id)
+            tx.hdel(self.files.sizes_key(tenant), batch_id)
+            await tx.execute()
+        await self._unqueue(batch_id, tenant)
+
+    async def _unqueue(self, batch_id: str, tenant: str) -> None:
+        # The stream holds only the tenant's unsettled items, so a walk through it is
+        # bounded by its queue quota; a pipeline cut off mid-flight left no ids to go by.
+        queue, after = self.queue_key(tenant), "-"
+        while entries := await self._redis.xrange(queue, min=after, count=WRITE_CHUNK):
+            ours: list[StreamIdT] = [
+                as_text(i)
+                for i, fields in entries
+                if fields and fields[b"batch"] == batch_id.encode()
+            ]
+            if ours:
+                await self._redis.xdel(queue, *ours)
+            after = f"({as_text(entries[-1][0])}"
 
     async def _ensure_group(self, queue: str) -> None:
         try:
@@ -319,30 +313,59 @@ class BatchStore:
         return bool(await self._redis.exists(self.result_key(item.batch_id, item.index)))
 
     async def settle(self, item: QueuedItem, result: Result, now: float) -> bool:
-        """Write an item's result once; False when it already had one (or the batch closed)."""
+        """Write an item's result once; False when it already had one (or the batch closed).
+
+        A result that would take the owner past its file quota is written as a short
+        `file_quota_exceeded` failure instead: the store never grows past the quota by
+        more than those lines."""
+        over_quota = b""
+        if result.line is not None:
+            message = (
+                f"line {item.index + 1}: its result would take tenant {item.tenant}'s file "
+                "storage past its quota (a batch's output and error files count in it): "
+                "delete files, or raise the tenant's maxFileBytes"
+            )
+            over_quota = give_up(item, ItemOutcome.FAILED, "file_quota_exceeded", message).encode()
         written, settled, total = await self._settle(
             keys=[
                 self.result_key(item.batch_id, item.index),
                 self.batch_key(item.batch_id),
                 self.enqueued_key(item.tenant),
+                self.files.sizes_key(item.tenant),
             ],
-            args=[result.encode(), result.outcome.value, item.cost],
+            args=[
+                result.encode(),
+                result.outcome.value,
+                item.cost,
+                over_quota,
+                RESULT_TTL_S,
+                item.batch_id,
+            ],
         )
         if written and settled >= total:
             await self.finalize(item.batch_id, now)
         return bool(written)
 
     async def finalize_if_settled(self, batch_id: str, now: float) -> None:
-        values = await self._redis.hmget(self.batch_key(batch_id), ["status", "settled", "total"])
+        values = await self._redis.hmget(
+            self.batch_key(batch_id), ["status", "settled", "total", "meta"]
+        )
         if values[0] is None:
             await self._redis.srem(self.active_key, batch_id)
             return
         status, settled, total = as_text(values[0]), int(values[1] or 0), int(values[2] or 0)
-        if status not in FINISHED and settled >= total:
+        if status == Status.VALIDATING:
+            meta = json.loads(as_text(values[3]))
+            if now - float(meta["created_at"]) > VALIDATING_STALE_S:
+                # The replica creating it died: nothing will finish it.
+                why = "The gateway replica validating this batch stopped: create it again"
+                await self.fail(batch_id, meta["owner"], now, why)
+        elif status not in FINISHED and settled >= total:
             await self.finalize(batch_id, now)
 
     async def sweep(self, now: float) -> None:
-        """Finish batches whose last item settled on a replica that died before finalizing."""
+        """Finish batches whose last item settled on a replica that died before finalizing,
+        and fail those whose creation a dying replica left half done."""
         for raw in await self._redis.smembers(self.active_key):
             await self.finalize_if_settled(as_text(raw), now)
 
@@ -355,32 +378,33 @@ class BatchStore:
         if record is None or record["status"] in FINISHED:
             return
         meta = record["meta"]
+        owner = meta["owner"]
         total = int(record["total"])
-        outputs: list[Mapping[str, object]] = []
-        failures: list[Mapping[str, object]] = []
+        # The output file holds the completed items' lines, the error file every other's.
+        files: dict[str, list[bytes]] = {"output": [], "errors": []}
         result_keys = [self.result_key(batch_id, i) for i in range(int(record["lines"]))]
         for start in range(0, len(result_keys), RESULT_CHUNK):
             for raw in await self._redis.mget(result_keys[start : start + RESULT_CHUNK]):
                 encoded = as_bytes(raw)
                 if encoded is None:
                     continue  # a blank input line: no item
-                result = Result.decode(encoded)
-                if result.line is not None:
-                    (outputs if result.outcome is ItemOutcome.COMPLETED else failures).append(
-                        result.line
-                    )
-        assert len(outputs) + len(failures) <= total
+                outcome, line = Result.split(encoded)
+                if line is not None:
+                    files["output" if outcome is ItemOutcome.COMPLETED else "errors"].append(line)
+        assert sum(len(lines) for lines in files.values()) <= total
         status, stamp = final_status(record)
         fields: dict[FieldT, EncodableT] = {
             "status": status,
             "finalizing_at": int(now),
             stamp: int(now),
         }
+        # Every item has settled, so nothing else moves the batch's tokens now.
+        await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(owner)])
         async with self._redis.pipeline(transaction=True) as tx:
-            for kind, lines in (("output", outputs), ("errors", failures)):
+            for kind, lines in files.items():
                 if not lines:
                     continue
-                content = await asyncio.to_thread(jsonl, lines)
+                content = b"".join(line + b"\n" for line in lines)
                 # Derived from the batch, so a second finalizing run rewrites the same files.
                 file = FileObject(
                     id=f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{kind}').hex}",
@@ -388,15 +412,21 @@ class BatchStore:
                     created_at=int(now),
                     filename=f"{batch_id}_{kind}.jsonl",
                     purpose=OUTPUT_PURPOSE,
-                    owner=meta["owner"],
-                    expires_at=int(now) + self._files.ttl_s,
+                    owner=owner,
+                    expires_at=int(now) + self.files.ttl_s,
                 )
-                self._files.put_in(tx, file, content)
+                # The results were charged as they were written; the files take their place.
+                self.files.put_in(tx, file, content)
                 fields["output_file_id" if kind == "output" else "error_file_id"] = file.id
+            tx.hdel(self.files.sizes_key(owner), batch_id)
             tx.hset(self.batch_key(batch_id), mapping=fields)
+            tx.expire(self.batch_key(batch_id), self.files.ttl_s)
             tx.srem(self.active_key, batch_id)
-            tx.delete(*result_keys)
             await tx.execute()
+        # Apart from the transaction and a chunk at a time: one DEL of 50,000 keys is
+        # encoded on the event loop in one go. A run cut off here leaves keys that expire.
+        for start in range(0, len(result_keys), RESULT_CHUNK):
+            await self._redis.delete(*result_keys[start : start + RESULT_CHUNK])
 
     # ---- the dispatcher's side ----
 

@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 import aiohttp
 
-from laneway.gateway.batch.batches import BatchStore, QueuedItem
+from laneway.gateway.batch.batches import BatchStore
 from laneway.gateway.batch.lines import (
     ItemOutcome,
-    LineError,
+    QueuedItem,
     Result,
     Status,
-    error_line,
+    give_up,
     response_line,
 )
 from laneway.gateway.serving.request_body import LANE_HEADER
@@ -205,10 +205,16 @@ class Dispatcher:
             if state is None:
                 return None  # the batch is gone (Redis lost it): nothing to write
             status, expires_at = state
+            if status is Status.VALIDATING:
+                # Its creation is still queueing items: none runs before it is accepted.
+                await asyncio.sleep(self._settings.poll_s)
+                continue
+            if status is Status.FAILED:
+                return None  # its creation failed: the item is dropped unrun
             if status in (Status.CANCELLING, Status.CANCELLED):
                 return Result(outcome=ItemOutcome.SKIPPED, line=None)
             if self._clock() > expires_at:
-                return _give_up(item, ItemOutcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
+                return give_up(item, ItemOutcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
             answer = await self._try(item)
             if isinstance(answer, Result):
                 return answer
@@ -221,7 +227,7 @@ class Dispatcher:
                         f"line {item.index + 1}: the batch lane failed "
                         f"{len(failures)} times, last: {failures[-1]}"
                     )
-                    return _give_up(item, ItemOutcome.FAILED, "batch_lane_unreachable", message)
+                    return give_up(item, ItemOutcome.FAILED, "batch_lane_unreachable", message)
                 await asyncio.sleep(self._settings.retry_backoff_s * len(failures))
             else:
                 await asyncio.sleep(answer)  # saturated: wait as long as it says, no limit
@@ -265,11 +271,6 @@ class Dispatcher:
 
 class _HandOver(Exception):
     """This replica is stopping: leave the item to another one."""
-
-
-def _give_up(item: QueuedItem, outcome: ItemOutcome, code: str, message: str) -> Result:
-    error = LineError(index=item.index, custom_id=item.custom_id, code=code, message=message)
-    return Result(outcome=outcome, line=error_line(item.batch_id, error))
 
 
 def _json_or_text(raw: bytes) -> object:

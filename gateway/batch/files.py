@@ -11,6 +11,7 @@ files and bytes before an upload is stored, so the check holds across replicas.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -23,6 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from laneway.gateway.errors import ApiError, bad_request, not_found
+from laneway.gateway.serving.incoming import body_timed_out, closing
 from laneway.gateway.state.settings import FileQuota
 
 INPUT_PURPOSE = "batch"
@@ -129,7 +131,7 @@ class FileStore:
 
     async def put(self, file: FileObject, content: bytes, quota: FileQuota) -> None:
         """Store an upload; ApiError 429 when it would take its owner past `quota`."""
-        keys = [self._index(file.owner), self._sizes(file.owner)]
+        keys = [self._index(file.owner), self.sizes_key(file.owner)]
         args = [file.created_at - self.ttl_s, quota.files, quota.bytes]
         verdict, used = await self._reserve(
             keys=keys, args=[*args, file.id, file.bytes, file.created_at]
@@ -158,12 +160,12 @@ class FileStore:
         pipe.hset(key, mapping={"meta": json.dumps(asdict(file)), "content": content})
         pipe.expire(key, self.ttl_s)
         pipe.zadd(self._index(file.owner), {file.id: file.created_at})
-        pipe.hset(self._sizes(file.owner), file.id, file.bytes)
+        pipe.hset(self.sizes_key(file.owner), file.id, file.bytes)
 
     def _index(self, owner: str) -> str:
         return f"{self._prefix}:files:{owner}"
 
-    def _sizes(self, owner: str) -> str:
+    def sizes_key(self, owner: str) -> str:
         return f"{self._prefix}:filebytes:{owner}"
 
     def new_file(self, size: int, filename: str, purpose: str, owner: str) -> FileObject:
@@ -207,7 +209,7 @@ class FileStore:
         async with self._redis.pipeline(transaction=True) as tx:
             tx.delete(self.key(file_id))
             tx.zrem(self._index(owner), file_id)
-            tx.hdel(self._sizes(owner), file_id)
+            tx.hdel(self.sizes_key(owner), file_id)
             await tx.execute()
         return {"id": file_id, "object": "file", "deleted": True}
 
@@ -243,17 +245,30 @@ def as_bytes(value: object) -> bytes | None:
     return value
 
 
-async def read_upload(request: web.Request, max_bytes: int) -> tuple[str, str, bytes]:
-    """(purpose, filename, content) from a multipart upload; ApiError 400/413 when wrong."""
+async def read_upload(
+    request: web.Request, max_bytes: int, deadline_s: float
+) -> tuple[str, str, bytes]:
+    """(purpose, filename, content) from a multipart upload; ApiError 400/413 when wrong,
+    408 when it has not all arrived within `deadline_s` (what was read is dropped)."""
     if not request.content_type.startswith("multipart/"):
         raise bad_request("Upload a file as multipart/form-data")
     if request.content_length is not None and request.content_length > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
     try:
-        purpose, filename, content = await _read_parts(request, max_bytes)
-    except (ValueError, AssertionError, RuntimeError, aiohttp.ClientPayloadError) as error:
+        async with asyncio.timeout(deadline_s):
+            purpose, filename, content = await _read_parts(request, max_bytes)
+    except TimeoutError:
+        raise closing(body_timed_out(deadline_s)) from None
+    except (
+        ValueError,
+        LookupError,
+        AssertionError,
+        RuntimeError,
+        aiohttp.ClientPayloadError,
+    ) as error:
         # aiohttp's multipart reader raises these on a missing boundary, a part that never
-        # ends, or text that does not decode (UnicodeDecodeError is a ValueError).
+        # ends, text that does not decode (UnicodeDecodeError is a ValueError) or a part's
+        # charset that names no codec (LookupError).
         raise bad_request(f"The multipart upload is malformed: {error}"[:300]) from None
     if content is None:
         raise bad_request("The upload has no 'file' part", "file")

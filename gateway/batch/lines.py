@@ -9,7 +9,7 @@ keeps (batches.py). Nothing here touches Redis or the network.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -20,6 +20,9 @@ from laneway.gateway.serving.request_body import Endpoint
 COMPLETION_WINDOW = "24h"
 WINDOW_SECONDS = 24 * 3600
 MAX_METADATA_PAIRS = 16
+# OpenAI's Batch API takes at most 50,000 requests and 200 MB of input per batch.
+MAX_BATCH_LINES = 50_000
+MAX_BATCH_BYTES = 200 * 1000 * 1000
 
 
 class Status(StrEnum):
@@ -36,11 +39,22 @@ class Status(StrEnum):
 FINISHED = (Status.COMPLETED, Status.CANCELLED, Status.FAILED, Status.EXPIRED)
 
 
-@dataclass(frozen=True)
-class Item:
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A good line: its request, to be queued."""
+
     index: int  # 0-based line number in the input file
     custom_id: str
-    body: Mapping[str, Any]
+    body: bytes  # the request body, encoded once here, as it will be sent
+
+    @property
+    def cost(self) -> int:
+        return item_cost(self.body)
+
+
+def item_cost(body: bytes) -> int:
+    """An item's token estimate, for fair share and the queue quota: ~4 bytes of JSON each."""
+    return max(1, len(body) // 4)
 
 
 @dataclass(frozen=True)
@@ -51,37 +65,70 @@ class LineError:
     message: str
 
 
-def parse_input(content: bytes, endpoint: str) -> tuple[list[Item], list[LineError]]:
-    """Each non-blank line is one request `{custom_id, method, url, body}` for `endpoint`."""
-    items: list[Item] = []
-    errors: list[LineError] = []
-    seen: set[str] = set()
-    for index, raw in enumerate(content.decode("utf-8").split("\n")):
-        if not raw.strip():
-            continue
-        parsed = _parse_line(raw, index, endpoint)
-        if isinstance(parsed, Item) and parsed.custom_id in seen:
-            used = f"custom_id {parsed.custom_id!r} is used by an earlier line"
-            parsed = LineError(
-                index=index,
-                custom_id=parsed.custom_id,
-                code="duplicate_custom_id",
-                message=f"line {index + 1}: {used}",
-            )
-        if isinstance(parsed, Item):
-            seen.add(parsed.custom_id)
-            items.append(parsed)
-        else:
-            errors.append(parsed)
-    return items, errors
+class LineParser:
+    """Parses a batch's input lines a slice at a time, in order: a custom_id used by an
+    earlier slice's line is a duplicate too."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._endpoint = endpoint
+        self._seen: set[str] = set()
+
+    def parse(self, lines: Sequence[bytes], first: int) -> tuple[list[Entry], list[LineError]]:
+        """Lines numbered from `first`: each non-blank one is a request `{custom_id, method,
+        url, body}` for the batch's endpoint."""
+        entries: list[Entry] = []
+        errors: list[LineError] = []
+        for index, raw in enumerate(lines, start=first):
+            if not raw.strip():
+                continue
+            parsed = _parse_line(raw, index, self._endpoint)
+            if isinstance(parsed, Entry) and parsed.custom_id in self._seen:
+                used = f"custom_id {parsed.custom_id!r} is used by an earlier line"
+                parsed = LineError(
+                    index=index,
+                    custom_id=parsed.custom_id,
+                    code="duplicate_custom_id",
+                    message=f"line {index + 1}: {used}",
+                )
+            if isinstance(parsed, Entry):
+                self._seen.add(parsed.custom_id)
+                entries.append(parsed)
+            else:
+                errors.append(parsed)
+        return entries, errors
 
 
-def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
+def slices(content: bytes, max_lines: int, max_bytes: int) -> Iterator[tuple[int, list[bytes]]]:
+    """The file's lines in slices of at most `max_lines` lines and about `max_bytes` bytes
+    (the line that crosses it ends the slice; no line is cut), each with its first line's
+    index."""
+    index, position = 0, 0
+    while position < len(content):
+        first, size = index, 0
+        lines: list[bytes] = []
+        while position < len(content) and len(lines) < max_lines and size < max_bytes:
+            end = content.find(b"\n", position)
+            end = len(content) if end < 0 else end
+            lines.append(content[position:end])
+            size += end - position
+            position, index = end + 1, index + 1
+        yield first, lines
+
+
+def parse_input(content: bytes, endpoint: str) -> tuple[list[Entry], list[LineError]]:
+    """A whole input file at once (a small one; creation parses slices)."""
+    return LineParser(endpoint).parse(content.split(b"\n"), 0)
+
+
+def line_count(content: bytes) -> int:
+    """Lines in an input file, blank ones included, a final newline ending the last."""
+    return content.count(b"\n") + (0 if content.endswith(b"\n") else 1)
+
+
+def _parse_line(raw: bytes, index: int, endpoint: str) -> Entry | LineError:
     where = f"line {index + 1}"
     try:
         line = json.loads(raw)
-        # The line's body is encoded again to be sent: what cannot be is refused here.
-        json.dumps(line)
     except (ValueError, RecursionError) as error:
         message = f"{where}: not valid JSON: {error}"[:300]
         return LineError(index=index, custom_id=None, code="invalid_json", message=message)
@@ -124,7 +171,12 @@ def _parse_line(raw: str, index: int, endpoint: str) -> Item | LineError:
         return fail("invalid_body", "'body' must be a JSON object")
     if body.get("stream"):
         return fail("invalid_body", "'stream' is not supported in a batch")
-    return Item(index=index, custom_id=custom_id, body=body)
+    try:
+        # Encoded again to be sent: what cannot be (a lone surrogate) is refused here.
+        encoded = json.dumps(body).encode()
+    except (ValueError, RecursionError) as error:
+        return fail("invalid_body", f"'body' cannot be encoded: {error}"[:300])
+    return Entry(index=index, custom_id=custom_id, body=encoded)
 
 
 def _is_utf8(text: str) -> bool:
@@ -178,16 +230,15 @@ class Result:
     line: Mapping[str, object] | None  # None for skipped items
 
     def encode(self) -> bytes:
-        return json.dumps({"outcome": self.outcome, "line": self.line}).encode()
+        """The outcome, a newline, the line's JSON: finalizing joins the lines into files
+        without decoding them."""
+        return f"{self.outcome.value}\n".encode() + json.dumps(self.line).encode()
 
     @staticmethod
-    def decode(raw: bytes) -> Result:
-        data = json.loads(raw)
-        return Result(outcome=ItemOutcome(data["outcome"]), line=data["line"])
-
-
-def jsonl(lines: Sequence[Mapping[str, object]]) -> bytes:
-    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    def split(raw: bytes) -> tuple[ItemOutcome, bytes | None]:
+        """The outcome and the line, still encoded (None for a skipped item)."""
+        outcome, _, line = raw.partition(b"\n")
+        return ItemOutcome(outcome.decode()), None if line == b"null" else line
 
 
 @dataclass(frozen=True)
@@ -249,7 +300,8 @@ def batch_json(record: Mapping[str, Any]) -> dict[str, object]:
         "id": meta["id"],
         "object": "batch",
         "endpoint": meta["endpoint"],
-        "errors": None,
+        # Why the batch failed, when it did: OpenAI's list of {code, message, line}.
+        "errors": json.loads(record["errors"]) if "errors" in record else None,
         "input_file_id": meta["input_file_id"],
         "completion_window": COMPLETION_WINDOW,
         "status": record["status"],
@@ -260,7 +312,7 @@ def batch_json(record: Mapping[str, Any]) -> dict[str, object]:
         "expires_at": meta["expires_at"],
         "finalizing_at": stamp("finalizing_at"),
         "completed_at": stamp("completed_at"),
-        "failed_at": None,
+        "failed_at": stamp("failed_at"),
         "expired_at": stamp("expired_at"),
         "cancelling_at": stamp("cancelling_at"),
         "cancelled_at": stamp("cancelled_at"),
@@ -271,3 +323,27 @@ def batch_json(record: Mapping[str, Any]) -> dict[str, object]:
         },
         "metadata": meta["metadata"],
     }
+
+
+@dataclass(frozen=True)
+class QueuedItem:
+    """An item as a dispatcher claims it from its tenant's stream."""
+
+    stream: str
+    entry_id: str
+    tenant: str
+    batch_id: str
+    index: int
+    custom_id: str
+    endpoint: str
+    body: bytes
+
+    @property
+    def cost(self) -> int:
+        return item_cost(self.body)
+
+
+def give_up(item: QueuedItem, outcome: ItemOutcome, code: str, message: str) -> Result:
+    """The result of an item that never got an HTTP answer it could keep."""
+    error = LineError(index=item.index, custom_id=item.custom_id, code=code, message=message)
+    return Result(outcome=outcome, line=error_line(item.batch_id, error))

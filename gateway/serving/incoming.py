@@ -1,5 +1,6 @@
-"""A completion request as aiohttp hands it over: its body under the gateway's limits, and
-`Expect: 100-continue` refused for a body that would be refused anyway."""
+"""A request as aiohttp hands it over: its body under the gateway's limits and deadline, a
+`Content-Encoding` the gateway cannot decode refused, and `Expect: 100-continue` refused
+for a body that would be refused anyway."""
 
 from __future__ import annotations
 
@@ -13,6 +14,40 @@ from laneway.gateway.keys import SETTINGS
 # Names the request's session for the sessionHash scorer (stickiness); ignored otherwise.
 SESSION_HEADER = "x-laneway-session"
 CHUNK_BYTES = 64 * 1024
+# The codings aiohttp's parser decodes (br and zstd only with their libraries; without
+# them the parser itself answers 400). Any other value, a list of codings included, it
+# would pass through undecoded as if it were identity.
+DECODED_CODINGS = frozenset({"identity", "gzip", "deflate", "br", "zstd"})
+
+
+def unsupported_coding(request: web.Request) -> ApiError | None:
+    """415 (RFC 9110 15.5.16) for a body in a coding the gateway cannot decode."""
+    coding = request.headers.get("Content-Encoding")
+    if coding is None or (coding.isascii() and coding.strip().lower() in DECODED_CODINGS):
+        return None
+    shown = coding[:40].encode("ascii", "backslashreplace").decode()
+    return closing(
+        ApiError(
+            415,
+            f"Content-Encoding {shown!r} is not supported: send the body uncompressed, "
+            "or as gzip or deflate",
+            "unsupported_content_encoding",
+        )
+    )
+
+
+async def drop_undecodable(request: web.Request, response: web.StreamResponse) -> None:
+    """Answer, then close, a connection whose compressed body was left unread or failed to
+    decode. aiohttp would read the rest itself once the handler returns, and log the decode
+    error it meets there as an unhandled exception."""
+    content = request.content
+    undecodable = content.exception() is not None
+    if not undecodable and not (request.headers.get("Content-Encoding") and not content.is_eof()):
+        return
+    await response.prepare(request)
+    await response.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()  # the answer is in the transport's buffer: it still goes
 
 
 def body_too_large(limit: int) -> ApiError:
@@ -31,7 +66,7 @@ async def read_body(request: web.Request, limit: int, deadline_s: float) -> byte
     text). A refused body's connection closes once answered: its unread bytes are no
     request."""
     if request.content_length is not None and request.content_length > limit:
-        raise _closing(body_too_large(limit))
+        raise closing(body_too_large(limit))
     try:
         if request.content.is_eof():
             # The whole body came with the head (most requests): nothing to wait for.
@@ -39,9 +74,9 @@ async def read_body(request: web.Request, limit: int, deadline_s: float) -> byte
         else:
             body = await _read_chunks(request, limit, deadline_s)
     except web.RequestPayloadError as error:
-        raise _closing(unreadable_body(error)) from None
+        raise closing(unreadable_body(error)) from None
     if len(body) > limit:
-        raise _closing(body_too_large(limit))
+        raise closing(body_too_large(limit))
     return body
 
 
@@ -52,14 +87,16 @@ async def _read_chunks(request: web.Request, limit: int, deadline_s: float) -> b
             async for chunk in request.content.iter_chunked(CHUNK_BYTES):
                 size += len(chunk)
                 if size > limit:
-                    raise _closing(body_too_large(limit))
+                    raise closing(body_too_large(limit))
                 chunks.append(chunk)
     except TimeoutError:
-        raise _closing(body_timed_out(deadline_s)) from None
+        raise closing(body_timed_out(deadline_s)) from None
     return b"".join(chunks)
 
 
-def _closing(error: ApiError) -> ApiError:
+def closing(error: ApiError) -> ApiError:
+    """`error`, answered on a connection that then closes: what the client still sends of
+    a refused body is no request."""
     error.closes = True
     return error
 
@@ -69,12 +106,12 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     gets its 413 at once instead of an invitation to send it."""
     limit = request.app[SETTINGS].max_body_bytes
     if request.content_length is not None and request.content_length > limit:
-        return _closing(body_too_large(limit)).response()
+        return closing(body_too_large(limit)).response()
     if request.version != HttpVersion11:
         return None  # RFC 9110 15.2.1: no 1xx to an HTTP/1.0 client
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
-        return _closing(
+        return closing(
             ApiError(417, f"Unknown Expect: {expect[:100]}", "expectation_failed")
         ).response()
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

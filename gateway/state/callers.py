@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from laneway.autoscale import DEMAND_PATH
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import (
     INTERNAL,
@@ -35,7 +34,9 @@ from laneway.gateway.state.tenants import (
 )
 from laneway.routing.fairshare import NO_CAPS, TenantCaps
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", DEMAND_PATH})
+# Demand is not among them: it lists tenant-private pools and their load (it is open on the
+# metrics port instead).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _same_secret(given: str, secret: str) -> bool:
