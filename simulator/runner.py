@@ -367,9 +367,11 @@ class VirtualCluster:
         for request_id in outcome.tokens:
             request = self.requests[request_id]
             if request_id in first:
-                self.ledger.first_token(request.ticket, read_at=now, written_at=now)
+                answer = self.ledger.first_token(request.ticket, read_at=now, written_at=now)
                 request.first_token_s = now
                 self.workload.on_first_token(self, now, request)
+                # A fed batch replica's prefill is free: its next document goes now.
+                self._wake(now, answer.wakes)
             else:
                 assert request.last_token_s is not None
                 gap = now - request.last_token_s
@@ -393,7 +395,7 @@ class VirtualCluster:
             gauges = EngineMetrics(
                 waiting=len(core.waiting), running=len(core.running), kv_usage=core.kv_usage
             )
-            self.ledger.record_scrape(replica.url, now, gauges)
+            self._wake(now, self.ledger.record_scrape(replica.url, now, gauges).wakes)
         if self._events and self._scrape_interval_s is not None:
             # Anything left to happen: keep scraping until the run drains.
             self._push(now + self._scrape_interval_s, "scrape", 0)

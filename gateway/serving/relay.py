@@ -262,6 +262,7 @@ def _note_first_token(exchange: Exchange, read_at: float, written_at: float) -> 
     (written to the client, as the client's clock runs)."""
     path, plan = exchange.path, exchange.plan
     first = path.ledger.first_token(exchange.ticket, read_at=read_at, written_at=written_at)
+    path.wake(first.wakes)  # a fed batch replica's prefill is free for the next document
     path.load_changed()
     labels = (plan.pool.name, plan.lane.value)
     path.metrics.ttft_of(*labels).observe(first.ttft_ms / 1000)

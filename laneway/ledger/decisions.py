@@ -23,6 +23,11 @@ class LedgerSettings:
     stale_after_s: float = 5.0  # older scraped gauges are not scored
     slo_window_s: float = 300.0  # TTFT-SLO attainment over this long (demand)
     max_attempts: int = 2  # the first pick, and one retry on the next endpoint
+    # Batch pools fed per replica (`feeding.py`); False: one pool-wide count of
+    # maxConcurrentRequests per endpoint, as for the interactive lane.
+    feed_batch_per_replica: bool = True
+    # A fed replica whose engine's KV usage gauge reads this or more takes no new document.
+    feed_kv_limit: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,15 @@ class Sent:
 class FirstToken:
     ttft_ms: float  # from arrival to the first token written to the client
     met_slo: bool  # within the pool's slo.ttftMillis
+    # The tickets a replica's free prefill admitted (a pool fed per replica); empty on
+    # every later call for the same attempt.
+    wakes: Wakes = NO_WAKES
+
+
+@dataclass(frozen=True)
+class Scraped:
+    reset: bool  # the engine's prefix cache was reset (it restarted)
+    wakes: Wakes  # the tickets its KV room admitted (a pool fed per replica)
 
 
 @dataclass(frozen=True)

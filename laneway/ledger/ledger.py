@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -35,12 +36,15 @@ from laneway.ledger.decisions import (
     PromptBlocks,
     Queued,
     Refused,
+    Scraped,
     Sent,
     Wakes,
     Withdrawn,
 )
 from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
+from laneway.ledger.facts import PlanFacts
+from laneway.ledger.feeding import FeedCounts, fed_candidates, feeding_limit, feeds, free_slots
 from laneway.ledger.lines import GateState, PoolGate, Ticket
 from laneway.ledger.load import LoadBook
 from laneway.ledger.log import RequestLog
@@ -59,6 +63,7 @@ _State = Literal["queued", "running", "refused"]
 class _Request:
     """One ticket's state; only the ledger changes it."""
 
+    ticket: Ticket
     ask: Admission
     gate: PoolGate  # its pool's gate when it was admitted (a removed pool's, while it drains)
     state: _State
@@ -71,6 +76,10 @@ class _Request:
     on: PlannedEndpoint | None = None  # the endpoint its current attempt holds load on
     sent_at: float = 0.0
     first: FirstToken | None = None  # the current attempt's first token, once it came
+    # Holds a prefill slot of a pool fed per replica (`feeding.py`): from its admission to
+    # its first token.
+    feeding: bool = False
+    fed: bool = False  # admitted to such a pool: its slot is given back at its first token
 
 
 class Ledger:
@@ -87,6 +96,8 @@ class Ledger:
         self.prefix_index = PrefixIndex(settings.picking.prefix.capacity_blocks)
         self._feeds: dict[str, EngineBlockFeed] = {}
         self._requests: dict[Ticket, _Request] = {}
+        # Pool key -> the tickets holding its prefill slots, for the pools fed per replica.
+        self._prefilling: dict[str, set[Ticket]] = {}
         self._tickets = itertools.count(1)
         self.synced = False  # a pool set has been delivered
 
@@ -97,7 +108,9 @@ class Ledger:
         ticket = next(self._tickets)
         key = ask.route.pool.key
         pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
-        request = _Request(ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now)
+        request = _Request(
+            ticket=ticket, ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now
+        )
         self._requests[ticket] = request
         if pool is None or gate is None:
             return Refused(ticket=ticket, reason="pool_removed", gate=request.gate.state())
@@ -151,13 +164,15 @@ class Ledger:
         pool = self._endpoints.pools.get(route.pool.key) or route.pool
         if pool is not route.pool:
             route = replace(route, pool=pool)
+        if request.feeding and pool.key in self._prefilling:
+            subset = fed_candidates(pool, subset, self._feed_counts(pool.key, now))
         ask = CycleRequest(
             route=route,
             elapsed_ms=(now - request.ask.arrived) * 1000,
             session_key=request.ask.session_key,
             subset=None if subset is None else frozenset(subset),
         )
-        facts = _PlanFacts(
+        facts = PlanFacts(
             self._load, self._endpoints, self.prefix_index, now, blocks, route.prefill_tokens
         )
         plan = plan_cycle(candidates(ask, pool.endpoints, facts), self._profile, self._rng)
@@ -201,7 +216,10 @@ class Ledger:
         self._load.prefill_done(on.url, on.prefill_tokens)
         self._endpoints.first_token(on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000)
         request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met)
-        return request.first
+        if not request.feeding:
+            return request.first
+        # Its replica's prefill is free: the pool's next document may go there.
+        return replace(request.first, wakes=self._stop_feeding(request, read_at))
 
     def failed(self, ticket: Ticket, now: float, *, counts: bool = True) -> Failed:
         """The current attempt failed. `counts`: against the endpoint's health (a read
@@ -268,13 +286,14 @@ class Ledger:
         self._endpoints.probe(url, passed)
         return self._refresh_limits(now)
 
-    def record_scrape(self, url: str, now: float, metrics: EngineMetrics) -> bool:
-        """Keep an engine's gauges; True when they show its prefix cache was reset (the
-        index then forgets the endpoint, where the settings say so)."""
+    def record_scrape(self, url: str, now: float, metrics: EngineMetrics) -> Scraped:
+        """Keep an engine's gauges: whether they show its prefix cache was reset (the index
+        then forgets the endpoint, where the settings say so), and whom KV room they show
+        on a replica fed per replica admits."""
         reset = self._endpoints.scrape(url, now, metrics)
         if reset and self.settings.picking.prefix.forget_on_engine_restart:
             self.prefix_index.forget(url)
-        return reset
+        return Scraped(reset=reset, wakes=self._refresh_feeding(now))
 
     def record_kv_events(self, url: str, events: Iterable[KVEvent]) -> None:
         """An engine's own KV cache events (the exact prefix feed) for `url`."""
@@ -349,6 +368,10 @@ class Ledger:
         request.queue_ms = (now - request.joined_at) * 1000
         route = request.ask.route
         self._demand.add(route.pool.key, route.prefill_tokens, queued=False)
+        prefilling = self._prefilling.get(route.pool.key)
+        if prefilling is not None:
+            request.feeding = request.fed = True
+            prefilling.add(request.ticket)
 
     def _leave_line(self, ticket: Ticket, request: _Request) -> None:
         request.gate.withdraw(ticket)
@@ -358,9 +381,49 @@ class Ledger:
     def _stop_running(self, request: _Request, now: float) -> Wakes:
         self._end_attempt(request)
         ask = request.ask
-        self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=False)
+        key = ask.route.pool.key
+        self._demand.remove(key, ask.route.prefill_tokens, queued=False)
         request.state = "refused"
+        if request.feeding:
+            return self._stop_feeding(request, now)
+        if request.fed:
+            # Its slot was given back at its first token; its end leaves its replica one
+            # request lighter, which may let the next document go there.
+            return self._feed(key, now) if key in self._prefilling else NO_WAKES
         return self._granted(request.gate.release(), now)
+
+    # -- per-replica feeding (`feeding.py`) ------------------------------------------------
+
+    def _stop_feeding(self, request: _Request, now: float) -> Wakes:
+        """The request gives its prefill slot back (first token, or its end before one)."""
+        request.feeding = False
+        key = request.ask.route.pool.key
+        prefilling = self._prefilling.get(key)
+        request.gate.vacate()
+        if prefilling is None:  # its pool was removed: its gate only drains
+            return NO_WAKES
+        prefilling.discard(request.ticket)
+        return self._feed(key, now)
+
+    def _feed(self, key: str, now: float) -> Wakes:
+        """The fed pool's gate limit from its endpoints now, and whom it admits."""
+        pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
+        if pool is None or gate is None:
+            return NO_WAKES
+        prefilling = self._prefilling[key]
+        unsent = sum(1 for t in prefilling if self._requests[t].on is None)
+        free = free_slots(pool, self._endpoints.available_of(key), self._feed_counts(key, now))
+        limit = feeding_limit(len(prefilling), unsent, sum(free.values()))
+        return self._granted(gate.set_limit(limit), now)
+
+    def _feed_counts(self, key: str, now: float) -> FeedCounts:
+        own = Counter(
+            on.url for t in self._prefilling[key] if (on := self._requests[t].on) is not None
+        )
+        return FeedCounts(self._load, self._endpoints, own, now, self.settings.feed_kv_limit)
+
+    def _refresh_feeding(self, now: float) -> Wakes:
+        return sum((self._feed(key, now) for key in self._prefilling), NO_WAKES)
 
     def _end_attempt(self, request: _Request) -> None:
         on = request.on
@@ -392,7 +455,16 @@ class Ledger:
         # A pool admits maxConcurrentRequests per available endpoint; beyond that, requests
         # wait in its line, where interactive ones go first.
         wakes = NO_WAKES
+        fed = self.settings.feed_batch_per_replica
+        self._prefilling = {
+            key: self._prefilling.get(key, set())
+            for key, pool in self._endpoints.pools.items()
+            if feeds(pool, fed)
+        }
         for key, pool in self._endpoints.pools.items():
+            if key in self._prefilling:
+                wakes += self._feed(key, now)
+                continue
             per_endpoint = pool.spec.limits.max_concurrent_requests
             limit = per_endpoint * len(self._endpoints.available_of(key))
             wakes += self._granted(self._gates[key].set_limit(limit), now)
@@ -425,39 +497,3 @@ class Ledger:
             ttft_ms=request.first.ttft_ms if request.first else None,
             error=error,
         )
-
-
-class _PlanFacts:
-    """The ledger as one plan's producers see it (`laneway.routing.cycle.Facts`)."""
-
-    def __init__(
-        self,
-        load: LoadBook,
-        endpoints: EndpointBook,
-        index: PrefixIndex,
-        now: float,
-        blocks: PromptBlocks,
-        prompt_tokens: int,
-    ) -> None:
-        self._load, self._endpoints, self._index = load, endpoints, index
-        self._now, self._blocks, self._prompt_tokens = now, blocks, prompt_tokens
-        self._matched: dict[str, int] | None = None
-
-    def load(self, url: str) -> EndpointLoad:
-        return self._load.of(url)
-
-    def engine(self, url: str) -> EngineMetrics | None:
-        return self._endpoints.fresh_metrics(url, self._now)
-
-    def prefill_rate(self, url: str) -> PrefillRate | None:
-        return self._endpoints.prefill_rates.get(url)
-
-    def cached_prompt_tokens(self, url: str) -> int | None:
-        if not self._blocks.hashes:
-            return None
-        if self._matched is None:  # one walk of the index for all endpoints
-            self._matched = self._index.matched_blocks(self._blocks.hashes)
-        return self._blocks.cached_tokens(self._matched.get(url, 0), self._prompt_tokens)
-
-    def healthy(self, url: str) -> bool:
-        return self._endpoints.healthy(url)

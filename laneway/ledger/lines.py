@@ -62,6 +62,10 @@ class PoolGate:
         self.active -= 1
         return self.grant()
 
+    def vacate(self) -> None:
+        """A request gave its slot back without a grant: the caller sets the new limit."""
+        self.active -= 1
+
     def set_limit(self, limit: int) -> list[Ticket]:
         self.limit = limit
         return self.grant()

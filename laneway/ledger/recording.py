@@ -139,7 +139,8 @@ def _timeless(step: Step) -> Decision:
         granted = tuple(a.ticket for a in answer.granted)
         chose = (granted, tuple((r.ticket, r.reason) for r in answer.refused))
     elif isinstance(answer, FirstToken):
-        chose = ()  # whether it met the SLO is a matter of time
+        # Whether it met the SLO is a matter of time; whom its free prefill admitted is not.
+        chose = tuple(a.ticket for a in answer.wakes.granted)
     else:
         chose = (type(answer).__name__,)
     return Decision(call=step.call, ticket=step.ticket, chose=chose)
