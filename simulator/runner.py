@@ -72,6 +72,7 @@ from laneway.routing.prefix_index import leading_block_hashes
 from laneway.simulator.engine import EngineCore, StepOutcome
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
+from laneway.simulator.recompute import PrefillSpans
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS
 from laneway.simulator.seed import PUBLIC_MODEL, SimPool
 from laneway.tokens import TokenBounds
@@ -104,6 +105,7 @@ class Request:
     first_token_s: float | None = None
     last_token_s: float | None = None
     max_gap_s: float = 0.0  # the longest wait between two of its tokens
+    spans: PrefillSpans = field(default_factory=PrefillSpans)  # what its attempts prefilled
 
 
 @dataclass
@@ -116,6 +118,7 @@ class Replica:
     draining: bool = False  # takes no new work; gives its GPU back when idle
     released_s: float | None = None
     stepping: StepOutcome | None = None
+    aborting: set[str] = field(default_factory=set)  # request ids to abort after the step
     busy_s: float = 0.0
     computed_prompt_tokens: int = 0  # prompt tokens its engine prefilled (cache hits not)
 
@@ -331,6 +334,26 @@ class VirtualCluster:
         if replica.stepping is None:
             self._start_step(now, replica_index)
 
+    def reclaim(self, now: float, request: Request) -> None:
+        """Take the request's replica back: the gateway closes the upstream request, the
+        engine aborts it (vLLM and SGLang between two steps: after the one running) and the
+        ledger puts it back in its pool's line, to be sent anew."""
+        assert request.replica >= 0, "only a request on a replica is reclaimed"
+        replica = self.replicas[request.replica]
+        if replica.stepping is None:
+            self._abort(now, request)
+        else:
+            replica.aborting.add(request.request_id)
+
+    def _abort(self, now: float, request: Request) -> None:
+        index, replica = request.replica, self.replicas[request.replica]
+        replica.core.abort(request.request_id)
+        request.spans.attempt_ended()
+        request.replica, request.first_token_s, request.last_token_s = -1, None, None
+        self._wake(now, self.ledger.requeue(request.ticket, now))
+        if replica.stepping is None:  # idle with work queued: the freed KV may let it run
+            self._start_step(now, index)
+
     def _wake(self, now: float, wakes: Wakes) -> None:
         """Send the requests a change admitted from their lines."""
         assert not wakes.refused, wakes.refused  # pools never leave a virtual run
@@ -357,6 +380,8 @@ class VirtualCluster:
             return
         replica.busy_s += outcome.duration_s
         replica.computed_prompt_tokens += sum(chunk.tokens for chunk in outcome.work.prefill)
+        for request_id, chunk in zip(outcome.prefilled, outcome.work.prefill, strict=True):
+            self.requests[request_id].spans.prefilled(chunk.context_before, chunk.tokens)
         self._push(now + outcome.duration_s, "step_done", replica_index)
 
     def _finish_step(self, now: float, replica_index: int) -> None:
@@ -364,7 +389,9 @@ class VirtualCluster:
         outcome = replica.stepping
         assert outcome is not None
         first = set(outcome.first_tokens)
-        for request_id in outcome.tokens:
+        # Closed by the gateway during the step: its tokens reach no client.
+        aborted, replica.aborting = replica.aborting, set()
+        for request_id in (r for r in outcome.tokens if r not in aborted):
             request = self.requests[request_id]
             if request_id in first:
                 answer = self.ledger.first_token(request.ticket, read_at=now, written_at=now)
@@ -378,11 +405,17 @@ class VirtualCluster:
                 request.max_gap_s = max(request.max_gap_s, gap)
                 self.workload.on_token_gap(self, now, request, gap)
             request.last_token_s = now
-        for request_id in outcome.finished:
+        for request_id in aborted:
+            self._abort(now, self.requests[request_id])
+        for request_id in (r for r in outcome.finished if r not in aborted):
             request = self.requests.pop(request_id)
             del self._of_ticket[request.ticket]
             finished = self.ledger.finished(
-                request.ticket, now, status=200, prompt_tokens=request.prompt_tokens
+                request.ticket,
+                now,
+                status=200,
+                prompt_tokens=request.prompt_tokens,
+                recomputed_prompt_tokens=request.spans.recomputed_tokens,
             )
             self.logs.append(finished.log)
             self._wake(now, finished.wakes)

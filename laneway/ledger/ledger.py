@@ -5,6 +5,7 @@ runner) with the time and returning data:
 
     admit -> plan -> sent -> first_token -> finished
                       \\-> failed (-> sent again on the retry)      withdraw: gave up in line
+                      \\-> requeue (its replica taken back: in line again -> plan)
 
 The ledger owns the pools' gates and lines, every endpoint's in-flight load, each pool's
 demand, the prefix index, the learned prefill rates, health and scraped gauges. It reads no
@@ -18,8 +19,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 from laneway.api import InferencePool
 from laneway.autoscale import DemandCount
@@ -47,7 +47,7 @@ from laneway.ledger.facts import PlanFacts
 from laneway.ledger.feeding import FeedCounts, fed_candidates, feeding_limit, feeds, free_slots
 from laneway.ledger.lines import GateState, PoolGate, Ticket
 from laneway.ledger.load import LoadBook
-from laneway.ledger.log import RequestLog
+from laneway.ledger.tickets import TicketState
 from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.kv_events import EngineBlockFeed, KVEvent
@@ -55,31 +55,6 @@ from laneway.routing.picker import wants_prefix_blocks
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan, plan_cycle
 from laneway.routing.prefix_index import PrefixIndex
 from laneway.routing.slo import PrefillRate, within_slo
-
-_State = Literal["queued", "running", "refused"]
-
-
-@dataclass(slots=True)
-class _Request:
-    """One ticket's state; only the ledger changes it."""
-
-    ticket: Ticket
-    ask: Admission
-    gate: PoolGate  # its pool's gate when it was admitted (a removed pool's, while it drains)
-    state: _State
-    joined_at: float
-    queue_ms: float | None = None
-    plan: RoutingPlan | None = None
-    blocks: PromptBlocks = NO_BLOCKS
-    tried: PlannedEndpoint | None = None  # the endpoint tried last
-    attempts: int = 0
-    on: PlannedEndpoint | None = None  # the endpoint its current attempt holds load on
-    sent_at: float = 0.0
-    first: FirstToken | None = None  # the current attempt's first token, once it came
-    # Holds a prefill slot of a pool fed per replica (`feeding.py`): from its admission to
-    # its first token.
-    feeding: bool = False
-    fed: bool = False  # admitted to such a pool: its slot is given back at its first token
 
 
 class Ledger:
@@ -95,7 +70,7 @@ class Ledger:
         self._demand = DemandBook(settings.slo_window_s)
         self.prefix_index = PrefixIndex(settings.picking.prefix.capacity_blocks)
         self._feeds: dict[str, EngineBlockFeed] = {}
-        self._requests: dict[Ticket, _Request] = {}
+        self._requests: dict[Ticket, TicketState] = {}
         # Pool key -> the tickets holding its prefill slots, for the pools fed per replica.
         self._prefilling: dict[str, set[Ticket]] = {}
         self._tickets = itertools.count(1)
@@ -108,7 +83,7 @@ class Ledger:
         ticket = next(self._tickets)
         key = ask.route.pool.key
         pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
-        request = _Request(
+        request = TicketState(
             ticket=ticket, ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now
         )
         self._requests[ticket] = request
@@ -247,16 +222,40 @@ class Ledger:
         status: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        recomputed_prompt_tokens: int = 0,
     ) -> Finished:
         """The request is over, however it ended: everything it held is released and its
-        log built. Call it once per ticket, refused ones included."""
+        log built. Call it once per ticket, refused ones included. `recomputed_prompt_tokens`:
+        prompt tokens its engines prefilled that an attempt it was requeued from (`requeue`)
+        had prefilled already, where the shell knows them."""
         request = self._requests.pop(ticket)
         wakes = NO_WAKES
         if request.state == "queued":
             self._leave_line(ticket, request)
         elif request.state == "running":
             wakes = self._stop_running(request, now)
-        return Finished(log=self._log(request, now, status, error, prompt_tokens), wakes=wakes)
+        log = request.log(now, status, error, prompt_tokens, recomputed_prompt_tokens)
+        return Finished(log=log, wakes=wakes)
+
+    def requeue(self, ticket: Ticket, now: float) -> Wakes:
+        """The shell ended the running request's attempt to take its replica back (a
+        reclaim: it closed the upstream request, which makes the engine abort it). Its slot
+        and load are released, not counted against the endpoint's health, and it waits in
+        its pool's line again, to be planned and sent anew when a slot frees; the prefix
+        its attempt prefilled, cached where it ran, draws it back there. A closed pool
+        refuses it."""
+        request = self._running(ticket)
+        wakes = self._stop_running(request, now)
+        request.requeued += 1
+        gate, ask = request.gate, request.ask
+        if gate.closed is not None or not gate.can_join():
+            reason = gate.closed or "queue_full"
+            refused = Refused(ticket=ticket, reason=reason, gate=gate.state())
+            return wakes + Wakes(refused=(refused,))
+        gate.join(ticket, ask.route.priority, ask.tenant, ask.fair_tokens)
+        request.state, request.joined_at = "queued", now
+        self._demand.add(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+        return wakes + self._granted(gate.grant(), now)
 
     # -- pools and endpoints ---------------------------------------------------------------
 
@@ -357,13 +356,13 @@ class Ledger:
 
     # -- the rest --------------------------------------------------------------------------
 
-    def _running(self, ticket: Ticket) -> _Request:
+    def _running(self, ticket: Ticket) -> TicketState:
         request = self._requests[ticket]
         if request.state != "running":
             raise ValueError(f"ticket {ticket} holds no slot (it is {request.state})")
         return request
 
-    def _run(self, request: _Request, now: float) -> None:
+    def _run(self, request: TicketState, now: float) -> None:
         request.state = "running"
         request.queue_ms = (now - request.joined_at) * 1000
         route = request.ask.route
@@ -373,12 +372,12 @@ class Ledger:
             request.feeding = request.fed = True
             prefilling.add(request.ticket)
 
-    def _leave_line(self, ticket: Ticket, request: _Request) -> None:
+    def _leave_line(self, ticket: Ticket, request: TicketState) -> None:
         request.gate.withdraw(ticket)
         route = request.ask.route
         self._demand.remove(route.pool.key, route.prefill_tokens, queued=True)
 
-    def _stop_running(self, request: _Request, now: float) -> Wakes:
+    def _stop_running(self, request: TicketState, now: float) -> Wakes:
         self._end_attempt(request)
         ask = request.ask
         key = ask.route.pool.key
@@ -394,7 +393,7 @@ class Ledger:
 
     # -- per-replica feeding (`feeding.py`) ------------------------------------------------
 
-    def _stop_feeding(self, request: _Request, now: float) -> Wakes:
+    def _stop_feeding(self, request: TicketState, now: float) -> Wakes:
         """The request gives its prefill slot back (first token, or its end before one)."""
         request.feeding = False
         key = request.ask.route.pool.key
@@ -425,7 +424,7 @@ class Ledger:
     def _refresh_feeding(self, now: float) -> Wakes:
         return sum((self._feed(key, now) for key in self._prefilling), NO_WAKES)
 
-    def _end_attempt(self, request: _Request) -> None:
+    def _end_attempt(self, request: TicketState) -> None:
         on = request.on
         if on is not None:
             self._load.finish(on.url, on.prefill_tokens, prefill_done=request.first is not None)
@@ -469,31 +468,3 @@ class Ledger:
             limit = per_endpoint * len(self._endpoints.available_of(key))
             wakes += self._granted(self._gates[key].set_limit(limit), now)
         return wakes
-
-    def _log(
-        self,
-        request: _Request,
-        now: float,
-        status: int,
-        error: str | None,
-        prompt_tokens: int | None,
-    ) -> RequestLog:
-        ask, tried = request.ask, request.tried
-        route = request.plan.route if request.plan is not None else ask.route
-        return RequestLog(
-            path=ask.path,
-            status=status,
-            total_ms=(now - ask.arrived) * 1000,
-            model=ask.model,
-            pool=route.pool.name,
-            lane=route.lane.value,
-            reason=route.reason,
-            endpoint=tried.url if tried else "",
-            prompt_tokens=prompt_tokens,
-            stream=ask.stream,
-            attempts=request.attempts,
-            queue_ms=request.queue_ms,
-            predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
-            ttft_ms=request.first.ttft_ms if request.first else None,
-            error=error,
-        )

@@ -108,12 +108,23 @@ class RecordingLedger(Ledger):
         status: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        recomputed_prompt_tokens: int = 0,
     ) -> Finished:
         finished = super().finished(
-            ticket, now, status=status, error=error, prompt_tokens=prompt_tokens
+            ticket,
+            now,
+            status=status,
+            error=error,
+            prompt_tokens=prompt_tokens,
+            recomputed_prompt_tokens=recomputed_prompt_tokens,
         )
         self._keep("finished", ticket, now, finished)
         return finished
+
+    def requeue(self, ticket: Ticket, now: float) -> Wakes:
+        wakes = super().requeue(ticket, now)
+        self._keep("requeue", ticket, now, wakes)
+        return wakes
 
     def decisions(self) -> list[Decision]:
         return [_timeless(step) for step in self.steps]
