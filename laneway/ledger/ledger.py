@@ -241,9 +241,9 @@ class Ledger:
         """The shell ended the running request's attempt to take its replica back (a
         reclaim: it closed the upstream request, which makes the engine abort it). Its slot
         and load are released, not counted against the endpoint's health, and it waits in
-        its pool's line again, to be planned and sent anew when a slot frees; the prefix
-        its attempt prefilled, cached where it ran, draws it back there. A closed pool
-        refuses it."""
+        its pool's line again, to be planned and sent anew when a slot frees (where the
+        pool's picking scores prefixes, the blocks its attempt prefilled, cached where it
+        ran, count for that replica). A closed pool refuses it."""
         request = self._running(ticket)
         wakes = self._stop_running(request, now)
         request.requeued += 1
