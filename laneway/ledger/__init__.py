@@ -15,6 +15,7 @@ from laneway.ledger.decisions import (
     LedgerSettings,
     PromptBlocks,
     Queued,
+    Rebalanced,
     Refused,
     Scraped,
     Sent,
@@ -22,6 +23,7 @@ from laneway.ledger.decisions import (
     Withdrawn,
 )
 from laneway.ledger.ledger import Ledger
+from laneway.ledger.lending import Reclaim, Role, RoleChange
 from laneway.ledger.lines import GateState, Ticket
 from laneway.ledger.log import RequestLog
 from laneway.routing.cycle import EndpointLoad
@@ -41,8 +43,12 @@ __all__ = [
     "LedgerSettings",
     "PromptBlocks",
     "Queued",
+    "Rebalanced",
+    "Reclaim",
     "Refused",
     "RequestLog",
+    "Role",
+    "RoleChange",
     "Scraped",
     "Sent",
     "Ticket",

@@ -35,6 +35,7 @@ from laneway.ledger.decisions import (
     LedgerSettings,
     PromptBlocks,
     Queued,
+    Rebalanced,
     Refused,
     Scraped,
     Sent,
@@ -45,9 +46,10 @@ from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.facts import PlanFacts
 from laneway.ledger.feeding import FeedCounts, fed_candidates, feeding_limit, feeds, free_slots
+from laneway.ledger.lending import LendingBook, Role
 from laneway.ledger.lines import GateState, PoolGate, Ticket
 from laneway.ledger.load import LoadBook
-from laneway.ledger.tickets import TicketState
+from laneway.ledger.tickets import TicketState, running_on
 from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.kv_events import EngineBlockFeed, KVEvent
@@ -73,6 +75,8 @@ class Ledger:
         self._requests: dict[Ticket, TicketState] = {}
         # Pool key -> the tickets holding its prefill slots, for the pools fed per replica.
         self._prefilling: dict[str, set[Ticket]] = {}
+        self._lending = LendingBook(settings.lend_after_s)
+        self._listed: dict[str, InferencePool] = {}  # the pools as delivered, before lending
         self._tickets = itertools.count(1)
         self.synced = False  # a pool set has been delivered
 
@@ -190,7 +194,8 @@ class Ledger:
         self._demand.record_ttft(plan.pool.key, written_at, met)
         self._load.prefill_done(on.url, on.prefill_tokens)
         self._endpoints.first_token(on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000)
-        request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met)
+        reclaim_ms = self._lending.first_token(plan.pool.key, on.url, read_at)
+        request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met, reclaim_ms=reclaim_ms)
         if not request.feeding:
             return request.first
         # Its replica's prefill is free: the pool's next document may go there.
@@ -268,9 +273,32 @@ class Ledger:
             refused += self._refuse(self._gates.pop(key), "pool_removed")
         for key in incoming - self._gates.keys():
             self._gates[key] = PoolGate(self.settings.max_waiting)
-        self._endpoints.update(pools)
+        self._listed = {pool.key: pool for pool in pools}
+        self._lending.sync(self._listed)
+        self._endpoints.update(self._lending.effective(self._listed), self._listed.values())
         self.synced = True
         return Wakes(refused=tuple(refused)) + self._refresh_limits(now)
+
+    def rebalance(self, now: float) -> Rebalanced:
+        """The lending pools' replica roles for their chat demand now (`lending.py`): call
+        it whenever that demand may have changed (a chat turn admitted or ended, a scrape).
+        The shell acts on the reclaims; the wakes admit the borrowers' next documents."""
+        gates, requests = self._gates, self._requests
+        changes, reclaims = self._lending.rebalance(
+            now,
+            self._listed,
+            demand=lambda key: gates[key].active + gates[key].waiting,
+            in_flight=lambda url: self._load.of(url).in_flight,
+            running=lambda url, pool: running_on(requests, url, pool),
+        )
+        if not changes:
+            return Rebalanced()
+        self._endpoints.update(self._lending.effective(self._listed), self._listed.values())
+        return Rebalanced(changes, reclaims, self._refresh_limits(now))
+
+    def roles(self, pool: InferencePool) -> Mapping[str, Role]:
+        """A lending pool's replicas and their roles (empty for any other pool)."""
+        return self._lending.roles.get(pool.key, {})
 
     def drain(self) -> Wakes:
         """This replica is shutting down: every request still in line is refused now, so

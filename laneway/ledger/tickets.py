@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,3 +66,12 @@ class TicketState:
             ttft_ms=self.first.ttft_ms if self.first else None,
             error=error,
         )
+
+
+def running_on(requests: Mapping[Ticket, TicketState], url: str, pool: str) -> tuple[Ticket, ...]:
+    """The pool's requests whose current attempt runs on `url`."""
+    return tuple(
+        ticket
+        for ticket, request in requests.items()
+        if request.on is not None and request.on.url == url and request.ask.route.pool.key == pool
+    )
