@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway.api import API_VERSION, KIND, InferencePool, Lane, parse_pool
+from laneway.api.lending import LendingSpec
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
 from laneway.simulator.profiles import Profile
@@ -96,6 +97,7 @@ class SimPool:
     replicas: int
     engine: SchedulerConfig
     min_prompt_tokens: int = 0
+    lending: LendingSpec | None = None  # an interactive pool that lends idle replicas
 
     @property
     def served_model(self) -> str:
@@ -110,7 +112,7 @@ class SimPool:
         }
         if self.max_prompt_tokens is not None:
             routing["maxPromptTokens"] = self.max_prompt_tokens
-        return {
+        document: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": KIND,
             "metadata": {"name": self.name, "namespace": namespace},
@@ -134,6 +136,9 @@ class SimPool:
             },
             "status": {"endpoints": list(endpoints)},
         }
+        if self.lending is not None:
+            document["spec"]["lending"] = self.lending.model_dump(mode="json", by_alias=True)
+        return document
 
     def inference_pool(self, endpoints: Sequence[str]) -> InferencePool:
         return parse_pool(self.document(endpoints))

@@ -11,7 +11,8 @@ from laneway.api import Lane
 from laneway.ledger import RequestLog
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.runner import Request, VirtualCluster, Workload
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import VirtualCluster, Workload
 from laneway.simulator.seed import CHUNKED_LONG, LONG_CONTEXT, SimPool
 
 DOCUMENT_TOKENS = 32768

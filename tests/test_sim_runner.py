@@ -16,7 +16,8 @@ from laneway.routing.picker import PickingSettings
 from laneway.simulator.elastic import Arrival, ElasticPool, run_elastic
 from laneway.simulator.prefix_experiment import PrefixScenario, run_prefix
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.runner import Request, Scaler, VirtualCluster, Workload
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import Scaler, VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import (
     CHUNKED_LONG,

@@ -192,7 +192,10 @@ class LendingBook:
             serving = [url for url in chat if roles[url] is Role.SERVING]
             if now - since >= self._lend_after_s and serving:
                 self._low_since[key] = now  # the next one waits as long again
-                packed = [RoleChange(key, min(serving, key=in_flight), Role.DRAINING)]
+                url = min(serving, key=in_flight)
+                packed = [RoleChange(key, url, Role.DRAINING)]
+                if in_flight(url) == 0:  # no chat to finish there: lent at once
+                    packed.append(RoleChange(key, url, Role.LENT))
         self._apply(now, packed)
         return changes + packed
 
