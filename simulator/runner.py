@@ -150,7 +150,9 @@ class VirtualCluster:
         # A ledger of the caller's (one that records, say); `ledger_settings` and a
         # generator seeded with `tie_break` make the default one.
         ledger: Ledger | None = None,
+        drain_limit_s: float = DRAIN_LIMIT_S,  # 0: the run ends with its duration
     ) -> None:
+        self._drain_limit_s = drain_limit_s
         self.profile = profile
         self.workload = workload
         self.scaler = scaler
@@ -192,7 +194,7 @@ class VirtualCluster:
         next_progress = progress_every
         while self._events:
             now, _, kind, subject = heapq.heappop(self._events)
-            if now > self.duration_s + DRAIN_LIMIT_S:
+            if now > self.duration_s + self._drain_limit_s:
                 break
             self.now = now
             if self._on_progress is not None and now >= next_progress:

@@ -282,20 +282,20 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         ClusterConfig(
             name="unified-full",
             summary=f"{gpus} mixed replicas, whole-prompt prefill",
-            pools=(_unified(gpus, full_long),),
+            pools=(unified_pool(gpus, full_long),),
         ),
         ClusterConfig(
             name="unified-chunked",
             summary=f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
-            pools=(_unified(gpus, CHUNKED_LONG),),
+            pools=(unified_pool(gpus, CHUNKED_LONG),),
         ),
         ClusterConfig(
             name="split",
             summary=f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
             f"{gpus - split_realtime} batch (chunked prefill)",
             pools=(
-                _realtime(split_realtime, full_realtime),
-                _batch(gpus - split_realtime, CHUNKED_LONG),
+                realtime_pool(split_realtime, full_realtime),
+                batch_pool(gpus - split_realtime, CHUNKED_LONG),
             ),
         ),
         ClusterConfig(
@@ -303,14 +303,14 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
             summary=f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token "
             f"TBT-SLO budget) + {gpus - laneway_interactive} batch (chunked prefill)",
             pools=(
-                _realtime(laneway_interactive, slo_interactive),
-                _batch(gpus - laneway_interactive, CHUNKED_LONG),
+                realtime_pool(laneway_interactive, slo_interactive),
+                batch_pool(gpus - laneway_interactive, CHUNKED_LONG),
             ),
         ),
     )
 
 
-def _unified(replicas: int, engine: SchedulerConfig) -> SimPool:
+def unified_pool(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
         name="unified",
         lane=Lane.INTERACTIVE,
@@ -321,7 +321,7 @@ def _unified(replicas: int, engine: SchedulerConfig) -> SimPool:
     )
 
 
-def _realtime(replicas: int, engine: SchedulerConfig) -> SimPool:
+def realtime_pool(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
         name="realtime",
         lane=Lane.INTERACTIVE,
@@ -332,7 +332,7 @@ def _realtime(replicas: int, engine: SchedulerConfig) -> SimPool:
     )
 
 
-def _batch(replicas: int, engine: SchedulerConfig) -> SimPool:
+def batch_pool(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
         name="batch",
         lane=Lane.BATCH,
