@@ -372,8 +372,10 @@ class PoolSpec(Wire):
         default=None,
         description="Lend whole idle replicas of this interactive pool to a batch pool, and "
         "take them back (ending the batch request there, which is re-queued) when chat needs "
-        "them. Absent: the pool serves its own lane only. Validated and checked against the "
-        "borrower now; the gateway does not lend yet (issue 26).",
+        "them. Absent: the pool serves its own lane only. The request ledger decides the "
+        "roles (serving, draining, lent, reclaiming) and the virtual runner acts on them "
+        "(laneway bench day); the gateway's HTTP shell does not act on them yet, so there "
+        "the pool serves its own lane (issue 26).",
     )
 
     @functools.cached_property  # read by every request's routing
