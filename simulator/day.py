@@ -148,6 +148,7 @@ class RoleSample:
 @dataclass(frozen=True)
 class DayResult:
     config: ClusterConfig
+    turns_started: int  # chat turns the gateway took during the day
     turns_completed: int
     turns_in_slo: int
     ttft_s: tuple[float, ...]
@@ -172,6 +173,7 @@ class DayResult:
 class _Tally:
     ttft: list[float] = field(default_factory=list)
     tbt: list[float] = field(default_factory=list)
+    turns_started: int = 0
     turns_completed: int = 0
     turns_in_slo: int = 0
     documents_completed: int = 0
@@ -221,6 +223,8 @@ class DayWorkload(Workload):
         prompt, output = rng.randint(*chat.prompt_tokens), rng.randint(*chat.output_tokens)
         if cluster.submit(now, subject, prompt, output) is None:
             self._next_turn(cluster, now, subject)
+        else:
+            self.tally.turns_started += 1
 
     def _next_turn(self, cluster: VirtualCluster, now: float, session: int) -> None:
         think = self.sessions[session].uniform(*self.scenario.chat.think_time_s)
@@ -292,6 +296,7 @@ def run_day(
     busy = sum(min(r.busy_s, scenario.day_s) for r in cluster.replicas)
     return DayResult(
         config=config,
+        turns_started=tally.turns_started,
         turns_completed=tally.turns_completed,
         turns_in_slo=tally.turns_in_slo,
         ttft_s=tuple(tally.ttft),

@@ -30,7 +30,7 @@ def test_quick_day_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     configs = {c["name"]: c for c in document["configs"]}
     assert list(configs) == list(CONFIG_NAMES)
     for name, c in configs.items():
-        assert 0 <= c["turns_in_slo"] <= c["turns_completed"], name
+        assert 0 <= c["turns_in_slo"] <= c["turns_completed"] <= c["turns_started"], name
         assert 0 <= c["documents_completed"] <= 24, name
         assert c["document_tokens_prefilled"] >= c["documents_completed"] * 32768, name
         assert 0 < c["gpu_busy"] <= 1, name

@@ -11,6 +11,7 @@ from laneway.tables import format_table
 HEADER = (
     "config",
     "turns",
+    "done",
     "in SLO",
     "TTFT P99 ms",
     "TBT P99 ms",
@@ -24,10 +25,12 @@ HEADER = (
 
 
 def config_json(result: DayResult) -> dict[str, Any]:
-    share = result.turns_in_slo / result.turns_completed if result.turns_completed else None
+    # Of the turns taken: one the day ended before it finished missed its SLO.
+    share = result.turns_in_slo / result.turns_started if result.turns_started else None
     return {
         "name": result.config.name,
         "summary": result.config.summary,
+        "turns_started": result.turns_started,
         "turns_completed": result.turns_completed,
         "turns_in_slo": result.turns_in_slo,
         "turns_in_slo_share": share,
@@ -78,6 +81,7 @@ def day_table(results: Sequence[DayResult]) -> str:
         rows.append(
             (
                 result.config.name,
+                str(result.turns_started),
                 str(result.turns_completed),
                 "-" if share is None else f"{share * 100:.2f}%",
                 _ms(row["ttft_p99_ms"]),
