@@ -150,6 +150,9 @@ class DayResult:
     config: ClusterConfig
     turns_started: int  # chat turns the gateway took during the day
     turns_completed: int
+    # Turns unfinished at the day's end that had missed the SLO already (no first token
+    # within TTFT, or a gap over TBT); the others are judged by neither side.
+    turns_missed_unfinished: int
     turns_in_slo: int
     ttft_s: tuple[float, ...]
     tbt_s: tuple[float, ...]
@@ -159,6 +162,11 @@ class DayResult:
     reclaim_ms: tuple[float, ...]
     recomputed_tokens: int  # document prompt tokens prefilled twice
     roles: tuple[RoleSample, ...]
+
+    @property
+    def in_slo_share(self) -> float | None:
+        judged = self.turns_completed + self.turns_missed_unfinished
+        return self.turns_in_slo / judged if judged else None
 
     @property
     def recomputed_share(self) -> float:
@@ -287,8 +295,12 @@ def run_day(
     tally = workload.tally
     # Documents still running at the day's end: what their engines prefilled so far.
     prefilled, recomputed = tally.document_tokens, tally.recomputed
+    missed = 0
     for request in cluster.requests.values():
-        if request.source == DOCUMENTS:
+        if request.source != DOCUMENTS:
+            first = scenario.day_s if request.first_token_s is None else request.first_token_s
+            missed += first - request.arrival_s > TTFT_SLO_S or request.max_gap_s > TBT_SLO_S
+        else:
             spans = request.spans
             done = [*spans.ended, *([spans.current] if spans.current else [])]
             prefilled += covered(done, 0, request.prompt_tokens)
@@ -298,6 +310,7 @@ def run_day(
         config=config,
         turns_started=tally.turns_started,
         turns_completed=tally.turns_completed,
+        turns_missed_unfinished=missed,
         turns_in_slo=tally.turns_in_slo,
         ttft_s=tuple(tally.ttft),
         tbt_s=tuple(tally.tbt),

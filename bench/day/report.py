@@ -25,13 +25,14 @@ HEADER = (
 
 
 def config_json(result: DayResult) -> dict[str, Any]:
-    # Of the turns taken: one the day ended before it finished missed its SLO.
-    share = result.turns_in_slo / result.turns_started if result.turns_started else None
+    # Of the turns finished and those the day ended after they had missed their SLO.
+    share = result.in_slo_share
     return {
         "name": result.config.name,
         "summary": result.config.summary,
         "turns_started": result.turns_started,
         "turns_completed": result.turns_completed,
+        "turns_missed_unfinished": result.turns_missed_unfinished,
         "turns_in_slo": result.turns_in_slo,
         "turns_in_slo_share": share,
         "ttft_p99_ms": result.p99_ms(result.ttft_s),
