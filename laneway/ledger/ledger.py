@@ -8,9 +8,10 @@ runner) with the time and returning data:
                       \\-> requeue (its replica taken back: in line again -> plan)
 
 The ledger owns the pools' gates and lines, every endpoint's in-flight load, each pool's
-demand, the prefix index, the learned prefill rates, health and scraped gauges. It reads no
-clock and does no I/O: time comes in as `now` (seconds on one clock of the shell's choosing),
-and whatever a change means for a waiting request comes back as `Wakes`.
+demand, the prefix index, the learned prefill rates, health, scraped gauges and a lending
+pool's replica roles (`rebalance`, `lending.py`). It reads no clock and does no I/O: time
+comes in as `now` (seconds on one clock of the shell's choosing), and whatever a change
+means for a waiting request comes back as `Wakes`.
 """
 
 from __future__ import annotations
