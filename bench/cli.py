@@ -9,6 +9,7 @@ from typing import Any
 from laneway.bench.autoscale.cli import register_bench_autoscale
 from laneway.bench.chaos.cli import register_bench_chaos
 from laneway.bench.counts.cli import register_bench_counts
+from laneway.bench.day.cli import register_bench_day
 from laneway.bench.demo.cli import register_demo
 from laneway.bench.gateway.cli import register_bench_gateway
 from laneway.bench.hostile.cli import register_bench_hostile
@@ -30,3 +31,4 @@ def register(
     register_bench_prefix(bench)
     register_bench_counts(bench)
     register_bench_chaos(bench)
+    register_bench_day(bench)

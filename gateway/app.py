@@ -203,7 +203,9 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
 
         tasks = [
             asyncio.create_task(source.run(update), name="pool-source"),
-            asyncio.create_task(scrape_forever(ledger, session, settings, clock), name="scrape"),
+            asyncio.create_task(
+                scrape_forever(ledger, session, settings, clock, wake), name="scrape"
+            ),
             asyncio.create_task(
                 probe_forever(ledger, session, settings, clock, wake), name="probe"
             ),

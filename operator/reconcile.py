@@ -188,12 +188,12 @@ async def reconcile(
         autoscaled=pool.spec.autoscaling is not None,
     )
     conditions = list(serving_conditions(observed))
-    conflict = await _routing_conflict(pool, cluster)
+    reason, conflict = await _pool_set_problem(pool, cluster)
     if conflict:
         conditions = [
-            Condition(type="Ready", status=False, reason="RoutingConflict", message=conflict),
+            Condition(type="Ready", status=False, reason=reason, message=conflict),
             conditions[1],
-            Condition(type="Degraded", status=True, reason="RoutingConflict", message=conflict),
+            Condition(type="Degraded", status=True, reason=reason, message=conflict),
         ]
     events += _transition_events(conditions, previous)
     return ReconcileOutcome(
@@ -255,10 +255,11 @@ async def _delete_owned(pool: InferencePool, cluster: Cluster, kinds: Sequence[s
     return events
 
 
-async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:
-    """The overlap with another interactive pool that this pool should resolve, if any.
-
-    Of two overlapping pools the newer one is flagged, so the older keeps serving."""
+async def _pool_set_problem(pool: InferencePool, cluster: Cluster) -> tuple[str, str]:
+    """What this pool should resolve among its namespace's pools, if anything: its reason
+    and message. A lending pool whose engine cannot serve its borrower's prompts is
+    `LendingMismatch`; an overlap with another interactive pool is `RoutingConflict`, and
+    of two overlapping pools the newer one is flagged, so the older keeps serving."""
     found = await cluster.list(KIND, pool.namespace)
     ordered = sorted(
         found.items,
@@ -274,7 +275,9 @@ async def _routing_conflict(pool: InferencePool, cluster: Cluster) -> str:
         except SpecError:
             continue  # each invalid pool reports itself
     errors = [e for e in check_pool_set(pools) if e.path.startswith(f"{pool.key}.")]
-    return "; ".join(e.message for e in errors)
+    lending = [e for e in errors if e.path.startswith(f"{pool.key}.spec.lending")]
+    reason = "LendingMismatch" if lending else "RoutingConflict"
+    return reason, "; ".join(e.message for e in lending or errors)
 
 
 def _problem(

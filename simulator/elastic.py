@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from laneway.api import Lane
 from laneway.autoscale import Recommendation, ScalePolicy, decide, first_sight
 from laneway.simulator.profiles import Profile
-from laneway.simulator.runner import ProgressCallback, Request, Scaler, VirtualCluster, Workload
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import ProgressCallback, Scaler, VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import SEED_PICKING, SimPool
 

@@ -38,6 +38,7 @@ class StepOutcome:
     tokens: tuple[str, ...]  # request ids that produced one output token at the step's end
     first_tokens: tuple[str, ...]  # of those, the ones whose token is their first
     finished: tuple[str, ...]  # request ids that produced their last token in this step
+    prefilled: tuple[str, ...] = ()  # the request id of each of `work.prefill`'s chunks
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,7 @@ class EngineCore:
             tokens=tokens,
             first_tokens=first_tokens,
             finished=finished,
+            prefilled=tuple(rid for rid, _ in plan.prefill),
         )
 
     def _lookup(self, seq: RequestState) -> PrefixHit:

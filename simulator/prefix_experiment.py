@@ -30,7 +30,8 @@ from typing import Literal
 from laneway.api import Lane
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.profiles import Profile
-from laneway.simulator.runner import Request, VirtualCluster, Workload
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import CHUNKED_LONG, LONG_CONTEXT, SCRAPE_INTERVAL_S, SimPool
 

@@ -38,6 +38,12 @@ token, so the runner cuts `block_chars / 4`-token blocks: the same blocks per pr
 gateway's estimate on prose, hashed from ids instead of characters (which changes no match:
 two prompts share a block exactly when they share everything before it).
 
+Lending (`spec.lending`, `laneway.ledger.lending`): after every chat admission, every step
+that finished requests and every scrape the runner asks `Ledger.rebalance` for the lending
+pools' roles and acts on the answer as the gateway does: each document on a replica taken
+back is closed and requeued at once, and its engine aborts it after the step running (so
+chat on that replica never shares a step with a document's prefill).
+
 A replica starts its next step the moment the previous one completes (or the moment work
 arrives at an idle replica); the step's tokens reach the client when the step ends.
 """
@@ -48,7 +54,6 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 from laneway.api import Lane
@@ -62,6 +67,7 @@ from laneway.ledger import (
     PromptBlocks,
     Refused,
     RequestLog,
+    RoleChange,
     Ticket,
     Wakes,
 )
@@ -69,9 +75,10 @@ from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.picker import PickingSettings
 from laneway.routing.prefix_index import leading_block_hashes
-from laneway.simulator.engine import EngineCore, StepOutcome
+from laneway.simulator.engine import EngineCore
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
+from laneway.simulator.replicas import PoolState, Replica, Request
 from laneway.simulator.scheduler import KV_BLOCK_TOKENS
 from laneway.simulator.seed import PUBLIC_MODEL, SimPool
 from laneway.tokens import TokenBounds
@@ -86,45 +93,6 @@ CHARS_PER_TOKEN = 4
 MAX_WAITING = 1024
 COMPLETIONS_PATH = "/v1/completions"  # what each simulated request stands for
 MIN_STALE_AFTER_S = 5.0
-
-
-@dataclass
-class Request:
-    request_id: str
-    source: int  # the workload's own reference (its session, its arrival); -1 for none
-    pool: int
-    route: Route  # the gateway's decision, made once on arrival
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    prompt_ids: Sequence[int] | None  # the prompt's token ids, if the workload has them
-    session_key: str | None  # its x-laneway-session, if any
-    ticket: Ticket  # its entry in the ledger
-    replica: int = -1  # -1 while it waits in the gateway's line
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    max_gap_s: float = 0.0  # the longest wait between two of its tokens
-
-
-@dataclass
-class Replica:
-    url: str  # its name in its InferencePool's endpoints
-    pool: int
-    core: EngineCore
-    started_s: float  # when it took its GPU
-    ready: bool  # serving (a new replica is not until its cold start is over)
-    draining: bool = False  # takes no new work; gives its GPU back when idle
-    released_s: float | None = None
-    stepping: StepOutcome | None = None
-    busy_s: float = 0.0
-    computed_prompt_tokens: int = 0  # prompt tokens its engine prefilled (cache hits not)
-
-
-@dataclass
-class _Pool:
-    spec: SimPool
-    replicas: list[int] = field(default_factory=list)  # indices of replicas holding a GPU
-    named: int = 0  # replicas ever started, for their names
 
 
 def ledger_settings(picking: PickingSettings, scrape_interval_s: float | None) -> LedgerSettings:
@@ -182,7 +150,9 @@ class VirtualCluster:
         # A ledger of the caller's (one that records, say); `ledger_settings` and a
         # generator seeded with `tie_break` make the default one.
         ledger: Ledger | None = None,
+        drain_limit_s: float = DRAIN_LIMIT_S,  # 0: the run ends with its duration
     ) -> None:
+        self._drain_limit_s = drain_limit_s
         self.profile = profile
         self.workload = workload
         self.scaler = scaler
@@ -192,13 +162,17 @@ class VirtualCluster:
         self._prefix = picking.prefix
         settings = ledger_settings(picking, scrape_interval_s)
         self.ledger = ledger or Ledger(settings, random.Random(tie_break))
-        self.pools = [_Pool(spec) for spec in pools]
+        self.pools = [PoolState(spec) for spec in pools]
         self.replicas: list[Replica] = []
         self._by_url: dict[str, int] = {}  # replica URL -> its index
         for index, pool in enumerate(self.pools):
             for _ in range(pool.spec.replicas):
                 self.add_replica(0.0, index, ready_after_s=None)
         self.logs: list[RequestLog] = []  # every finished request's, in order
+        # The lending pools' role changes (`Ledger.rebalance`) and the reclaims' latencies
+        # (decision to the first chat token there), as the run reports them.
+        self.role_changes: list[tuple[float, RoleChange]] = []
+        self.reclaim_ms: list[float] = []
         self.requests: dict[str, Request] = {}  # request id -> not finished yet
         self._ids = itertools.count()
         self._of_ticket: dict[Ticket, Request] = {}  # the same, by ledger ticket
@@ -220,7 +194,7 @@ class VirtualCluster:
         next_progress = progress_every
         while self._events:
             now, _, kind, subject = heapq.heappop(self._events)
-            if now > self.duration_s + DRAIN_LIMIT_S:
+            if now > self.duration_s + self._drain_limit_s:
                 break
             self.now = now
             if self._on_progress is not None and now >= next_progress:
@@ -299,6 +273,7 @@ class VirtualCluster:
         self._of_ticket[request.ticket] = request
         if isinstance(decision, Admitted):
             self._send(now, request)
+        self._rebalance(now)
         # Else it waits in its pool's line (a pool at zero, or full), which is demand the
         # scaler sees, until a slot frees and the ledger grants it.
         return request
@@ -331,6 +306,50 @@ class VirtualCluster:
         if replica.stepping is None:
             self._start_step(now, replica_index)
 
+    def reclaim(self, now: float, request: Request) -> None:
+        """Take the request's replica back: the gateway closes the upstream request, the
+        engine aborts it (vLLM and SGLang between two steps: after the one running) and the
+        ledger puts it back in its pool's line, to be sent anew."""
+        assert request.replica >= 0, "only a request on a replica is reclaimed"
+        replica = self.replicas[request.replica]
+        if replica.stepping is None:
+            self._abort(now, request)
+        else:
+            replica.aborting.add(request.request_id)
+
+    def _close(self, now: float, request: Request) -> None:
+        """A document on a replica taken back from lending: the gateway closes its upstream
+        request and requeues it now (so chat sees the replica free at once); the engine
+        aborts it after the step running. It is not resent there: the replica left the
+        borrower's endpoints."""
+        replica = self.replicas[request.replica]
+        if replica.stepping is None:
+            self._abort(now, request)
+            return
+        replica.closed.add(request.request_id)
+        request.spans.attempt_ended()
+        request.replica, request.first_token_s, request.last_token_s = -1, None, None
+        self._wake(now, self.ledger.requeue(request.ticket, now))
+
+    def _abort(self, now: float, request: Request) -> None:
+        index, replica = request.replica, self.replicas[request.replica]
+        replica.core.abort(request.request_id)
+        request.spans.attempt_ended()
+        request.replica, request.first_token_s, request.last_token_s = -1, None, None
+        self._wake(now, self.ledger.requeue(request.ticket, now))
+        if replica.stepping is None:  # idle with work queued: the freed KV may let it run
+            self._start_step(now, index)
+
+    def _rebalance(self, now: float) -> None:
+        """The lending pools' roles for chat demand now: the gateway ends the borrowed
+        requests on a replica it takes back, and sends the documents lending admits."""
+        answer = self.ledger.rebalance(now)
+        self.role_changes += ((now, change) for change in answer.changes)
+        for reclaim in answer.reclaims:
+            for ticket in reclaim.tickets:
+                self._close(now, self._of_ticket[ticket])
+        self._wake(now, answer.wakes)
+
     def _wake(self, now: float, wakes: Wakes) -> None:
         """Send the requests a change admitted from their lines."""
         assert not wakes.refused, wakes.refused  # pools never leave a virtual run
@@ -357,6 +376,8 @@ class VirtualCluster:
             return
         replica.busy_s += outcome.duration_s
         replica.computed_prompt_tokens += sum(chunk.tokens for chunk in outcome.work.prefill)
+        for request_id, chunk in zip(outcome.prefilled, outcome.work.prefill, strict=True):
+            self.requests[request_id].spans.prefilled(chunk.context_before, chunk.tokens)
         self._push(now + outcome.duration_s, "step_done", replica_index)
 
     def _finish_step(self, now: float, replica_index: int) -> None:
@@ -364,28 +385,46 @@ class VirtualCluster:
         outcome = replica.stepping
         assert outcome is not None
         first = set(outcome.first_tokens)
-        for request_id in outcome.tokens:
+        # Closed by the gateway during the step: its tokens reach no client.
+        aborting, replica.aborting = replica.aborting, set()
+        closed, replica.closed = replica.closed, set()  # requeued already
+        for request_id in closed:
+            replica.core.abort(request_id)
+        aborted = aborting | closed
+        for request_id in (r for r in outcome.tokens if r not in aborted):
             request = self.requests[request_id]
             if request_id in first:
-                self.ledger.first_token(request.ticket, read_at=now, written_at=now)
+                answer = self.ledger.first_token(request.ticket, read_at=now, written_at=now)
                 request.first_token_s = now
+                if answer.reclaim_ms is not None:
+                    self.reclaim_ms.append(answer.reclaim_ms)
                 self.workload.on_first_token(self, now, request)
+                # A fed batch replica's prefill is free: its next document goes now.
+                self._wake(now, answer.wakes)
             else:
                 assert request.last_token_s is not None
                 gap = now - request.last_token_s
                 request.max_gap_s = max(request.max_gap_s, gap)
                 self.workload.on_token_gap(self, now, request, gap)
             request.last_token_s = now
-        for request_id in outcome.finished:
+        for request_id in aborting:
+            self._abort(now, self.requests[request_id])
+        for request_id in (r for r in outcome.finished if r not in aborted):
             request = self.requests.pop(request_id)
             del self._of_ticket[request.ticket]
             finished = self.ledger.finished(
-                request.ticket, now, status=200, prompt_tokens=request.prompt_tokens
+                request.ticket,
+                now,
+                status=200,
+                prompt_tokens=request.prompt_tokens,
+                recomputed_prompt_tokens=request.spans.recomputed_tokens,
             )
             self.logs.append(finished.log)
             self._wake(now, finished.wakes)
             self.workload.on_finished(self, now, request)
         self._start_step(now, replica_index)
+        if outcome.finished:  # after the next step began: a reclaim aborts after it
+            self._rebalance(now)
 
     def _scrape(self, now: float) -> None:
         for replica in self.replicas:
@@ -393,7 +432,8 @@ class VirtualCluster:
             gauges = EngineMetrics(
                 waiting=len(core.waiting), running=len(core.running), kv_usage=core.kv_usage
             )
-            self.ledger.record_scrape(replica.url, now, gauges)
+            self._wake(now, self.ledger.record_scrape(replica.url, now, gauges).wakes)
+        self._rebalance(now)
         if self._events and self._scrape_interval_s is not None:
             # Anything left to happen: keep scraping until the run drains.
             self._push(now + self._scrape_interval_s, "scrape", 0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laneway.api import API_VERSION, KIND, InferencePool, Lane, parse_pool
+from laneway.api.lending import LendingSpec
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
 from laneway.simulator.profiles import Profile
@@ -96,6 +97,7 @@ class SimPool:
     replicas: int
     engine: SchedulerConfig
     min_prompt_tokens: int = 0
+    lending: LendingSpec | None = None  # an interactive pool that lends idle replicas
 
     @property
     def served_model(self) -> str:
@@ -110,7 +112,7 @@ class SimPool:
         }
         if self.max_prompt_tokens is not None:
             routing["maxPromptTokens"] = self.max_prompt_tokens
-        return {
+        document: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": KIND,
             "metadata": {"name": self.name, "namespace": namespace},
@@ -134,6 +136,9 @@ class SimPool:
             },
             "status": {"endpoints": list(endpoints)},
         }
+        if self.lending is not None:
+            document["spec"]["lending"] = self.lending.model_dump(mode="json", by_alias=True)
+        return document
 
     def inference_pool(self, endpoints: Sequence[str]) -> InferencePool:
         return parse_pool(self.document(endpoints))
@@ -277,20 +282,20 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
         ClusterConfig(
             name="unified-full",
             summary=f"{gpus} mixed replicas, whole-prompt prefill",
-            pools=(_unified(gpus, full_long),),
+            pools=(unified_pool(gpus, full_long),),
         ),
         ClusterConfig(
             name="unified-chunked",
             summary=f"{gpus} mixed replicas, chunked prefill (2048 budget, 1024 chunks)",
-            pools=(_unified(gpus, CHUNKED_LONG),),
+            pools=(unified_pool(gpus, CHUNKED_LONG),),
         ),
         ClusterConfig(
             name="split",
             summary=f"{split_realtime} realtime (4k cap, whole-prompt prefill) + "
             f"{gpus - split_realtime} batch (chunked prefill)",
             pools=(
-                _realtime(split_realtime, full_realtime),
-                _batch(gpus - split_realtime, CHUNKED_LONG),
+                realtime_pool(split_realtime, full_realtime),
+                batch_pool(gpus - split_realtime, CHUNKED_LONG),
             ),
         ),
         ClusterConfig(
@@ -298,14 +303,14 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
             summary=f"{laneway_interactive} interactive (4k cap, chunked, {budget}-token "
             f"TBT-SLO budget) + {gpus - laneway_interactive} batch (chunked prefill)",
             pools=(
-                _realtime(laneway_interactive, slo_interactive),
-                _batch(gpus - laneway_interactive, CHUNKED_LONG),
+                realtime_pool(laneway_interactive, slo_interactive),
+                batch_pool(gpus - laneway_interactive, CHUNKED_LONG),
             ),
         ),
     )
 
 
-def _unified(replicas: int, engine: SchedulerConfig) -> SimPool:
+def unified_pool(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
         name="unified",
         lane=Lane.INTERACTIVE,
@@ -316,7 +321,7 @@ def _unified(replicas: int, engine: SchedulerConfig) -> SimPool:
     )
 
 
-def _realtime(replicas: int, engine: SchedulerConfig) -> SimPool:
+def realtime_pool(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
         name="realtime",
         lane=Lane.INTERACTIVE,
@@ -327,7 +332,7 @@ def _realtime(replicas: int, engine: SchedulerConfig) -> SimPool:
     )
 
 
-def _batch(replicas: int, engine: SchedulerConfig) -> SimPool:
+def batch_pool(replicas: int, engine: SchedulerConfig) -> SimPool:
     return SimPool(
         name="batch",
         lane=Lane.BATCH,

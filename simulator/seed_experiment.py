@@ -10,7 +10,8 @@ import random
 from dataclasses import dataclass, field
 
 from laneway.simulator.profiles import Profile
-from laneway.simulator.runner import ProgressCallback, Request, VirtualCluster, Workload
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import ProgressCallback, VirtualCluster, Workload
 from laneway.simulator.seed import (
     SCRAPE_INTERVAL_S,
     TBT_SLO_S,

@@ -138,8 +138,8 @@ def test_an_engine_restart_seen_in_its_gauges_forgets_its_blocks() -> None:
     ledger.prefix_index.record("http://a", (1, 2, 3))
     before = EngineMetrics(waiting=0, running=0, kv_usage=0.0, prefix_queries=500)
     after = EngineMetrics(waiting=0, running=0, kv_usage=0.0, prefix_queries=10)
-    assert not ledger.record_scrape("http://a", 0.0, before)
-    assert ledger.record_scrape("http://a", 1.0, after)
+    assert not ledger.record_scrape("http://a", 0.0, before).reset
+    assert ledger.record_scrape("http://a", 1.0, after).reset
     assert ledger.prefix_index.blocks_of("http://a") == 0
 
 

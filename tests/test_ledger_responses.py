@@ -63,7 +63,7 @@ def test_an_engine_restart_seen_in_its_gauges_forgets_its_responses() -> None:
     before = EngineMetrics(waiting=0, running=0, kv_usage=0.0, prefix_queries=500)
     after = EngineMetrics(waiting=0, running=0, kv_usage=0.0, prefix_queries=10)
     ledger.record_scrape("http://a", 1.0, before)
-    assert ledger.record_scrape("http://a", 2.0, after)
+    assert ledger.record_scrape("http://a", 2.0, after).reset
     assert ledger.response_holder("resp_on_a", "acme", 2.0) is None
     assert ledger.response_holder("resp_on_b", "acme", 2.0) is not None
 

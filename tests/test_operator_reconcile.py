@@ -417,3 +417,25 @@ async def test_a_child_event_for_a_deleted_pool_does_nothing() -> None:
     }
     await child_changed(body=kopf.Body(orphan), memo=memo)  # type: ignore[arg-type]
     assert cluster.writes() == []
+
+
+async def test_a_pool_lending_to_a_batch_pool_its_engine_cannot_serve_is_not_ready() -> None:
+    """Ready=False says what to change: the borrower's prompts exceed the lender's context
+    cap; raising the cap makes it Ready."""
+    docs = {**SPEC, "lane": "batch", "limits": {"maxContextTokens": 131072}}
+    lender = {**SPEC, "lending": {"borrower": "docs"}}
+    cluster = FakeCluster()
+    cluster.create(pool_document("docs", docs))
+    cluster.create(pool_document("realtime", lender))
+    outcome = await run_pass(cluster)
+    ready = condition(outcome, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "LendingMismatch")
+    assert "raise this pool's limits.maxContextTokens" in ready["message"]
+    assert "131072" in ready["message"]
+    assert condition(outcome, "Degraded")["reason"] == "LendingMismatch"
+
+    cluster.edit(
+        KIND, "serving", "realtime", lambda p: p["spec"]["limits"].update(maxContextTokens=131072)
+    )
+    fixed = await run_pass(cluster)
+    assert condition(fixed, "Ready")["reason"] != "LendingMismatch"

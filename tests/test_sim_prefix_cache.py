@@ -136,6 +136,22 @@ def test_a_second_turn_prefills_only_what_the_cache_lacks() -> None:
     assert core.prefix_cache.free_cached_blocks == 3100 // 16
 
 
+def test_an_aborted_prefill_leaves_its_computed_blocks_cached_for_its_resend() -> None:
+    """Closing a request mid-prefill frees its slot and KV; the full blocks it computed stay
+    in the prefix cache (free, evictable), so the same prompt sent again prefills only the
+    rest: what a reclaimed batch replica's re-queued document relies on."""
+    core = EngineCore(H200, CHUNKED)
+    document = list(range(4000))
+    core.submit("doc", len(document), 4, block_hashes(document, KV_BLOCK_TOKENS))
+    for _ in range(2):  # one 1,024-token chunk per step: the chunk caps a lone prompt
+        assert core.step() is not None
+    core.abort("doc")
+    assert not core.has_work
+    assert core.kv_used_blocks == 0
+    assert core.prefix_cache.free_cached_blocks == 2048 // KV_BLOCK_TOKENS
+    assert sum(run_alone(core, "doc-again", document)) == 4000 - 2048
+
+
 def test_the_first_chunk_after_a_hit_attends_to_the_cached_context() -> None:
     core = EngineCore(H200, CHUNKED)
     document = list(range(4096))

@@ -11,14 +11,24 @@ from collections.abc import Callable
 import pytest
 
 from laneway.api import Lane
+from laneway.ledger import FirstToken, Sent
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.elastic import Arrival, ElasticPool, run_elastic
 from laneway.simulator.prefix_experiment import PrefixScenario, run_prefix
 from laneway.simulator.profiles import PROFILES
-from laneway.simulator.runner import Request, Scaler, VirtualCluster, Workload
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import Scaler, VirtualCluster, Workload
 from laneway.simulator.scheduler import SchedulerConfig
-from laneway.simulator.seed import SEED_PICKING, SeedScenario, SimPool, seed_configs
+from laneway.simulator.seed import (
+    CHUNKED_LONG,
+    LONG_CONTEXT,
+    SEED_PICKING,
+    SeedScenario,
+    SimPool,
+    seed_configs,
+)
 from laneway.simulator.seed_experiment import run_virtual
+from laneway.simulator.trace import run_trace
 
 H200 = PROFILES["h200-llama3-8b"]
 ENGINE = SchedulerConfig(
@@ -178,3 +188,37 @@ def test_a_drained_replica_finishes_its_requests_takes_no_more_and_then_lets_go(
     assert all(r.last_token_s is not None for r in on_it)
     assert drained.released_s == max(r.last_token_s or 0.0 for r in on_it)
     assert not cluster.requests
+
+
+def test_the_runner_feeds_each_batch_replica_as_its_prefills_end() -> None:
+    """A backlog of documents on two batch replicas: no replica ever holds more prompts
+    awaiting their first token than its engine's step budget prefills (plus the next), each
+    first token sends the next document, and every document completes."""
+    docs = SimPool(
+        name="batch",
+        lane=Lane.BATCH,
+        max_prompt_tokens=None,
+        max_context_tokens=LONG_CONTEXT,
+        replicas=2,
+        engine=CHUNKED_LONG,  # 2,048-token budget, 1,024-token chunks: three per replica
+    )
+    arrivals = [
+        Arrival(at_s=0.0, prompt_tokens=20000 + 1000 * i, output_tokens=64) for i in range(10)
+    ]
+    ledger, cluster = run_trace([docs], arrivals, PROFILES["h200-llama3-8b"], SEED_PICKING)
+    awaiting: dict[str, set[int]] = {}
+    most = 0
+    fed_at_first_token = 0
+    for step in ledger.steps:
+        answer = step.answer
+        if isinstance(answer, Sent):
+            waiting = awaiting.setdefault(answer.endpoint.url, set())
+            waiting.add(step.ticket)
+            most = max(most, len(waiting))
+        elif isinstance(answer, FirstToken):
+            for waiting in awaiting.values():
+                waiting.discard(step.ticket)
+            fed_at_first_token += len(answer.wakes.granted)
+    assert most == 3
+    assert fed_at_first_token == len(arrivals) - 6  # the first six went at once
+    assert [log.status for log in cluster.logs] == [200] * len(arrivals)

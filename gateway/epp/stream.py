@@ -35,6 +35,7 @@ from laneway.gateway.serving.handler import record, release
 from laneway.gateway.serving.incoming import body_too_large
 from laneway.gateway.serving.model_name import rewriter
 from laneway.gateway.serving.outcome import Outcome
+from laneway.gateway.serving.relay import note_first_token
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.serving.routing import PromptCount, parse, prompt_blocks, route_request
 from laneway.ledger import Admission, Ticket
@@ -326,12 +327,8 @@ class PickerStream:
     ) -> None:
         if first and self._on is not None:
             path, plan = self._path, routed.plan
-            token = path.ledger.first_token(routed.ticket, read_at=now, written_at=now)
-            path.load_changed()
-            labels = (plan.pool.name, plan.lane.value)
-            path.metrics.ttft_of(*labels).observe(token.ttft_ms / 1000)
-            path.metrics.ttft_slo_of(*labels, "true" if token.met_slo else "false").inc()
-            self._gaps = path.metrics.tbt.labels(*labels)
+            note_first_token(path, plan, routed.ticket, read_at=now, written_at=now)
+            self._gaps = path.metrics.tbt.labels(plan.pool.name, plan.lane.value)
             self._last_event = now
             return
         last, gaps = self._last_event, self._gaps

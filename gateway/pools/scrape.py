@@ -18,9 +18,11 @@ async def scrape_forever(
     session: aiohttp.ClientSession,
     settings: GatewaySettings,
     clock: Callable[[], float],
+    wake: Callable[[Wakes], None],
 ) -> None:
     """Scrape every endpoint once per interval, forever, into the ledger (which forgets an
-    engine's prefixes when its prefix counter went back, where the settings say so).
+    engine's prefixes when its prefix counter went back, where the settings say so, and
+    admits the documents a fed batch replica's KV room now takes: `wake`).
 
     A round's scrapes start spread over the interval, not all at once: each answer is read
     and parsed on the event loop, so answers landing together would hold the loop, and every
@@ -34,7 +36,7 @@ async def scrape_forever(
             continue
         async with asyncio.TaskGroup() as scrapes:
             for url in urls:
-                scrapes.create_task(_scrape(ledger, session, url, timeout, clock))
+                scrapes.create_task(_scrape(ledger, session, url, timeout, clock, wake))
                 await asyncio.sleep(interval_s / len(urls))
 
 
@@ -44,6 +46,7 @@ async def _scrape(
     url: str,
     limits: aiohttp.ClientTimeout,
     clock: Callable[[], float],
+    wake: Callable[[Wakes], None],
 ) -> None:
     # A failed scrape only lets the last sample go stale; live requests decide ejection.
     try:
@@ -51,7 +54,7 @@ async def _scrape(
             if response.status != 200:
                 return
             text = await response.text()
-        ledger.record_scrape(url, clock(), parse_engine_metrics(text))
+        wake(ledger.record_scrape(url, clock(), parse_engine_metrics(text)).wakes)
     except (aiohttp.ClientError, TimeoutError, EngineMetricsError, UnicodeDecodeError):
         return
 

@@ -26,7 +26,7 @@ from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
 from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch, made_by_answer
 from laneway.gateway.serving.routing import PromptCount
-from laneway.ledger import Sent, Ticket
+from laneway.ledger import FirstToken, Sent, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
 from laneway.routing.priority import engine_priority
 from laneway.routing.slo import within_slo
@@ -279,15 +279,25 @@ class _StreamRelay:
 
 
 def _note_first_token(exchange: Exchange, read_at: float, written_at: float) -> None:
+    note_first_token(
+        exchange.path, exchange.plan, exchange.ticket, read_at=read_at, written_at=written_at
+    )
+
+
+def note_first_token(
+    path: RequestPath, plan: RoutingPlan, ticket: Ticket, *, read_at: float, written_at: float
+) -> FirstToken:
     """The stream's first content token: the ledger learns the endpoint's prefill rate from
     it (read from the engine, as the engine's clock runs) and takes its TTFT against the SLO
-    (written to the client, as the client's clock runs)."""
-    path, plan = exchange.path, exchange.plan
-    first = path.ledger.first_token(exchange.ticket, read_at=read_at, written_at=written_at)
+    (written to the client, as the client's clock runs). Both shells, the gateway's relay and
+    the endpoint picker, end a first token here."""
+    first = path.ledger.first_token(ticket, read_at=read_at, written_at=written_at)
+    path.wake(first.wakes)  # a fed batch replica's prefill is free for the next document
     path.load_changed()
     labels = (plan.pool.name, plan.lane.value)
     path.metrics.ttft_of(*labels).observe(first.ttft_ms / 1000)
     path.metrics.ttft_slo_of(*labels, "true" if first.met_slo else "false").inc()
+    return first
 
 
 class _ClientWrites:

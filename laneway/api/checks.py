@@ -179,7 +179,31 @@ def _check_field_combinations(spec: PoolSpec) -> list[FieldError]:
                 "spec.autoscaling", "cannot be set with spec.selector: adopted pods are not scaled"
             )
         )
-    return errors
+    return [*errors, *_check_lending(spec)]
+
+
+def _check_lending(spec: PoolSpec) -> list[FieldError]:
+    lending = spec.lending
+    if lending is None:
+        return []
+    if spec.lane is not Lane.INTERACTIVE:
+        return [
+            FieldError(
+                "spec.lending",
+                "is for an interactive pool, which lends its idle replicas to a batch pool: "
+                "remove lending, or set it on the interactive pool",
+            )
+        ]
+    scaling = spec.autoscaling
+    if scaling is not None and lending.keep_replicas > scaling.max_replicas:
+        return [
+            FieldError(
+                "spec.lending.keepReplicas",
+                f"must not exceed autoscaling.maxReplicas ({scaling.max_replicas}), got "
+                f"{lending.keep_replicas}: lower keepReplicas or raise maxReplicas",
+            )
+        ]
+    return []
 
 
 def _check_kv_events(spec: PoolSpec) -> list[FieldError]:
@@ -232,8 +256,9 @@ def _check_kv_events(spec: PoolSpec) -> list[FieldError]:
 
 
 def check_pool_set(pools: Sequence[InferencePool]) -> list[FieldError]:
-    """Rules across pools: interactive pools serving one model must not overlap in range."""
-    errors: list[FieldError] = []
+    """Rules across pools: interactive pools serving one model must not overlap in range,
+    and a lending pool's engine must serve its borrower's prompts."""
+    errors: list[FieldError] = [*_check_borrowers(pools)]
     interactive = [p for p in pools if p.spec.lane is Lane.INTERACTIVE]
     for i, first in enumerate(interactive):
         for second in interactive[i + 1 :]:
@@ -251,4 +276,41 @@ def check_pool_set(pools: Sequence[InferencePool]) -> list[FieldError]:
                         "make the ranges disjoint or give one pool a higher routing.priority",
                     )
                 )
+    return errors
+
+
+def _check_borrowers(pools: Sequence[InferencePool]) -> list[FieldError]:
+    """A lent replica runs the borrower's requests on the lender's engine: the borrower must
+    be a batch pool of the lender's namespace serving the same model, with prompts (and
+    their completions) within the lender's context cap."""
+    by_key = {pool.key: pool for pool in pools}
+    errors: list[FieldError] = []
+    for lender in pools:
+        lending = lender.spec.lending
+        if lending is None:
+            continue
+        path, name = f"{lender.key}.spec.lending.borrower", lending.borrower
+        borrower = by_key.get(f"{lender.namespace}/{name}")
+        if borrower is None:
+            message = (
+                f"no InferencePool {name!r} in namespace {lender.namespace!r}: create it or "
+                "name an existing batch pool"
+            )
+        elif borrower.spec.lane is not Lane.BATCH:
+            message = f"{name!r} is an {borrower.spec.lane.value} pool: name a batch pool"
+        elif borrower.spec.model != lender.spec.model:
+            message = (
+                f"{name!r} serves model {borrower.spec.model!r} but this pool's engine loads "
+                f"{lender.spec.model!r}: lend to a pool of the same model"
+            )
+        elif borrower.spec.limits.max_context_tokens > lender.spec.limits.max_context_tokens:
+            message = (
+                f"{name!r} takes prompts up to limits.maxContextTokens "
+                f"{borrower.spec.limits.max_context_tokens} but this pool's engine holds "
+                f"{lender.spec.limits.max_context_tokens}: raise this pool's "
+                "limits.maxContextTokens (and its engine's with it) to at least the borrower's"
+            )
+        else:
+            continue
+        errors.append(FieldError(path, message))
     return errors

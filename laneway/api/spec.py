@@ -12,6 +12,7 @@ from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from laneway.api.engine import EngineSpec
+from laneway.api.lending import LendingSpec
 from laneway.api.names import (
     MAX_CONCURRENT_REQUESTS,
     MAX_PARTIAL_PREFILLS,
@@ -249,6 +250,19 @@ class PoolSpec(Wire):
                 "request cannot wait for a replica's cold start within its TTFT target",
             ),
             rule(
+                "!has(self.lending) || self.lane == 'interactive'",
+                ".lending",
+                "lending is for an interactive pool, which lends its idle replicas to a batch "
+                "pool: remove lending, or set it on the interactive pool",
+            ),
+            rule(
+                "!has(self.lending) || !has(self.autoscaling) || "
+                "self.lending.keepReplicas <= self.autoscaling.maxReplicas",
+                ".lending.keepReplicas",
+                "lending.keepReplicas must not exceed autoscaling.maxReplicas: lower "
+                "keepReplicas or raise maxReplicas",
+            ),
+            rule(
                 "!(has(self.selector) && has(self.autoscaling))",
                 ".autoscaling",
                 "autoscaling cannot be set with selector; adopted pods are not scaled",
@@ -352,6 +366,16 @@ class PoolSpec(Wire):
         default_factory=SchedulingSpec,
         description="How the engine orders the requests waiting to start.",
         json_schema_extra={"default": {}},
+    )
+
+    lending: LendingSpec | None = Field(
+        default=None,
+        description="Lend whole idle replicas of this interactive pool to a batch pool, and "
+        "take them back (ending the batch request there, which is re-queued) when chat needs "
+        "them. Absent: the pool serves its own lane only. The request ledger decides the "
+        "roles (serving, draining, lent, reclaiming) and the virtual runner acts on them "
+        "(laneway bench day); the gateway's HTTP shell does not act on them yet, so there "
+        "the pool serves its own lane (issue 26).",
     )
 
     @functools.cached_property  # read by every request's routing

@@ -15,12 +15,15 @@ from laneway.ledger.decisions import (
     LedgerSettings,
     PromptBlocks,
     Queued,
+    Rebalanced,
     Refused,
+    Scraped,
     Sent,
     Wakes,
     Withdrawn,
 )
 from laneway.ledger.ledger import Ledger
+from laneway.ledger.lending import Reclaim, Role, RoleChange
 from laneway.ledger.lines import GateState, Ticket
 from laneway.ledger.log import RequestLog
 from laneway.ledger.responses import StoredResponse
@@ -41,8 +44,13 @@ __all__ = [
     "LedgerSettings",
     "PromptBlocks",
     "Queued",
+    "Rebalanced",
+    "Reclaim",
     "Refused",
     "RequestLog",
+    "Role",
+    "RoleChange",
+    "Scraped",
     "Sent",
     "StoredResponse",
     "Ticket",

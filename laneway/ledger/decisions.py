@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from laneway.ledger.lending import Reclaim, RoleChange
 from laneway.ledger.lines import GateState, Ticket
 from laneway.ledger.log import RequestLog
 from laneway.routing.fairshare import NO_CAPS, TenantCaps
@@ -28,6 +29,14 @@ class LedgerSettings:
     # process's life, so an entry also ends with its endpoint's engine.
     response_ttl_s: float = 30 * 24 * 3600.0
     response_capacity: int = 100_000  # ids remembered, the least recently made dropped first
+    # Batch pools fed per replica (`feeding.py`); False: one pool-wide count of
+    # maxConcurrentRequests per endpoint, as for the interactive lane.
+    feed_batch_per_replica: bool = True
+    # A fed replica whose engine's KV usage gauge reads this or more takes no new document.
+    feed_kv_limit: float = 0.9
+    # A lending pool lends one more replica per this long of chat demand below its
+    # replicas (`lending.py`): a lull between two turns lends nothing.
+    lend_after_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,18 @@ class Sent:
 class FirstToken:
     ttft_ms: float  # from arrival to the first token written to the client
     met_slo: bool  # within the pool's slo.ttftMillis
+    # The tickets a replica's free prefill admitted (a pool fed per replica); empty on
+    # every later call for the same attempt.
+    wakes: Wakes = NO_WAKES
+    # The first chat token on a replica taken back from lending since it was: from the
+    # decision to take it back to this token (`Ledger.rebalance`).
+    reclaim_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Scraped:
+    reset: bool  # the engine's prefix cache was reset (it restarted)
+    wakes: Wakes  # the tickets its KV room admitted (a pool fed per replica)
 
 
 @dataclass(frozen=True)
@@ -144,3 +165,12 @@ class Failed:
 class Finished:
     log: RequestLog
     wakes: Wakes  # the tickets its slot admitted
+
+
+@dataclass(frozen=True)
+class Rebalanced:
+    """The lending pools' role changes of one moment, what to abort, whom they admit."""
+
+    changes: tuple[RoleChange, ...] = ()
+    reclaims: tuple[Reclaim, ...] = ()
+    wakes: Wakes = NO_WAKES

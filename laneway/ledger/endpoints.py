@@ -7,7 +7,7 @@ some pool lists it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from laneway.api import InferencePool
@@ -34,10 +34,13 @@ class EndpointBook:
         # Pool key -> its endpoints not ejected: rebuilt whenever a pool or a health changes.
         self._available: dict[str, tuple[str, ...]] = {}
 
-    def update(self, pools: Sequence[InferencePool]) -> None:
+    def update(self, pools: Sequence[InferencePool], listed: Iterable[InferencePool]) -> None:
+        """`pools` as the routing sees them (`lending.py` moves replicas between pools);
+        `listed` as delivered: every endpoint there keeps its health, gauges and rate (a
+        draining replica, in none of `pools`, too)."""
         self.pools = {pool.key: pool for pool in pools}
         self.pool_list = tuple(self.pools.values())
-        urls = dict.fromkeys(url for pool in pools for url in pool.endpoints)
+        urls = dict.fromkeys(url for pool in listed for url in pool.endpoints)
         self._health = {url: self._health.get(url, Health()) for url in urls}
         self._scrapes = {url: s for url, s in self._scrapes.items() if url in urls}
         self._rates = {url: r for url, r in self._rates.items() if url in urls}

@@ -5,24 +5,25 @@ runner) with the time and returning data:
 
     admit -> plan -> sent -> first_token -> finished
                       \\-> failed (-> sent again on the retry)      withdraw: gave up in line
+                      \\-> requeue (its replica taken back: in line again -> plan)
 
 The ledger owns the pools' gates and lines, each tenant's requests per pool (against its
 caps), every endpoint's in-flight load, each pool's demand, the prefix index, the learned
-prefill rates, health and scraped gauges. It reads no clock and does no I/O: time comes in
-as `now` (seconds on one clock of the shell's choosing), and whatever a change means for a
-waiting request comes back as `Wakes`.
+prefill rates, health, scraped gauges, stored responses' holders and a lending pool's replica
+roles (`rebalance`, `lending.py`). It reads no clock and does no I/O: time comes in as `now`
+(seconds on one clock of the shell's choosing), and whatever a change means for a waiting
+request comes back as `Wakes`.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 from laneway.api import InferencePool
-from laneway.autoscale import DemandCount
 from laneway.ledger.decisions import (
     NO_BLOCKS,
     NO_WAKES,
@@ -35,7 +36,9 @@ from laneway.ledger.decisions import (
     LedgerSettings,
     PromptBlocks,
     Queued,
+    Rebalanced,
     Refused,
+    Scraped,
     Sent,
     Wakes,
     Withdrawn,
@@ -43,41 +46,24 @@ from laneway.ledger.decisions import (
 from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.facts import PlanFacts
-from laneway.ledger.lines import GateState, PoolGate, Ticket
+from laneway.ledger.feeding import FeedCounts, fed_candidates, feeding_limit, feeds, free_slots
+from laneway.ledger.lending import LendingBook
+from laneway.ledger.lines import PoolGate, Ticket
 from laneway.ledger.load import LoadBook
-from laneway.ledger.log import RequestLog
-from laneway.ledger.responses import ResponseBook, StoredResponse
+from laneway.ledger.records import LedgerRecords
+from laneway.ledger.responses import ResponseBook
 from laneway.ledger.tenants import TenantBook, TenantCount, TenantKey
-from laneway.routing.cycle import CycleRequest, EndpointLoad, candidates
+from laneway.ledger.tickets import TicketState, running_on
+from laneway.routing.cycle import CycleRequest, candidates
 from laneway.routing.engine_metrics import EngineMetrics
-from laneway.routing.kv_events import EngineBlockFeed, KVEvent
+from laneway.routing.kv_events import EngineBlockFeed
 from laneway.routing.picker import wants_prefix_blocks
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan, plan_cycle
 from laneway.routing.prefix_index import PrefixIndex
-from laneway.routing.slo import PrefillRate, within_slo
-
-_State = Literal["queued", "running", "refused"]
+from laneway.routing.slo import within_slo
 
 
-@dataclass(slots=True)
-class _Request:
-    """One ticket's state; only the ledger changes it."""
-
-    ask: Admission
-    gate: PoolGate  # its pool's gate when it was admitted (a removed pool's, while it drains)
-    state: _State
-    joined_at: float
-    queue_ms: float | None = None
-    plan: RoutingPlan | None = None
-    blocks: PromptBlocks = NO_BLOCKS
-    tried: PlannedEndpoint | None = None  # the endpoint tried last
-    attempts: int = 0
-    on: PlannedEndpoint | None = None  # the endpoint its current attempt holds load on
-    sent_at: float = 0.0
-    first: FirstToken | None = None  # the current attempt's first token, once it came
-
-
-class Ledger:
+class Ledger(LedgerRecords):
     def __init__(self, settings: LedgerSettings, rng: random.Random) -> None:
         self.settings = settings
         self._rng = rng
@@ -91,8 +77,12 @@ class Ledger:
         self._demand = DemandBook(settings.slo_window_s)
         self.prefix_index = PrefixIndex(settings.picking.prefix.capacity_blocks)
         self._feeds: dict[str, EngineBlockFeed] = {}
-        self._requests: dict[Ticket, _Request] = {}
+        self._requests: dict[Ticket, TicketState] = {}
         self._responses = ResponseBook(settings.response_capacity)
+        # Pool key -> the tickets holding its prefill slots, for the pools fed per replica.
+        self._prefilling: dict[str, set[Ticket]] = {}
+        self._lending = LendingBook(settings.lend_after_s)
+        self._listed: dict[str, InferencePool] = {}  # the pools as delivered, before lending
         self._tickets = itertools.count(1)
         self.synced = False  # a pool set has been delivered
 
@@ -103,7 +93,9 @@ class Ledger:
         ticket = next(self._tickets)
         key = ask.route.pool.key
         pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
-        request = _Request(ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now)
+        request = TicketState(
+            ticket=ticket, ask=ask, gate=gate or PoolGate(0), state="refused", joined_at=now
+        )
         self._requests[ticket] = request
         if pool is None or gate is None:
             return Refused(ticket=ticket, reason="pool_removed", gate=request.gate.state())
@@ -169,6 +161,8 @@ class Ledger:
         pool = self._endpoints.pools.get(route.pool.key) or route.pool
         if pool is not route.pool:
             route = replace(route, pool=pool)
+        if request.feeding and pool.key in self._prefilling:
+            subset = fed_candidates(pool, subset, self._feed_counts(pool.key, now))
         ask = CycleRequest(
             route=route,
             elapsed_ms=(now - request.ask.arrived) * 1000,
@@ -218,8 +212,12 @@ class Ledger:
         self._demand.record_ttft(plan.pool.key, written_at, met)
         self._load.prefill_done(on.url, on.prefill_tokens)
         self._endpoints.first_token(on.url, on.backlog_tokens, (read_at - request.sent_at) * 1000)
-        request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met)
-        return request.first
+        reclaim_ms = self._lending.first_token(plan.pool.key, on.url, read_at)
+        request.first = FirstToken(ttft_ms=ttft_s * 1000, met_slo=met, reclaim_ms=reclaim_ms)
+        if not request.feeding:
+            return request.first
+        # Its replica's prefill is free: the pool's next document may go there.
+        return replace(request.first, wakes=self._stop_feeding(request, read_at))
 
     def failed(self, ticket: Ticket, now: float, *, counts: bool = True) -> Failed:
         """The current attempt failed. `counts`: against the endpoint's health (a read
@@ -247,16 +245,41 @@ class Ledger:
         status: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        recomputed_prompt_tokens: int = 0,
     ) -> Finished:
         """The request is over, however it ended: everything it held is released and its
-        log built. Call it once per ticket, refused ones included."""
+        log built. Call it once per ticket, refused ones included. `recomputed_prompt_tokens`:
+        prompt tokens its engines prefilled that an attempt it was requeued from (`requeue`)
+        had prefilled already, where the shell knows them."""
         request = self._requests.pop(ticket)
         wakes = NO_WAKES
         if request.state == "queued":
             self._leave_line(ticket, request)
         elif request.state == "running":
             wakes = self._stop_running(request, now)
-        return Finished(log=self._log(request, now, status, error, prompt_tokens), wakes=wakes)
+        log = request.log(now, status, error, prompt_tokens, recomputed_prompt_tokens)
+        return Finished(log=log, wakes=wakes)
+
+    def requeue(self, ticket: Ticket, now: float) -> Wakes:
+        """The shell ended the running request's attempt to take its replica back (a
+        reclaim: it closed the upstream request, which makes the engine abort it). Its slot
+        and load are released, not counted against the endpoint's health, and it waits in
+        its pool's line again, to be planned and sent anew when a slot frees (where the
+        pool's picking scores prefixes, the blocks its attempt prefilled, cached where it
+        ran, count for that replica). A closed pool refuses it."""
+        request = self._running(ticket)
+        wakes = self._stop_running(request, now)
+        request.requeued += 1
+        gate, ask = request.gate, request.ask
+        if gate.closed is not None or not gate.can_join():
+            reason = gate.closed or "queue_full"
+            refused = Refused(ticket=ticket, reason=reason, gate=gate.state())
+            return wakes + Wakes(refused=(refused,))
+        gate.join(ticket, ask.route.priority, ask.tenant, ask.fair_tokens)
+        request.state, request.joined_at = "queued", now
+        self._demand.add(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
+        self._tenants.add(ask.route.pool.key, ask.tenant, waiting=1)
+        return wakes + self._grant(ask.route.pool.key, gate, now)
 
     # -- pools and endpoints ---------------------------------------------------------------
 
@@ -269,9 +292,28 @@ class Ledger:
             refused += self._refuse(self._gates.pop(key), "pool_removed")
         for key in incoming - self._gates.keys():
             self._gates[key] = PoolGate(self.settings.max_waiting)
-        self._endpoints.update(pools)
+        self._listed = {pool.key: pool for pool in pools}
+        self._lending.sync(self._listed)
+        self._endpoints.update(self._lending.effective(self._listed), self._listed.values())
         self.synced = True
         return Wakes(refused=tuple(refused)) + self._refresh_limits(now)
+
+    def rebalance(self, now: float) -> Rebalanced:
+        """The lending pools' replica roles for their chat demand now (`lending.py`): call
+        it whenever that demand may have changed (a chat turn admitted or ended, a scrape).
+        The shell acts on the reclaims; the wakes admit the borrowers' next documents."""
+        gates, requests = self._gates, self._requests
+        changes, reclaims = self._lending.rebalance(
+            now,
+            self._listed,
+            demand=lambda key: gates[key].active + gates[key].waiting,
+            in_flight=lambda url: self._load.of(url).in_flight,
+            running=lambda url, pool: running_on(requests, url, pool),
+        )
+        if not changes:
+            return Rebalanced()
+        self._endpoints.update(self._lending.effective(self._listed), self._listed.values())
+        return Rebalanced(changes, reclaims, self._refresh_limits(now))
 
     def drain(self) -> Wakes:
         """This replica is shutting down: every request still in line is refused now, so
@@ -286,58 +328,16 @@ class Ledger:
         self._endpoints.probe(url, passed)
         return self._refresh_limits(now)
 
-    def record_scrape(self, url: str, now: float, metrics: EngineMetrics) -> bool:
-        """Keep an engine's gauges; True when they show its prefix cache was reset (the
-        index then forgets the endpoint, where the settings say so)."""
+    def record_scrape(self, url: str, now: float, metrics: EngineMetrics) -> Scraped:
+        """Keep an engine's gauges: whether they show its prefix cache was reset (the index
+        then forgets the endpoint, where the settings say so), and whom KV room they show
+        on a replica fed per replica admits."""
         reset = self._endpoints.scrape(url, now, metrics)
         if reset:
             self._responses.forget_endpoint(url)  # the store went with the old process
         if reset and self.settings.picking.prefix.forget_on_engine_restart:
             self.prefix_index.forget(url)
-        return reset
-
-    def record_kv_events(self, url: str, events: Iterable[KVEvent]) -> None:
-        """An engine's own KV cache events (the exact prefix feed) for `url`."""
-        feed = self._feeds.get(url)
-        if feed is None:
-            feed = self._feeds[url] = EngineBlockFeed(url, self.prefix_index)
-        feed.apply(events)
-
-    def record_response(
-        self, ticket: Ticket, response_id: str, now: float, context_tokens: int | None
-    ) -> StoredResponse:
-        """The endpoint the request was sent to last stored its response `response_id`:
-        what continues that response, for the same tenant, goes there."""
-        request = self._requests[ticket]
-        assert request.tried is not None, "recorded before sent"
-        assert request.plan is not None, "recorded before planned"
-        stored = StoredResponse(
-            endpoint=request.tried.url,
-            pool=request.plan.pool.key,
-            tenant=request.ask.tenant,
-            context_tokens=context_tokens,
-            expires_at=now + self.settings.response_ttl_s,
-        )
-        self._responses.record(response_id, stored)
-        return stored
-
-    def forget_response(self, response_id: str) -> None:
-        """Its holder answered that it does not have it (its engine restarted unseen)."""
-        self._responses.forget(response_id)
-
-    def adopt_response(self, response_id: str, stored: StoredResponse) -> None:
-        """A response another gateway replica recorded (shared through Redis)."""
-        self._responses.record(response_id, stored)
-
-    def response_holder(
-        self, response_id: str, tenant: str, now: float
-    ) -> tuple[StoredResponse, InferencePool] | None:
-        """Where `response_id` is stored, and that endpoint's pool (`ResponseBook.holder`)."""
-        return self._responses.holder(response_id, tenant, now, self._endpoints.pools)
-
-    def set_peer_loads(self, loads: Mapping[str, EndpointLoad]) -> None:
-        """The other gateway replicas' load per endpoint, summed (replaces the last)."""
-        self._load.set_peers(loads)
+        return Scraped(reset=reset, wakes=self._refresh_feeding(now))
 
     def set_peer_tenants(
         self, now: float, counts: Mapping[TenantKey, TenantCount], replicas: int | None = None
@@ -350,92 +350,30 @@ class Ledger:
             self._tenants.replicas = max(1, replicas)
         return self._grant_all(now)
 
-    # -- reading ---------------------------------------------------------------------------
-
-    @property
-    def wants_prefix_blocks(self) -> bool:
-        """Whether the profile scores the prompt's prefix (else `plan` needs no blocks)."""
-        return self._wants_prefix_blocks
-
-    def pools(self) -> tuple[InferencePool, ...]:
-        """The pools now configured: the same tuple until the next update."""
-        return self._endpoints.pool_list
-
-    def current(self, pool: InferencePool) -> InferencePool | None:
-        """The pool as now configured, None when it was removed since."""
-        return self._endpoints.pools.get(pool.key)
-
-    def available(self, pool: InferencePool) -> tuple[str, ...]:
-        return self._endpoints.available(pool)
-
-    def endpoints(self) -> list[str]:
-        return self._endpoints.endpoints()
-
-    def ejected(self) -> list[str]:
-        return self._endpoints.ejected()
-
-    def ready(self) -> bool:
-        return self.synced and any(self.available(p) for p in self._endpoints.pool_list)
-
-    def gate(self, pool: InferencePool) -> GateState:
-        gate = self._gates.get(pool.key)
-        return gate.state() if gate is not None else GateState(active=0, waiting=0, limit=0)
-
-    def fresh_metrics(self, url: str, now: float) -> EngineMetrics | None:
-        return self._endpoints.fresh_metrics(url, now)
-
-    def prefill_rate(self, url: str) -> PrefillRate:
-        return self._endpoints.prefill_rate(url)
-
-    def load(self, url: str) -> EndpointLoad:
-        """This replica's load on `url` plus its peers'."""
-        return self._load.of(url)
-
-    def tenant_count(self, pool: InferencePool, tenant: str) -> TenantCount:
-        """The tenant's requests running and waiting in `pool`, on every replica."""
-        return self._tenants.of(pool.key, tenant)
-
-    def own_tenants(self) -> dict[TenantKey, TenantCount]:
-        """This replica's own requests per (pool, tenant): what it publishes."""
-        return self._tenants.own()
-
-    @property
-    def cap_replicas(self) -> int:
-        """The gateway replicas sharing the tenants' caps, as last told."""
-        return self._tenants.replicas
-
-    def capped_tenants(self) -> frozenset[str]:
-        """The tenants with a cap, whose counts on other replicas matter here."""
-        return self._tenants.capped()
-
-    def own_loads(self) -> dict[str, EndpointLoad]:
-        """This replica's own load on every endpoint it has counted: what it publishes."""
-        return self._load.own()
-
-    def demand(self, now: float) -> dict[str, DemandCount]:
-        """Each configured pool's demand as this replica sees it."""
-        return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
-
     # -- the rest --------------------------------------------------------------------------
 
-    def _running(self, ticket: Ticket) -> _Request:
+    def _running(self, ticket: Ticket) -> TicketState:
         request = self._requests[ticket]
         if request.state != "running":
             raise ValueError(f"ticket {ticket} holds no slot (it is {request.state})")
         return request
 
-    def _run(self, request: _Request, now: float) -> None:
+    def _run(self, request: TicketState, now: float) -> None:
         request.state = "running"
         request.queue_ms = (now - request.joined_at) * 1000
-        ask = request.ask
-        self._demand.add(ask.route.pool.key, ask.route.prefill_tokens, queued=False)
-        self._tenants.add(ask.route.pool.key, ask.tenant, running=1)
+        route = request.ask.route
+        self._demand.add(route.pool.key, route.prefill_tokens, queued=False)
+        self._tenants.add(route.pool.key, request.ask.tenant, running=1)
+        prefilling = self._prefilling.get(route.pool.key)
+        if prefilling is not None:
+            request.feeding = request.fed = True
+            prefilling.add(request.ticket)
 
-    def _leave_line(self, ticket: Ticket, request: _Request) -> None:
+    def _leave_line(self, ticket: Ticket, request: TicketState) -> None:
         request.gate.withdraw(ticket)
         self._dequeued(request)
 
-    def _dequeued(self, request: _Request) -> None:
+    def _dequeued(self, request: TicketState) -> None:
         ask = request.ask
         self._demand.remove(ask.route.pool.key, ask.route.prefill_tokens, queued=True)
         self._tenants.add(ask.route.pool.key, ask.tenant, waiting=-1)
@@ -446,17 +384,56 @@ class Ledger:
         request.state = "refused"
         return Refused(ticket=ticket, reason="line_share", gate=request.gate.state())
 
-    def _stop_running(self, request: _Request, now: float) -> Wakes:
+    def _stop_running(self, request: TicketState, now: float) -> Wakes:
         self._end_attempt(request)
         ask = request.ask
         key = ask.route.pool.key
         self._demand.remove(key, ask.route.prefill_tokens, queued=False)
         self._tenants.add(key, ask.tenant, running=-1)
         request.state = "refused"
+        if request.feeding:
+            return self._stop_feeding(request, now)
+        if request.fed:
+            # Its slot was given back at its first token; its end leaves its replica one
+            # request lighter, which may let the next document go there.
+            return self._feed(key, now) if key in self._prefilling else NO_WAKES
         request.gate.release()
         return self._grant(key, request.gate, now)
 
-    def _end_attempt(self, request: _Request) -> None:
+    # -- per-replica feeding (`feeding.py`) ------------------------------------------------
+
+    def _stop_feeding(self, request: TicketState, now: float) -> Wakes:
+        """The request gives its prefill slot back (first token, or its end before one)."""
+        request.feeding = False
+        key = request.ask.route.pool.key
+        prefilling = self._prefilling.get(key)
+        request.gate.release()
+        if prefilling is None:  # its pool was removed: its gate only drains
+            return NO_WAKES
+        prefilling.discard(request.ticket)
+        return self._feed(key, now)
+
+    def _feed(self, key: str, now: float) -> Wakes:
+        """The fed pool's gate limit from its endpoints now, and whom it admits."""
+        pool, gate = self._endpoints.pools.get(key), self._gates.get(key)
+        if pool is None or gate is None:
+            return NO_WAKES
+        prefilling = self._prefilling[key]
+        unsent = sum(1 for t in prefilling if self._requests[t].on is None)
+        free = free_slots(pool, self._endpoints.available_of(key), self._feed_counts(key, now))
+        gate.limit = feeding_limit(len(prefilling), unsent, sum(free.values()))
+        return self._grant(key, gate, now)
+
+    def _feed_counts(self, key: str, now: float) -> FeedCounts:
+        own = Counter(
+            on.url for t in self._prefilling[key] if (on := self._requests[t].on) is not None
+        )
+        return FeedCounts(self._load, self._endpoints, own, now, self.settings.feed_kv_limit)
+
+    def _refresh_feeding(self, now: float) -> Wakes:
+        return sum((self._feed(key, now) for key in self._prefilling), NO_WAKES)
+
+    def _end_attempt(self, request: TicketState) -> None:
         on = request.on
         if on is not None:
             self._load.finish(on.url, on.prefill_tokens, prefill_done=request.first is not None)
@@ -490,35 +467,17 @@ class Ledger:
     def _refresh_limits(self, now: float) -> Wakes:
         # A pool admits maxConcurrentRequests per available endpoint; beyond that, requests
         # wait in its line, where interactive ones go first.
+        wakes = NO_WAKES
+        fed = self.settings.feed_batch_per_replica
+        self._prefilling = {
+            key: self._prefilling.get(key, set())
+            for key, pool in self._endpoints.pools.items()
+            if feeds(pool, fed)
+        }
         for key, pool in self._endpoints.pools.items():
+            if key in self._prefilling:
+                wakes += self._feed(key, now)
+                continue
             per_endpoint = pool.spec.limits.max_concurrent_requests
             self._gates[key].limit = per_endpoint * len(self._endpoints.available_of(key))
-        return self._grant_all(now)
-
-    def _log(
-        self,
-        request: _Request,
-        now: float,
-        status: int,
-        error: str | None,
-        prompt_tokens: int | None,
-    ) -> RequestLog:
-        ask, tried = request.ask, request.tried
-        route = request.plan.route if request.plan is not None else ask.route
-        return RequestLog(
-            path=ask.path,
-            status=status,
-            total_ms=(now - ask.arrived) * 1000,
-            model=ask.model,
-            pool=route.pool.name,
-            lane=route.lane.value,
-            reason=route.reason,
-            endpoint=tried.url if tried else "",
-            prompt_tokens=prompt_tokens,
-            stream=ask.stream,
-            attempts=request.attempts,
-            queue_ms=request.queue_ms,
-            predicted_ttft_ms=tried.predicted_ttft_ms if tried else None,
-            ttft_ms=request.first.ttft_ms if request.first else None,
-            error=error,
-        )
+        return wakes + self._grant_all(now)

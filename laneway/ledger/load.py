@@ -41,6 +41,10 @@ class LoadBook:
         peers = self._peers.get(url)
         return own if peers is None else own.plus(peers)
 
+    def peer_prefill_tokens(self, url: str) -> int:
+        peers = self._peers.get(url)
+        return 0 if peers is None else peers.prefill_tokens
+
     def _add(self, url: str, *, requests: int, prefill_tokens: int) -> None:
         now = self._own.get(url, IDLE)
         self._own[url] = EndpointLoad(

@@ -18,6 +18,8 @@ class RequestLog:
     prompt_tokens: int | None = None
     stream: bool = False
     attempts: int = 0
+    requeued: int = 0  # times an attempt was ended to take its replica back (`requeue`)
+    recomputed_prompt_tokens: int = 0  # prefilled again after such an end
     queue_ms: float | None = None
     predicted_ttft_ms: float | None = None  # on the endpoint tried last, when it was picked
     ttft_ms: float | None = None
@@ -44,6 +46,9 @@ class RequestLog:
             line["prompt_tokens"] = self.prompt_tokens
         line["stream"] = self.stream
         line["attempts"] = self.attempts
+        if self.requeued:
+            line["requeued"] = self.requeued
+            line["recomputed_prompt_tokens"] = self.recomputed_prompt_tokens
         timings = {
             "queue_ms": self.queue_ms,
             "predicted_ttft_ms": self.predicted_ttft_ms,

@@ -108,12 +108,23 @@ class RecordingLedger(Ledger):
         status: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        recomputed_prompt_tokens: int = 0,
     ) -> Finished:
         finished = super().finished(
-            ticket, now, status=status, error=error, prompt_tokens=prompt_tokens
+            ticket,
+            now,
+            status=status,
+            error=error,
+            prompt_tokens=prompt_tokens,
+            recomputed_prompt_tokens=recomputed_prompt_tokens,
         )
         self._keep("finished", ticket, now, finished)
         return finished
+
+    def requeue(self, ticket: Ticket, now: float) -> Wakes:
+        wakes = super().requeue(ticket, now)
+        self._keep("requeue", ticket, now, wakes)
+        return wakes
 
     def decisions(self) -> list[Decision]:
         return [_timeless(step) for step in self.steps]
@@ -139,7 +150,8 @@ def _timeless(step: Step) -> Decision:
         granted = tuple(a.ticket for a in answer.granted)
         chose = (granted, tuple((r.ticket, r.reason) for r in answer.refused))
     elif isinstance(answer, FirstToken):
-        chose = ()  # whether it met the SLO is a matter of time
+        # Whether it met the SLO is a matter of time; whom its free prefill admitted is not.
+        chose = tuple(a.ticket for a in answer.wakes.granted)
     else:
         chose = (type(answer).__name__,)
     return Decision(call=step.call, ticket=step.ticket, chose=chose)

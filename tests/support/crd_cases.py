@@ -103,6 +103,22 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
         {"engine": {"kind": "sglang"}, "prefill": {"maxPartialPrefills": 2}},
         "self.engine.kind != 'sglang'",
     ),
+    ("an interactive pool lending", {"lending": {"borrower": "docs"}}, None),
+    (
+        "a batch pool lending",
+        {"lane": "batch", "lending": {"borrower": "docs"}},
+        "self.lane == 'interactive'",
+    ),
+    (
+        "keeping more replicas than it may have",
+        {"autoscaling": {"maxReplicas": 2}, "lending": {"borrower": "docs", "keepReplicas": 3}},
+        "self.lending.keepReplicas <= self.autoscaling.maxReplicas",
+    ),
+    (
+        "keeping as many as it may have",
+        {"autoscaling": {"maxReplicas": 2}, "lending": {"borrower": "docs", "keepReplicas": 2}},
+        None,
+    ),
     (
         "selector with autoscaling",
         {"selector": {"matchLabels": {"app": "x"}}, "autoscaling": {"maxReplicas": 3}},

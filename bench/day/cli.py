@@ -1,0 +1,144 @@
+"""`laneway bench day`: flags, the run with its progress, the table, --json and --plot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from laneway.bench.harness.flags import (
+    add_scenario_flags,
+    add_value_flag,
+    overridden,
+    parse_names,
+    scenario_options,
+    write_results,
+)
+from laneway.simulator.day import DayScenario
+
+QUICK = DayScenario(trough_sessions=20, peak_sessions=120, day_s=20.0, documents=40)
+CONFIG_NAMES = (
+    "unified-chunked",
+    "split",
+    "laneway",
+    "fixed-3+5",
+    "fixed-4+4",
+    "fixed-5+3",
+    "lending",
+)
+
+
+def register_bench_day(bench: argparse._SubParsersAction[Any]) -> None:
+    full = DayScenario()
+    day = bench.add_parser(
+        "day",
+        help="a compressed day: chat trough -> peak -> trough and a Batches backlog, "
+        "one cluster, seven configurations (lending among them)",
+        description="Run a compressed day on one cluster in virtual time: closed-loop chat "
+        "sessions ramping from a trough to a peak and back, and a backlog of long documents "
+        "queued at the start, under unified-chunked (FCFS), the seed's split, today's "
+        "laneway, fixed chat+batch splits of one engine configuration that serves both, and "
+        "laneway lending (the same engines, idle chat replicas lent to batch and taken back "
+        "when chat needs them). Prints one row per configuration; --json and --plot save "
+        "the results and the replicas per role over the day.",
+    )
+    day.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short variant: {QUICK.trough_sessions} -> {QUICK.peak_sessions} sessions, "
+        f"{QUICK.documents} documents, a {QUICK.day_s:g} s day",
+    )
+    add_value_flag(day, "--gpus", full.gpus, "GPUs, one replica each", preset=True)
+    add_value_flag(day, "--trough", full.trough_sessions, "sessions at the trough", preset=True)
+    add_value_flag(day, "--peak", full.peak_sessions, "sessions at the peak", preset=True)
+    add_value_flag(day, "--day", full.day_s, "virtual seconds the day lasts", preset=True)
+    add_value_flag(day, "--documents", full.documents, "documents queued", preset=True)
+    day.add_argument(
+        "--configs",
+        default=",".join(CONFIG_NAMES),
+        help="comma-separated subset of configurations to run",
+    )
+    add_scenario_flags(
+        day, seed=full.seed, seed_preset=True, plot_help="write a PNG of replicas per role"
+    )
+    day.set_defaults(handler=run_day_bench)
+
+
+def scenario_from(args: argparse.Namespace) -> DayScenario:
+    values = {
+        "gpus": args.gpus,
+        "trough_sessions": args.trough,
+        "peak_sessions": args.peak,
+        "day_s": args.day,
+        "documents": args.documents,
+        "seed": args.seed,
+    }
+    return overridden(QUICK if args.quick else DayScenario(), values)
+
+
+class _Progress:
+    """One line per configuration on stderr, redrawn in place on a terminal."""
+
+    def __init__(self, name: str, day_s: float) -> None:
+        self._name, self._day_s = name, day_s
+        self._tty = sys.stderr.isatty()
+        self._last_quarter = -1
+
+    def __call__(self, simulated_s: float) -> None:
+        share = min(simulated_s / self._day_s, 1.0)
+        line = f"day: {self._name:<16} {share:4.0%} ({simulated_s:5.1f} s simulated)"
+        if self._tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        elif int(share * 4) > self._last_quarter:
+            self._last_quarter = int(share * 4)
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self, wall_s: float) -> None:
+        end = "\n" if self._tty else ""
+        print(f"{end}day: {self._name:<16} done in {wall_s:.1f} s wall", file=sys.stderr)
+
+
+def run_day_bench(args: argparse.Namespace) -> int:
+    from laneway.bench.day.report import day_json, day_table
+    from laneway.simulator.day import day_configs, day_problems, run_day
+
+    scenario = scenario_from(args)
+    problems = day_problems(scenario)
+    wanted = parse_names(args.configs)
+    unknown = sorted(set(wanted) - set(CONFIG_NAMES))
+    if unknown or not wanted:
+        problems.append(
+            f"--configs: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(CONFIG_NAMES)}"
+        )
+    options = scenario_options(args, problems)
+    profile = options.profile
+    started = time.perf_counter()
+    results = []
+    for config in day_configs(scenario, profile):
+        if config.name not in wanted:
+            continue
+        progress = _Progress(config.name, scenario.day_s)
+        config_started = time.perf_counter()
+        results.append(run_day(config, profile, scenario, progress))
+        progress.done(time.perf_counter() - config_started)
+    wall_s = time.perf_counter() - started
+    print(
+        f"day, virtual time: {scenario.gpus} x {profile.gpu.name} ({profile.name}), "
+        f"{scenario.trough_sessions} -> {scenario.peak_sessions} -> {scenario.trough_sessions} "
+        f"sessions over {scenario.day_s:g} s, {scenario.documents} documents of "
+        f"{scenario.document_tokens[0]}-{scenario.document_tokens[1]} tokens queued, "
+        f"seed {scenario.seed}; {wall_s:.1f} s wall"
+    )
+    print()
+    print(day_table(results))
+    if options.json is not None:
+        write_results(options.json, day_json(scenario, profile.name, results, wall_s))
+    if options.plot is not None:
+        from laneway.bench.day.plot import plot_day
+
+        title = f"day (virtual), {scenario.gpus} x {profile.name}: replicas per role"
+        plot_day(results, scenario, options.plot, title)
+        print(f"wrote {options.plot}", file=sys.stderr)
+    return 0

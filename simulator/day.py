@@ -1,0 +1,323 @@
+"""The compressed day (`laneway bench day`) in virtual time: chat sessions ramping from a
+trough to a peak and back while a Batches backlog of long documents waits, on one fixed
+cluster, under the configurations that share it differently (issue 26).
+
+Chat: closed-loop sessions as in the seed experiment (`seed.py`: prompts, answers and think
+times); session `i` takes turns while the day's session count is above `i`, so the active
+count follows the curve (a ramp up over the first 40 % of the day, the peak held to 60 %,
+a ramp down to the end). Documents: all queued at the start, each of a length drawn between
+the scenario's bounds, with distinct token ids (no two share a prefix). The run stops at the
+day's end: what finished by then counts, and so do the document tokens prefilled so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+
+from laneway.api import Lane
+from laneway.api.lending import LendingSpec
+from laneway.simulator.profiles import Profile
+from laneway.simulator.recompute import covered
+from laneway.simulator.replicas import Request
+from laneway.simulator.runner import ProgressCallback, VirtualCluster, Workload
+from laneway.simulator.scheduler import SchedulerConfig
+from laneway.simulator.seed import (
+    CHUNKED_LONG,
+    LONG_CONTEXT,
+    SCRAPE_INTERVAL_S,
+    TBT_SLO_S,
+    TTFT_SLO_S,
+    ClusterConfig,
+    SeedScenario,
+    SimPool,
+    batch_pool,
+    realtime_pool,
+    seed_configs,
+    unified_pool,
+)
+from laneway.stats import percentile
+
+DOCUMENTS = -1  # the event subject that queues the backlog; sessions are numbered from 0
+SAMPLE = -2  # the event subject that samples the replicas' roles
+SAMPLES = 120  # role samples over the day
+# One engine configuration for both roles, so a replica serves either lane: chunked prefill
+# within a 768-token step budget (a mixed step stays within the TBT SLO on an H200, as the
+# seed experiment's `tbt_token_budget` finds) and the batch lane's context. vLLM
+# `--max-model-len 131072 --max-num-batched-tokens 768 --long-prefill-token-threshold 768
+# --max-num-seqs 64`; SGLang `--context-length 131072 --chunked-prefill-size 768
+# --max-running-requests 64`.
+LENDING_ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=768,
+    chunk_size=768,
+    max_num_seqs=64,
+    max_partial_prefills=64,
+    max_context=LONG_CONTEXT,
+)
+FIXED_SPLITS = (3, 4, 5)  # chat replicas of the fixed splits of the lending engines
+LENDING_CHAT_REPLICAS = 5  # the lender's own; the borrower keeps the rest
+
+
+@dataclass(frozen=True)
+class DayScenario:
+    gpus: int = 8
+    trough_sessions: int = 50
+    peak_sessions: int = 300
+    day_s: float = 180.0
+    documents: int = 600
+    document_tokens: tuple[int, int] = (32768, 65536)
+    document_output_tokens: int = 256
+    seed: int = 0
+    chat: SeedScenario = field(default_factory=SeedScenario)  # its turns and think times
+
+    def sessions_at(self, t: float) -> int:
+        """Active sessions at `t`: trough, a ramp to the peak, the peak, a ramp down."""
+        x = t / self.day_s
+        rise = min(1.0, x / 0.4) if x < 0.6 else max(0.0, (1 - x) / 0.4)
+        return round(self.trough_sessions + (self.peak_sessions - self.trough_sessions) * rise)
+
+
+def day_problems(scenario: DayScenario) -> list[str]:
+    problems = []
+    if scenario.gpus < 6:
+        problems.append("--gpus must be at least 6 (the fixed splits give chat 3-5 replicas)")
+    if not 0 <= scenario.trough_sessions <= scenario.peak_sessions:
+        problems.append("--trough must be between 0 and --peak")
+    if scenario.peak_sessions < 1:
+        problems.append("--peak must be at least 1")
+    if not scenario.day_s > 0:
+        problems.append("--day must be above 0")
+    if not 0 <= scenario.documents <= 1024:  # the gateway's line holds 1,024 per pool
+        problems.append("--documents must be between 0 and 1024")
+    (low, high), most = scenario.document_tokens, LONG_CONTEXT - scenario.document_output_tokens
+    if not 2049 <= low <= high <= most:
+        problems.append(f"document lengths must lie within 2049-{most}")
+    return problems
+
+
+def day_configs(scenario: DayScenario, profile: Profile) -> tuple[ClusterConfig, ...]:
+    gpus = scenario.gpus
+    seed = {
+        c.name: c
+        for c in seed_configs(SeedScenario(gpus=gpus, sessions=scenario.peak_sessions), profile)
+    }
+
+    def split(chat: int, lending: LendingSpec | None = None) -> tuple[SimPool, ...]:
+        realtime = dataclasses.replace(
+            realtime_pool(chat, LENDING_ENGINE), max_context_tokens=LONG_CONTEXT, lending=lending
+        )
+        return realtime, batch_pool(gpus - chat, LENDING_ENGINE)
+
+    fixed = tuple(
+        ClusterConfig(
+            name=f"fixed-{k}+{gpus - k}",
+            summary=f"{k} chat + {gpus - k} batch, one engine config (768 budget, 128k context)",
+            pools=split(k),
+        )
+        for k in FIXED_SPLITS
+    )
+    chat = LENDING_CHAT_REPLICAS
+    lending = LendingSpec(borrower="batch", keep_replicas=1, headroom=0.25)
+    return (
+        ClusterConfig(
+            name="unified-chunked",
+            summary=f"{gpus} mixed replicas, chunked (2048 budget, 1024 chunks), FCFS",
+            pools=(unified_pool(gpus, CHUNKED_LONG),),
+        ),
+        seed["split"],
+        seed["laneway"],
+        *fixed,
+        ClusterConfig(
+            name="lending",
+            summary=f"{chat} chat lending idle replicas to {gpus - chat} batch, the same engines",
+            pools=split(chat, lending),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RoleSample:
+    at_s: float
+    chat: int  # replicas taking chat turns
+    batch: int  # replicas taking documents (the batch pool's own and any lent)
+    draining: int  # neither: draining their last chat turns before they are lent
+
+
+@dataclass(frozen=True)
+class DayResult:
+    config: ClusterConfig
+    turns_started: int  # chat turns the gateway took during the day
+    turns_completed: int
+    # Turns unfinished at the day's end that had missed the SLO already (no first token
+    # within TTFT, or a gap over TBT); the others are judged by neither side.
+    turns_missed_unfinished: int
+    turns_in_slo: int
+    ttft_s: tuple[float, ...]
+    tbt_s: tuple[float, ...]
+    document_tokens_prefilled: int
+    documents_completed: int
+    gpu_busy: float  # of the GPUs' time over the day
+    reclaim_ms: tuple[float, ...]
+    recomputed_tokens: int  # document prompt tokens prefilled twice
+    roles: tuple[RoleSample, ...]
+
+    @property
+    def in_slo_share(self) -> float | None:
+        judged = self.turns_completed + self.turns_missed_unfinished
+        return self.turns_in_slo / judged if judged else None
+
+    @property
+    def recomputed_share(self) -> float:
+        total = self.document_tokens_prefilled + self.recomputed_tokens
+        return self.recomputed_tokens / total if total else 0.0
+
+    def p99_ms(self, values: tuple[float, ...]) -> float | None:
+        return percentile(values, 99) * 1000 if values else None
+
+
+@dataclass
+class _Tally:
+    ttft: list[float] = field(default_factory=list)
+    tbt: list[float] = field(default_factory=list)
+    turns_started: int = 0
+    turns_completed: int = 0
+    turns_in_slo: int = 0
+    documents_completed: int = 0
+    document_tokens: int = 0
+    recomputed: int = 0
+    roles: list[RoleSample] = field(default_factory=list)
+
+
+class DayWorkload(Workload):
+    def __init__(self, scenario: DayScenario) -> None:
+        self.scenario = scenario
+        self.sessions = [
+            random.Random(f"{scenario.seed}/session/{i}") for i in range(scenario.peak_sessions)
+        ]
+        self.documents = random.Random(f"{scenario.seed}/documents")
+        self.tally = _Tally()
+
+    def start(self, cluster: VirtualCluster) -> None:
+        spread = self.scenario.chat.session_start_spread_s
+        for index, rng in enumerate(self.sessions):
+            cluster.schedule(rng.uniform(0, spread), index)
+        cluster.schedule(0.0, DOCUMENTS)
+        for sample in range(SAMPLES + 1):
+            cluster.schedule(sample * self.scenario.day_s / SAMPLES, SAMPLE)
+
+    def on_event(self, cluster: VirtualCluster, now: float, subject: int) -> None:
+        scenario, chat = self.scenario, self.scenario.chat
+        if subject == DOCUMENTS:
+            next_id = 0
+            for _ in range(scenario.documents):
+                tokens = self.documents.randint(*scenario.document_tokens)
+                ids = range(next_id, next_id + tokens)  # distinct ids: no shared prefix
+                next_id += tokens
+                cluster.submit(
+                    now, DOCUMENTS, tokens, scenario.document_output_tokens, prompt_ids=ids
+                )
+            return
+        if subject == SAMPLE:
+            self.tally.roles.append(_roles(cluster, now))
+            return
+        if now >= scenario.day_s:
+            return
+        rng = self.sessions[subject]
+        if subject >= scenario.sessions_at(now):  # not active yet, or no longer
+            cluster.schedule(now + rng.uniform(*chat.think_time_s), subject)
+            return
+        prompt, output = rng.randint(*chat.prompt_tokens), rng.randint(*chat.output_tokens)
+        if cluster.submit(now, subject, prompt, output) is None:
+            self._next_turn(cluster, now, subject)
+        else:
+            self.tally.turns_started += 1
+
+    def _next_turn(self, cluster: VirtualCluster, now: float, session: int) -> None:
+        think = self.sessions[session].uniform(*self.scenario.chat.think_time_s)
+        cluster.schedule(now + think, session)
+
+    def on_first_token(self, cluster: VirtualCluster, now: float, request: Request) -> None:
+        if request.source != DOCUMENTS:
+            self.tally.ttft.append(now - request.arrival_s)
+
+    def on_token_gap(
+        self, cluster: VirtualCluster, now: float, request: Request, gap_s: float
+    ) -> None:
+        if request.source != DOCUMENTS:
+            self.tally.tbt.append(gap_s)
+
+    def on_finished(self, cluster: VirtualCluster, now: float, request: Request) -> None:
+        tally = self.tally
+        if request.source == DOCUMENTS:
+            tally.documents_completed += 1
+            tally.document_tokens += request.prompt_tokens
+            tally.recomputed += request.spans.recomputed_tokens
+            return
+        assert request.first_token_s is not None
+        tally.turns_completed += 1
+        tally.turns_in_slo += (
+            request.first_token_s - request.arrival_s <= TTFT_SLO_S
+            and request.max_gap_s <= TBT_SLO_S
+        )
+        self._next_turn(cluster, now, request.source)
+
+
+def _roles(cluster: VirtualCluster, now: float) -> RoleSample:
+    pools = cluster.ledger.pools()
+    chat = sum(len(p.endpoints) for p in pools if p.spec.lane is Lane.INTERACTIVE)
+    batch = sum(len(p.endpoints) for p in pools if p.spec.lane is Lane.BATCH)
+    return RoleSample(
+        at_s=now, chat=chat, batch=batch, draining=len(cluster.replicas) - chat - batch
+    )
+
+
+def run_day(
+    config: ClusterConfig,
+    profile: Profile,
+    scenario: DayScenario,
+    on_progress: ProgressCallback | None = None,
+) -> DayResult:
+    workload = DayWorkload(scenario)
+    cluster = VirtualCluster(
+        config.pools,
+        profile,
+        config.picking,
+        workload,
+        duration_s=scenario.day_s,
+        tie_break=f"{scenario.seed}/picker",
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        on_progress=on_progress,
+        drain_limit_s=0.0,
+    )
+    cluster.run()
+    tally = workload.tally
+    # Documents still running at the day's end: what their engines prefilled so far.
+    prefilled, recomputed = tally.document_tokens, tally.recomputed
+    missed = 0
+    for request in cluster.requests.values():
+        if request.source != DOCUMENTS:
+            first = scenario.day_s if request.first_token_s is None else request.first_token_s
+            missed += first - request.arrival_s > TTFT_SLO_S or request.max_gap_s > TBT_SLO_S
+        else:
+            spans = request.spans
+            done = [*spans.ended, *([spans.current] if spans.current else [])]
+            prefilled += covered(done, 0, request.prompt_tokens)
+            recomputed += spans.recomputed_tokens
+    busy = sum(min(r.busy_s, scenario.day_s) for r in cluster.replicas)
+    return DayResult(
+        config=config,
+        turns_started=tally.turns_started,
+        turns_completed=tally.turns_completed,
+        turns_missed_unfinished=missed,
+        turns_in_slo=tally.turns_in_slo,
+        ttft_s=tuple(tally.ttft),
+        tbt_s=tuple(tally.tbt),
+        document_tokens_prefilled=prefilled,
+        documents_completed=tally.documents_completed,
+        gpu_busy=busy / (len(cluster.replicas) * scenario.day_s),
+        reclaim_ms=tuple(cluster.reclaim_ms),
+        recomputed_tokens=recomputed,
+        roles=tuple(tally.roles),
+    )
