@@ -15,6 +15,7 @@ from laneway.bench.harness.flags import (
     scenario_options,
     write_results,
 )
+from laneway.bench.harness.progress import VirtualProgress
 from laneway.simulator.day import DayScenario
 
 QUICK = DayScenario(trough_sessions=20, peak_sessions=120, day_s=20.0, documents=40)
@@ -77,28 +78,6 @@ def scenario_from(args: argparse.Namespace) -> DayScenario:
     return overridden(QUICK if args.quick else DayScenario(), values)
 
 
-class _Progress:
-    """One line per configuration on stderr, redrawn in place on a terminal."""
-
-    def __init__(self, name: str, day_s: float) -> None:
-        self._name, self._day_s = name, day_s
-        self._tty = sys.stderr.isatty()
-        self._last_quarter = -1
-
-    def __call__(self, simulated_s: float) -> None:
-        share = min(simulated_s / self._day_s, 1.0)
-        line = f"day: {self._name:<16} {share:4.0%} ({simulated_s:5.1f} s simulated)"
-        if self._tty:
-            print(f"\r{line}", end="", file=sys.stderr, flush=True)
-        elif int(share * 4) > self._last_quarter:
-            self._last_quarter = int(share * 4)
-            print(line, file=sys.stderr, flush=True)
-
-    def done(self, wall_s: float) -> None:
-        end = "\n" if self._tty else ""
-        print(f"{end}day: {self._name:<16} done in {wall_s:.1f} s wall", file=sys.stderr)
-
-
 def run_day_bench(args: argparse.Namespace) -> int:
     from laneway.bench.day.report import day_json, day_table
     from laneway.simulator.day import day_configs, day_problems, run_day
@@ -119,7 +98,7 @@ def run_day_bench(args: argparse.Namespace) -> int:
     for config in day_configs(scenario, profile):
         if config.name not in wanted:
             continue
-        progress = _Progress(config.name, scenario.day_s)
+        progress = VirtualProgress("day", config.name, scenario.day_s)
         config_started = time.perf_counter()
         results.append(run_day(config, profile, scenario, progress))
         progress.done(time.perf_counter() - config_started)

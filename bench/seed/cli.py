@@ -19,6 +19,7 @@ from laneway.bench.harness.flags import (
     scenario_options,
     write_results,
 )
+from laneway.bench.harness.progress import VirtualProgress
 from laneway.errors import UsageError
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
@@ -111,29 +112,6 @@ def scenario_from(args: argparse.Namespace) -> SeedScenario:
     )
 
 
-class _Progress:
-    """One line per configuration on stderr, redrawn in place on a terminal."""
-
-    def __init__(self, name: str, duration_s: float) -> None:
-        self._name = name
-        self._duration_s = duration_s
-        self._tty = sys.stderr.isatty()
-        self._last_quarter = -1
-
-    def __call__(self, simulated_s: float) -> None:
-        share = min(simulated_s / self._duration_s, 1.0)
-        line = f"seed: {self._name:<16} {share:4.0%} ({simulated_s:5.1f} s simulated)"
-        if self._tty:
-            print(f"\r{line}", end="", file=sys.stderr, flush=True)
-        elif int(share * 4) > self._last_quarter:
-            self._last_quarter = int(share * 4)
-            print(line, file=sys.stderr, flush=True)
-
-    def done(self, wall_s: float) -> None:
-        end = "\n" if self._tty else ""
-        print(f"{end}seed: {self._name:<16} done in {wall_s:.1f} s wall", file=sys.stderr)
-
-
 def run_seed(args: argparse.Namespace) -> int:
     from laneway.bench.seed.report import against_unified_full, seed_table, summarize
     from laneway.simulator.seed import scenario_problems, seed_configs
@@ -168,7 +146,7 @@ def run_seed(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results: list[RunResult] = []
     for config in configs:
-        progress = _Progress(config.name, scenario.duration_s)
+        progress = VirtualProgress("seed", config.name, scenario.duration_s)
         config_started = time.perf_counter()
         results.append(run_virtual(config, profile, scenario, progress))
         progress.done(time.perf_counter() - config_started)
