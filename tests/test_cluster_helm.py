@@ -63,10 +63,7 @@ def prerequisites(kube: Cluster) -> None:
     # Never over a real one (a cluster with the Prometheus Operator).
     if not kube.exists("crd", SERVICE_MONITOR_CRD["metadata"]["name"]):
         kube.apply([SERVICE_MONITOR_CRD])
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=120s",
-        "crd/servicemonitors.monitoring.coreos.com", timeout=150,
-    )  # fmt: skip
+    kube.wait_established("servicemonitors.monitoring.coreos.com")
 
 
 def release_objects(kube: Cluster, namespace: str) -> list[str]:

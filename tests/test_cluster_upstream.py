@@ -28,10 +28,7 @@ TIMEOUT_S = 180.0
 @pytest.fixture(scope="module")
 def namespace(kube: Cluster) -> Iterator[str]:
     kube.kubectl("apply", "-f", str(UPSTREAM_CRD_PATH))
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=120s", f"crd/{UPSTREAM_CRD}",
-        timeout=150,
-    )  # fmt: skip
+    kube.wait_established(UPSTREAM_CRD)
     try:
         with released(kube, "lwup", "lw-upstream") as release:
             name = release.namespace

@@ -115,9 +115,19 @@ class Cluster:
     def install_crds(self) -> None:
         """`kubectl apply -f crds/`, then wait until the API server serves the kinds."""
         self.kubectl("apply", "-f", str(ROOT / "crds"))
-        self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=120s",
-            "crd/inferencepools.laneway.io", timeout=150,
+        self.wait_established("inferencepools.laneway.io")
+
+    def wait_established(self, crd: str) -> None:
+        """Until the API server serves the CRD's kind. Polled, not `kubectl wait
+        --for=condition=Established`: that fails at once with ".status.conditions accessor
+        error" when it reads the CRD before the API server has written any condition."""
+        eventually(
+            f"crd/{crd} is Established",
+            lambda: self.kubectl(
+                "get", f"crd/{crd}", "-o",
+                "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+            ).stdout.strip() == "True",
+            timeout_s=150,
         )  # fmt: skip
 
     @contextlib.contextmanager
