@@ -1,5 +1,6 @@
 """`laneway bench hostile` runs end to end and every hostile body gets a 4xx; the hostile
-tenant's batch completes and its slow bodies get 408."""
+tenant's batch completes, its slow bodies get 408, each engine-control field a 400 naming
+it, and its `"priority": -1000` does not jump the other tenant's queued request."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     names = [phase["name"] for phase in report["phases"]]
     assert names[0] == "quiet"
-    assert len(names) == 7
+    assert len(names) == 8
+    assert names[-1] == "kv_transfer_params x1"
     for phase in report["phases"][1:]:
         assert phase["hostile_sent"] >= 1, phase
         assert all(400 <= int(status) < 500 for status in phase["statuses"]), phase
@@ -34,5 +36,11 @@ def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     assert (batch["completed"], batch["failed"]) == (300, 0)
     assert tenant["slow_bodies"] == {"408": 10}
     assert tenant["slow_answer_s"] < 10  # the 2 s deadline, not the trickle's pace
+    fields = {case: status for case, status in tenant["small_ones"].items() if "field" in case}
+    assert "body field kv_transfer_params" in fields
+    assert set(fields.values()) == {"400"}, fields  # and each 400 named its field
     assert all(400 <= int(status) < 500 for status in tenant["small_ones"].values()), tenant
+    priority = tenant["priority"]
+    assert priority["statuses"] == {"victim": 200, "hostile": 200}, priority
+    assert priority["order"] == ["victim", "hostile"], priority
     assert "300-line batch" in done.stdout

@@ -26,6 +26,7 @@ import aiohttp
 from laneway.api import API_VERSION
 from laneway.bench.harness.procs import Children
 from laneway.bench.harness.summary import Distribution
+from laneway.bench.hostile.fields import ORDERED_MODEL
 from laneway.bench.hostile.tenant import (
     BODY_DEADLINE_MS,
     TenantReport,
@@ -35,22 +36,35 @@ from laneway.bench.hostile.tenant import (
 )
 
 MODEL = "llama"
+# One seat, admitted by `priority` (lower first) as vLLM's --scheduling-policy priority.
+ORDERED_SIM_ARGS = ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small",
+                    "--max-num-seqs", "1", "--scheduling-policy", "priority"]  # fmt: skip
 # Each body stays under the gateway's default 4 MiB limit, as an attacker's would.
 BODY_BUDGET = 3_900_000
 
 
 def hostile_bodies() -> dict[str, bytes]:
-    """Shape name -> a body of that shape, each just under the body limit."""
+    """Shape name -> a body of that shape, each just under the body limit (but the last:
+    an engine-control field, which the gateway must refuse without forwarding)."""
     word_count = BODY_BUDGET // 5
     many_prompts = {"model": MODEL, "prompt": ["ab"] * word_count, "max_tokens": 1}
     long_role = {"model": MODEL, "messages": [{"role": "x" * BODY_BUDGET, "content": "hi"}]}
     tiny_messages = {"model": MODEL, "messages": [{"role": "user"}] * (BODY_BUDGET // 18)}
+    # NixlConnector's fields (vLLM, distributed/kv_transfer/kv_connector/v1/nixl_connector.py):
+    # prefill from another engine's KV blocks.
+    remote = {"do_remote_prefill": True, "remote_engine_id": "other", "remote_block_ids": [1]}
+    steer_kv = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "kv_transfer_params": {**remote, "remote_host": "10.0.0.1", "remote_port": 5600},
+    }
     return {
         "780k-prompt list": json.dumps(many_prompts, separators=(",", ":")).encode(),
         "3.9 MB role": json.dumps(long_role).encode(),
         "216k messages": json.dumps(tiny_messages).encode(),
         "nested 1M deep": b"[" * (BODY_BUDGET // 2) + b"]" * (BODY_BUDGET // 2),
         "5000-digit int": b'{"model": "llama", "max_tokens": ' + b"9" * 5000 + b"}",
+        "kv_transfer_params": json.dumps(steer_kv).encode(),
     }
 
 
@@ -179,24 +193,32 @@ def _distribution(values: list[float]) -> Distribution:
     return distribution
 
 
-def config_documents(endpoint: str) -> list[dict[str, object]]:
-    pool: dict[str, object] = {
+def pool_document(name: str, model: str, endpoint: str) -> dict[str, object]:
+    return {
         "apiVersion": API_VERSION,
         "kind": "InferencePool",
-        "metadata": {"name": "solo"},
+        "metadata": {"name": name},
         "spec": {
             "lane": "interactive",
             "model": "llama-small",
             "engine": {"kind": "simulator"},
-            "routing": {"models": [MODEL]},
+            "routing": {"models": [model]},
             "limits": {"maxContextTokens": 8192},
         },
         "status": {"endpoints": [endpoint]},
     }
-    return [pool]
 
 
-def tenant_documents(endpoint: str) -> list[dict[str, object]]:
+def config_documents(endpoint: str) -> list[dict[str, object]]:
+    return [pool_document("solo", MODEL, endpoint)]
+
+
+def tenant_documents(endpoint: str, ordered_endpoint: str) -> list[dict[str, object]]:
+    """The solo pool, a priority-scheduled one (`ORDERED_MODEL`) and the body deadlines."""
+    ordered = pool_document("ordered", ORDERED_MODEL, ordered_endpoint)
+    spec = ordered["spec"]
+    assert isinstance(spec, dict)
+    spec["scheduling"] = {"policy": "priority"}
     deadlines = {"bodyTimeoutMillis": BODY_DEADLINE_MS, "uploadTimeoutMillis": BODY_DEADLINE_MS}
     gateway: dict[str, object] = {
         "apiVersion": API_VERSION,
@@ -204,7 +226,7 @@ def tenant_documents(endpoint: str) -> list[dict[str, object]]:
         "metadata": {"name": "hostile"},
         "spec": {"clients": deadlines},
     }
-    return [*config_documents(endpoint), gateway]
+    return [*config_documents(endpoint), ordered, gateway]
 
 
 async def run_bench(seconds: float, senders: int, batch_lines: int, command: str) -> HostileReport:
@@ -220,12 +242,14 @@ async def run_bench(seconds: float, senders: int, batch_lines: int, command: str
         gateway = await start_gateway(children, config_documents(engine.url))
         phases = await measure(gateway.url, seconds, senders)
         if batch_lines:
+            ordered = await children.start_laneway_async("sim", ORDERED_SIM_ARGS, "ordered sim")
             with LocalRedis() as redis, tempfile.TemporaryDirectory() as directory:
                 flags = ["--redis-url", redis.url, "--tenants", str(write_tenants(Path(directory)))]
-                shared = await start_gateway(
-                    children, tenant_documents(engine.url), [*LOOPBACK_ANY_PORT, *flags]
+                documents = tenant_documents(engine.url, ordered.url)
+                shared = await start_gateway(children, documents, [*LOOPBACK_ANY_PORT, *flags])
+                tenant = await measure_tenant(
+                    shared.url, shared.pid, batch_lines, MODEL, ordered.url
                 )
-                tenant = await measure_tenant(shared.url, shared.pid, batch_lines, MODEL)
     return HostileReport(
         command=command, machine=machine_description(), phases=phases, tenant=tenant
     )

@@ -7,7 +7,10 @@ Files and Batches APIs, on a gateway with Redis and a tenants file.
 - Slow bodies: uploads and creates sent a byte at a time, which must get 408 within the
   route's deadline.
 - The small ones: a garbage `Content-Encoding` on each route, `?limit=²`, a part with
-  `charset=bogus`, `/laneway/demand` without a key. Each must be a 4xx.
+  `charset=bogus`, `/laneway/demand` without a key, and each engine-control body field
+  (fields.py). Each must be a 4xx.
+- Another tenant's `"priority": -1000` on a priority-scheduled engine (fields.py): it must
+  not jump the victim's queued request.
 """
 
 from __future__ import annotations
@@ -23,10 +26,20 @@ import aiohttp
 import yaml
 
 from laneway.bench.harness.summary import Distribution
+from laneway.bench.hostile.fields import (
+    PriorityRun,
+    engine_control_cases,
+    priority_case,
+    render_priority,
+)
 
 KEY = "sk-bench"
-TENANTS = {"tenants": [{"name": "bench", "apiKeys": [KEY]}]}
+VICTIM_KEY = "sk-victim"
+TENANTS = {
+    "tenants": [{"name": "bench", "apiKeys": [KEY]}, {"name": "victim", "apiKeys": [VICTIM_KEY]}]
+}
 AUTH = {"Authorization": f"Bearer {KEY}"}
+VICTIM_AUTH = {"Authorization": f"Bearer {VICTIM_KEY}"}
 BODY_DEADLINE_MS = 2000  # the bench gateway's body and upload deadlines
 SLOW_BODIES = 10  # as many as the issue held open
 
@@ -43,6 +56,7 @@ class BatchRun:
     completed: int
     failed: int
     finish_s: float  # from the create until the batch finished
+    slowest_probe_at_s: float  # when the slowest probe was sent, from the create
     rss_mb_before: float
     rss_mb_peak: float
     rss_mb_after: float
@@ -54,6 +68,7 @@ class TenantReport:
     slow_bodies: dict[str, int]  # answer status -> count
     slow_answer_s: float  # the slowest 408 after the head was sent
     small_ones: dict[str, str]  # case -> answer status
+    priority: PriorityRun
 
 
 def write_tenants(directory: Path) -> Path:
@@ -138,6 +153,7 @@ async def run_batch(
         for keep in (lambda _: True, lambda sent: sent < answered, lambda sent: sent >= answered)
     )
     counts = batch.get("request_counts") or {}
+    slowest_sent, _ = max(latencies, key=lambda probe: probe[1])
     return BatchRun(
         lines=lines,
         healthz_ms=healthz,
@@ -149,6 +165,7 @@ async def run_batch(
         completed=int(counts.get("completed", 0)),
         failed=int(counts.get("failed", 0)),
         finish_s=finish_s,
+        slowest_probe_at_s=slowest_sent - begun,
         rss_mb_before=before,
         rss_mb_peak=peak,
         rss_mb_after=rss_mb(pid),
@@ -206,8 +223,10 @@ async def _raw(port: int, head: str, body: bytes) -> str:
     return answer.split(b" ")[1].decode()
 
 
-async def small_ones(session: aiohttp.ClientSession, url: str, port: int) -> dict[str, str]:
-    found: dict[str, str] = {}
+async def small_ones(
+    session: aiohttp.ClientSession, url: str, port: int, model: str
+) -> dict[str, str]:
+    found = await engine_control_cases(session, url, AUTH, model)
     for path in ("/v1/files", "/v1/batches"):
         async with session.get(f"{url}{path}?limit=²", headers=AUTH) as response:
             found[f"GET {path}?limit=²"] = str(response.status)
@@ -236,13 +255,23 @@ async def small_ones(session: aiohttp.ClientSession, url: str, port: int) -> dic
     return found
 
 
-async def measure_tenant(url: str, pid: int, lines: int, model: str) -> TenantReport:
+async def measure_tenant(
+    url: str, pid: int, lines: int, model: str, ordered_engine: str
+) -> TenantReport:
+    """`ordered_engine`: the URL of the priority-scheduled pool's one-seat engine."""
     port = int(url.rsplit(":", 1)[1])
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
-        small = await small_ones(session, url, port)
+        small = await small_ones(session, url, port, model)
+        priority = await priority_case(session, url, ordered_engine, VICTIM_AUTH, AUTH)
         statuses, slowest = await slow_bodies(port)
         batch = await run_batch(session, url, pid, lines, model)
-    return TenantReport(batch=batch, slow_bodies=statuses, slow_answer_s=slowest, small_ones=small)
+    return TenantReport(
+        batch=batch,
+        slow_bodies=statuses,
+        slow_answer_s=slowest,
+        small_ones=small,
+        priority=priority,
+    )
 
 
 def render_tenant(report: TenantReport) -> list[str]:
@@ -259,10 +288,12 @@ def render_tenant(report: TenantReport) -> list[str]:
         f"  /healthz meanwhile: {probes(b.healthz_ms)}",
         f"    while creating: {probes(b.healthz_create_ms)}",
         f"    while running: {probes(b.healthz_run_ms)}",
+        f"    the slowest sent {b.slowest_probe_at_s:.1f} s after the create",
         f"  gateway RSS: {b.rss_mb_before:.0f} MB before, {b.rss_mb_peak:.0f} MB at peak "
         f"(+{b.rss_mb_peak - b.rss_mb_before:.0f}), {b.rss_mb_after:.0f} MB after",
         f"{SLOW_BODIES} bodies a byte every 0.5 s: "
         + ", ".join(f"{s}: {n}" for s, n in sorted(report.slow_bodies.items()))
         + f", the slowest answered after {report.slow_answer_s:.1f} s",
         *(f"{case}: {status}" for case, status in report.small_ones.items()),
+        render_priority(report.priority),
     ]
