@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.errors import UsageError, cannot_listen
 from laneway.gateway.state.settings import (
@@ -26,6 +26,10 @@ from laneway.gateway.state.settings import (
     TENANT_FILES,
     TENANTS_ENV,
 )
+
+if TYPE_CHECKING:
+    from laneway.gateway.config import GatewaySettings
+    from laneway.gateway.pools.sources import PoolSource
 
 # Where Kubernetes mounts a pod's own namespace with its service account token.
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -45,29 +49,7 @@ def register(
         "come from --config (InferencePool documents with status.endpoints) or from the "
         "Kubernetes API with --kubernetes.",
     )
-    gateway.add_argument(
-        "--config",
-        metavar="FILE",
-        help="multi-document YAML: InferencePools and at most one GatewayConfig",
-    )
-    gateway.add_argument(
-        "--kubernetes",
-        action="store_true",
-        help="watch InferencePools and their endpoints in the cluster (--config may then "
-        "hold only the GatewayConfig)",
-    )
-    gateway.add_argument(
-        "--namespace",
-        help="with --kubernetes: the one namespace to watch (default: the pod's own, read from "
-        f"{POD_NAMESPACE_FILE}; every namespace when that file does not exist, i.e. outside "
-        "a pod)",
-    )
-    gateway.add_argument(
-        "--all-namespaces",
-        action="store_true",
-        help="with --kubernetes: watch every namespace, even in a pod (needs the cluster-wide "
-        "role of manifests/rbac/gateway.yaml)",
-    )
+    add_pool_flags(gateway)
     gateway.add_argument(
         "--host",
         help="address to bind (default 0.0.0.0 with --tenants, else 127.0.0.1: without API "
@@ -102,10 +84,36 @@ def register(
     gateway.set_defaults(handler=run_gateway)
 
 
+def add_pool_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the pools come from: --config, or the cluster with --kubernetes (`laneway
+    gateway` and `laneway epp` alike; pool_source reads them)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="multi-document YAML: InferencePools and at most one GatewayConfig",
+    )
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="watch InferencePools and their endpoints in the cluster (--config may then "
+        "hold only the GatewayConfig)",
+    )
+    parser.add_argument(
+        "--namespace",
+        help="with --kubernetes: the one namespace to watch (default: the pod's own, read from "
+        f"{POD_NAMESPACE_FILE}; every namespace when that file does not exist, i.e. outside "
+        "a pod)",
+    )
+    parser.add_argument(
+        "--all-namespaces",
+        action="store_true",
+        help="with --kubernetes: watch every namespace, even in a pod (needs the cluster-wide "
+        "role of manifests/rbac/gateway.yaml)",
+    )
+
+
 def run_gateway(args: argparse.Namespace) -> int:
     from laneway.gateway.app import create_app
-    from laneway.gateway.config import GatewaySettings, load_config
-    from laneway.gateway.pools.sources import PoolSource, StaticPoolSource
     from laneway.gateway.state.shared import options_from_args
 
     if not 0 <= args.port <= 65535:
@@ -123,36 +131,45 @@ def run_gateway(args: argparse.Namespace) -> int:
                 f"--metrics-port {args.metrics_port} is the API port: give another one, or "
                 "leave it out to serve /metrics on the API port"
             )
-    for flag, given in (
-        ("--namespace", args.namespace is not None),
-        ("--all-namespaces", args.all_namespaces),
-    ):
-        if given and not args.kubernetes:
-            raise UsageError(f"{flag} needs --kubernetes")
     shared = options_from_args(args)
-    if args.config is None and not args.kubernetes:
-        raise UsageError("give --config FILE with the pools, or --kubernetes to watch them")
-    loaded = load_config(args.config, allow_pools=not args.kubernetes) if args.config else None
-    settings = loaded.settings if loaded else GatewaySettings()
-    source: PoolSource
-    if args.kubernetes:
-        from laneway.gateway.pools.discovery import KubernetesPoolSource
-
-        namespace = watched_namespace(args)
-        where = f"namespace {namespace}" if namespace else "every namespace"
-        print(f"laneway gateway: watching InferencePools in {where}", file=sys.stderr, flush=True)
-        source = KubernetesPoolSource(namespace=namespace)
-    else:
-        assert loaded is not None
-        if not loaded.pools:
-            raise UsageError(f"{args.config}: holds no InferencePool document to route to")
-        source = StaticPoolSource(loaded.pools)
+    settings, source = pool_source(args, "gateway", purpose="route to")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     app = create_app(settings, source, shared=shared, metrics_route=args.metrics_port is None)
     settle_heap()
     drain_seconds = settings.drain_timeout_millis / 1000
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(app, host, args.port, drain_seconds, args.metrics_port))
+
+
+def pool_source(
+    args: argparse.Namespace, command: str, *, purpose: str
+) -> tuple[GatewaySettings, PoolSource]:
+    """The settings and the pools add_pool_flags asked for; UsageError naming the flag.
+    `command` names the one running in its log line, `purpose` what it does with pools."""
+    from laneway.gateway.config import GatewaySettings, load_config
+    from laneway.gateway.pools.sources import StaticPoolSource
+
+    for flag, given in (
+        ("--namespace", args.namespace is not None),
+        ("--all-namespaces", args.all_namespaces),
+    ):
+        if given and not args.kubernetes:
+            raise UsageError(f"{flag} needs --kubernetes")
+    if args.config is None and not args.kubernetes:
+        raise UsageError("give --config FILE with the pools, or --kubernetes to watch them")
+    loaded = load_config(args.config, allow_pools=not args.kubernetes) if args.config else None
+    settings = loaded.settings if loaded else GatewaySettings()
+    if args.kubernetes:
+        from laneway.gateway.pools.discovery import KubernetesPoolSource
+
+        namespace = watched_namespace(args)
+        where = f"namespace {namespace}" if namespace else "every namespace"
+        print(f"laneway {command}: watching InferencePools in {where}", file=sys.stderr, flush=True)
+        return settings, KubernetesPoolSource(namespace=namespace)
+    assert loaded is not None
+    if not loaded.pools:
+        raise UsageError(f"{args.config}: holds no InferencePool document to {purpose}")
+    return settings, StaticPoolSource(loaded.pools)
 
 
 def settle_heap() -> None:

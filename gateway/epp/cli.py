@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from laneway.errors import UsageError, cannot_listen
+from laneway.gateway.cli import add_pool_flags
 
 DEFAULT_PORT = 9002  # the Gateway API Inference Extension's EPP port
 DEFAULT_METRICS_PORT = 9090
@@ -24,13 +25,11 @@ def register(
         description="Envoy's ext_proc gRPC service speaking the Endpoint Picker Protocol: "
         "each request's lane and endpoint chosen as `laneway gateway` chooses them, answered "
         "as x-gateway-destination-endpoint. gRPC health (liveness, readiness, the ext_proc "
-        "service) on the same port; /metrics, /healthz, /readyz on --metrics-port.",
+        "service) on the same port; /metrics, /healthz, /readyz on --metrics-port. Pools "
+        "come from --config or from the Kubernetes API with --kubernetes, as for `laneway "
+        "gateway`.",
     )
-    epp.add_argument(
-        "--config", metavar="FILE", required=True,
-        help="multi-document YAML: InferencePools and at most one GatewayConfig (as for "
-        "`laneway gateway`)",
-    )  # fmt: skip
+    add_pool_flags(epp)
     epp.add_argument("--host", default="0.0.0.0", help="address to bind")
     epp.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port; 0 picks a free one")
     epp.add_argument(
@@ -42,18 +41,14 @@ def register(
 
 def run_epp(args: argparse.Namespace) -> int:
     from laneway.gateway.app import create_app
-    from laneway.gateway.cli import event_loop_factory, settle_heap
-    from laneway.gateway.config import load_config
-    from laneway.gateway.pools.sources import StaticPoolSource
+    from laneway.gateway.cli import event_loop_factory, pool_source, settle_heap
 
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if not 0 <= port <= 65535:
             raise UsageError(f"{flag} must be between 0 and 65535, got {port}")
-    loaded = load_config(args.config, allow_pools=True)
-    if not loaded.pools:
-        raise UsageError(f"{args.config}: holds no InferencePool document to pick endpoints in")
+    settings, source = pool_source(args, "epp", purpose="pick endpoints in")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    app = create_app(loaded.settings, StaticPoolSource(loaded.pools), metrics_route=False)
+    app = create_app(settings, source, metrics_route=False)
     settle_heap()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(app, args.host, args.port, args.metrics_port))

@@ -1,0 +1,53 @@
+"""`laneway epp`'s pool flags, the ones `laneway gateway` takes (gateway/cli.py's
+add_pool_flags and pool_source): bad combinations are usage errors naming the command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from support.pools import gateway_doc
+
+from laneway.cli import main
+
+
+def refusal(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err.strip()
+
+
+def test_without_config_or_kubernetes_it_says_which_to_give(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert refusal(capsys, ["epp"]) == (
+        "laneway epp: error: give --config FILE with the pools, or --kubernetes to watch them"
+    )
+
+
+@pytest.mark.parametrize("flags", [["--namespace", "a"], ["--all-namespaces"]])
+def test_namespace_flags_need_kubernetes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    error = refusal(capsys, ["epp", "--config", str(tmp_path / "unused.yaml"), *flags])
+    assert error == f"laneway epp: error: {flags[0]} needs --kubernetes"
+
+
+def test_a_config_without_pools_is_refused_unless_the_cluster_has_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml.safe_dump(gateway_doc()))
+    error = refusal(capsys, ["epp", "--config", str(config)])
+    assert error == (
+        f"laneway epp: error: {config}: holds no InferencePool document to pick endpoints in"
+    )
+
+
+def test_help_names_the_kubernetes_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["epp", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--kubernetes watch InferencePools and their endpoints in the cluster" in text
+    assert "--all-namespaces with --kubernetes: watch every namespace" in text
