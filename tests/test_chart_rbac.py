@@ -136,6 +136,7 @@ def test_operator_reads_demand_from_the_releases_gateway_service(
 ) -> None:
     objects = rendered["default"]
     service = only(objects, "Service", "-gateway")
-    api_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+    # /laneway/demand is served on the metrics port (no API key there; the API port asks one).
+    metrics_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics")
     gateway_url = env_of(deployment(objects, "operator"))["LANEWAY_GATEWAY_URL"]["value"]
-    assert gateway_url == f"http://{service['metadata']['name']}.{NAMESPACE}:{api_port}"
+    assert gateway_url == f"http://{service['metadata']['name']}.{NAMESPACE}:{metrics_port}"
