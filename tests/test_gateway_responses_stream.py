@@ -8,7 +8,7 @@ import pytest
 
 from laneway.gateway.serving.first_token import FirstTokenWatch, carries_output, content_events_of
 from laneway.gateway.serving.request_body import Endpoint
-from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch
+from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch, made_by_answer
 from laneway.simulator.openai_framing import GenerationRequest
 from laneway.simulator.responses import ResponseReply, ResponsesRequest, sse_event
 
@@ -77,3 +77,22 @@ def test_the_terminal_event_gives_the_response_however_split(size: int, store: b
         response_id=reply.response_id, stored=store, input_tokens=20, output_tokens=TOKENS
     )
     assert watch.made.context_tokens == 20 + TOKENS
+
+
+@pytest.mark.parametrize(
+    ("answer", "asked", "kept"),
+    [
+        # vLLM 0.32's response object has no `store`: the request's says what was asked.
+        (b'{"id": "resp_1"}', True, True),
+        (b'{"id": "resp_1"}', False, False),
+        # An answer that says (laneway sim, OpenAI) is taken at its word.
+        (b'{"id": "resp_1", "store": false}', True, False),
+        (b'{"id": "resp_1", "store": true}', True, True),
+    ],
+)
+def test_an_answer_without_store_is_kept_as_the_request_asked(
+    answer: bytes, asked: bool, kept: bool
+) -> None:
+    made = made_by_answer(answer)
+    assert made is not None
+    assert made.kept(asked=asked) is kept

@@ -135,7 +135,7 @@ async def _serve(
             path.ledger.forget_response(previous)
             raise previous_not_found(previous)
         made = outcome.made
-        if made is not None and made.stored:
+        if made is not None and made.kept(asked=parsed.asks_store):
             await remember(path, admitted.ticket, made)
         if made is not None and made.input_tokens is not None:
             outcome.prompt_tokens = made.input_tokens  # the engine's count, history and all

@@ -82,6 +82,12 @@ class ParsedRequest:
         return self.endpoint is not Endpoint.COMPLETIONS
 
     @property
+    def asks_store(self) -> bool:
+        """responses: whether the request asks its engine to keep the response (OpenAI's
+        default; vLLM keeps nothing for `store: null` either)."""
+        return self.payload.get("store", True) is True
+
+    @property
     def chat_body(self) -> Mapping[str, Any]:
         """Where the chat's `messages` and `tools` are: the body, or a response's input."""
         return self.payload if self.chat_input is None else self.chat_input
@@ -108,12 +114,22 @@ class ParsedRequest:
         chat = self.chat_body
         return template_chat(chat["messages"], self.contents, chat.get("tools"))
 
+    def rendered_specials(self, tokenizer: Tokenizer) -> int:
+        """Special tokens the engine adds around a rendered chat: none for a chat completion,
+        the prompt's (a BOS beside the template's own) for a response. vLLM 0.32 tokenizes a
+        response's rendered chat with `add_special_tokens` left at its default, true
+        (`ResponsesRequest.build_tok_params`, vllm/entrypoints/openai/responses/protocol.py;
+        `TokenizeParams`, vllm/renderers/params.py); a chat completion's says false."""
+        return tokenizer.prompt_specials if self.endpoint is Endpoint.RESPONSES else 0
+
     def bounds(self, tokenizer: Tokenizer) -> TokenBounds:
         """Bounds on the longest sequence's prompt: what must fit one engine's context."""
         template = tokenizer.chat_template
         if self.is_chat and template is not None:
             # The template renders the tools (or leaves them out) itself.
-            return rendered_chat_bounds(tokenizer, template, self.template_chat())
+            around = self.rendered_specials(tokenizer)
+            rendered = rendered_chat_bounds(tokenizer, template, self.template_chat())
+            return rendered + TokenBounds(around, around)
         extra = texts_bounds(tokenizer, self.extra_texts)
         if self.is_chat:
             return chat_bounds(tokenizer, self.messages) + extra
@@ -154,7 +170,8 @@ class ParsedRequest:
         """The longest sequence's prompt tokens."""
         template = tokenizer.chat_template
         if self.is_chat and template is not None:
-            return count_rendered_chat(tokenizer, template, self.template_chat())
+            rendered = count_rendered_chat(tokenizer, template, self.template_chat())
+            return rendered + self.rendered_specials(tokenizer)
         extra = count_texts(tokenizer, self.extra_texts)
         if self.is_chat:
             return count_chat(tokenizer, self.messages) + extra

@@ -4,7 +4,8 @@ that must go there, and what the engine's answer says it stored.
 A response made with `store` lives in the memory of the engine that made it (vLLM's
 `response_store`), so `previous_response_id`, `GET /v1/responses/{id}` and
 `POST /v1/responses/{id}/cancel` go to that endpoint. The ledger records the holder when
-the answer says `store: true` (vLLM says `false` where its store is disabled), with the
+the answer says `store: true` (`laneway sim` says `false` where its store is disabled), or,
+where the answer has no `store` (vLLM 0.32's has none), when the request asked for it, with the
 answer's input + output tokens: the history the next turn's prompt starts with, which the
 lane decision counts. With Redis the holder is shared (state/responses.py).
 
@@ -41,9 +42,18 @@ class MadeResponse:
     """What an engine's answer says of the response it made."""
 
     response_id: str
-    stored: bool
+    # What the answer's `store` says; None where it has none: vLLM 0.32's response object
+    # carries no `store` field (ResponsesResponse, vllm/entrypoints/openai/responses/
+    # protocol.py), so only the request says what was asked (`kept`).
+    stored: bool | None
     input_tokens: int | None
     output_tokens: int | None
+
+    def kept(self, asked: bool) -> bool:
+        """Whether the engine holds it: the answer's word, else the request's `store`. An
+        engine whose store is off answers a continuation 404, which the gateway turns into
+        OpenAI's unknown-id error and forgets the holder."""
+        return asked if self.stored is None else self.stored
 
     @property
     def context_tokens(self) -> int | None:
@@ -60,7 +70,7 @@ def made_response(response: object) -> MadeResponse | None:
     usage = usage if isinstance(usage, dict) else {}
     return MadeResponse(
         response_id=response["id"],
-        stored=response.get("store") is True,
+        stored=store if isinstance(store := response.get("store"), bool) else None,
         input_tokens=_count(usage.get("input_tokens")),
         output_tokens=_count(usage.get("output_tokens")),
     )
