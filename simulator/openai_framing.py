@@ -156,10 +156,17 @@ def chat_messages(body: dict[str, Any]) -> list[ChatMessage]:
 
 
 def chat_ids(
-    tokenizer: Tokenizer, body: dict[str, Any], messages: Sequence[ChatMessage]
+    tokenizer: Tokenizer,
+    body: dict[str, Any],
+    messages: Sequence[ChatMessage],
+    *,
+    prompt_specials: bool = False,
 ) -> list[int]:
     """A chat's prompt ids: the model's chat template rendered and tokenized where the engine
-    has one (as vLLM and SGLang do), else the simulator's own framing (prompt_ids.py)."""
+    has one (as vLLM and SGLang do), else the simulator's own framing (prompt_ids.py).
+    `prompt_specials`: tokenized as a prompt is, with the tokenizer's BOS besides the
+    template's, as vLLM tokenizes a response's chat (laneway.gateway.serving.request_body's
+    `rendered_specials` cites it)."""
     template = tokenizer.chat_template
     if template is None:
         return chat_token_ids(tokenizer, messages)
@@ -170,7 +177,8 @@ def chat_ids(
             [m.content for m in messages],
             tools if isinstance(tools, list) else None,
         )
-        return tokenizer.encode(template.render(chat))
+        rendered = template.render(chat)
+        return tokenizer.encode_prompt(rendered) if prompt_specials else tokenizer.encode(rendered)
     except ChatTemplateError as error:
         raise OpenAIError(400, str(error), "messages") from None
 

@@ -2,8 +2,9 @@
 
 From vLLM's `OpenAIServingResponses` (vllm/entrypoints/openai/serving_responses.py) and its
 router (vllm/entrypoints/openai/responses/api_router.py):
-- The prompt is the chat of `instructions`, the previous response's history and the new
-  input (laneway/responses_input.py), rendered as a chat completion's.
+- The prompt is the chat of `instructions`, the previous response's history (without its
+  system messages: instructions do not carry over) and the new input
+  (laneway/responses_input.py), rendered as a chat completion's.
 - `store` (OpenAI's default true) keeps the response only where the store is enabled
   (vLLM: `VLLM_ENABLE_RESPONSES_API_STORE=1`; here `--enable-responses-store`); otherwise
   it is silently ignored and the answer says `store: false`. The store is memory: it lasts
@@ -106,7 +107,14 @@ async def parse_responses(
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise OpenAIError(400, "'previous_response_id' must be a string", "previous_response_id")
-    history = store.get(previous).messages if previous is not None else []
+    # vLLM drops the previous turns' system messages: instructions do not carry over
+    # (`construct_input_messages`, vllm/entrypoints/openai/responses/utils.py, "per the
+    # OpenAI spec, instructions should NOT carry over across responses").
+    history = [
+        message
+        for message in (store.get(previous).messages if previous is not None else [])
+        if message.get("role") != "system"
+    ]
     try:
         chat = responses_chat(body)
     except ResponsesInputError as error:
@@ -117,7 +125,10 @@ async def parse_responses(
     framed = {"messages": messages, "tools": list(chat.tools) if chat.tools else None}
     parsed = chat_messages(framed)
     length = sum(len(m.content) for m in parsed)
-    tokens = await off_loop(length, lambda: prompt_tokens_of(chat_ids(tokenizer, framed, parsed)))
+    tokens = await off_loop(
+        length,
+        lambda: prompt_tokens_of(chat_ids(tokenizer, framed, parsed, prompt_specials=True)),
+    )
     max_tokens = positive_int(body, "max_output_tokens") or max(
         1, min(CHAT_DEFAULT_MAX_TOKENS, max_context - tokens.count)
     )
@@ -172,7 +183,9 @@ class ResponseReply:
             "status": status,
             "background": False,
             "error": None,
-            "incomplete_details": None,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
             "instructions": body.get("instructions"),
             "max_output_tokens": generation.max_tokens,
             "metadata": body.get("metadata"),
@@ -213,7 +226,10 @@ class ResponseReply:
                 "item_id": self.item_id, "delta": output_word(index), "logprobs": []}  # fmt: skip
 
     def closing(self, output_tokens: int) -> list[dict[str, Any]]:
-        final = self.response("completed", output_tokens)
+        # Every simulated request runs to its max_output_tokens, which vLLM calls
+        # "incomplete" (finish reason `length`, ResponsesResponse.from_request gives the
+        # reason), in a stream's `response.completed` event too.
+        final = self.response("incomplete", output_tokens)
         text = "".join(output_word(i) for i in range(output_tokens))
         part = {"type": "output_text", "text": text, "annotations": []}
         return [

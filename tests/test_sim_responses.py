@@ -57,14 +57,15 @@ async def test_the_prompt_is_the_chat_of_instructions_history_and_input(servers:
     assert first.usage is not None
     assert second.usage is not None
     assert first.output_text == " lorem ipsum dolor"
-    # vLLM's order: instructions, the previous turn's messages and output, the new input.
+    # vLLM's order: instructions, the previous turn's messages and output, the new input;
+    # the previous turn's instructions do not carry over.
+    system = ChatMessage("system", "Be brief.")
     chat = [
-        ChatMessage("system", "Be brief."),
         ChatMessage("user", "Where is it?"),
         ChatMessage("assistant", first.output_text),
         ChatMessage("user", "And now?"),
     ]
-    assert first.usage.input_tokens == len(chat_token_ids(tokenizer, chat[:2]))
+    assert first.usage.input_tokens == len(chat_token_ids(tokenizer, [system, chat[0]]))
     assert second.usage.input_tokens == len(chat_token_ids(tokenizer, chat))
     assert isinstance(fetched, Response)
     assert (fetched.id, fetched.previous_response_id) == (second.id, first.id)
