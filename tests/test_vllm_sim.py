@@ -194,6 +194,7 @@ async def prompt_blocks_per_step(engine: VLLMServer, text: str) -> list[int]:
         context.term()
 
 
+@pytest.mark.vllm_timing
 async def test_a_long_prompt_beside_a_decode_is_chunked_at_the_threshold_in_both(
     vllm_server: VLLMServer, servers: Servers
 ) -> None:
@@ -258,6 +259,7 @@ async def test_an_aborted_prompt_resent_hits_the_same_blocks_in_both(
         assert await aborted_then_resent(engine, text) == expected, engine.url
 
 
+@pytest.mark.vllm_timing
 async def test_priority_order_and_no_preemption_are_the_same_in_both(
     vllm_server: VLLMServer, servers: Servers
 ) -> None:
