@@ -1,0 +1,152 @@
+"""The gateway acts on the ledger's lending decisions, over HTTP with `laneway sim` engines: a
+lending pool lends its idle replica to the batch pool, a document runs there, chat demand
+takes the replica back (the engine aborts the document: the gateway closed its upstream
+request), chat is served there, and the document, requeued, is sent again once a replica is
+lent again and completes, hitting the prefix its first attempt left in that engine's cache.
+
+No timing is asserted: every wait polls with a generous limit."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from support.client import client, eventually, scrape, total
+from support.inproc import Served, Servers
+from support.pools import gateway_doc, pool_doc
+
+from laneway.gateway.keys import LEDGER
+from laneway.ledger import Ledger, Role
+
+# About 8k tokens of prose: a prefill of several engine steps.
+DOCUMENT = "The parcel left the warehouse on Monday and reached the depot by noon. " * 600
+CONTEXT = 131072
+# Long enough a decode that the document still runs when chat takes its replica back.
+DOCUMENT_OUTPUT = 1500
+TIME_SCALE = "4"
+
+
+def lending_docs(chat_urls: list[str]) -> list[dict[str, Any]]:
+    # One chat turn a replica (maxConcurrentRequests 1, no headroom): a second turn while
+    # one runs needs a second replica.
+    chat = pool_doc(
+        "chat",
+        "interactive",
+        "llama-long",
+        chat_urls,
+        limits={"maxConcurrentRequests": 1, "maxContextTokens": CONTEXT},
+    )
+    chat["spec"]["lending"] = {"borrower": "docs", "keepReplicas": 1, "headroom": 0}
+    # No replica of its own: a document runs only where chat lent one.
+    docs = pool_doc(
+        "docs",
+        "batch",
+        "llama-long",
+        [],
+        limits={"maxConcurrentRequests": 4, "maxContextTokens": CONTEXT},
+    )
+    lending = {"lendAfterMillis": 0, "intervalMillis": 50}
+    return [chat, docs, gateway_doc(lending=lending, queue={"timeoutMillis": 120000})]
+
+
+async def engine(servers: Servers) -> Served:
+    return await servers.sim(
+        "llama-long", "--time-scale", TIME_SCALE, "--max-context", str(CONTEXT)
+    )
+
+
+def lent(ledger: Ledger) -> list[str]:
+    chat = next(pool for pool in ledger.pools() if pool.name == "chat")
+    return [url for url, role in ledger.roles(chat).items() if role is Role.LENT]
+
+
+async def count(url: str, name: str, **labels: str) -> float:
+    return total(await scrape(url), name, **labels)
+
+
+async def finished_other_than_abort(url: str) -> float:
+    samples = await scrape(url)
+    return sum(
+        value
+        for labels, value in samples.get("vllm:request_success_total", [])
+        if labels.get("finished_reason") != "abort"
+    )
+
+
+async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
+    servers: Servers, tmp_path: Path
+) -> None:
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+    by_url = {e.url: e for e in engines}
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    # No chat: all but keepReplicas are lent.
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+    borrowed = by_url[borrowed_url]
+    (home,) = (e for e in engines if e is not borrowed)
+
+    async def document() -> Any:
+        return await api.completions.create(
+            model="llama",
+            prompt=DOCUMENT,
+            max_tokens=DOCUMENT_OUTPUT,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+
+    doc = asyncio.create_task(document())
+    chat_a = None
+    try:
+
+        async def doc_decoding() -> bool:
+            return await count(borrowed.url, "vllm:time_to_first_token_seconds_count") == 1
+
+        # Its whole prompt prefilled there: the blocks an abort leaves in the prefix cache.
+        await eventually(doc_decoding, "the document decoding on the lent replica")
+        hits_before = await count(borrowed.url, "vllm:prefix_cache_hits_total")
+
+        # A chat turn on the one serving replica, held open while the test goes on.
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        # A second turn needs a second replica: the lent one is taken back for it.
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+
+        # The engine aborted the document (its upstream request closed), and served the
+        # chat turn that took its replica back.
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed.url, "vllm:request_success_total", **reason) == 1
+        assert await finished_other_than_abort(borrowed.url) == 1  # that chat turn
+        assert await finished_other_than_abort(home.url) == 0  # chat A is still running
+        reclaimed = await count(gateway.url, "laneway_gateway_reclaimed_requests_total")
+        assert reclaimed == 1
+
+        # The short turn ended: the replica with no chat on it is lent again, the document
+        # is sent to it anew and completes there, its first attempt's prefix still cached.
+        completed = await asyncio.wait_for(doc, 120)
+        assert completed.choices[0].finish_reason == "length"
+        assert await finished_other_than_abort(borrowed.url) == 2
+        hits = await count(borrowed.url, "vllm:prefix_cache_hits_total") - hits_before
+        assert completed.usage is not None
+        assert hits >= 0.9 * completed.usage.prompt_tokens
+        assert lent(ledger) == [borrowed.url]
+    finally:
+        doc.cancel()
+        if chat_a is not None:
+            await chat_a.close()
+        await api.close()
