@@ -12,6 +12,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import openai
+import pytest
 from support.client import client, eventually, scrape, total
 from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
@@ -23,7 +25,7 @@ from laneway.ledger import Ledger, Role
 DOCUMENT = "The parcel left the warehouse on Monday and reached the depot by noon. " * 600
 CONTEXT = 131072
 # Long enough a decode that the document still runs when chat takes its replica back.
-DOCUMENT_OUTPUT = 1500
+DOCUMENT_OUTPUT = 6000
 TIME_SCALE = "4"
 
 
@@ -147,6 +149,57 @@ async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
         assert lent(ledger) == [borrowed.url]
     finally:
         doc.cancel()
+        if chat_a is not None:
+            await chat_a.close()
+        await api.close()
+
+
+async def test_a_streamed_document_taken_back_after_its_first_tokens_ends_with_an_error(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """Its client has tokens that a second attempt would repeat: the stream ends with a
+    `replica_reclaimed` error event instead, and the engine aborted it all the same."""
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+    chat_a = None
+    try:
+        doc = await api.completions.create(
+            model="llama",
+            prompt=DOCUMENT,
+            max_tokens=20000,  # still streaming when chat takes its replica back
+            stream=True,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+        events = aiter(doc)
+        await anext(events)  # a token: the client has seen the document's answer begin
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+        with pytest.raises(openai.APIError) as raised:
+            async for _ in events:
+                pass
+        assert "taken back" in str(raised.value)
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed_url, "vllm:request_success_total", **reason) == 1
+    finally:
         if chat_a is not None:
             await chat_a.close()
         await api.close()
