@@ -18,7 +18,7 @@ from support.client import client, eventually, scrape, total
 from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 
-from laneway.gateway.keys import LEDGER
+from laneway.gateway.keys import CLOCK, LEDGER
 from laneway.ledger import Ledger, Role
 
 # About 8k tokens of prose: a prefill of several engine steps.
@@ -203,3 +203,33 @@ async def test_a_streamed_document_taken_back_after_its_first_tokens_ends_with_a
         if chat_a is not None:
             await chat_a.close()
         await api.close()
+
+
+async def test_beside_another_gateway_replica_lending_is_off(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The roles are each replica's own: where Redis' heartbeat counts two gateway replicas,
+    the lent replica is taken back and none is lent until one replica is left."""
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger, clock = gateway.runner.app[LEDGER], gateway.runner.app[CLOCK]
+
+    async def lent_count(expected: int) -> None:
+        async def check() -> bool:
+            return len(lent(ledger)) == expected
+
+        await eventually(check, f"{expected} replica(s) lent")
+
+    await lent_count(1)
+    ledger.set_peer_tenants(clock(), {}, replicas=2)  # what the heartbeat reports
+
+    async def all_serving() -> bool:
+        samples = await scrape(gateway.url)
+        name = "laneway_gateway_lending_replicas"
+        return total(samples, name, pool="chat", role="serving") == len(engines)
+
+    await eventually(all_serving, "every replica serving chat again")
+    ledger.set_peer_tenants(clock(), {}, replicas=1)
+    await lent_count(1)

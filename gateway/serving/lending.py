@@ -65,6 +65,7 @@ class Lending:
         self._clock = clock
         self._on_reclaim = on_reclaim  # per request taken off `url`: the metric
         self._attempts: dict[Ticket, _Attempt] = {}
+        self._paused = False  # more than one gateway replica: lending is off
 
     def rebalance(self) -> None:
         """The lending pools' roles for the demand now, and the shell's part of them."""
@@ -72,7 +73,7 @@ class Lending:
         if not ledger.lends():
             return
         now = self._clock()
-        answer = ledger.rebalance(now)
+        answer = ledger.rebalance(now, lend=self._alone())
         for change in answer.changes:
             event = {"event": "lending_role", "pool": change.pool, "endpoint": change.url}
             log.info(json.dumps({**event, "role": change.role.value}))
@@ -80,6 +81,31 @@ class Lending:
             for ticket in reclaim.tickets:
                 self._take_back(ticket, reclaim.url, now)
         self._waiters.wake(answer.wakes)
+
+    def _alone(self) -> bool:
+        """Whether this is the only gateway replica. The roles are this replica's own, not
+        shared through Redis: replicas deciding them apart would lend and reclaim at odds,
+        so beside others (their count comes with Redis' tenant heartbeat) lending is off."""
+        replicas = self._ledger.gateway_replicas()
+        paused = replicas > 1
+        if paused != self._paused:
+            self._paused = paused
+            if paused:
+                log.warning(
+                    json.dumps(
+                        {
+                            "event": "lending_paused",
+                            "gateway_replicas": replicas,
+                            "why": "lending roles are decided by each gateway replica alone "
+                            "(not shared through Redis): lent replicas are taken back and "
+                            "lending pools are served as plain pools; run one gateway "
+                            "replica to lend",
+                        }
+                    )
+                )
+            else:
+                log.info(json.dumps({"event": "lending_resumed", "gateway_replicas": 1}))
+        return not paused
 
     async def run(self, interval_s: float) -> None:
         while True:

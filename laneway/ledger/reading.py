@@ -96,6 +96,10 @@ class LedgerReads:
         """Each configured pool's demand as this replica sees it."""
         return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
 
+    def gateway_replicas(self) -> int:
+        """The gateway replicas sharing this pool set, as Redis last said (1 without it)."""
+        return self._tenants.replicas
+
     def lends(self) -> bool:
         """Whether any pool lends replicas (else `rebalance` has nothing to decide)."""
         return bool(self._lending.borrowers)
