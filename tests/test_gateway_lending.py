@@ -9,6 +9,7 @@ No timing is asserted: every wait polls with a generous limit."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from support.client import client, eventually, scrape, total
 from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 
+from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.keys import CLOCK, LEDGER
 from laneway.ledger import Ledger, Role
 
@@ -233,3 +235,55 @@ async def test_beside_another_gateway_replica_lending_is_off(
     await eventually(all_serving, "every replica serving chat again")
     ledger.set_peer_tenants(clock(), {}, replicas=1)
     await lent_count(1)
+
+
+async def test_the_batches_api_runs_its_items_on_the_lent_replica(
+    servers: Servers, tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    """The dispatcher's items run through the batch lane, so they go where chat lent a
+    replica (the borrower has none of its own here); one gateway replica on Redis lends."""
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml",
+        lending_docs([e.url for e in engines]),
+        *("--redis-url", redis_server.url),
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+    (home_url,) = (e.url for e in engines if e.url != borrowed_url)
+    try:
+        lines = [
+            json.dumps(
+                {
+                    "custom_id": f"doc-{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": "llama", "prompt": f"summarise report {i}", "max_tokens": 4},
+                }
+            )
+            for i in range(3)
+        ]
+        uploaded = await api.files.create(
+            file=("items.jsonl", "\n".join(lines).encode()), purpose="batch"
+        )
+        batch = await api.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+        )
+
+        async def completed() -> bool:
+            return (await api.batches.retrieve(batch.id)).status == "completed"
+
+        await eventually(completed, "the batch completed", within=120)
+        done = await api.batches.retrieve(batch.id)
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+        assert await finished_other_than_abort(borrowed_url) == 3
+        assert await finished_other_than_abort(home_url) == 0
+    finally:
+        await api.close()
