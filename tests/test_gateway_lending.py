@@ -25,6 +25,9 @@ from laneway.ledger import Ledger, Role
 
 # About 8k tokens of prose: a prefill of several engine steps.
 DOCUMENT = "The parcel left the warehouse on Monday and reached the depot by noon. " * 600
+# About 100k tokens: a prefill of seconds at time scale 1, during which chat takes its
+# replica back.
+LONG_DOCUMENT = DOCUMENT * 12
 CONTEXT = 131072
 # Long enough a decode that the document still runs when chat takes its replica back.
 DOCUMENT_OUTPUT = 6000
@@ -286,4 +289,70 @@ async def test_the_batches_api_runs_its_items_on_the_lent_replica(
         assert await finished_other_than_abort(borrowed_url) == 3
         assert await finished_other_than_abort(home_url) == 0
     finally:
+        await api.close()
+
+
+async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attempt(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """Its client has had nothing but the stream's head: the gateway resends the document
+    and relays the second attempt's tokens into the same stream."""
+    engines = [
+        await servers.sim("llama-long", "--time-scale", "1", "--max-context", str(CONTEXT))
+        for _ in range(2)
+    ]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+
+    async def document() -> list[str]:
+        stream = await api.completions.create(
+            model="llama",
+            prompt=LONG_DOCUMENT,
+            max_tokens=4,
+            stream=True,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+        return [chunk.choices[0].text async for chunk in stream if chunk.choices]
+
+    doc = asyncio.create_task(document())
+    chat_a = None
+    try:
+
+        async def prefilling() -> bool:
+            samples = await scrape(borrowed_url)
+            return (
+                total(samples, "vllm:num_requests_running") == 1
+                and total(samples, "vllm:time_to_first_token_seconds_count") == 0
+            )
+
+        await eventually(prefilling, "the long document prefilling on the lent replica")
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed_url, "vllm:request_success_total", **reason) == 1
+        texts = await asyncio.wait_for(doc, 180)
+        assert len([t for t in texts if t]) == 4  # the second attempt's tokens, once each
+        assert await count(borrowed_url, "vllm:prefix_cache_hits_total") > 0
+    finally:
+        doc.cancel()
+        if chat_a is not None:
+            await chat_a.close()
         await api.close()

@@ -21,7 +21,7 @@ from laneway.gateway.keys import ARRIVED, REQUEST_PATH
 from laneway.gateway.serving.admitting import admit, wait_in_line
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.incoming import SESSION_HEADER, read_body
-from laneway.gateway.serving.lending import Reclaimed
+from laneway.gateway.serving.lending import Reclaimed, drop
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.serving.relay import Exchange, end_stream, forward, resumable
 from laneway.gateway.serving.request_body import (
@@ -39,7 +39,7 @@ from laneway.gateway.state.callers import (
     tenant_name,
     tenant_priority,
 )
-from laneway.ledger import Admission, Admitted, PromptBlocks, RequestLog, StoredResponse, Ticket
+from laneway.ledger import Admission, PromptBlocks, RequestLog, StoredResponse, Ticket
 from laneway.routing.plan import RoutingPlan
 from laneway.routing.priority import gateway_level
 
@@ -159,7 +159,7 @@ async def _forward_lent(
         except Reclaimed as reclaimed:
             line = reclaimed.line
         if not resumable(exchange):
-            _drop(line)
+            drop(line)
             return await end_stream(exchange, _reclaimed_midway(exchange.plan.pool))
         try:
             await wait_in_line(path, ask, exchange.ticket, line)
@@ -179,14 +179,6 @@ def _reclaimed_midway(pool: InferencePool) -> ApiError:
         "for its chat; the stream ends here: retry the request",
         "replica_reclaimed",
     )
-
-
-def _drop(line: asyncio.Future[Admitted]) -> None:
-    """A requeued request's waiter that nobody awaits: its outcome is read, not raised."""
-    if not line.done():
-        line.cancel()
-    elif not line.cancelled():
-        line.exception()
 
 
 async def _continued(

@@ -118,7 +118,7 @@ class Lending:
         task = asyncio.ensure_future(coro)
         held = self._attempts[ticket] = _Attempt(task)
         try:
-            return await task
+            answered = await task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if held.line is None or (current is not None and current.cancelling()):
@@ -127,6 +127,11 @@ class Lending:
         finally:
             if self._attempts.get(ticket) is held:
                 del self._attempts[ticket]
+        if held.line is not None:
+            # Its answer was complete before the cancel landed: the client has it, and the
+            # requeued ticket leaves the line when the handler ends it.
+            drop(held.line)
+        return answered
 
     def _take_back(self, ticket: Ticket, url: str, now: float) -> None:
         held = self._attempts.pop(ticket, None)
@@ -139,3 +144,11 @@ class Lending:
         held.task.cancel()  # closes the upstream request: the engine aborts it
         self._waiters.wake(self._ledger.requeue(ticket, now))
         self._on_reclaim(url)
+
+
+def drop(line: asyncio.Future[Admitted]) -> None:
+    """A requeued request's waiter that nobody awaits: its outcome is read, not raised."""
+    if not line.done():
+        line.cancel()
+    elif not line.cancelled():
+        line.exception()
