@@ -158,6 +158,11 @@ async def _forward_lent(
             return await forward(exchange)
         except Reclaimed as reclaimed:
             line = reclaimed.line
+        except ApiError as error:
+            if exchange.outcome.stream is None:
+                raise
+            # A resent stream, its head out already: every endpoint failed it.
+            return await end_stream(exchange, error)
         if not resumable(exchange):
             drop(line)
             return await end_stream(exchange, _reclaimed_midway(exchange.plan.pool))

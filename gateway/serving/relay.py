@@ -135,6 +135,9 @@ async def _attempt(exchange: Exchange, sent: Sent, served: str, body: bytes) -> 
     except (aiohttp.ClientError, TimeoutError) as error:
         raise _upstream_failed(error) from None
     try:
+        if upstream.status != 200 and exchange.writes is not None:
+            # A resent stream's head went out as a 200: another answer can only fail it.
+            raise UpstreamFailed("http_error", f"HTTP {upstream.status} on a resent stream")
         if upstream.status >= 500 or upstream.status != 200 or not exchange.parsed.stream:
             return await _whole_answer(exchange, upstream, served, sent)
         path.metrics.overhead.request.observe(sent.own_s)
