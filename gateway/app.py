@@ -25,6 +25,7 @@ from laneway.gateway.keys import (
     COUNTER,
     DEMAND_SHARE,
     LEDGER,
+    LENDING,
     LOAD_SHARE,
     METRICS,
     POOL_TOKENIZERS,
@@ -52,6 +53,7 @@ from laneway.gateway.serving.incoming import (
     expect_continue,
     unsupported_coding,
 )
+from laneway.gateway.serving.lending import Lending
 from laneway.gateway.serving.protocol import stamp_arrival
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.callers import TenantLimits, caller_of, routing_tenant
@@ -74,11 +76,14 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     shared: SharedStateOptions | None = None,
     metrics_route: bool = True,
+    lend: bool = True,
 ) -> web.Application:
     """The whole gateway app; with `shared`, its state layer too (tenants, limits, Redis,
     the Files and Batches API). Without `metrics_route`, /metrics is served only by
     `create_metrics_app` on a port of its own. `ledger`: one built by the caller (a trace
-    test's recording one) in place of the one `settings` describe."""
+    test's recording one) in place of the one `settings` describe. Without `lend`, a
+    lending pool is served as a plain pool (the endpoint picker's: Envoy holds the upstream
+    requests a reclaim would close)."""
     app = web.Application(middlewares=[stamp_arrival, openai_errors])
     app[SETTINGS] = settings
     if ledger is None:
@@ -90,6 +95,7 @@ def create_app(
     app[COUNTER] = OffLoopCounter()
     app.on_cleanup.append(_stop_counter)
     app[METRICS] = GatewayMetrics(ledger, clock)
+    app[LENDING] = Lending(ledger, app[WAITERS], clock, app[METRICS].reclaimed_on) if lend else None
     app[POOL_TOKENIZERS] = PoolTokenizers(
         app[TOKENIZER],
         settings.queue.retry_after_seconds,
@@ -129,6 +135,7 @@ def ledger_settings(settings: GatewaySettings) -> LedgerSettings:
         failures_to_eject=settings.health.failures_to_eject,
         stale_after_s=settings.scrape.stale_after_millis / 1000,
         max_attempts=UPSTREAM_ATTEMPTS,
+        lend_after_s=settings.lending.lend_after_millis / 1000,
     )
 
 
@@ -189,6 +196,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
             load_share=app.get(LOAD_SHARE),
             response_share=app.get(RESPONSE_SHARE),
             tenant_share=app.get(TENANT_SHARE),
+            lending=app[LENDING],
         )
         yield
 
@@ -200,6 +208,8 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
 
         def update(pools: Sequence[InferencePool]) -> None:
             wake(ledger.update_pools(clock(), pools))
+            if (lending := app[LENDING]) is not None:
+                lending.rebalance()
 
         tasks = [
             asyncio.create_task(source.run(update), name="pool-source"),
@@ -211,6 +221,9 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
             ),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
+        if (lending := app[LENDING]) is not None:
+            interval_s = settings.lending.interval_millis / 1000
+            tasks.append(asyncio.create_task(lending.run(interval_s), name="lending"))
         subscribers = [
             KVEventSubscriber(source, ledger) for source in settings.picking.prefix.kv_events
         ]

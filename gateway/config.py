@@ -32,7 +32,7 @@ GATEWAY_CONFIG_KIND = "GatewayConfig"
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
 SPEC_FIELDS = (
     *("picking", "scrape", "health", "queue", "tokenizer", "upstream", "clients"),
-    *("maxBodyBytes", "drainTimeoutMillis"),
+    *("lending", "maxBodyBytes", "drainTimeoutMillis"),
 )
 
 
@@ -100,6 +100,18 @@ class ClientSettings:
 
 
 @dataclass(frozen=True)
+class LendingSettings:
+    """How the gateway acts on the ledger's lending decisions (`spec.lending` pools)."""
+
+    # One more replica is lent per this long of chat demand below the pool's chat replicas:
+    # a lull between two turns lends nothing.
+    lend_after_millis: int = 5000
+    # How often the roles are decided again besides on every admission and end (a lend is
+    # due when demand stayed low for lend_after_millis, with no request to notice it).
+    interval_millis: int = 500
+
+
+@dataclass(frozen=True)
 class GatewaySettings:
     picking: PickingSettings = field(default_factory=PickingSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
@@ -108,6 +120,7 @@ class GatewaySettings:
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     clients: ClientSettings = field(default_factory=ClientSettings)
+    lending: LendingSettings = field(default_factory=LendingSettings)
     max_body_bytes: int = 4 * 1024 * 1024  # a 128k-token prompt is about 512 KB of text
     drain_timeout_millis: int = 30000  # how long shutdown waits for open streams
 
@@ -204,6 +217,7 @@ def parse_settings(document: Mapping[str, Any]) -> GatewaySettings:
         tokenizer=_tokenizer(reader, reader.mapping(spec, "tokenizer", "spec")),
         upstream=_upstream(reader, reader.mapping(spec, "upstream", "spec")),
         clients=_clients(reader, reader.mapping(spec, "clients", "spec")),
+        lending=_lending(reader, reader.mapping(spec, "lending", "spec")),
         max_body_bytes=reader.integer(
             spec, "maxBodyBytes", "spec", GatewaySettings.max_body_bytes, minimum=1024
         ),
@@ -316,6 +330,20 @@ def _queue(reader: _Reader, data: Mapping[str, Any]) -> QueueSettings:
         ),
         retry_after_seconds=reader.integer(
             data, "retryAfterSeconds", path, default.retry_after_seconds, minimum=1
+        ),
+    )
+
+
+def _lending(reader: _Reader, data: Mapping[str, Any]) -> LendingSettings:
+    path = "spec.lending"
+    reader.known_fields(data, path, ("lendAfterMillis", "intervalMillis"))
+    default = LendingSettings()
+    return LendingSettings(
+        lend_after_millis=reader.integer(
+            data, "lendAfterMillis", path, default.lend_after_millis, minimum=0
+        ),
+        interval_millis=reader.integer(
+            data, "intervalMillis", path, default.interval_millis, minimum=10
         ),
     )
 

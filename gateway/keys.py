@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from laneway.gateway.metrics import GatewayMetrics
     from laneway.gateway.serving.context import RequestPath
     from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
+    from laneway.gateway.serving.lending import Lending
     from laneway.gateway.state.demand import RedisDemandShare
     from laneway.gateway.state.metrics import StateMetrics
     from laneway.gateway.state.redis_store import RedisLoadShare
@@ -38,6 +39,8 @@ SETTINGS: web.AppKey[GatewaySettings] = web.AppKey("settings")
 # Every piece of request and endpoint state: pools, lines, load, demand, prefixes, health.
 LEDGER: web.AppKey[Ledger] = web.AppKey("ledger")
 WAITERS: web.AppKey[Waiters] = web.AppKey("waiters")  # the requests in the ledger's lines
+# The shell of the ledger's lending decisions; None where lending pools are plain pools.
+LENDING: web.AppKey[Lending | None] = web.AppKey("lending")
 # What the completion routes work with, built once the client session is open.
 REQUEST_PATH: web.AppKey[RequestPath] = web.AppKey("request_path")
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,13 @@ class GatewayMetrics:
             ("pool", "lane", "met"),
             registry=self.registry,
         )
+        self.reclaimed = Counter(
+            "laneway_gateway_reclaimed_requests",
+            "Borrowed (batch) requests ended on a replica its lending pool took back for "
+            "chat, and requeued, by endpoint",
+            ("endpoint",),
+            registry=self.registry,
+        )
         self.overhead = GatewayOverhead()
         self.registry.register(self.overhead)
         for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):
@@ -107,6 +115,9 @@ class GatewayMetrics:
         self.tokenize_of = functools.cache(self.tokenize.labels)
         self.ttft_of = functools.cache(self.ttft.labels)
         self.ttft_slo_of = functools.cache(self.ttft_slo.labels)
+
+    def reclaimed_on(self, url: str) -> None:
+        self.reclaimed.labels(url).inc()
 
 
 @dataclass
@@ -306,6 +317,11 @@ class _PoolStateCollector(Collector):
         ledger, now = self._ledger, self._clock()
         pools = ledger.pools()
         counts = ledger.demand(now)
+        roles = GaugeMetricFamily(
+            "laneway_gateway_lending_replicas",
+            "A lending pool's replicas by role (serving, draining, lent, reclaiming)",
+            labels=["pool", "role"],
+        )
         index_blocks = GaugeMetricFamily(
             "laneway_gateway_prefix_index_blocks",
             "Prompt-prefix blocks the gateway's prefix index holds for each endpoint",
@@ -314,6 +330,8 @@ class _PoolStateCollector(Collector):
         for pool in pools:
             queued_tokens.add_metric([pool.name], counts[pool.key].queued_prompt_tokens)
             running_tokens.add_metric([pool.name], counts[pool.key].in_flight_prompt_tokens)
+            for role, count in collections.Counter(ledger.roles(pool).values()).items():
+                roles.add_metric([pool.name, role.value], count)
             gate = ledger.gate(pool)
             waiting.add_metric([pool.name], gate.waiting)
             active.add_metric([pool.name], gate.active)
@@ -329,4 +347,4 @@ class _PoolStateCollector(Collector):
                 prefill_rate.add_metric([pool.name, url], rate / 1000)
                 index_blocks.add_metric([pool.name, url], ledger.prefix_index.blocks_of(url))
         yield from (waiting, active, endpoints, engine_waiting, engine_kv, prefill_rate)
-        yield from (queued_tokens, running_tokens, index_blocks)
+        yield from (queued_tokens, running_tokens, index_blocks, roles)

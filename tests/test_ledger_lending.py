@@ -189,3 +189,23 @@ def test_a_pool_without_a_borrower_in_the_set_lends_nothing() -> None:
     ledger = ledger_with(chat)  # no pool 'docs'
     assert ledger.roles(chat) == {}
     assert ledger.rebalance(100.0) == Rebalanced()
+
+
+def test_without_lend_every_lent_replica_is_taken_back_and_none_lent() -> None:
+    chat, docs = chat_pool(keep=1), docs_pool()
+    ledger = ledger_with(chat, docs)
+    now = lend_all_idle(ledger, chat)
+    lent = {url for url, role in roles(ledger, chat).items() if role is Role.LENT}
+    docs_on = dict(send_doc(ledger, docs, now) for _ in range(8))
+    # No chat at all, yet the shell cannot lend (more than one gateway replica).
+    answer = ledger.rebalance(now, lend=False)
+    assert {r.url for r in answer.reclaims} == lent
+    assert {t for r in answer.reclaims for t in r.tickets} == {
+        t for t, url in docs_on.items() if url in lent
+    }
+    for reclaim in answer.reclaims:
+        for ticket in reclaim.tickets:
+            ledger.requeue(ticket, now)
+    ledger.rebalance(now + LEND_AFTER_S, lend=False)
+    ledger.rebalance(now + 2 * LEND_AFTER_S, lend=False)
+    assert set(roles(ledger, chat).values()) == {Role.SERVING}

@@ -48,7 +48,9 @@ def run_epp(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be between 0 and 65535, got {port}")
     settings, source = pool_source(args, "epp", purpose="pick endpoints in")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    app = create_app(settings, source, metrics_route=False)
+    # Envoy holds the upstream requests, which a reclaim would have to close: the picker
+    # serves a lending pool as a plain pool.
+    app = create_app(settings, source, metrics_route=False, lend=False)
     settle_heap()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(app, args.host, args.port, args.metrics_port))

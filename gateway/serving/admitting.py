@@ -13,7 +13,7 @@ from laneway.gateway.errors import ApiError
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.wakes import LineRefused
-from laneway.ledger import Admission, Admitted, Queued, Refused
+from laneway.ledger import Admission, Admitted, Queued, Refused, Ticket
 from laneway.routing.fairshare import NO_CAPS
 
 
@@ -26,19 +26,33 @@ async def admit(path: RequestPath, ask: Admission, outcome: Outcome) -> Admitted
         path.wake(ledger.set_peer_tenants(path.clock(), peers))
     decision = ledger.admit(path.clock(), ask)
     outcome.ticket = decision.ticket
+    line = None
     if isinstance(decision, Queued):
         path.wake(decision.wakes)  # the request whose place it took is told why
+        # Waited for before the rebalance, which may take a lent replica back for it.
+        line = path.waiters.wait(decision.ticket)
+    path.demand_changed()
     path.load_changed()
     if isinstance(decision, Admitted):
         return decision
     if isinstance(decision, Refused):
         raise refusal(path, ask, decision, waited_ms=None)
+    assert line is not None
+    return await wait_in_line(path, ask, decision.ticket, line)
+
+
+async def wait_in_line(
+    path: RequestPath, ask: Admission, ticket: Ticket, line: asyncio.Future[Admitted]
+) -> Admitted:
+    """The queued request's slot once `line` (its waiter) resolves; ApiError when its wait
+    runs out or the line refuses it. A request taken off a reclaimed replica waits here too."""
+    pool = ask.route.pool
     limit_ms = path.settings.queue.wait_limit_millis(bool(pool.endpoints))
     try:
         async with asyncio.timeout(limit_ms / 1000):
-            return await path.waiters.wait(decision.ticket)
+            return await line
     except TimeoutError:
-        withdrawn = ledger.withdraw(decision.ticket, path.clock())
+        withdrawn = path.ledger.withdraw(ticket, path.clock())
         path.wake(withdrawn.wakes)
         raise refusal(path, ask, withdrawn.refused, limit_ms) from None
     except LineRefused as refused:

@@ -13,6 +13,7 @@ from laneway.gateway.access_log import AccessLog
 from laneway.gateway.config import GatewaySettings
 from laneway.gateway.metrics import GatewayMetrics
 from laneway.gateway.serving.counting import PoolTokenizers
+from laneway.gateway.serving.lending import Lending
 from laneway.gateway.state.callers import TenantLimits
 from laneway.gateway.state.redis_store import RedisLoadShare
 from laneway.gateway.state.responses import RedisResponseShare
@@ -35,9 +36,15 @@ class RequestPath:
     load_share: RedisLoadShare | None  # None: one replica, its load its own
     response_share: RedisResponseShare | None = None  # None: stored responses not shared
     tenant_share: RedisTenantShare | None = None  # None: tenants' counts are this replica's
+    lending: Lending | None = None  # None: lending pools are served as plain pools
 
     def wake(self, wakes: Wakes) -> None:
         self.waiters.wake(wakes)
+
+    def demand_changed(self) -> None:
+        """A request was admitted, queued or ended: the lending pools' roles follow."""
+        if self.lending is not None:
+            self.lending.rebalance()
 
     def load_changed(self) -> None:
         """This replica's load on an endpoint (or a tenant's count) changed: its peers hear

@@ -18,11 +18,12 @@ from aiohttp import web
 from laneway.api import InferencePool
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import ARRIVED, REQUEST_PATH
-from laneway.gateway.serving.admitting import admit
+from laneway.gateway.serving.admitting import admit, wait_in_line
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.incoming import SESSION_HEADER, read_body
+from laneway.gateway.serving.lending import Reclaimed, drop
 from laneway.gateway.serving.outcome import Outcome
-from laneway.gateway.serving.relay import Exchange, forward
+from laneway.gateway.serving.relay import Exchange, end_stream, forward, resumable
 from laneway.gateway.serving.request_body import (
     LANE_HEADER,
     Endpoint,
@@ -125,8 +126,9 @@ async def _serve(
             plan=plan,
             count=count,
             outcome=outcome,
+            blocks=blocks,
         )
-        answer = await forward(exchange)
+        answer = await _forward_lent(exchange, ask, only)
         if held is not None and outcome.status == 404:
             # The holder lost it, its engine restarted before a scrape showed it: the
             # history is gone, as OpenAI says of a response it does not have.
@@ -142,6 +144,46 @@ async def _serve(
         return answer
     finally:
         count.cancel()
+
+
+async def _forward_lent(
+    exchange: Exchange, ask: Admission, only: tuple[str, ...] | None
+) -> web.StreamResponse:
+    """`forward`, and again each time a reclaim takes the request off a lent replica: back
+    in its pool's line, then planned anew. A stream whose client has seen tokens cannot be
+    sent again unnoticed: it ends with an error event instead."""
+    path = exchange.path
+    while True:
+        try:
+            return await forward(exchange)
+        except Reclaimed as reclaimed:
+            line = reclaimed.line
+        except ApiError as error:
+            if exchange.outcome.stream is None:
+                raise
+            # A resent stream, its head out already: every endpoint failed it.
+            return await end_stream(exchange, error)
+        if not resumable(exchange):
+            drop(line)
+            return await end_stream(exchange, _reclaimed_midway(exchange.plan.pool))
+        try:
+            await wait_in_line(path, ask, exchange.ticket, line)
+        except ApiError as error:
+            if exchange.outcome.stream is None:
+                raise
+            return await end_stream(exchange, error)
+        exchange.plan = await _plan(
+            path, exchange.ticket, exchange.plan.pool, exchange.blocks, only
+        )
+
+
+def _reclaimed_midway(pool: InferencePool) -> ApiError:
+    return ApiError(
+        503,
+        f"The replica streaming this answer was taken back by pool {pool.name}'s lender "
+        "for its chat; the stream ends here: retry the request",
+        "replica_reclaimed",
+    )
 
 
 async def _continued(
@@ -188,6 +230,7 @@ def release(path: RequestPath, route_path: str, outcome: Outcome, started: float
         )  # fmt: skip
         path.waiters.forget(ticket)
         path.wake(finished.wakes)
+        path.demand_changed()
         path.load_changed()
         return finished.log
     # Refused before the ledger saw it: bad JSON, an unknown model, no lane, a tenant limit.

@@ -28,6 +28,7 @@ class Outcome:
     complete: bool = False
     # The stream whose head went out: past it, an error can only end the connection.
     stream: web.StreamResponse | None = None
+    streamed: bool = False  # the stream's client was sent more than its head
     made: MadeResponse | None = None  # /v1/responses: the response the engine says it made
 
     def routing_headers(self) -> dict[str, str]:

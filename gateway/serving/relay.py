@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from laneway.gateway.errors import error_body
+from laneway.gateway.errors import ApiError, error_body
 from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admitting import no_endpoint
 from laneway.gateway.serving.context import RequestPath
@@ -26,7 +27,7 @@ from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
 from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch, made_by_answer
 from laneway.gateway.serving.routing import PromptCount
-from laneway.ledger import FirstToken, Sent, Ticket
+from laneway.ledger import NO_BLOCKS, FirstToken, PromptBlocks, Sent, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
 from laneway.routing.priority import engine_priority
 from laneway.routing.slo import within_slo
@@ -46,7 +47,7 @@ class UpstreamFailed(Exception):
         self.kind = kind
 
 
-@dataclass(slots=True)  # not frozen: one per request; nothing assigns to one once built
+@dataclass(slots=True)  # not frozen: a reclaimed request is planned anew (`plan`)
 class Exchange:
     """One admitted request on its way to an endpoint: what every attempt needs."""
 
@@ -59,6 +60,10 @@ class Exchange:
     plan: RoutingPlan
     count: PromptCount
     outcome: Outcome
+    blocks: PromptBlocks = NO_BLOCKS  # the prompt's, for planning it again after a reclaim
+    # A stream's writes to its client once its head went out: a stream whose request was
+    # taken off a reclaimed replica goes on with them on its next attempt.
+    writes: _ClientWrites | None = None
 
 
 async def forward(exchange: Exchange) -> web.StreamResponse:
@@ -78,7 +83,7 @@ async def forward(exchange: Exchange) -> web.StreamResponse:
         sent = path.ledger.sent(exchange.ticket, path.clock(), candidate)
         path.load_changed()
         try:
-            return await _attempt(exchange, sent, served, body)
+            return await _reclaimable(exchange, _attempt(exchange, sent, served, body))
         except UpstreamFailed as failure:
             timed_out = failure.kind == "timeout"
             retry = await _note_failure(exchange, candidate.url, str(failure), timed_out)
@@ -87,6 +92,37 @@ async def forward(exchange: Exchange) -> web.StreamResponse:
             candidate = retry
     why = "; ".join(failures) if failures else "every endpoint was ejected while it waited"
     raise no_endpoint(path, plan.pool, why)
+
+
+async def _reclaimable(
+    exchange: Exchange, attempt: Coroutine[Any, Any, web.StreamResponse]
+) -> web.StreamResponse:
+    """The attempt, where a reclaim can end it when its pool borrows lent replicas
+    (`lending.py`: `Reclaimed`)."""
+    lending = exchange.path.lending
+    if lending is None or not exchange.path.ledger.borrows(exchange.plan.pool):
+        return await attempt
+    return await lending.attempt(exchange.ticket, attempt)
+
+
+def resumable(exchange: Exchange) -> bool:
+    """Whether a request taken off a reclaimed replica can be sent again without its client
+    noticing: it has seen nothing, or only a stream's head."""
+    return not exchange.outcome.streamed
+
+
+async def end_stream(exchange: Exchange, error: ApiError) -> web.StreamResponse:
+    """End a stream whose head went out with `error` as its last event (a reclaimed request
+    that cannot go on)."""
+    writes, outcome = exchange.writes, exchange.outcome
+    assert writes is not None
+    assert outcome.stream is not None
+    outcome.error = error.code
+    event = b"\n\ndata: " + error.encoded() + b"\n\n"
+    if await writes.write(event):
+        await writes.end()
+    writes.close()
+    return outcome.stream
 
 
 async def _attempt(exchange: Exchange, sent: Sent, served: str, body: bytes) -> web.StreamResponse:
@@ -99,6 +135,9 @@ async def _attempt(exchange: Exchange, sent: Sent, served: str, body: bytes) -> 
     except (aiohttp.ClientError, TimeoutError) as error:
         raise _upstream_failed(error) from None
     try:
+        if upstream.status != 200 and exchange.writes is not None:
+            # A resent stream's head went out as a 200: another answer can only fail it.
+            raise UpstreamFailed("http_error", f"HTTP {upstream.status} on a resent stream")
         if upstream.status >= 500 or upstream.status != 200 or not exchange.parsed.stream:
             return await _whole_answer(exchange, upstream, served, sent)
         path.metrics.overhead.request.observe(sent.own_s)
@@ -162,22 +201,26 @@ async def _relay_stream(
     """
     path, outcome = exchange.path, exchange.outcome
     outcome.prompt_tokens = await exchange.count
-    response = web.StreamResponse(
-        status=200,
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            **outcome.routing_headers(),
-        },
-    )
-    writes = _ClientWrites(exchange, response)
-    # Sent at once: the client learns the route (and its openai call returns) before the
-    # first token, which may be seconds away.
-    if not await writes.start():
-        upstream.close()
-        return response
-    outcome.stream = response
-    outcome.status = 200
+    writes = exchange.writes
+    if writes is None:
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **outcome.routing_headers(),
+            },
+        )
+        writes = exchange.writes = _ClientWrites(exchange, response)
+        # Sent at once: the client learns the route (and its openai call returns) before
+        # the first token, which may be seconds away.
+        if not await writes.start():
+            upstream.close()
+            return response
+        outcome.stream = response
+        outcome.status = 200
+    else:  # resent after a reclaim: its client has the head only
+        response = writes.response
     relay = _StreamRelay(exchange, sent, rename)
     try:
         try:
@@ -185,6 +228,7 @@ async def _relay_stream(
                 chunk, read_at = relay.received(data)
                 if not chunk:
                     continue
+                outcome.streamed = True  # before the write: a reclaim may end it midway
                 if not await writes.write(chunk):
                     upstream.close()  # the engine sees its client go away
                     return response
@@ -313,7 +357,7 @@ class _ClientWrites:
     def __init__(self, exchange: Exchange, response: web.StreamResponse) -> None:
         self._outcome = exchange.outcome
         self._request = exchange.request
-        self._response = response
+        self.response = self._response = response
         self._loop = asyncio.get_running_loop()
         self._deadline_s = exchange.path.settings.clients.write_timeout_millis / 1000
         self._blocked_since: float | None = None

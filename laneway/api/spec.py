@@ -373,9 +373,10 @@ class PoolSpec(Wire):
         description="Lend whole idle replicas of this interactive pool to a batch pool, and "
         "take them back (ending the batch request there, which is re-queued) when chat needs "
         "them. Absent: the pool serves its own lane only. The request ledger decides the "
-        "roles (serving, draining, lent, reclaiming) and the virtual runner acts on them "
-        "(laneway bench day); the gateway's HTTP shell does not act on them yet, so there "
-        "the pool serves its own lane (issue 26).",
+        "roles (serving, draining, lent, reclaiming); the gateway and the virtual runner "
+        "(laneway bench day) act on them. One gateway replica decides them: beside other "
+        "replicas (counted through Redis) it lends nothing, and the endpoint picker serves "
+        "the pool as a plain pool.",
     )
 
     @functools.cached_property  # read by every request's routing

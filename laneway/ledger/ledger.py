@@ -298,10 +298,12 @@ class Ledger(LedgerRecords):
         self.synced = True
         return Wakes(refused=tuple(refused)) + self._refresh_limits(now)
 
-    def rebalance(self, now: float) -> Rebalanced:
+    def rebalance(self, now: float, *, lend: bool = True) -> Rebalanced:
         """The lending pools' replica roles for their chat demand now (`lending.py`): call
         it whenever that demand may have changed (a chat turn admitted or ended, a scrape).
-        The shell acts on the reclaims; the wakes admit the borrowers' next documents."""
+        The shell acts on the reclaims; the wakes admit the borrowers' next documents.
+        Without `lend` (the shell cannot act on lending now), every lent replica is taken
+        back and none is lent."""
         gates, requests = self._gates, self._requests
         changes, reclaims = self._lending.rebalance(
             now,
@@ -309,6 +311,7 @@ class Ledger(LedgerRecords):
             demand=lambda key: gates[key].active + gates[key].waiting,
             in_flight=lambda url: self._load.of(url).in_flight,
             running=lambda url, pool: running_on(requests, url, pool),
+            lend=lend,
         )
         if not changes:
             return Rebalanced()

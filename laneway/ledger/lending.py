@@ -140,10 +140,12 @@ class LendingBook:
         demand: Callable[[str], int],
         in_flight: Callable[[str], int],
         running: Callable[[str, str], tuple[int, ...]],
+        lend: bool = True,
     ) -> tuple[tuple[RoleChange, ...], tuple[Reclaim, ...]]:
         """Every lender's role changes now, and the replicas taken back. `demand(key)`: a
         pool's chat turns running and in line; `in_flight(url)`: requests running on an
-        endpoint; `running(url, key)`: a pool's tickets running there."""
+        endpoint; `running(url, key)`: a pool's tickets running there. Without `lend`,
+        every replica is needed for chat: none is lent, and the lent ones are taken back."""
         changes: list[RoleChange] = []
         reclaims: list[Reclaim] = []
         for key, borrower in self.borrowers.items():
@@ -151,7 +153,7 @@ class LendingBook:
             def borrowed(url: str, borrower: str = borrower) -> int:
                 return len(running(url, borrower))
 
-            ours = self._one(now, pools[key], demand(key), in_flight, borrowed)
+            ours = self._one(now, pools[key], demand(key), in_flight, borrowed, lend)
             changes += ours
             reclaims += (
                 Reclaim(url=c.url, tickets=running(c.url, borrower))
@@ -167,6 +169,7 @@ class LendingBook:
         demand: int,
         in_flight: Callable[[str], int],
         borrowed: Callable[[str], int],
+        lend: bool,
     ) -> list[RoleChange]:
         key, roles = lender.key, self.roles[lender.key]
         changes = [
@@ -181,7 +184,7 @@ class LendingBook:
         ]
         self._apply(now, changes)
         chat = [url for url, role in roles.items() if role in CHAT_ROLES]
-        needed = needed_replicas(lender, demand)
+        needed = needed_replicas(lender, demand) if lend else len(roles)
         if needed >= len(chat):
             self._low_since.pop(key, None)
         packed: list[RoleChange] = []

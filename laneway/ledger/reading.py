@@ -96,6 +96,19 @@ class LedgerReads:
         """Each configured pool's demand as this replica sees it."""
         return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
 
+    def gateway_replicas(self) -> int:
+        """The gateway replicas sharing this pool set, as Redis last said (1 without it)."""
+        return self._tenants.replicas
+
+    def lends(self) -> bool:
+        """Whether any pool lends replicas (else `rebalance` has nothing to decide)."""
+        return bool(self._lending.borrowers)
+
+    def borrows(self, pool: InferencePool) -> bool:
+        """Whether `pool` borrows a lending pool's replicas: its requests may be taken off
+        a replica that chat takes back (`Rebalanced.reclaims`)."""
+        return pool.key in self._lending.borrowers.values()
+
     def roles(self, pool: InferencePool) -> Mapping[str, Role]:
         """A lending pool's replicas and their roles (empty for any other pool)."""
         return self._lending.roles.get(pool.key, {})

@@ -1,0 +1,358 @@
+"""The gateway acts on the ledger's lending decisions, over HTTP with `laneway sim` engines: a
+lending pool lends its idle replica to the batch pool, a document runs there, chat demand
+takes the replica back (the engine aborts the document: the gateway closed its upstream
+request), chat is served there, and the document, requeued, is sent again once a replica is
+lent again and completes, hitting the prefix its first attempt left in that engine's cache.
+
+No timing is asserted: every wait polls with a generous limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from support.client import client, eventually, scrape, total
+from support.inproc import Served, Servers
+from support.pools import gateway_doc, pool_doc
+
+from laneway.bench.harness.redis_server import LocalRedis
+from laneway.gateway.keys import CLOCK, LEDGER
+from laneway.ledger import Ledger, Role
+
+# About 8k tokens of prose: a prefill of several engine steps.
+DOCUMENT = "The parcel left the warehouse on Monday and reached the depot by noon. " * 600
+# About 100k tokens: a prefill of seconds at time scale 1, during which chat takes its
+# replica back.
+LONG_DOCUMENT = DOCUMENT * 12
+CONTEXT = 131072
+# Long enough a decode that the document still runs when chat takes its replica back.
+DOCUMENT_OUTPUT = 6000
+TIME_SCALE = "4"
+
+
+def lending_docs(chat_urls: list[str]) -> list[dict[str, Any]]:
+    # One chat turn a replica (maxConcurrentRequests 1, no headroom): a second turn while
+    # one runs needs a second replica.
+    chat = pool_doc(
+        "chat",
+        "interactive",
+        "llama-long",
+        chat_urls,
+        limits={"maxConcurrentRequests": 1, "maxContextTokens": CONTEXT},
+    )
+    chat["spec"]["lending"] = {"borrower": "docs", "keepReplicas": 1, "headroom": 0}
+    # No replica of its own: a document runs only where chat lent one.
+    docs = pool_doc(
+        "docs",
+        "batch",
+        "llama-long",
+        [],
+        limits={"maxConcurrentRequests": 4, "maxContextTokens": CONTEXT},
+    )
+    lending = {"lendAfterMillis": 0, "intervalMillis": 50}
+    return [chat, docs, gateway_doc(lending=lending, queue={"timeoutMillis": 120000})]
+
+
+async def engine(servers: Servers) -> Served:
+    return await servers.sim(
+        "llama-long", "--time-scale", TIME_SCALE, "--max-context", str(CONTEXT)
+    )
+
+
+def lent(ledger: Ledger) -> list[str]:
+    chat = next(pool for pool in ledger.pools() if pool.name == "chat")
+    return [url for url, role in ledger.roles(chat).items() if role is Role.LENT]
+
+
+async def count(url: str, name: str, **labels: str) -> float:
+    return total(await scrape(url), name, **labels)
+
+
+async def finished_other_than_abort(url: str) -> float:
+    samples = await scrape(url)
+    return sum(
+        value
+        for labels, value in samples.get("vllm:request_success_total", [])
+        if labels.get("finished_reason") != "abort"
+    )
+
+
+async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
+    servers: Servers, tmp_path: Path
+) -> None:
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+    by_url = {e.url: e for e in engines}
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    # No chat: all but keepReplicas are lent.
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+    borrowed = by_url[borrowed_url]
+    (home,) = (e for e in engines if e is not borrowed)
+
+    async def document() -> Any:
+        return await api.completions.create(
+            model="llama",
+            prompt=DOCUMENT,
+            max_tokens=DOCUMENT_OUTPUT,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+
+    doc = asyncio.create_task(document())
+    chat_a = None
+    try:
+
+        async def doc_decoding() -> bool:
+            return await count(borrowed.url, "vllm:time_to_first_token_seconds_count") == 1
+
+        # Its whole prompt prefilled there: the blocks an abort leaves in the prefix cache.
+        await eventually(doc_decoding, "the document decoding on the lent replica")
+        hits_before = await count(borrowed.url, "vllm:prefix_cache_hits_total")
+
+        # A chat turn on the one serving replica, held open while the test goes on.
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        # A second turn needs a second replica: the lent one is taken back for it.
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+
+        # The engine aborted the document (its upstream request closed), and served the
+        # chat turn that took its replica back.
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed.url, "vllm:request_success_total", **reason) == 1
+        assert await finished_other_than_abort(borrowed.url) == 1  # that chat turn
+        assert await finished_other_than_abort(home.url) == 0  # chat A is still running
+        reclaimed = await count(gateway.url, "laneway_gateway_reclaimed_requests_total")
+        assert reclaimed == 1
+
+        # The short turn ended: the replica with no chat on it is lent again, the document
+        # is sent to it anew and completes there, its first attempt's prefix still cached.
+        completed = await asyncio.wait_for(doc, 120)
+        assert completed.choices[0].finish_reason == "length"
+        assert await finished_other_than_abort(borrowed.url) == 2
+        hits = await count(borrowed.url, "vllm:prefix_cache_hits_total") - hits_before
+        assert completed.usage is not None
+        assert hits >= 0.9 * completed.usage.prompt_tokens
+        assert lent(ledger) == [borrowed.url]
+    finally:
+        doc.cancel()
+        if chat_a is not None:
+            await chat_a.close()
+        await api.close()
+
+
+async def test_a_streamed_document_taken_back_after_its_first_tokens_ends_with_an_error(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """Its client has tokens that a second attempt would repeat: the stream ends with a
+    `replica_reclaimed` error event instead, and the engine aborted it all the same."""
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+    chat_a = None
+    try:
+        doc = await api.completions.create(
+            model="llama",
+            prompt=DOCUMENT,
+            max_tokens=20000,  # still streaming when chat takes its replica back
+            stream=True,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+        events = aiter(doc)
+        await anext(events)  # a token: the client has seen the document's answer begin
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+        with pytest.raises(openai.APIError) as raised:
+            async for _ in events:
+                pass
+        assert "taken back" in str(raised.value)
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed_url, "vllm:request_success_total", **reason) == 1
+    finally:
+        if chat_a is not None:
+            await chat_a.close()
+        await api.close()
+
+
+async def test_beside_another_gateway_replica_lending_is_off(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The roles are each replica's own: where Redis' heartbeat counts two gateway replicas,
+    the lent replica is taken back and none is lent until one replica is left."""
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger, clock = gateway.runner.app[LEDGER], gateway.runner.app[CLOCK]
+
+    async def lent_count(expected: int) -> None:
+        async def check() -> bool:
+            return len(lent(ledger)) == expected
+
+        await eventually(check, f"{expected} replica(s) lent")
+
+    await lent_count(1)
+    ledger.set_peer_tenants(clock(), {}, replicas=2)  # what the heartbeat reports
+
+    async def all_serving() -> bool:
+        samples = await scrape(gateway.url)
+        name = "laneway_gateway_lending_replicas"
+        return total(samples, name, pool="chat", role="serving") == len(engines)
+
+    await eventually(all_serving, "every replica serving chat again")
+    ledger.set_peer_tenants(clock(), {}, replicas=1)
+    await lent_count(1)
+
+
+async def test_the_batches_api_runs_its_items_on_the_lent_replica(
+    servers: Servers, tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    """The dispatcher's items run through the batch lane, so they go where chat lent a
+    replica (the borrower has none of its own here); one gateway replica on Redis lends."""
+    engines = [await engine(servers), await engine(servers)]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml",
+        lending_docs([e.url for e in engines]),
+        *("--redis-url", redis_server.url),
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+    (home_url,) = (e.url for e in engines if e.url != borrowed_url)
+    try:
+        lines = [
+            json.dumps(
+                {
+                    "custom_id": f"doc-{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": "llama", "prompt": f"summarise report {i}", "max_tokens": 4},
+                }
+            )
+            for i in range(3)
+        ]
+        uploaded = await api.files.create(
+            file=("items.jsonl", "\n".join(lines).encode()), purpose="batch"
+        )
+        batch = await api.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+        )
+
+        async def completed() -> bool:
+            return (await api.batches.retrieve(batch.id)).status == "completed"
+
+        await eventually(completed, "the batch completed", within=120)
+        done = await api.batches.retrieve(batch.id)
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+        assert await finished_other_than_abort(borrowed_url) == 3
+        assert await finished_other_than_abort(home_url) == 0
+    finally:
+        await api.close()
+
+
+async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attempt(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """Its client has had nothing but the stream's head: the gateway resends the document
+    and relays the second attempt's tokens into the same stream."""
+    engines = [
+        await servers.sim("llama-long", "--time-scale", "1", "--max-context", str(CONTEXT))
+        for _ in range(2)
+    ]
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    )
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    (borrowed_url,) = lent(ledger)
+
+    async def document() -> list[str]:
+        stream = await api.completions.create(
+            model="llama",
+            prompt=LONG_DOCUMENT,
+            max_tokens=4,
+            stream=True,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+        return [chunk.choices[0].text async for chunk in stream if chunk.choices]
+
+    doc = asyncio.create_task(document())
+    chat_a = None
+    try:
+
+        async def prefilling() -> bool:
+            samples = await scrape(borrowed_url)
+            return (
+                total(samples, "vllm:num_requests_running") == 1
+                and total(samples, "vllm:time_to_first_token_seconds_count") == 0
+            )
+
+        await eventually(prefilling, "the long document prefilling on the lent replica")
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed_url, "vllm:request_success_total", **reason) == 1
+        texts = await asyncio.wait_for(doc, 180)
+        assert len([t for t in texts if t]) == 4  # the second attempt's tokens, once each
+        assert await count(borrowed_url, "vllm:prefix_cache_hits_total") > 0
+    finally:
+        doc.cancel()
+        if chat_a is not None:
+            await chat_a.close()
+        await api.close()
