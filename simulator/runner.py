@@ -14,8 +14,9 @@ Every experiment is a configuration of `VirtualCluster`:
 
 To plug in a workload, subclass `Workload`: `start` schedules its first events with
 `cluster.schedule(at, subject)`; `on_event(cluster, now, subject)` receives them back and
-sends requests with `cluster.submit(...)` (None: no pool takes the request, the gateway's
-400, or its pool's line is full, the gateway's 429); the `on_first_token`, `on_token_gap`
+sends requests with `cluster.submit(...)`, each as a tenant under its caps where it says so
+(None: no pool takes the request, the gateway's 400, or its pool's line is full or its
+tenant's queue cap reached, the gateway's 429); the `on_first_token`, `on_token_gap`
 and `on_finished` hooks report each request's progress (a closed-loop session schedules
 its next turn from `on_finished`). To plug in a scaler, subclass `Scaler`:
 `decide(cluster, now)` is called every `interval_s` while work remains and may call
