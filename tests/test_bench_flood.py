@@ -104,6 +104,8 @@ def test_virtual_rows_pair_each_seed_with_its_own_unloaded_run() -> None:
         (["--flood-prompt-tokens", "800,200"], "--flood-prompt-tokens"),
         (["--mode", "live", "--flood-factors", "2,10"], "--flood-factors"),
         (["--mode", "live", "--flood-prompt-tokens", "1,2"], "--flood-prompt-tokens"),
+        (["--pool-slots", "0"], "--pool-slots"),
+        (["--mode", "live", "--pool-slots", "3"], "--pool-slots"),
     ],
 )
 def test_flood_flags_that_cannot_work_name_themselves(

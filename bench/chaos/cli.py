@@ -106,6 +106,13 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         "uniformly (default: the other tenant's, 200,800)",
     )
     chaos.add_argument(
+        "--pool-slots",
+        type=int,
+        metavar="N",
+        help="with --flood --mode virtual: the chat pool's maxConcurrentRequests per "
+        "endpoint, its engines' seats too (default 256: only the flood's caps bind)",
+    )
+    chaos.add_argument(
         "--rounds",
         type=int,
         help="with --flood: seeds in virtual mode (default 3), rounds of (at its share, "
@@ -124,6 +131,7 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
         "flood_factors",
         "flood_share",
         "flood_prompt_tokens",
+        "pool_slots",
         "rounds",
     )
     given = [name for name in flood_only if getattr(args, name) is not None]
@@ -169,7 +177,12 @@ def _run_flood(args: argparse.Namespace) -> int:
         raise UsageError(f"--flood-queue must be at least 1, got {args.flood_queue}")
     if any(factor < 1 for factor in factors):
         raise UsageError(f"--flood-factors must be at least 1, got {args.flood_factors}")
-    for flag, value in (("--flood-share", args.flood_share), ("--rounds", args.rounds)):
+    positive = (
+        ("--flood-share", args.flood_share),
+        ("--rounds", args.rounds),
+        ("--pool-slots", args.pool_slots),
+    )
+    for flag, value in positive:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     prompts = parse_int_list(args.flood_prompt_tokens or "", "--flood-prompt-tokens")
@@ -179,8 +192,9 @@ def _run_flood(args: argparse.Namespace) -> int:
             f"{args.flood_prompt_tokens}"
         )
     if args.mode == "live":
-        if prompts:
-            raise UsageError("--flood-prompt-tokens goes with --mode virtual")
+        if prompts or args.pool_slots is not None:
+            flag = "--flood-prompt-tokens" if prompts else "--pool-slots"
+            raise UsageError(f"{flag} goes with --mode virtual")
         return _run_flood_live(args, queues, factors)
     from laneway.bench.chaos.flood_virtual import (
         VirtualFloodOptions,
@@ -211,6 +225,7 @@ def _run_flood(args: argparse.Namespace) -> int:
             "factors": tuple(float(f) for f in factors) or None,
             "queues": queues or None,
             "rounds": args.rounds,
+            "pool_slots": args.pool_slots,
         },
     )
     return run_and_report(

@@ -40,6 +40,9 @@ class VirtualFloodOptions:
     queues: tuple[int, ...] = (8, 40)
     rounds: int = 3  # seeds, from the scenario's
     profile: str = "h200-llama3-8b"
+    # The chat pool's maxConcurrentRequests per endpoint (and its engines' seats); None:
+    # the demo's 256, so that only the flood's caps bound it.
+    pool_slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def run_sweep(
 ) -> VirtualFloodReport:
     profile = PROFILES[options.profile]
     pool, picking = DEMO_POOLS[0], PickingSettings()
+    if options.pool_slots is not None:
+        pool = replace(pool, engine=replace(pool.engine, max_num_seqs=options.pool_slots))
     base = options.scenario
     alone, share, runs = [], [], []
     for seed in range(base.seed, base.seed + options.rounds):
@@ -183,12 +188,14 @@ def render(report: VirtualFloodReport) -> list[str]:
     ]
     options = report.options
     scenario = options["scenario"]
+    slots = options["pool_slots"] or DEMO_POOLS[0].engine.max_num_seqs
     goal = "-" if report.goal_ratio is None else f"{report.goal_ratio:.3f}"
     return [
         f"laneway bench chaos --flood --mode virtual: {report.command}",
         f"virtual time on {options['profile']}, {options['rounds']} seeds x "
         f"{scenario['duration_s']:g} s; the flood tenant's share "
-        f"{scenario['flood_share']} running (ratios: median over seeds, lowest-highest)",
+        f"{scenario['flood_share']} running, the pool's {slots} per endpoint (ratios: median "
+        "over seeds, lowest-highest)",
         "",
         *format_table(header, rows),
         "",
