@@ -136,14 +136,11 @@ class FloodWorkload(Workload):
         running = cluster.ledger.tenant_count(cluster.ledger.pools()[0], FLOOD).running
         self.tally.flood_peak_running = max(self.tally.flood_peak_running, running)
 
-    def on_token_gap(
-        self, cluster: VirtualCluster, now: float, request: Request, gap_s: float
-    ) -> None:
-        pass
-
     def on_finished(self, cluster: VirtualCluster, now: float, request: Request) -> None:
         if now >= self.scenario.duration_s:
-            return  # the load is over: nobody sends again
+            # The load is over: no next turn (one scheduled before, a think time or a
+            # Retry-After, still goes), and the run drains.
+            return
         source = request.source
         if self._is_steady(source):
             think = self._rng(source).uniform(self.scenario.min_think_s, self.scenario.max_think_s)
