@@ -14,8 +14,9 @@ Every experiment is a configuration of `VirtualCluster`:
 
 To plug in a workload, subclass `Workload`: `start` schedules its first events with
 `cluster.schedule(at, subject)`; `on_event(cluster, now, subject)` receives them back and
-sends requests with `cluster.submit(...)` (None: no pool takes the request, the gateway's
-400, or its pool's line is full, the gateway's 429); the `on_first_token`, `on_token_gap`
+sends requests with `cluster.submit(...)`, each as a tenant under its caps where it says so
+(None: no pool takes the request, the gateway's 400, or its pool's line is full or its
+tenant's queue cap reached, the gateway's 429); the `on_first_token`, `on_token_gap`
 and `on_finished` hooks report each request's progress (a closed-loop session schedules
 its next turn from `on_finished`). To plug in a scaler, subclass `Scaler`:
 `decide(cluster, now)` is called every `interval_s` while work remains and may call
@@ -72,6 +73,7 @@ from laneway.ledger import (
     Wakes,
 )
 from laneway.routing.engine_metrics import EngineMetrics
+from laneway.routing.fairshare import NO_CAPS, TenantCaps
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.picker import PickingSettings
 from laneway.routing.prefix_index import leading_block_hashes
@@ -232,9 +234,12 @@ class VirtualCluster:
         prompt_ids: Sequence[int] | None = None,
         pinned: Lane | None = None,
         session_key: str | None = None,
+        tenant: str = "",
+        caps: TenantCaps = NO_CAPS,
     ) -> Request | None:
-        """Route and admit a request as the gateway does; None if no pool takes it or its
-        pool's line is full."""
+        """Route and admit a request as the gateway does, for `tenant` under its `caps`
+        (the tenants file's); None if no pool takes it, its pool's line is full or its
+        tenant's cap of waiting requests is reached (the gateway's 429s)."""
         bounds = TokenBounds(prompt_tokens, prompt_tokens)
         ask = RouteRequest(PUBLIC_MODEL, bounds, output_tokens, pinned)
         pools = self.ledger.pools()
@@ -248,12 +253,15 @@ class VirtualCluster:
             model=PUBLIC_MODEL,
             stream=True,
             fair_tokens=route.prefill_tokens,
+            caps=caps,
             session_key=session_key,
+            tenant=tenant,
         )
         decision = self.ledger.admit(now, admission)
         if isinstance(decision, Refused):
-            # A full line: the gateway's 429, which the workload hears as a request no pool
-            # took (pools never leave a virtual run, nor do all their endpoints fail).
+            # A full line or the tenant's cap: the gateway's 429, which the workload hears as
+            # a request no pool took (pools never leave a virtual run, nor do all their
+            # endpoints fail).
             refused = self.ledger.finished(decision.ticket, now, status=429, error=decision.reason)
             self.logs.append(refused.log)
             return None

@@ -116,3 +116,22 @@ def test_a_line_place_goes_from_the_largest_holder_up_to_an_equal_share() -> Non
     assert line_place_for("c", {"a": 5, "b": 3}, 8) == "a"
     assert line_place_for("c", {"a": 3, "b": 3, "c": 2}, 8) is None  # nobody over 8/3
     assert line_place_for("a", {"a": 8}, 8) is None  # alone: the line is its own
+
+
+def test_a_tie_of_turns_goes_to_the_tenant_with_fewer_running() -> None:
+    # The flood holds both slots and keeps two more in line. A request of the other tenant
+    # arrives: returning from idle, its turn count is lifted to the flood's, a tie, and the
+    # flood's queued requests arrived first. The freed slot still goes to the tenant with
+    # none running, not to the flood's older request.
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 2})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running=2)
+    flood = [ledger.admit(0.0, replace(ask(chat, tenant="flood"), caps=caps)) for _ in range(4)]
+    assert [type(d) for d in flood] == [Admitted, Admitted, Queued, Queued]
+    steady = ledger.admit(1.0, ask(chat, tenant="steady"))
+    assert isinstance(steady, Queued)
+    wakes = ledger.finished(flood[0].ticket, 2.0, status=200).wakes
+    assert [g.ticket for g in wakes.granted] == [steady.ticket]
+    # Then the flood's turn: its oldest queued request.
+    wakes = ledger.finished(flood[1].ticket, 3.0, status=200).wakes
+    assert [g.ticket for g in wakes.granted] == [flood[2].ticket]

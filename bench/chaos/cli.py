@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from laneway.bench.harness.flags import add_json_flag, add_value_flag, overridden, run_and_report
+from laneway.bench.harness.flags import (
+    add_json_flag,
+    add_value_flag,
+    overridden,
+    parse_int_list,
+    run_and_report,
+)
 
 
 def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
@@ -58,18 +64,59 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
     chaos.add_argument(
         "--flood",
         action="store_true",
-        help="instead: one tenant floods at 10x its share (its maxConcurrentRequests) while "
-        "another's chat TTFT is measured, alternating segments at its share and flooding, "
-        "through two replicas on one Redis; --duration covers them all, --sessions are the "
-        "other tenant's. Exits 1 unless that tenant's TTFT p99 in the flood segments stays "
-        "within 10%% of the baseline ones' and none of its requests is refused",
+        help="instead: one tenant floods at a multiple of its share (its "
+        "maxConcurrentRequests) while another's chat TTFT is measured. --mode virtual "
+        "(default) sweeps --flood-factors x --flood-queue on the cost model, --rounds seeds, "
+        "each beside that seed's unloaded run; --mode live alternates --rounds rounds of a "
+        "segment at its share and one at --flood-factors through two replicas on one Redis "
+        "(--duration covers them all). --sessions are the other tenant's. Exits 1 unless "
+        "that tenant's TTFT p99 at 10x stays within 10%% of its unloaded run (live: of the "
+        "at-share segments) and none of its requests is refused",
+    )
+    chaos.add_argument(
+        "--mode",
+        choices=("virtual", "live"),
+        help="with --flood: virtual (default), in virtual time on the simulator's cost "
+        "model; live, real processes over HTTP",
     )
     chaos.add_argument(
         "--flood-queue",
+        metavar="N[,N...]",
+        help="with --flood: the flooding tenant's maxQueuedRequests, comma-separated in "
+        "virtual mode (default 8,40; live: one, default 8); past it its requests get 429 "
+        "and come back after Retry-After",
+    )
+    chaos.add_argument(
+        "--flood-factors",
+        metavar="N[,N...]",
+        help="with --flood: the flood's senders in shares, comma-separated in virtual mode "
+        "(default 2,5,10,20; live: one, default 10)",
+    )
+    add_value_flag(
+        chaos,
+        "--flood-share",
+        4,
+        "with --flood: the flooding tenant's maxConcurrentRequests",
+        preset=True,
+    )
+    chaos.add_argument(
+        "--flood-prompt-tokens",
+        metavar="LOW,HIGH",
+        help="with --flood --mode virtual: the flooding tenant's prompt lengths, drawn "
+        "uniformly (default: the other tenant's, 200,800)",
+    )
+    chaos.add_argument(
+        "--pool-slots",
         type=int,
         metavar="N",
-        help="with --flood: the flooding tenant's maxQueuedRequests (default 8); past it "
-        "its requests get 429 and come back after Retry-After",
+        help="with --flood --mode virtual: the chat pool's maxConcurrentRequests per "
+        "endpoint, its engines' seats too (default 256: only the flood's caps bind)",
+    )
+    chaos.add_argument(
+        "--rounds",
+        type=int,
+        help="with --flood: seeds in virtual mode (default 3), rounds of (at its share, "
+        "flooding) live (default 3)",
     )
     add_json_flag(chaos)
     chaos.set_defaults(handler=run_bench_chaos)
@@ -78,6 +125,21 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
 def run_bench_chaos(args: argparse.Namespace) -> int:
     if args.flood:
         return _run_flood(args)
+    flood_only = (
+        "mode",
+        "flood_queue",
+        "flood_factors",
+        "flood_share",
+        "flood_prompt_tokens",
+        "pool_slots",
+        "rounds",
+    )
+    given = [name for name in flood_only if getattr(args, name) is not None]
+    if given:
+        from laneway.errors import UsageError
+
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(f"{flag} goes with --flood")
     from laneway.bench.chaos.options import QUICK, ChaosOptions, check_options
     from laneway.bench.chaos.report import render
     from laneway.bench.chaos.run import run_bench
@@ -107,11 +169,81 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
 
 
 def _run_flood(args: argparse.Namespace) -> int:
+    from laneway.errors import UsageError
+
+    queues = parse_int_list(args.flood_queue or "", "--flood-queue")
+    factors = parse_int_list(args.flood_factors or "", "--flood-factors")
+    if any(queue < 1 for queue in queues):
+        raise UsageError(f"--flood-queue must be at least 1, got {args.flood_queue}")
+    if any(factor < 1 for factor in factors):
+        raise UsageError(f"--flood-factors must be at least 1, got {args.flood_factors}")
+    positive = (
+        ("--flood-share", args.flood_share),
+        ("--rounds", args.rounds),
+        ("--pool-slots", args.pool_slots),
+    )
+    for flag, value in positive:
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    prompts = parse_int_list(args.flood_prompt_tokens or "", "--flood-prompt-tokens")
+    if prompts and (len(prompts) != 2 or not 1 <= prompts[0] <= prompts[1]):
+        raise UsageError(
+            f"--flood-prompt-tokens must be LOW,HIGH with 1 <= LOW <= HIGH, got "
+            f"{args.flood_prompt_tokens}"
+        )
+    if args.mode == "live":
+        if prompts or args.pool_slots is not None:
+            flag = "--flood-prompt-tokens" if prompts else "--pool-slots"
+            raise UsageError(f"{flag} goes with --mode virtual")
+        return _run_flood_live(args, queues, factors)
+    from laneway.bench.chaos.flood_virtual import (
+        VirtualFloodOptions,
+        render,
+        run_sweep,
+        stderr_say,
+    )
+    from laneway.simulator.flood_experiment import FloodScenario
+
+    quick = VirtualFloodOptions(
+        scenario=FloodScenario(duration_s=30.0), factors=(10.0,), queues=(8,), rounds=1
+    )
+    base = quick if args.quick else VirtualFloodOptions()
+    scenario = overridden(
+        base.scenario,
+        {
+            "duration_s": args.duration,
+            "sessions": args.sessions,
+            "seed": args.seed,
+            "flood_share": args.flood_share,
+            "flood_prompt_tokens": (prompts[0], prompts[1]) if prompts else None,
+        },
+    )
+    options = overridden(
+        base,
+        {
+            "scenario": scenario,
+            "factors": tuple(float(f) for f in factors) or None,
+            "queues": queues or None,
+            "rounds": args.rounds,
+            "pool_slots": args.pool_slots,
+        },
+    )
+    return run_and_report(
+        lambda command: run_sweep(options, command, stderr_say),
+        render,
+        args.json,
+        succeeded=lambda report: report.goal_met,
+    )
+
+
+def _run_flood_live(
+    args: argparse.Namespace, queues: tuple[int, ...], factors: tuple[int, ...]
+) -> int:
     from laneway.bench.chaos.flood import FloodOptions, render, run_flood, stderr_say
     from laneway.errors import UsageError
 
-    if args.flood_queue is not None and args.flood_queue < 1:
-        raise UsageError(f"--flood-queue must be at least 1, got {args.flood_queue}")
+    if len(queues) > 1 or len(factors) > 1:
+        raise UsageError("--mode live runs one --flood-queue and one --flood-factors")
     quick = FloodOptions(duration_s=20.0, sessions=3)
     options = overridden(
         quick if args.quick else FloodOptions(),
@@ -119,7 +251,10 @@ def _run_flood(args: argparse.Namespace) -> int:
             "duration_s": args.duration,
             "sessions": args.sessions,
             "seed": args.seed,
-            "flood_queue": args.flood_queue,
+            "flood_queue": queues[0] if queues else None,
+            "flood_factor": factors[0] if factors else None,
+            "flood_share": args.flood_share,
+            "rounds": args.rounds,
         },
     )
     return run_and_report(

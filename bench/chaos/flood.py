@@ -1,27 +1,32 @@
-"""`laneway bench chaos --flood`: one tenant floods at 10x its share while another tenant's
-SLO is measured, through two gateway replicas sharing one redis-server.
+"""`laneway bench chaos --flood --mode live`: one tenant floods at a multiple of its share
+while another tenant's SLO is measured, through two gateway replicas sharing one
+redis-server. The check, on real processes, of what `flood_virtual.py` judges on the cost
+model.
 
 Two `laneway sim` engines behind one interactive pool, two gateway replicas with a keys file
-of two tenants: `steady` (no caps) and `flood`, whose share is `FLOOD_SHARE` requests
+of two tenants: `steady` (no caps) and `flood`, whose share is `flood_share` requests
 running in the pool at once and `flood_queue` waiting (`maxConcurrentRequests`,
 `maxQueuedRequests`, held over both replicas through Redis). The same steady clients run
 throughout (closed-loop chat sessions spread over both replicas), and the run alternates
-`CYCLES` times between two kinds of segment of `duration_s / (2 x CYCLES)` each:
+`rounds` times between two kinds of segment of `duration_s / (2 x rounds)` each:
 
-1. `baseline`: the flood tenant sends at its share (`FLOOD_SHARE` closed-loop senders);
+1. `baseline`: the flood tenant sends at its share (`flood_share` closed-loop senders);
    the first `WARMUP_S` of the run are not counted;
-2. `flood`: it sends at ten times that (`FLOOD_FACTOR` x `FLOOD_SHARE` closed-loop
-   senders), each refused request sent again after its Retry-After.
+2. `flood`: it sends at `flood_factor` times that, each refused request sent again after
+   its Retry-After.
 
 The goal compares the steady tenant's TTFT P99 over the flood segments with that over the
 baseline ones of the same run (a ratio; alternating spreads a shared machine's drift over
-both): at most `GOAL_RATIO`, and none of its requests refused.
+both): at most `GOAL_RATIO`, and none of its requests refused. Each round's own ratio (its
+flood segment over its baseline one) is reported too, as a median and a spread: on a busy
+machine the spread says how much of the pooled ratio is noise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -46,19 +51,16 @@ from laneway.tokens import default_tokenizer
 WARMUP, BASELINE, FLOOD = "warm-up", "baseline", "flood"
 # Not counted: the first requests meet cold engines and gateways (tokenizer, connections).
 WARMUP_S = 2.0
-FLOOD_SHARE = 4  # the flood tenant's maxConcurrentRequests in the pool
-FLOOD_FACTOR = 10  # the flood segments' senders, in shares
 GOAL_RATIO = 1.10  # steady TTFT P99, flood segments over baseline ones
-CYCLES = 3  # baseline, flood, baseline, flood, ...
 KEYS = {"steady": "sk-steady", "flood": "sk-flood"}
 
 
-def tenants_file(flood_queue: int) -> dict[str, Any]:
+def tenants_file(flood_share: int, flood_queue: int) -> dict[str, Any]:
     """The keys file: the flood tenant's caps, the steady tenant's none."""
     flood = {
         "name": "flood",
         "apiKeys": [KEYS["flood"]],
-        "maxConcurrentRequests": FLOOD_SHARE,
+        "maxConcurrentRequests": flood_share,
         "maxQueuedRequests": flood_queue,
     }
     return {"tenants": [{"name": "steady", "apiKeys": [KEYS["steady"]]}, flood]}
@@ -71,6 +73,9 @@ class FloodOptions:
     # The flood tenant's maxQueuedRequests: past it its senders are refused (429) and come
     # back after Retry-After; a line as long as the flood holds them waiting instead.
     flood_queue: int = 8
+    flood_share: int = 4  # the flood tenant's maxConcurrentRequests in the pool
+    flood_factor: int = 10  # the flood segments' senders, in shares
+    rounds: int = 3  # baseline, flood, baseline, flood, ...
     seed: int = 0
 
 
@@ -81,6 +86,7 @@ class Sent:
     status: int
     ttft_s: float | None
     error_code: str | None
+    round: int = 0  # which (baseline, flood) pair it was sent in
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,8 @@ class FloodReport:
     options: dict[str, Any]
     segments: tuple[SegmentRow, ...]
     ttft_p99_ratio: float | None  # flood segments over baseline ones
+    # Each round's flood segment over its baseline one: median, lowest, highest.
+    round_ratios: tuple[float, ...]
     goal_met: bool
 
     def to_json(self) -> dict[str, Any]:
@@ -123,10 +131,19 @@ def summarize(sent: list[Sent], segment: str) -> SegmentRow:
     )
 
 
+def _ratio(sent: list[Sent]) -> float | None:
+    base, flood = summarize(sent, BASELINE), summarize(sent, FLOOD)
+    if base.steady_ttft_p99_s and flood.steady_ttft_p99_s is not None:
+        return flood.steady_ttft_p99_s / base.steady_ttft_p99_s
+    return None
+
+
 def report_of(command: str, options: FloodOptions, sent: list[Sent]) -> FloodReport:
     segments = (summarize(sent, BASELINE), summarize(sent, FLOOD))
-    base, flood = segments[0].steady_ttft_p99_s, segments[1].steady_ttft_p99_s
-    ratio = flood / base if base and flood is not None else None
+    ratio = _ratio(sent)
+    rounds = sorted({s.round for s in sent})
+    per_round = [_ratio([s for s in sent if s.round == r]) for r in rounds]
+    ratios = sorted(r for r in per_round if r is not None)
     refused = sum(h.steady_refused for h in segments)
     return FloodReport(
         command=command,
@@ -134,6 +151,7 @@ def report_of(command: str, options: FloodOptions, sent: list[Sent]) -> FloodRep
         options=asdict(options),
         segments=segments,
         ttft_p99_ratio=ratio,
+        round_ratios=(statistics.median(ratios), ratios[0], ratios[-1]) if ratios else (),
         goal_met=ratio is not None and ratio <= GOAL_RATIO and refused == 0,
     )
 
@@ -164,6 +182,10 @@ def render(report: FloodReport) -> list[str]:
         for h in report.segments
     ]
     ratio = "-" if report.ttft_p99_ratio is None else f"{report.ttft_p99_ratio:.2f}"
+    rounds = "-"
+    if report.round_ratios:
+        median, low, high = report.round_ratios
+        rounds = f"{median:.2f} ({low:.2f}-{high:.2f})"
     return [
         f"laneway bench chaos --flood: {report.command}",
         f"machine: {report.machine}",
@@ -172,6 +194,7 @@ def render(report: FloodReport) -> list[str]:
         "",
         f"steady TTFT p99, flood segments / baseline ones: {ratio} (goal <= {GOAL_RATIO:.2f}, "
         "0 steady requests refused)",
+        f"each round's own ratio, median (lowest-highest): {rounds}",
         f"goal {'met' if report.goal_met else 'NOT met'}",
     ]
 
@@ -188,12 +211,13 @@ class _Load:
     def now(self) -> float:
         return self._loop.time() - self._start
 
-    def segment(self) -> str:
+    def segment(self) -> tuple[str, int]:
+        """The segment's kind now, and its round."""
         now = self.now()
+        segment = int(now / (self._options.duration_s / (2 * self._options.rounds)))
         if now < WARMUP_S:
-            return WARMUP
-        segment = int(now / (self._options.duration_s / (2 * CYCLES)))
-        return FLOOD if segment % 2 else BASELINE
+            return WARMUP, 0
+        return (FLOOD if segment % 2 else BASELINE), segment // 2
 
     def _body(self, rng: random.Random) -> dict[str, Any]:
         content = self._prompts.chat_content(rng, rng.randint(200, 800))
@@ -222,7 +246,7 @@ class _Load:
         bodies = [] if think else [self._body(rng) for _ in range(3)]
         turn = 0
         while self.now() < until:
-            segment = self.segment()
+            segment, round_ = self.segment()
             if only is not None and segment != only:
                 await asyncio.sleep(0.05)
                 continue
@@ -232,9 +256,11 @@ class _Load:
                 result = await stream_request(http, url, body, headers=headers)
             except (aiohttp.ClientError, TimeoutError) as error:
                 # Counted as refused: the goal wants none of the steady tenant's.
-                self.sent.append(Sent(tenant, segment, 0, None, type(error).__name__))
+                self.sent.append(Sent(tenant, segment, 0, None, type(error).__name__, round_))
                 continue
-            self.sent.append(Sent(tenant, segment, result.status, result.ttft_s, result.error_code))
+            self.sent.append(
+                Sent(tenant, segment, result.status, result.ttft_s, result.error_code, round_)
+            )
             if result.status == 429:
                 await asyncio.sleep(float(result.headers.get("retry-after", "1")))
             elif think:
@@ -270,7 +296,7 @@ async def _start(
     config = directory / "gateway.yaml"
     config.write_text(yaml.safe_dump_all([chat.document([e.url for e in engines], "demo")]))
     keys = directory / "tenants.yaml"
-    keys.write_text(yaml.safe_dump(tenants_file(options.flood_queue)))
+    keys.write_text(yaml.safe_dump(tenants_file(options.flood_share, options.flood_queue)))
     flags = ["--config", str(config), "--host", "127.0.0.1", "--redis-url", server.url]
     flags += ["--tenants", str(keys)]
     gateways = await asyncio.gather(
@@ -286,25 +312,26 @@ async def _start(
 
 
 async def _load(urls: list[str], options: FloodOptions, say: Any) -> list[Sent]:
-    segment_s = options.duration_s / (2 * CYCLES)
+    segment_s = options.duration_s / (2 * options.rounds)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
     ) as http:
         load = _Load(urls, options)
         end = options.duration_s
         steady = [load.session(http, "steady", i, end, think=True) for i in range(options.sessions)]
-        # At its share the flood tenant keeps FLOOD_SHARE requests always running, as the
+        # At its share the flood tenant keeps flood_share requests always running, as the
         # flood does at its cap: the engines carry the same load in both halves, and what
         # the flood adds is its refused and waiting requests.
-        share = [load.session(http, "flood", i, end, think=False) for i in range(FLOOD_SHARE)]
-        extra = FLOOD_SHARE * (FLOOD_FACTOR - 1)
+        share_n = options.flood_share
+        share = [load.session(http, "flood", i, end, think=False) for i in range(share_n)]
+        extra = share_n * (options.flood_factor - 1)
         flood = [
-            load.session(http, "flood", FLOOD_SHARE + i, end, think=False, only=FLOOD)
+            load.session(http, "flood", share_n + i, end, think=False, only=FLOOD)
             for i in range(extra)
         ]
         say(
-            f"{CYCLES} x ({segment_s:g} s at its share, {segment_s:g} s at {FLOOD_FACTOR}x) "
-            "for the flood tenant"
+            f"{options.rounds} x ({segment_s:g} s at its share, {segment_s:g} s at "
+            f"{options.flood_factor}x) for the flood tenant"
         )
         await asyncio.gather(*steady, *share, *flood)
         return load.sent

@@ -443,9 +443,17 @@ class Ledger(LedgerRecords):
             request.on = None
 
     def _grant(self, key: str, gate: PoolGate, now: float) -> Wakes:
-        """Free slots to the line, in its order, passing over tenants at their cap."""
+        """Free slots to the line, in its order, passing over tenants at their cap; of two
+        tenants whose turn it equally is, the one with fewer running here goes first."""
         granted = []
-        while (ticket := gate.next_granted(lambda t: self._tenants.may_run(key, t))) is not None:
+
+        def eligible(tenant: str) -> bool:
+            return self._tenants.may_run(key, tenant)
+
+        def running(tenant: str) -> int:
+            return self._tenants.of(key, tenant).running
+
+        while (ticket := gate.next_granted(eligible, running)) is not None:
             request = self._requests[ticket]
             self._dequeued(request)
             self._run(request, now)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from laneway.api import Lane
 from laneway.routing.admission import AdmissionLine
-from laneway.routing.fairshare import line_place_for
+from laneway.routing.fairshare import Running, line_place_for
 
 Ticket = int  # one request in the ledger, from `Ledger.open` to `Ledger.finished`
 Eligible = Callable[[str], bool]  # whether a tenant may take a slot now
@@ -75,12 +75,13 @@ class PoolGate:
         """A running request ended: its slot is free for `next_granted`."""
         self.active -= 1
 
-    def next_granted(self, eligible: Eligible) -> Ticket | None:
+    def next_granted(self, eligible: Eligible, running: Running | None = None) -> Ticket | None:
         """The next ticket in line that a free slot admits (taking the slot); None when no
-        slot is free or no eligible tenant waits."""
+        slot is free or no eligible tenant waits. `running`: each tenant's requests running
+        in the pool, which breaks a tie of turns toward the tenant with fewer."""
         if self.active >= self.limit:
             return None
-        ticket = self._line.next(eligible)
+        ticket = self._line.next(eligible, running)
         if ticket is not None:
             self.active += 1
         return ticket

@@ -4,7 +4,8 @@ Interactive requests go before batch ones. Within each, tenants take turns (fair
 interactive requests by count, so one tenant's burst of chats does not queue another's
 first one behind it, batch requests by tokens, so one tenant's 500 documents do not starve
 another's five; FIFO within a tenant. A tenant at its cap of running requests is passed
-over (`eligible`) until one of its own finishes. Pure: the ledger's `PoolGate` holds the
+over (`eligible`) until one of its own finishes, and of two tenants whose turn it equally is,
+the one with fewer requests running goes first. Pure: the ledger's `PoolGate` holds the
 tickets in this line, and the shell does the waiting.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from laneway.api import Lane
-from laneway.routing.fairshare import FairShareQueue
+from laneway.routing.fairshare import FairShareQueue, Running
 
 T = TypeVar("T")
 
@@ -46,12 +47,15 @@ class AdmissionLine(Generic[T]):
         else:
             self._interactive.charge(tenant, 1)
 
-    def next(self, eligible: Callable[[str], bool] | None = None) -> T | None:
+    def next(
+        self, eligible: Callable[[str], bool] | None = None, running: Running | None = None
+    ) -> T | None:
         """The item that leaves next, among the `eligible` tenants' (everyone's by default);
-        None when there is none."""
+        None when there is none. `running` breaks ties of turns: the tenant with fewer
+        requests running goes first."""
         for lane in (self._interactive, self._batch):
-            if lane.peek_tenant(eligible) is not None:
-                return lane.pop(eligible)
+            if lane.peek_tenant(eligible, running) is not None:
+                return lane.pop(eligible, running)
         return None
 
     def waiting(self) -> dict[str, int]:

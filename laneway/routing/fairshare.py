@@ -8,7 +8,11 @@ so a tenant with 500 documents queued and one with 5 alternate by tokens rather 
 arrival. A tenant that was idle cannot bank credit: when it becomes backlogged again its
 counter is lifted to the smallest counter among the backlogged tenants.
 
-Pure: no clock, no I/O. Ties go to the tenant whose head item arrived first.
+Pure: no clock, no I/O. Ties go to the tenant with fewer requests running, where the caller
+says (`running`), then to the tenant whose head item arrived first. The first matters under
+a flood: a tenant returning from idle is lifted to the smallest counter, which is then the
+always-backlogged flooding tenant's, and by arrival alone it would lose that tie to the
+flood's older queued request at every turn, waiting one extra slot each time.
 
 A pool's line is shared too (`line_place_for`): a full line gives a newcomer's tenant a
 place taken from the tenant holding the most, while the newcomer's tenant holds less than an
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+Running = Callable[[str], int]  # a tenant's requests running now
 
 
 @dataclass(frozen=True)
@@ -71,17 +76,27 @@ class FairShareQueue(Generic[T]):
             self._queues[tenant] = collections.deque()
         self._queues[tenant].append(_Queued(item=item, cost=cost, seq=next(self._arrivals)))
 
-    def peek_tenant(self, eligible: Callable[[str], bool] | None = None) -> str | None:
-        """The tenant whose item `pop` would return; None when empty (or none eligible)."""
+    def peek_tenant(
+        self, eligible: Callable[[str], bool] | None = None, running: Running | None = None
+    ) -> str | None:
+        """The tenant whose item `pop` would return; None when empty (or none eligible).
+        `running`: each tenant's requests running now, which breaks a tie of counters."""
         tenants = [t for t in self._queues if eligible is None or eligible(t)]
         if not tenants:
             return None
-        return min(tenants, key=lambda t: (self._counters[t], self._queues[t][0].seq))
 
-    def pop(self, eligible: Callable[[str], bool] | None = None) -> T:
+        def order(tenant: str) -> tuple[float, int, int]:
+            busy = 0 if running is None else running(tenant)
+            return (self._counters[tenant], busy, self._queues[tenant][0].seq)
+
+        return min(tenants, key=order)
+
+    def pop(
+        self, eligible: Callable[[str], bool] | None = None, running: Running | None = None
+    ) -> T:
         """The next item in fair order among the `eligible` tenants' (every tenant's by
         default), charging its tenant; IndexError when there is none."""
-        tenant = self.peek_tenant(eligible)
+        tenant = self.peek_tenant(eligible, running)
         if tenant is None:
             raise IndexError("pop from an empty FairShareQueue")
         queue = self._queues[tenant]
