@@ -169,7 +169,8 @@ async def test_ttft_is_the_first_content_event_and_usage_the_completed_one(setup
         name = "vllm:time_to_first_token_seconds"
         assert total(engine_after, f"{name}_count") - total(engine_before, f"{name}_count") == 1
         engine_ttft = total(engine_after, f"{name}_sum") - total(engine_before, f"{name}_sum")
-        assert engine_ttft > 0.05, "the prefill took a while: the head came well before it"
+        # vLLM yields response.created before it awaits the first token: a gateway that timed
+        # that head would report less than the prefill vLLM itself timed (about 50 ms here).
         assert engine_ttft <= gateway_ttft
 
 
