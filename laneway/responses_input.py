@@ -9,9 +9,11 @@ output messages as assistant messages, reasoning skipped), then the new input: a
 one user message, a list is taken item by item. `construct_chat_message_with_tool_call`
 (vllm/entrypoints/responses_utils.py) makes a `function_call` item an assistant message with
 one tool call and a `function_call_output` item a tool message. Function tools are flat in
-the Responses API (`{type, name, description, parameters}`) and nested in chat: vLLM's
-`convert_tool_responses_to_completions_format` (vllm/entrypoints/openai/responses/utils.py)
-wraps the whole flat tool as the chat tool's `function`, which the template renders.
+the Responses API (`{type, name, description, parameters}`) and nested in chat: vLLM 0.32's
+`construct_tool_dicts` (vllm/entrypoints/openai/responses/utils.py) makes each one a chat
+tool whose `function` is a `FunctionDefinition` dumped: `name`, `description` and
+`parameters` (null where absent), then `strict` and `defer_loading` only where set, in that
+order (the template's `tojson` keeps it), without the flat tool's `type`.
 
 The gateway and the simulator both convert with this, so they frame a request alike. The
 previous response's history is the engine's to prepend: only it holds the messages.
@@ -148,6 +150,26 @@ def _tools(tools: object) -> tuple[dict[str, Any], ...] | None:
                 "built-in tools are not served here",
                 where,
             )
-        _string(tool, "name", where)
-        converted.append({"type": "function", "function": dict(tool)})
+        converted.append({"type": "function", "function": _function(tool, where)})
     return tuple(converted) or None
+
+
+def _function(tool: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The chat tool's `function` as vLLM renders it (the module's docstring)."""
+    function: dict[str, Any] = {"name": _string(tool, "name", where)}
+    for field, kind, named in _FUNCTION_FIELDS:
+        value = tool.get(field)
+        if value is not None and not isinstance(value, kind):
+            raise ResponsesInputError(f"'{where}.{field}' must be {named}", f"{where}.{field}")
+        if value is not None or field in ("description", "parameters"):
+            function[field] = value
+    return function
+
+
+# A function tool's optional fields, in FunctionDefinition's order, with the type each takes.
+_FUNCTION_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("description", str, "a string"),
+    ("parameters", dict, "an object"),
+    ("strict", bool, "true or false"),
+    ("defer_loading", bool, "true or false"),
+)

@@ -173,7 +173,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         emitted = 0
         while not (await events.get()).last:
             emitted += 1
-        answer = reply.response("completed", emitted + 1)
+        # Run to its max_output_tokens, as every simulated request is: vLLM's "incomplete"
+        # (ResponseReply.closing), whether streamed or not.
+        answer = reply.response("incomplete", emitted + 1)
         if parsed.store:
             store.held[reply.response_id] = reply.kept(answer)
         return web.json_response(answer)

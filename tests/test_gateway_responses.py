@@ -187,6 +187,7 @@ async def test_a_chain_of_turns_always_reaches_the_engine_holding_its_history(
         fetched = await api.responses.retrieve(previous)
     assert fetched.id == previous
     assert fetched.previous_response_id is not None
+    assert fetched.model == "llama"  # the name asked for, not the engine's llama-small
 
 
 async def test_an_unknown_previous_response_is_openais_400_not_an_answer(setup: Setup) -> None:

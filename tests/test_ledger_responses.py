@@ -24,7 +24,7 @@ def made_on(ledger: Ledger, endpoint: str, response_id: str, tenant: str = "acme
     plan = ledger.plan(decision.ticket, 0.0, subset=[endpoint])
     ledger.sent(decision.ticket, 0.0, plan.endpoints[0])
     stored = ledger.record_response(decision.ticket, response_id, 1.0, context_tokens=42)
-    assert stored == StoredResponse(endpoint, CHAT.key, tenant, 42, 1.0 + TTL_S)
+    assert stored == StoredResponse(endpoint, CHAT.key, tenant, "llama", 42, 1.0 + TTL_S)
     ledger.finished(decision.ticket, 1.0, status=200)
 
 
@@ -70,7 +70,7 @@ def test_an_engine_restart_seen_in_its_gauges_forgets_its_responses() -> None:
 
 def test_a_peers_record_is_adopted_and_the_oldest_dropped_past_capacity() -> None:
     ledger = ledger_with(CHAT, response_ttl_s=TTL_S, response_capacity=2)
-    peer = StoredResponse("http://a", CHAT.key, "acme", None, 50.0)
+    peer = StoredResponse("http://a", CHAT.key, "acme", "llama", None, 50.0)
     ledger.adopt_response("resp_peer", peer)
     made_on(ledger, "http://b", "resp_2")
     made_on(ledger, "http://b", "resp_3")

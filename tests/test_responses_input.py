@@ -43,9 +43,21 @@ def test_instructions_then_every_item_kind_in_order() -> None:
             {"role": "tool", "content": "Leeds", "tool_call_id": "c1"},
             {"role": "assistant", "content": [{"type": "text", "text": "In Leeds."}]},
         ),
-        tools=({"type": "function", "function": {"type": "function", "name": "track",
+        # vLLM 0.32's FunctionDefinition: no `type`, a null description, unset strict left out.
+        tools=({"type": "function", "function": {"name": "track", "description": None,
                                                   "parameters": {"type": "object"}}},),
     )  # fmt: skip
+
+
+def test_a_function_tool_is_rendered_in_vllms_field_order() -> None:
+    """The template's tojson keeps key order, so the count depends on it: FunctionDefinition's
+    (name, description, parameters, strict), whatever order the client wrote."""
+    tool = {"strict": True, "parameters": {}, "type": "function", "description": "d", "name": "f"}
+    chat = responses_chat({"input": "hi", "tools": [tool]})
+    assert chat.tools is not None
+    assert list(chat.tools[0]["function"].items()) == [
+        ("name", "f"), ("description", "d"), ("parameters", {}), ("strict", True),
+    ]  # fmt: skip
 
 
 def test_a_string_input_is_one_user_message() -> None:
@@ -68,6 +80,12 @@ def test_a_string_input_is_one_user_message() -> None:
         ({"input": "hi", "tools": {"type": "function"}}, "tools"),
         ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0]"),
         ({"input": "hi", "tools": [{"type": "function"}]}, "tools[0].name"),
+        ({"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": 5}]},
+         "tools[0].parameters"),
+        ({"input": "hi", "tools": [{"type": "function", "name": "f", "description": 1}]},
+         "tools[0].description"),
+        ({"input": "hi", "tools": [{"type": "function", "name": "f", "strict": "yes"}]},
+         "tools[0].strict"),
     ],
 )  # fmt: skip
 def test_what_no_engine_would_take_names_its_field(payload: dict[str, Any], param: str) -> None:

@@ -27,6 +27,7 @@ from laneway.api import InferencePool
 from laneway.gateway.errors import ApiError
 from laneway.gateway.keys import REQUEST_PATH
 from laneway.gateway.serving.context import RequestPath
+from laneway.gateway.serving.model_name import rewriter
 from laneway.gateway.state.callers import caller_of, tenant_name
 from laneway.ledger import StoredResponse, Ticket
 
@@ -175,12 +176,14 @@ async def remember(path: RequestPath, ticket: Ticket, made: MadeResponse) -> Non
 
 
 async def retrieve(request: web.Request) -> web.StreamResponse:
-    """`GET /v1/responses/{id}`: relayed to the endpoint that stored it."""
+    """`GET /v1/responses/{id}`: relayed to the endpoint that stored it, naming the model
+    the client asked for when it made the response, as its create's answer did."""
     return await _relay_to_holder(request, "GET", "")
 
 
 async def cancel(request: web.Request) -> web.StreamResponse:
-    """`POST /v1/responses/{id}/cancel`: relayed to the endpoint that stored it."""
+    """`POST /v1/responses/{id}/cancel`: relayed to the endpoint that stored it (its answer,
+    the response, renamed as a GET's is)."""
     return await _relay_to_holder(request, "POST", "/cancel")
 
 
@@ -210,6 +213,8 @@ async def _relay_to_holder(request: web.Request, method: str, suffix: str) -> we
         raise _unreachable(response_id, f"{type(error).__name__}: {error}") from None
     if status >= 500:
         raise _unreachable(response_id, f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
+    if stored.model and (rename := rewriter(pool.spec.served_model_name, stored.model)):
+        body = rename.whole(body)  # a JSON response, or a whole resumed event stream
     headers = {"x-laneway-pool": pool.name, "x-laneway-lane": pool.spec.lane.value}
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 

@@ -33,7 +33,7 @@ class RedisResponseShare:
         """Tell the peers; `now` on the ledger's clock, which `expires_at` is on too."""
         ttl_ms = max(1, int((stored.expires_at - now) * 1000))
         holder = {"endpoint": stored.endpoint, "pool": stored.pool, "tenant": stored.tenant,
-                  "context_tokens": stored.context_tokens}  # fmt: skip
+                  "model": stored.model, "context_tokens": stored.context_tokens}  # fmt: skip
         try:
             await self._redis.set(self._key(response_id), orjson.dumps(holder), px=ttl_ms)
         except REDIS_DOWN as error:
@@ -59,6 +59,9 @@ class RedisResponseShare:
                 endpoint=str(holder["endpoint"]),
                 pool=str(holder["pool"]),
                 tenant=str(holder["tenant"]),
+                # A holder a replica from before this field wrote: fetched, the response
+                # then names the engine's served model.
+                model=str(holder.get("model") or ""),
                 context_tokens=tokens if isinstance(tokens, int) else None,
                 expires_at=now + ttl_ms / 1000,
             )

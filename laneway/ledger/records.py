@@ -41,6 +41,7 @@ class LedgerRecords(LedgerReads):
             endpoint=request.tried.url,
             pool=request.plan.pool.key,
             tenant=request.ask.tenant,
+            model=request.ask.model,
             context_tokens=context_tokens,
             expires_at=now + self.settings.response_ttl_s,
         )

@@ -3,8 +3,9 @@
 An engine keeps the responses it made in its own memory (vLLM's `response_store`, for the
 life of its process), so a request that continues one (`previous_response_id`), and a GET
 or cancel of one, can only be served by that endpoint. The book maps each response id to
-its holder: the endpoint, its pool, the tenant that made it (no other tenant may use it) and
-the tokens the next turn's prompt starts with (the response's input and output, as the
+its holder: the endpoint, its pool, the tenant that made it (no other tenant may use it), the
+model name the client asked for (a fetched response names it, not the engine's served name)
+and the tokens the next turn's prompt starts with (the response's input and output, as the
 engine counted them). An entry ends when it expires, when its endpoint leaves the pool
 (another replica has no copy) or when its engine restarts (its store is gone with the
 process): asked then, the book says the id is unknown, as the engine would.
@@ -24,6 +25,7 @@ class StoredResponse:
     endpoint: str  # the url of the engine that stored it
     pool: str  # that endpoint's pool key
     tenant: str  # who made it; "" for anonymous callers
+    model: str  # the public name the client asked for ("" where a peer did not share it)
     context_tokens: int | None  # its input + output tokens: the next turn's history
     expires_at: float  # on the ledger's clock
 

@@ -27,6 +27,20 @@ async def until(engine: Listening, name: str, wanted: Callable[[float], bool], w
     await eventually(holds, what, within=120)
 
 
+async def idle(engine: Listening) -> None:
+    """Until the engine runs and queues nothing: the session's one vLLM serves every test,
+    and a request an earlier test left (a stream whose abort vLLM has not yet seen, one
+    still finishing its tokens) would change what the next test counts. Generous: such a
+    request may run to its end, minutes on these cores."""
+
+    async def holds() -> bool:
+        samples = await scrape(engine.url)
+        return all(total(samples, f"vllm:num_requests_{state}") == 0
+                   for state in ("running", "waiting"))  # fmt: skip
+
+    await eventually(holds, "the engine running and queueing nothing", within=600)
+
+
 def document(words: int = 120) -> str:
     """A prompt no earlier request cached: a fresh first block, so every hit is its own."""
     return f"{uuid.uuid4().hex} " + " ".join(["prefill decode chunk lane"] * (words // 4))

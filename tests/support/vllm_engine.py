@@ -109,7 +109,8 @@ class VLLMServer:
 
 def environment() -> dict[str, str]:
     """What `vllm serve` needs here (ENVIRONMENT.md): the CPU platform, no hub, a small KV
-    cache (GiB: the default takes a large share of the machine's memory), a kept cache."""
+    cache (GiB: the default takes a large share of the machine's memory), a kept cache, the
+    Responses API's store."""
     return {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
@@ -119,6 +120,9 @@ def environment() -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        # Keep responses made with `store` (for previous_response_id, GET, cancel, background
+        # mode); vLLM otherwise ignores `store` (test_vllm_responses.py).
+        "VLLM_ENABLE_RESPONSES_API_STORE": "1",
     }
 
 
@@ -229,11 +233,16 @@ def parse_serve_args(argvs: Sequence[Sequence[str]]) -> list[ServeParse]:
 def vllm_pool_docs(server: VLLMServer, **gateway_spec: Any) -> list[dict[str, Any]]:
     """A gateway config with one pool, `real`, of the server, serving public model "llama":
     counted with the model's own tokenizer and chat template, scraped five times a second."""
+    return tiny_pool_docs(server.url, server.model.files, **gateway_spec)
+
+
+def tiny_pool_docs(url: str, files: ModelFiles, **gateway_spec: Any) -> list[dict[str, Any]]:
+    """vllm_pool_docs for any engine serving the tiny model as SERVED_NAME at `url` (real
+    vLLM, or `laneway sim` given the same tokenizer and chat template)."""
     pool = pool_doc(
-        "real", "interactive", SERVED_NAME, [server.url],
+        "real", "interactive", SERVED_NAME, [url],
         limits={"maxContextTokens": MAX_MODEL_LEN, "maxConcurrentRequests": 16},
     )  # fmt: skip
-    files = server.model.files
     pool["spec"]["engine"] = {"kind": "vllm"}
     pool["spec"]["tokenizer"] = {
         "kind": "huggingface", "path": str(files.tokenizer), "configPath": str(files.config),
