@@ -284,6 +284,16 @@ def _responses_request(
         chat = responses_chat(payload)
     except ResponsesInputError as error:
         raise bad_request(str(error), error.param) from None
+    if payload.get("background"):
+        # vLLM answers a background response `queued` at once and generates it afterwards,
+        # outside the pool's slots and the tenant's limits: a tenant could run any number.
+        raise ApiError(
+            400,
+            "'background' responses are not served through this gateway: they would run "
+            "outside the pool's slots and the tenant's limits; stream the response instead",
+            "unsupported_value",
+            "background",
+        )
     previous = payload.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise bad_request("'previous_response_id' must be a non-empty string",
