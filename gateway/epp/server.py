@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from laneway.gateway.epp.stream import PickerStream
+from laneway.gateway.epp.tenancy import Identify, PickerCallers
 from laneway.gateway.keys import LEDGER, REQUEST_PATH, SHUTTING_DOWN
 from laneway.gateway.serving.context import RequestPath
 
@@ -34,14 +35,15 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ExternalProcessor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, path: RequestPath) -> None:
+    def __init__(self, path: RequestPath, identify: Identify) -> None:
         self._path = path
+        self._identify = identify
 
     async def Process(
         self, requests: AsyncIterator[ext.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ext.ProcessingResponse]:
         # grpc takes an async generator function only: this one re-yields the stream's.
-        async for answer in PickerStream(self._path).run(requests):
+        async for answer in PickerStream(self._path, self._identify).run(requests):
             yield answer
 
 
@@ -59,11 +61,14 @@ async def follow_readiness(app: web.Application, health: HealthServicer) -> None
 
 
 async def start_grpc(
-    app: web.Application, host: str, port: int
+    app: web.Application, host: str, port: int, *, trust_fairness_id: bool = False
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
-    """The picker's gRPC server, started on `host:port` (0: a free port); the bound port."""
+    """The picker's gRPC server, started on `host:port` (0: a free port); the bound port.
+    `trust_fairness_id`: the fairness id header names the tenant (`tenancy.py`)."""
     server = grpc.aio.server()
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(app[REQUEST_PATH]), server)
+    identify = PickerCallers(app, trust_fairness_id=trust_fairness_id)
+    processor = ExternalProcessor(app[REQUEST_PATH], identify)
+    ext_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await health.set(LIVENESS, SERVING)
