@@ -212,6 +212,7 @@ async def test_the_caps_hold_between_a_picker_and_a_gateway_sharing_redis(
         held, _ = await routed(picker, {"authorization": "Bearer sk-acme"})
         await picker.app[TENANT_SHARE].flush()  # acme's count is in Redis
         async with aiohttp.ClientSession() as session:
+
             async def post(key: str) -> tuple[int, Any]:
                 body = json.loads(chat(max_tokens=2))
                 headers = {"Authorization": f"Bearer {key}"}

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from laneway.errors import UsageError, cannot_listen
@@ -16,6 +17,7 @@ from laneway.gateway.cli import (
     add_tenant_cap_flags,
     add_tenants_flag,
 )
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
 
 if TYPE_CHECKING:
     from laneway.gateway.state.shared import SharedStateOptions
@@ -55,6 +57,13 @@ def register(
         "the tenant, as at `laneway gateway`)",
     )
     add_tenant_cap_flags(epp)
+    epp.add_argument(
+        "--objectives",
+        metavar="FILE",
+        help="InferenceObjective documents (inference.networking.x-k8s.io): the priority of "
+        "the objective a request names (x-llm-d-inference-objective, "
+        "x-gateway-inference-objective), higher earlier, at a priority-scheduled pool",
+    )
     epp.set_defaults(handler=run_epp)
 
 
@@ -65,14 +74,17 @@ def run_epp(args: argparse.Namespace) -> int:
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if not 0 <= port <= 65535:
             raise UsageError(f"{flag} must be between 0 and 65535, got {port}")
+    from laneway.gateway.epp.objectives import load_objectives
+
     shared = shared_options(args)
+    objectives = load_objectives(args.objectives) if args.objectives else NO_OBJECTIVES
     settings, source = pool_source(args, "epp", purpose="pick endpoints in")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     app = create_app(settings, source, shared=shared, metrics_route=False, batches=False)
     settle_heap()
-    trust = args.trust_fairness_id
+    picking = PickerOptions(trust_fairness_id=args.trust_fairness_id, objectives=objectives)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve(app, args.host, args.port, args.metrics_port, trust))
+        return runner.run(serve(app, args.host, args.port, args.metrics_port, picking))
 
 
 def shared_options(args: argparse.Namespace) -> SharedStateOptions | None:
@@ -91,9 +103,13 @@ def shared_options(args: argparse.Namespace) -> SharedStateOptions | None:
     return SharedStateOptions(redis=redis, tenants=tenants)
 
 
-async def serve(
-    app: Any, host: str, port: int, metrics_port: int, trust_fairness_id: bool = False
-) -> int:
+@dataclass(frozen=True)
+class PickerOptions:
+    trust_fairness_id: bool = False
+    objectives: Objectives = NO_OBJECTIVES
+
+
+async def serve(app: Any, host: str, port: int, metrics_port: int, picking: PickerOptions) -> int:
     """Serve until SIGTERM, SIGINT or a fatal failure; exit code."""
     from aiohttp import web
 
@@ -116,7 +132,11 @@ async def serve(
         raise cannot_listen(host, metrics_port, error, "--metrics-port") from None
     try:
         server, health, bound = await start_grpc(
-            app, host, port, trust_fairness_id=trust_fairness_id
+            app,
+            host,
+            port,
+            trust_fairness_id=picking.trust_fairness_id,
+            objectives=picking.objectives,
         )
     except (OSError, RuntimeError) as error:
         await metrics_runner.cleanup()

@@ -25,6 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from laneway.gateway.epp import protocol
 from laneway.gateway.epp.asks import Asks, read_asks
 from laneway.gateway.epp.following import ResponseWatch
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
 from laneway.gateway.epp.tenancy import Identify
 from laneway.gateway.errors import ApiError
 from laneway.gateway.metrics import GapTally
@@ -72,9 +73,12 @@ class _Routed:
 class PickerStream:
     """The ext_proc exchange of one HTTP request, message by message."""
 
-    def __init__(self, path: RequestPath, identify: Identify) -> None:
+    def __init__(
+        self, path: RequestPath, identify: Identify, objectives: Objectives = NO_OBJECTIVES
+    ) -> None:
         self._path = path
         self._identify = identify
+        self._objectives = objectives
         self._outcome = Outcome()
         self._started = 0.0
         self._route_path = ""
@@ -251,7 +255,9 @@ class PickerStream:
         if count.known is not None:
             outcome.prompt_tokens = count.known
         # As the gateway sends it: the served name, its priority level, the allowed fields.
-        level = gateway_level(tenant_priority(caller), route.priority, parsed.priority)
+        # An objective's priority (higher more important) moves the tenant's level earlier.
+        base = tenant_priority(caller) - self._objectives.priority(asks.objective)
+        level = gateway_level(base, route.priority, parsed.priority)
         new_body = engine_body(
             parsed.payload,
             endpoint.value,

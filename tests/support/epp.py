@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laneway.gateway.app import create_app
 from laneway.gateway.config import load_config
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
 from laneway.gateway.epp.server import follow_readiness, start_grpc
 from laneway.gateway.keys import LEDGER, METRICS
 from laneway.gateway.pools.sources import StaticPoolSource
@@ -61,6 +62,7 @@ async def start_picker(
     *,
     shared: SharedStateOptions | None = None,
     trust_fairness_id: bool = False,
+    objectives: Objectives = NO_OBJECTIVES,
     chat_scheduling: dict[str, Any] | None = None,
     **gateway: Any,
 ) -> AsyncIterator[Picker]:
@@ -92,7 +94,7 @@ async def start_picker(
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     server, health, port = await start_grpc(
-        app, "127.0.0.1", 0, trust_fairness_id=trust_fairness_id
+        app, "127.0.0.1", 0, trust_fairness_id=trust_fairness_id, objectives=objectives
     )
     readiness = asyncio.create_task(follow_readiness(app, health))
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
