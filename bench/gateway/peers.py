@@ -39,6 +39,7 @@ import aiohttp
 from laneway.bench.gateway import floor_proxy
 from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
 from laneway.bench.gateway.envoy_peers import (
+    ENVOY_FLOOR,
     ENVOY_LANEWAY,
     ENVOY_PEERS,
     Together,
@@ -69,8 +70,9 @@ BASELINE = "laneway@"  # laneway@DIR: laneway imported from DIR, e.g. an earlier
 PICKER_BASELINE = f"{ENVOY_LANEWAY}@"  # envoy+laneway@DIR: Envoy with DIR's `laneway epp`
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"
-# The routers --profile samples: the gateway, and laneway's picker behind Envoy.
-PROFILED = (LANEWAY, ENVOY_LANEWAY)
+# The routers --profile samples: the gateway, and the pickers behind Envoy (laneway's, and
+# the floor's to hold it against).
+PROFILED = (LANEWAY, ENVOY_LANEWAY, ENVOY_FLOOR)
 READY_LINE = "peer router starting: "
 PY_SPY = "py-spy"  # the sampling profiler of --profile, installed beside the peers
 ROUNDS = 2  # per router and mode by default, the order reversed in every other one
