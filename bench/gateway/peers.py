@@ -394,7 +394,8 @@ async def measure(
         totals: dict[str, tuple[list[_Result], list[float]]] = {
             name: ([], [0.0, 0.0]) for name in targets
         }
-        stacks: dict[str, list[str]] = {name: [] for name in PROFILED if name in targets}
+        profiled = PROFILED if options.profile_dir is not None else ()
+        stacks: dict[str, list[str]] = {name: [] for name in profiled if name in targets}
         for round_index in range(options.rounds):
             order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
             for name in order:
