@@ -36,16 +36,9 @@ from typing import Any
 
 import aiohttp
 
-from laneway.bench.gateway import floor_proxy
+from laneway.bench.gateway import envoy_peers, floor_proxy
 from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
-from laneway.bench.gateway.envoy_peers import (
-    ENVOY_FLOOR,
-    ENVOY_LANEWAY,
-    ENVOY_PEERS,
-    Together,
-    envoy_version,
-    start_envoy_peer,
-)
+from laneway.bench.gateway.envoy_peers import ENVOY_PEERS, Together, envoy_version, start_envoy_peer
 from laneway.bench.gateway.profile import Profile, Sampler, render_profiles, summarize
 from laneway.bench.gateway.run import progress
 from laneway.bench.harness.closed_loop import in_closed_loop
@@ -67,12 +60,14 @@ PEER_COMMANDS = {
 }
 FLOOR = "python-floor"  # bench/gateway/floor_proxy.py, run by this Python
 BASELINE = "laneway@"  # laneway@DIR: laneway imported from DIR, e.g. an earlier commit's
-PICKER_BASELINE = f"{ENVOY_LANEWAY}@"  # envoy+laneway@DIR: Envoy with DIR's `laneway epp`
+PICKER_BASELINE = (
+    f"{envoy_peers.ENVOY_LANEWAY}@"  # envoy+laneway@DIR: Envoy with DIR's `laneway epp`
+)
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"
 # The routers --profile samples: the gateway, and the pickers behind Envoy (laneway's, and
 # the floor's to hold it against).
-PROFILED = (LANEWAY, ENVOY_LANEWAY, ENVOY_FLOOR)
+PROFILED = (LANEWAY, envoy_peers.ENVOY_LANEWAY, envoy_peers.ENVOY_FLOOR)
 READY_LINE = "peer router starting: "
 PY_SPY = "py-spy"  # the sampling profiler of --profile, installed beside the peers
 ROUNDS = 2  # per router and mode by default, the order reversed in every other one
@@ -119,10 +114,6 @@ def parse_peers(text: str) -> tuple[str, ...]:
                 "make one with `pip install --no-deps --target DIR CHECKOUT`"
             )
     return peers
-
-
-def _baseline_dir(peer: str) -> Path:
-    return Path(peer.removeprefix(BASELINE)).expanduser().resolve()
 
 
 def _baseline(peer: str) -> Path | None:
@@ -470,7 +461,7 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
                     children, peer, urls, documents, router_cpu, laneway_from=_baseline(peer)
                 )
             elif peer.startswith(BASELINE):
-                env = {"PYTHONPATH": str(_baseline_dir(peer))}
+                env = {"PYTHONPATH": str(_baseline(peer))}
                 peers[peer] = await start_gateway(children, gateway_config(urls), env=env)
                 pin(peers[peer].pid, [router_cpu])
             else:
