@@ -77,13 +77,16 @@ def create_app(
     shared: SharedStateOptions | None = None,
     metrics_route: bool = True,
     lend: bool = True,
+    batches: bool = True,
 ) -> web.Application:
     """The whole gateway app; with `shared`, its state layer too (tenants, limits, Redis,
     the Files and Batches API). Without `metrics_route`, /metrics is served only by
     `create_metrics_app` on a port of its own. `ledger`: one built by the caller (a trace
     test's recording one) in place of the one `settings` describe. Without `lend`, a
     lending pool is served as a plain pool (the endpoint picker's: Envoy holds the upstream
-    requests a reclaim would close)."""
+    requests a reclaim would close). Without `batches`, the state layer comes without the
+    Files and Batches API (the endpoint picker serves no HTTP API, so it has no batch lane
+    to run items through)."""
     app = web.Application(middlewares=[stamp_arrival, openai_errors])
     app[SETTINGS] = settings
     if ledger is None:
@@ -124,7 +127,8 @@ def create_app(
         app.router.add_get(DEMAND_PATH, demand_of(app))
     if shared is not None:
         redis = install(app, shared)
-        install_batches(app, shared, redis)
+        if batches:
+            install_batches(app, shared, redis)
     return app
 
 

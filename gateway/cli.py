@@ -74,12 +74,7 @@ def register(
         help="serve /metrics on this port instead, and answer 404 there on the API port: the "
         "metrics name engines and tenants (default: on the API port)",
     )
-    gateway.add_argument(
-        "--redis-url",
-        default=os.environ.get(REDIS_URL_ENV),
-        help=f"shared state for several replicas (default ${REDIS_URL_ENV}; password from "
-        "$LANEWAY_REDIS_PASSWORD)",
-    )
+    add_redis_flag(gateway)
     add_state_flags(gateway)
     gateway.set_defaults(handler=run_gateway)
 
@@ -309,13 +304,7 @@ def _loopback(host: str) -> bool:
 
 def add_state_flags(parser: argparse.ArgumentParser) -> None:
     """The state layer's flags on `laneway gateway` (beside --redis-url, declared there)."""
-    parser.add_argument(
-        "--tenants",
-        metavar="PATH",
-        default=os.environ.get(TENANTS_ENV),
-        help="API keys and limits per tenant: a YAML file, or a directory such as a mounted "
-        f"Secret; turns auth on (default ${TENANTS_ENV}; unset: no auth)",
-    )
+    add_tenants_flag(parser)
     parser.add_argument(
         "--batch-concurrency",
         type=int,
@@ -363,6 +352,37 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         help="estimated tokens of a tenant's batch items not yet run, unless its tenants "
         f"entry sets maxBatchTokens (default {TENANT_BATCH_TOKENS})",
     )
+    add_tenant_cap_flags(parser)
+    parser.add_argument(
+        "--file-ttl",
+        type=int,
+        default=FILE_TTL_S,
+        metavar="SECONDS",
+        help=f"files expire this long after they are made (default {FILE_TTL_S}, 30 days)",
+    )
+
+
+def add_redis_flag(parser: argparse.ArgumentParser) -> None:
+    """--redis-url: `laneway gateway`'s and `laneway epp`'s, shared between their replicas."""
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get(REDIS_URL_ENV),
+        help=f"shared state for several replicas (default ${REDIS_URL_ENV}; password from "
+        "$LANEWAY_REDIS_PASSWORD)",
+    )
+
+
+def add_tenants_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tenants",
+        metavar="PATH",
+        default=os.environ.get(TENANTS_ENV),
+        help="API keys and limits per tenant: a YAML file, or a directory such as a mounted "
+        f"Secret; turns auth on (default ${TENANTS_ENV}; unset: no auth)",
+    )
+
+
+def add_tenant_cap_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tenant-max-concurrent",
         type=int,
@@ -378,11 +398,4 @@ def add_state_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="requests a tenant may have waiting in one pool's line, over every replica, "
         "unless its tenants entry sets maxQueuedRequests (default: no cap)",
-    )
-    parser.add_argument(
-        "--file-ttl",
-        type=int,
-        default=FILE_TTL_S,
-        metavar="SECONDS",
-        help=f"files expire this long after they are made (default {FILE_TTL_S}, 30 days)",
     )

@@ -51,3 +51,22 @@ def test_help_names_the_kubernetes_flags(capsys: pytest.CaptureFixture[str]) -> 
     text = " ".join(capsys.readouterr().out.split())
     assert "--kubernetes watch InferencePools and their endpoints in the cluster" in text
     assert "--all-namespaces with --kubernetes: watch every namespace" in text
+
+
+def test_a_trusted_fairness_id_needs_the_tenants_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = refusal(
+        capsys, ["epp", "--config", str(tmp_path / "unused.yaml"), "--trust-fairness-id"]
+    )
+    assert error == (
+        "laneway epp: error: --trust-fairness-id needs --tenants: the tenants the fairness id names"
+    )
+
+
+def test_help_names_the_tenant_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["epp", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--redis-url", "--tenants PATH", "--trust-fairness-id", "--tenant-max-concurrent"):
+        assert flag in text

@@ -48,13 +48,14 @@ class Picker:
     config: Path
     port: int
     metrics_port: int
+    flags: tuple[str, ...] = ()
     process: ChildProcess | None = None
 
     def start(self) -> ChildProcess:
         """`laneway epp` on its ports (the same ones again when restarted)."""
         args = ["--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
         ports = ["--metrics-port", str(self.metrics_port)]
-        self.process = self.children.start_laneway("epp", [*args, *ports])
+        self.process = self.children.start_laneway("epp", [*args, *ports, *self.flags])
         return self.process
 
     @property
@@ -62,10 +63,14 @@ class Picker:
         return f"http://127.0.0.1:{self.metrics_port}"
 
 
-def start_picker(children: Children, tmp_path: Path, documents: list[dict[str, Any]]) -> Picker:
+def start_picker(
+    children: Children, tmp_path: Path, documents: list[dict[str, Any]], *flags: str
+) -> Picker:
     config = tmp_path / "pools.yaml"
     config.write_text(yaml.safe_dump_all(documents))
-    picker = Picker(children=children, config=config, port=free_port(), metrics_port=free_port())
+    picker = Picker(
+        children=children, config=config, port=free_port(), metrics_port=free_port(), flags=flags
+    )
     picker.start()
     return picker
 
@@ -158,6 +163,38 @@ async def test_lanes_streams_and_errors_through_envoy(children: Children, tmp_pa
         return total(samples, "laneway_gateway_active_requests") == 0
 
     await eventually(released, "the ledger to release every request")
+
+
+async def test_the_api_key_names_the_tenant_through_envoy(
+    children: Children, tmp_path: Path
+) -> None:
+    engine = start_sim(children, "llama-small", "--time-scale", FAST)
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n  - name: acme\n    apiKeys: [sk-acme]\n")
+    picker = start_picker(
+        children,
+        tmp_path,
+        [pool_doc("chat", "interactive", "llama-small", [engine.url]), gateway_doc()],
+        *("--tenants", str(tenants)),
+    )
+    config = envoy_config(
+        ports=Ports.free(), picker=f"127.0.0.1:{picker.port}", endpoints=[engine.url]
+    )
+    envoy = start_envoy(children, tmp_path / "envoy", config)
+    # The key the client already has for laneway works through the Gateway unchanged.
+    async with openai.AsyncOpenAI(
+        base_url=f"{envoy.url}/v1", api_key="sk-acme", max_retries=0
+    ) as client:
+        stream = await client.chat.completions.create(**hello(max_tokens=4, stream=True))
+        assert [chunk async for chunk in stream]
+    async with api(envoy) as client:  # a key the picker does not know
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await client.chat.completions.create(**hello(max_tokens=4))
+        assert refused.value.code == "invalid_api_key"
+    samples = await scrape(picker.metrics)
+    assert total(samples, "laneway_gateway_requests_total", pool="chat", status="200") == 1
+    # Refused on its headers, the request reached no engine.
+    assert total(await scrape(engine.url), "vllm:request_success_total") == 1
 
 
 async def test_a_failed_pick_falls_back_and_the_served_endpoint_is_learned(

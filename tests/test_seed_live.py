@@ -69,6 +69,36 @@ def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
         assert timed["gateway"] == timed["client"] > 0, name
 
 
+@pytest.mark.slow
+def test_through_envoy_and_the_picker_the_seed_takes_the_gateways_lanes(tmp_path: Path) -> None:
+    out = tmp_path / "live.json"
+    fronts = ["--fronts", "gateway,envoy+laneway", "--configs", "laneway"]
+    result = subprocess.run(
+        [*BENCH, *fronts, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== through envoy+laneway" in result.stdout
+    assert "lanes and SLO verdicts by front" in result.stdout
+    document = json.loads(out.read_text())
+    long_requests = document["parameters"]["long_requests"]
+    runs = [document["configs"]["laneway"], document["fronts"]["envoy+laneway"]["laneway"]]
+    for numbers in runs:
+        requests = numbers["requests"]
+        assert requests["issued"] == requests["accounted_for"]
+        assert requests["failed"] == {}
+        # The picker classified as the gateway does: the long prompts to the batch lane.
+        assert requests["long_lanes"] == {"batch": long_requests}
+        assert set(requests["interactive_lanes"]) == {"interactive"}
+        timed = numbers["gateway_ttft"]["streams"]
+        assert timed["gateway"] == timed["client"] > 0
+    rows = document["fronts_compared"]
+    assert sorted(row["front"] for row in rows) == ["envoy+laneway", "gateway"]
+
+
 def test_a_crashed_engine_ends_the_run_and_every_child(tmp_path: Path) -> None:
     with subprocess.Popen(
         [*BENCH, "--configs", "split"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -114,6 +144,14 @@ def assert_all_gone(children: list[int]) -> None:
     [
         (["--time-scale", "0"], "--time-scale must be above 0"),
         (["--mode", "virtual", "--time-scale", "2"], "--time-scale applies to --mode live only"),
+        (
+            ["--fronts", "gateway,nginx"],
+            "--fronts: unknown nginx; choose from gateway, envoy+laneway",
+        ),
+        (
+            ["--mode", "virtual", "--fronts", "envoy+laneway"],
+            "--fronts applies to --mode live only",
+        ),
     ],
 )
 def test_live_flags_are_checked(flags: list[str], message: str) -> None:

@@ -67,7 +67,8 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         metavar="PEERS",
         help="instead: laneway beside these routers (sglang-router, vllm-router, python-floor, "
         "envoy: Envoy alone, envoy+floor: Envoy with a pass-through Python picker, "
-        "envoy+laneway: Envoy with `laneway epp`, laneway@DIR: laneway installed in DIR; "
+        "envoy+laneway: Envoy with `laneway epp`, laneway@DIR: laneway installed in DIR, "
+        "envoy+laneway@DIR: Envoy with the picker installed in DIR; "
         "comma-separated) on 4 engines, each pinned to one CPU, non-streaming and streaming",
     )
     gateway.add_argument(
@@ -88,9 +89,9 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="with --against: sample laneway's rounds with py-spy (installed into "
-        "--peers-venv), write the collapsed stacks into DIR (created) and print the functions "
-        "with their share of laneway's CPU per request",
+        help="with --against: sample laneway's rounds (and envoy+laneway's picker's) with "
+        "py-spy (installed into --peers-venv), write the collapsed stacks into DIR (created) "
+        "and print the functions with their share of laneway's CPU per request",
     )
     add_json_flag(gateway)
     gateway.set_defaults(handler=run_bench_gateway)

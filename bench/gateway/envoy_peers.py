@@ -58,17 +58,22 @@ async def start_envoy_peer(
     worker_urls: Sequence[str],
     documents: Sequence[Mapping[str, Any]],
     cpu: int,
+    *,
+    laneway_from: Path | None = None,
 ) -> Together:
-    """`peer` (one of ENVOY_PEERS) in front of `worker_urls`, pinned to `cpu`; `documents`
-    configure laneway's picker."""
+    """`peer` (one of ENVOY_PEERS, or envoy+laneway@DIR: `laneway_from` is DIR) in front of
+    `worker_urls`, pinned to `cpu`; `documents` configure laneway's picker."""
     picker: ChildProcess | None = None
     port = free_port()
-    if peer == ENVOY_LANEWAY:
+    if peer == ENVOY_LANEWAY or laneway_from is not None:
+        env = {"PYTHONPATH": str(laneway_from)} if laneway_from is not None else None
         with tempfile.TemporaryDirectory(prefix="laneway-epp-") as directory:
             path = Path(directory) / "pools.yaml"
             path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
             args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
-            picker = await children.start_laneway_async("epp", [*args, "--metrics-port", "0"])
+            picker = await children.start_laneway_async(
+                "epp", [*args, "--metrics-port", "0"], env=env
+            )
         pin(picker.pid, [cpu])
     elif peer == ENVOY_FLOOR:
         argv = ["taskset", "-c", str(cpu), *floor_picker.argv(worker_urls, port)]

@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from laneway.bench.gateway import floor_proxy
+from laneway.bench.gateway import envoy_peers, floor_proxy
 from laneway.bench.gateway.config import MODEL, engine_args, gateway_config
 from laneway.bench.gateway.envoy_peers import ENVOY_PEERS, Together, envoy_version, start_envoy_peer
 from laneway.bench.gateway.profile import Profile, Sampler, render_profiles, summarize
@@ -60,8 +60,14 @@ PEER_COMMANDS = {
 }
 FLOOR = "python-floor"  # bench/gateway/floor_proxy.py, run by this Python
 BASELINE = "laneway@"  # laneway@DIR: laneway imported from DIR, e.g. an earlier commit's
+PICKER_BASELINE = (
+    f"{envoy_peers.ENVOY_LANEWAY}@"  # envoy+laneway@DIR: Envoy with DIR's `laneway epp`
+)
 DIRECT = "direct"  # the clients straight to the engines, round robin: the baseline
 LANEWAY = "laneway"
+# The routers --profile samples: the gateway, and the pickers behind Envoy (laneway's, and
+# the floor's to hold it against).
+PROFILED = (LANEWAY, envoy_peers.ENVOY_LANEWAY, envoy_peers.ENVOY_FLOOR)
 READY_LINE = "peer router starting: "
 PY_SPY = "py-spy"  # the sampling profiler of --profile, installed beside the peers
 ROUNDS = 2  # per router and mode by default, the order reversed in every other one
@@ -96,12 +102,12 @@ class AgainstOptions:
 def parse_peers(text: str) -> tuple[str, ...]:
     peers = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     named = (*PEER_COMMANDS, FLOOR, *ENVOY_PEERS)
-    unknown = [p for p in peers if p not in named and not p.startswith(BASELINE)]
+    unknown = [p for p in peers if p not in named and _baseline(p) is None]
     if not peers or unknown:
-        known = ", ".join((*named, f"{BASELINE}DIR"))
+        known = ", ".join((*named, f"{BASELINE}DIR", f"{PICKER_BASELINE}DIR"))
         raise UsageError(f"--against takes one or more of {known}; got {text!r}")
     for peer in peers:
-        where = _baseline_dir(peer) if peer.startswith(BASELINE) else None
+        where = _baseline(peer)
         if where is not None and not (where / "laneway" / "gateway" / "__init__.py").is_file():
             raise UsageError(
                 f"{peer}: {where} holds no laneway package with its gateway; "
@@ -110,8 +116,12 @@ def parse_peers(text: str) -> tuple[str, ...]:
     return peers
 
 
-def _baseline_dir(peer: str) -> Path:
-    return Path(peer.removeprefix(BASELINE)).expanduser().resolve()
+def _baseline(peer: str) -> Path | None:
+    """Where a `laneway@DIR` or `envoy+laneway@DIR` peer's laneway is; None for others."""
+    for prefix in (BASELINE, PICKER_BASELINE):
+        if peer.startswith(prefix):
+            return Path(peer.removeprefix(prefix)).expanduser().resolve()
+    return None
 
 
 def check_against(options: AgainstOptions) -> None:
@@ -226,7 +236,7 @@ def ensure_peers(venv: Path, peers: Sequence[str], profiling: bool = False) -> d
     their versions by name."""
     versions = {FLOOR: _floor_version()} if FLOOR in peers else {}
     versions |= {"envoy": envoy_version()} if set(peers) & set(ENVOY_PEERS) else {}
-    versions |= {p: str(_baseline_dir(p)) for p in peers if p.startswith(BASELINE)}
+    versions |= {p: str(where) for p in peers if (where := _baseline(p)) is not None}
     packages = [peer for peer in peers if peer in PEER_COMMANDS] + ([PY_SPY] if profiling else [])
     if not packages:
         return versions
@@ -375,7 +385,8 @@ async def measure(
         totals: dict[str, tuple[list[_Result], list[float]]] = {
             name: ([], [0.0, 0.0]) for name in targets
         }
-        stacks: list[str] = []
+        profiled = PROFILED if options.profile_dir is not None else ()
+        stacks: dict[str, list[str]] = {name: [] for name in profiled if name in targets}
         for round_index in range(options.rounds):
             order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
             for name in order:
@@ -383,8 +394,8 @@ async def measure(
                 next_url, child = targets[name]
                 results, sums = totals[name]
                 sampler = None
-                if options.profile_dir is not None and name == LANEWAY and child is not None:
-                    output = options.profile_dir / f"laneway-{mode.name}-{round_index + 1}.txt"
+                if options.profile_dir is not None and name in stacks and child is not None:
+                    output = options.profile_dir / f"{name}-{mode.name}-{round_index + 1}.txt"
                     sampler = Sampler(options.venv / "bin" / PY_SPY, child.pid, output)
                 cpu_before = child.cpu_seconds() if child else 0.0
                 begun = time.perf_counter()
@@ -397,7 +408,7 @@ async def measure(
                 sums[0] += time.perf_counter() - begun
                 sums[1] += (child.cpu_seconds() - cpu_before) if child else 0.0
                 if sampler is not None:
-                    stacks.append(await asyncio.to_thread(sampler.stop))
+                    stacks[name].append(await asyncio.to_thread(sampler.stop))
         for name, (results, (wall_s, cpu_s)) in totals.items():
             ok = [r.e2e_s for r in results if r.ok]
             runs.append(
@@ -411,12 +422,16 @@ async def measure(
                     e2e=Distribution.of(ok),
                 )
             )
-        if options.profile_dir is not None:
-            ours = next(run for run in runs if run.router == LANEWAY and run.mode == mode.name)
-            path = options.profile_dir / f"laneway-{mode.name}.txt"
-            collapsed = "".join(stacks)
+        for name, sampled in stacks.items():
+            assert options.profile_dir is not None  # stacks are sampled only then
+            ours = next(run for run in runs if run.router == name and run.mode == mode.name)
+            path = options.profile_dir / f"{name}-{mode.name}.txt"
+            collapsed = "".join(sampled)
             path.write_text(collapsed)
-            profiles.append(summarize(collapsed, mode.name, ours.cpu_ms_per_request, str(path)))
+            # The picker's CPU is counted with Envoy's: its shares only, no ms per request.
+            cpu = ours.cpu_ms_per_request if name == LANEWAY else None
+            label = mode.name if name == LANEWAY else f"{mode.name}, the picker of {name}"
+            profiles.append(summarize(collapsed, label, cpu, str(path)))
     return runs, profiles
 
 
@@ -440,11 +455,13 @@ async def run_against(options: AgainstOptions, command: str) -> AgainstReport:
         pin(gateway.pid, [router_cpu])
         peers: dict[str, ChildProcess | Together] = {}
         for peer in options.peers:
-            if peer in ENVOY_PEERS:
+            if peer in ENVOY_PEERS or peer.startswith(PICKER_BASELINE):
                 documents = gateway_config(urls)
-                peers[peer] = await start_envoy_peer(children, peer, urls, documents, router_cpu)
+                peers[peer] = await start_envoy_peer(
+                    children, peer, urls, documents, router_cpu, laneway_from=_baseline(peer)
+                )
             elif peer.startswith(BASELINE):
-                env = {"PYTHONPATH": str(_baseline_dir(peer))}
+                env = {"PYTHONPATH": str(_baseline(peer))}
                 peers[peer] = await start_gateway(children, gateway_config(urls), env=env)
                 pin(peers[peer].pid, [router_cpu])
             else:

@@ -25,7 +25,9 @@ import yaml
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.errors import UsageError
 
-READY_WITHIN_S = 30.0
+# Patience for a loaded machine: Envoy is ready once its picker's health check passed, and
+# 30 s was seen to pass with neither ready at a load average of 14 on 2 cores.
+READY_WITHIN_S = 120.0
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # the health service name
 HEALTHY_PICKERS = "cluster.epp.membership_healthy"
 
@@ -72,15 +74,17 @@ def envoy_config(
     endpoints: Sequence[str],
     fail_open: bool = False,
     mode: str = "FULL_DUPLEX_STREAMED",
+    wait_s: int = 30,
 ) -> dict[str, Any]:
     """The bootstrap: the listener, the ext_proc filter (none without a `picker`), the
-    pool's cluster."""
+    pool's cluster. `wait_s`: how long the picker may take to answer (a request waits in
+    its pool's line first); a request's whole answer may take twice that."""
     ext_proc = _typed(
         "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        grpc_service={"envoy_grpc": {"cluster_name": "epp"}, "timeout": "30s"},
+        grpc_service={"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{wait_s}s"},
         failure_mode_allow=fail_open,
         # A request may wait in the pool's line before the picker answers.
-        message_timeout="30s",
+        message_timeout=f"{wait_s}s",
         processing_mode={
             "request_header_mode": "SEND",
             "response_header_mode": "SEND",
@@ -123,7 +127,7 @@ def envoy_config(
                             "match": {"prefix": "/"},
                             "route": {
                                 "cluster": "pool",
-                                "timeout": "60s",
+                                "timeout": f"{2 * wait_s}s",
                                 "retry_policy": {"retry_on": "connect-failure", "num_retries": 2},
                             },
                         }

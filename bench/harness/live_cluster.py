@@ -103,6 +103,24 @@ async def start_cluster(
 ) -> LiveCluster:
     """Start every pool's engines, then the gateway configured with `documents(endpoints)`
     (`start_gateway`'s `gateway_args` and `config_dir`)."""
+    engines = await start_engines(children, pools, profile, time_scale)
+    gateway = await start_gateway(children, documents(engines.endpoints), gateway_args, config_dir)
+    return LiveCluster(
+        gateway=gateway, engines=engines.engines, pools=engines.pools, endpoints=engines.endpoints
+    )
+
+
+@dataclass(frozen=True)
+class LiveEngines:
+    engines: tuple[ChildProcess, ...]
+    pools: tuple[str, ...]  # each engine's pool, in the order of `engines`
+    endpoints: Mapping[str, Sequence[str]]  # pool name -> its engines' URLs
+
+
+async def start_engines(
+    children: Children, pools: Sequence[SimPool], profile: Profile, time_scale: float
+) -> LiveEngines:
+    """One `laneway sim` per replica of every pool, with the pool's engine flags."""
     replicas = [(pool, index) for pool in pools for index in range(pool.replicas)]
     engines = await asyncio.gather(
         *(
@@ -115,9 +133,7 @@ async def start_cluster(
     endpoints: dict[str, list[str]] = {pool.name: [] for pool in pools}
     for (pool, _), engine in zip(replicas, engines, strict=True):
         endpoints[pool.name].append(engine.url)
-    gateway = await start_gateway(children, documents(endpoints), gateway_args, config_dir)
-    return LiveCluster(
-        gateway=gateway,
+    return LiveEngines(
         engines=tuple(engines),
         pools=tuple(pool.name for pool, _ in replicas),
         endpoints=endpoints,

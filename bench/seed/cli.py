@@ -19,6 +19,7 @@ from laneway.bench.harness.flags import (
     scenario_options,
     write_results,
 )
+from laneway.bench.harness.fronts import ENVOY_LANEWAY, FRONTS, GATEWAY
 from laneway.bench.harness.progress import VirtualProgress
 from laneway.errors import UsageError
 from laneway.simulator.profiles import Profile
@@ -84,6 +85,14 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         "burst 5/20/40, sessions 100/200/300, long prompts 32k/64k/128k) and print each "
         "cell's SLOs and makespan ratios to unified-full and split",
     )
+    seed.add_argument(
+        "--fronts",
+        default=GATEWAY,
+        help="live mode: comma-separated, what the clients send to, each configuration run "
+        f"through each in turn on engines of its own: {GATEWAY} (the standalone gateway, "
+        f"default) and {ENVOY_LANEWAY} (a real Envoy with `laneway epp` as its endpoint "
+        "picker); with both, a table of their lanes and SLO verdicts side by side",
+    )
     live = LiveFlags(
         "live mode: engines and generator run this many times faster than real time "
         f"(default {LIVE_TIME_SCALE:g}, or {QUICK_TIME_SCALE:g} with --quick)"
@@ -125,6 +134,16 @@ def run_seed(args: argparse.Namespace) -> int:
         problems.append("--sweep draws no plot: drop --plot")
     if args.sweep and args.picking != "seed":
         problems.append("--sweep runs the seed's picking only: drop --picking")
+    fronts = parse_names(args.fronts)
+    bad_fronts = sorted(set(fronts) - set(FRONTS))
+    if bad_fronts or not fronts:
+        problems.append(
+            f"--fronts: unknown {', '.join(bad_fronts) or '(none given)'}; "
+            f"choose from {', '.join(FRONTS)}"
+        )
+    elif args.mode != "live" and fronts != [GATEWAY]:
+        problems.append("--fronts applies to --mode live only")
+    args.fronts = list(dict.fromkeys(fronts))
     wanted = parse_names(args.configs)
     unknown = sorted(set(wanted) - set(CONFIG_NAMES))
     if unknown or not wanted:

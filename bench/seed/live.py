@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from laneway.bench.harness.live_cluster import engine_counters, gateway_config, start_cluster
+from laneway.bench.harness.fronts import GATEWAY, start_front
+from laneway.bench.harness.live_cluster import engine_counters, gateway_config, start_engines
 from laneway.bench.harness.loadgen import LoadGenerator, RequestRecord
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.workload import INTERACTIVE, workload_from_scenario
@@ -37,6 +38,8 @@ from laneway.simulator.seed import (
 from laneway.simulator.seed_experiment import RunResult
 
 DRAIN_S = 600.0  # model seconds the generator waits for stragglers after the duration
+# The gateway config's queue timeout (gateway_config): Envoy waits as long for the picker.
+QUEUE_WAIT_S = 600
 WARM_UP_PER_REPLICA = 2
 
 Say = Callable[[str], None]
@@ -58,11 +61,12 @@ class RunCpu:
 
 @dataclass(frozen=True)
 class LiveRun:
+    front: str  # what the clients sent to (harness/fronts.py)
     result: RunResult
     records: tuple[RequestRecord, ...]
     issued: int
     cpu: RunCpu
-    gateway_ttft: Histogram  # what the gateway's own TTFT histogram recorded during the run
+    gateway_ttft: Histogram  # what laneway's own TTFT histogram recorded during the run
 
 
 def gateway_documents(
@@ -196,28 +200,27 @@ async def run_live_config(
     profile: Profile,
     time_scale: float,
     say: Say,
+    front: str = GATEWAY,
 ) -> LiveRun:
-    """Start the engines and the gateway for `config`, replay the workload, stop them all."""
+    """Start the engines and `front` (the gateway, or Envoy and the picker) for `config`,
+    replay the workload, stop them all."""
     async with Children() as children:
-        say(f"starting {config.gpus} engines and the gateway")
-        cluster = await start_cluster(
-            children,
-            config.pools,
-            profile,
-            time_scale,
-            lambda endpoints: gateway_documents(config, endpoints),
-        )
-        gateway, engines = cluster.gateway, cluster.engines
+        say(f"starting {config.gpus} engines and {front}")
+        engines = await start_engines(children, config.pools, profile, time_scale)
+        documents = gateway_documents(config, engines.endpoints)
+        urls = [url for pool in config.pools for url in engines.endpoints[pool.name]]
+        entry = await start_front(children, front, documents, urls, QUEUE_WAIT_S)
+        sims = engines.engines
 
-        await _guarded(children, warm_up(gateway.url, config))
-        busy_before = await _guarded(children, _busy_of(engines))
-        ttft_before = await _guarded(children, _gateway_ttft(gateway.url))
+        await _guarded(children, warm_up(entry.url, config))
+        busy_before = await _guarded(children, _busy_of(sims))
+        ttft_before = await _guarded(children, _gateway_ttft(entry.metrics_url))
         workload = workload_from_scenario(scenario, PUBLIC_MODEL, drain_s=DRAIN_S)
-        generator = LoadGenerator(workload, gateway.url, time_scale)
+        generator = LoadGenerator(workload, entry.url, time_scale)
         cpu_before = (
             time.process_time(),
-            gateway.cpu_seconds(),
-            sum(e.cpu_seconds() for e in engines),
+            entry.cpu_seconds(),
+            sum(e.cpu_seconds() for e in sims),
         )
         wall_before = time.perf_counter()
         progress = asyncio.create_task(_report_progress(generator, scenario.duration_s, say))
@@ -228,17 +231,22 @@ async def run_live_config(
             await asyncio.gather(progress, return_exceptions=True)
         cpu = RunCpu(
             generator_s=time.process_time() - cpu_before[0],
-            gateway_s=gateway.cpu_seconds() - cpu_before[1],
-            engines_s=sum(e.cpu_seconds() for e in engines) - cpu_before[2],
+            gateway_s=entry.cpu_seconds() - cpu_before[1],
+            engines_s=sum(e.cpu_seconds() for e in sims) - cpu_before[2],
             wall_s=time.perf_counter() - wall_before,
         )
         end_s = generator.elapsed_s()
-        busy = await _guarded(children, _busy_of(engines))
-        ttft = (await _guarded(children, _gateway_ttft(gateway.url))).minus(ttft_before)
+        busy = await _guarded(children, _busy_of(sims))
+        ttft = (await _guarded(children, _gateway_ttft(entry.metrics_url))).minus(ttft_before)
         say(f"{len(records)} of {generator.issued} requests accounted for; stopping")
     result = result_from_records(config, scenario, records, sum(busy) - sum(busy_before), end_s)
     return LiveRun(
-        result=result, records=tuple(records), issued=generator.issued, cpu=cpu, gateway_ttft=ttft
+        front=front,
+        result=result,
+        records=tuple(records),
+        issued=generator.issued,
+        cpu=cpu,
+        gateway_ttft=ttft,
     )
 
 

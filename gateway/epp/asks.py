@@ -4,10 +4,11 @@ spelling and the older `x-gateway-*` one.
 
 - objective (`x-llm-d-inference-objective`, `x-gateway-inference-objective`): the name of an
   InferenceObjective. Where it names a laneway lane (`interactive`, `batch`) it pins the
-  lane as `x-laneway-lane` does (which wins where both are given); other names carry no
-  lane and are left to the objective's own controller.
+  lane as `x-laneway-lane` does (which wins where both are given); any name's priority
+  is looked up in `laneway epp --objectives` (objectives.py).
 - fairness id (`x-llm-d-inference-fairness-id`, `x-gateway-inference-fairness-id`): the flow
-  the request is charged to, laneway's fair-share tenant.
+  an anonymous request's fair share is charged to, or with --trust-fairness-id the tenant
+  (`tenancy.py`).
 - TTFT and TPOT SLOs (`x-llm-d-slo-ttft-ms`, `x-llm-d-slo-tpot-ms`, and `x-slo-ttft-ms`,
   `x-slo-tpot-ms`): positive milliseconds, checked here; the pool's `slo` stays what
   picking and verdicts are measured against.
@@ -33,7 +34,8 @@ FAIRNESS_ID_CHARS = 256
 @dataclass(frozen=True)
 class Asks:
     lane: Lane | None  # pinned by x-laneway-lane or a lane-named objective
-    tenant: str  # the fair-share flow: the fairness id, else ""
+    objective: str | None  # the InferenceObjective named (objectives.py: its priority)
+    fairness_id: str  # "" where none is sent (tenancy.py says what it names)
     session_key: str | None
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
@@ -79,7 +81,8 @@ def read_asks(headers: Mapping[str, str]) -> Asks:
         )
     return Asks(
         lane=lane,
-        tenant=fairness[1] if fairness else "",
+        objective=objective[1] if objective else None,
+        fairness_id=fairness[1] if fairness else "",
         session_key=headers.get(SESSION_HEADER, "").strip() or None,
         ttft_slo_ms=_millis(headers, TTFT_SLO),
         tpot_slo_ms=_millis(headers, TPOT_SLO),

@@ -7,10 +7,20 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from laneway.errors import UsageError, cannot_listen
-from laneway.gateway.cli import add_pool_flags
+from laneway.gateway.cli import (
+    add_pool_flags,
+    add_redis_flag,
+    add_tenant_cap_flags,
+    add_tenants_flag,
+)
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
+
+if TYPE_CHECKING:
+    from laneway.gateway.state.shared import SharedStateOptions
 
 DEFAULT_PORT = 9002  # the Gateway API Inference Extension's EPP port
 DEFAULT_METRICS_PORT = 9090
@@ -36,6 +46,24 @@ def register(
         "--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
         help="HTTP port of /metrics, /healthz and /readyz; 0 picks a free one",
     )  # fmt: skip
+    add_redis_flag(epp)
+    add_tenants_flag(epp)
+    epp.add_argument(
+        "--trust-fairness-id",
+        action="store_true",
+        help="the fairness id header (x-llm-d-inference-fairness-id, "
+        "x-gateway-inference-fairness-id) names the tenant in --tenants, in place of the API "
+        "key: only where the Gateway authenticates and sets it (default: the API key names "
+        "the tenant, as at `laneway gateway`)",
+    )
+    add_tenant_cap_flags(epp)
+    epp.add_argument(
+        "--objectives",
+        metavar="FILE",
+        help="InferenceObjective documents (inference.networking.x-k8s.io): the priority of "
+        "the objective a request names (x-llm-d-inference-objective, "
+        "x-gateway-inference-objective), higher earlier, at a priority-scheduled pool",
+    )
     epp.set_defaults(handler=run_epp)
 
 
@@ -46,17 +74,46 @@ def run_epp(args: argparse.Namespace) -> int:
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if not 0 <= port <= 65535:
             raise UsageError(f"{flag} must be between 0 and 65535, got {port}")
+    from laneway.gateway.epp.objectives import load_objectives
+
+    shared = shared_options(args)
+    objectives = load_objectives(args.objectives) if args.objectives else NO_OBJECTIVES
     settings, source = pool_source(args, "epp", purpose="pick endpoints in")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     # Envoy holds the upstream requests, which a reclaim would have to close: the picker
     # serves a lending pool as a plain pool.
-    app = create_app(settings, source, metrics_route=False, lend=False)
+    app = create_app(
+        settings, source, shared=shared, metrics_route=False, batches=False, lend=False
+    )
     settle_heap()
+    picking = PickerOptions(trust_fairness_id=args.trust_fairness_id, objectives=objectives)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve(app, args.host, args.port, args.metrics_port))
+        return runner.run(serve(app, args.host, args.port, args.metrics_port, picking))
 
 
-async def serve(app: Any, host: str, port: int, metrics_port: int) -> int:
+def shared_options(args: argparse.Namespace) -> SharedStateOptions | None:
+    """The state layer where --tenants or --redis-url asks for it (tenants, their limits,
+    load and tenant counts shared with the other replicas, pickers and gateways alike);
+    None: every request anonymous, this replica's counts its own."""
+    from laneway.gateway.state.redis_store import redis_settings
+    from laneway.gateway.state.shared import SharedStateOptions, tenant_keys_from_args
+
+    if args.trust_fairness_id and not args.tenants:
+        raise UsageError("--trust-fairness-id needs --tenants: the tenants the fairness id names")
+    tenants = tenant_keys_from_args(args)
+    redis = redis_settings(args.redis_url)
+    if tenants is None and redis is None:
+        return None
+    return SharedStateOptions(redis=redis, tenants=tenants)
+
+
+@dataclass(frozen=True)
+class PickerOptions:
+    trust_fairness_id: bool = False
+    objectives: Objectives = NO_OBJECTIVES
+
+
+async def serve(app: Any, host: str, port: int, metrics_port: int, picking: PickerOptions) -> int:
     """Serve until SIGTERM, SIGINT or a fatal failure; exit code."""
     from aiohttp import web
 
@@ -78,7 +135,13 @@ async def serve(app: Any, host: str, port: int, metrics_port: int) -> int:
         await runner.cleanup()
         raise cannot_listen(host, metrics_port, error, "--metrics-port") from None
     try:
-        server, health, bound = await start_grpc(app, host, port)
+        server, health, bound = await start_grpc(
+            app,
+            host,
+            port,
+            trust_fairness_id=picking.trust_fairness_id,
+            objectives=picking.objectives,
+        )
     except (OSError, RuntimeError) as error:
         await metrics_runner.cleanup()
         await runner.cleanup()

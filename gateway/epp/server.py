@@ -20,7 +20,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
 from laneway.gateway.epp.stream import PickerStream
+from laneway.gateway.epp.tenancy import Identify, PickerCallers
 from laneway.gateway.keys import LEDGER, REQUEST_PATH, SHUTTING_DOWN
 from laneway.gateway.serving.context import RequestPath
 
@@ -34,14 +36,18 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ExternalProcessor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, path: RequestPath) -> None:
+    def __init__(self, path: RequestPath, identify: Identify, objectives: Objectives) -> None:
         self._path = path
+        self._identify = identify
+        self._objectives = objectives
 
     async def Process(
         self, requests: AsyncIterator[ext.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ext.ProcessingResponse]:
         # grpc takes an async generator function only: this one re-yields the stream's.
-        async for answer in PickerStream(self._path).run(requests):
+        async for answer in PickerStream(self._path, self._identify, self._objectives).run(
+            requests
+        ):
             yield answer
 
 
@@ -59,11 +65,20 @@ async def follow_readiness(app: web.Application, health: HealthServicer) -> None
 
 
 async def start_grpc(
-    app: web.Application, host: str, port: int
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    trust_fairness_id: bool = False,
+    objectives: Objectives = NO_OBJECTIVES,
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
-    """The picker's gRPC server, started on `host:port` (0: a free port); the bound port."""
+    """The picker's gRPC server, started on `host:port` (0: a free port); the bound port.
+    `trust_fairness_id`: the fairness id header names the tenant (`tenancy.py`);
+    `objectives`: the InferenceObjectives' priorities (`objectives.py`)."""
     server = grpc.aio.server()
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(app[REQUEST_PATH]), server)
+    identify = PickerCallers(app, trust_fairness_id=trust_fairness_id)
+    processor = ExternalProcessor(app[REQUEST_PATH], identify, objectives)
+    ext_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await health.set(LIVENESS, SERVING)

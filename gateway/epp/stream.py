@@ -17,29 +17,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from laneway.gateway.epp import protocol
-from laneway.gateway.epp.asks import read_asks
+from laneway.gateway.epp.asks import Asks, read_asks
 from laneway.gateway.epp.following import ResponseWatch
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
+from laneway.gateway.epp.tenancy import Identify
 from laneway.gateway.errors import ApiError
 from laneway.gateway.metrics import GapTally
 from laneway.gateway.serving.admitting import admit, no_endpoint
 from laneway.gateway.serving.context import RequestPath
-from laneway.gateway.serving.handler import record, release
+from laneway.gateway.serving.engine_body import engine_body
+from laneway.gateway.serving.handler import plan_request, record, release
 from laneway.gateway.serving.incoming import body_too_large
 from laneway.gateway.serving.model_name import rewriter
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.serving.relay import note_first_token
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.serving.routing import PromptCount, parse, prompt_blocks, route_request
+from laneway.gateway.state.callers import (
+    Caller,
+    routing_tenant,
+    tenant_caps,
+    tenant_name,
+    tenant_priority,
+)
 from laneway.ledger import Admission, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
+from laneway.routing.priority import engine_priority, gateway_level
 from laneway.routing.slo import within_slo
 
 log = logging.getLogger("laneway.gateway.requests")
@@ -64,13 +73,19 @@ class _Routed:
 class PickerStream:
     """The ext_proc exchange of one HTTP request, message by message."""
 
-    def __init__(self, path: RequestPath) -> None:
+    def __init__(
+        self, path: RequestPath, identify: Identify, objectives: Objectives = NO_OBJECTIVES
+    ) -> None:
         self._path = path
+        self._identify = identify
+        self._objectives = objectives
         self._outcome = Outcome()
         self._started = 0.0
         self._route_path = ""
         self._headers: dict[str, str] = {}
         self._endpoint: Endpoint | None = None
+        self._asks: Asks | None = None
+        self._caller: Caller | None = None
         self._duplex_request = True
         self._duplex_response = True
         self._subset: tuple[str, ...] | None = None
@@ -152,6 +167,12 @@ class PickerStream:
             self._route_path = PASS_THROUGH  # for the proxy's own balancing; not logged
             return [protocol.request_headers_continue()]
         self._endpoint = endpoint
+        try:
+            # Who asks, and what, before its body comes: a refusal costs the body nothing.
+            self._asks = asks = read_asks(self._headers)
+            self._caller = self._identify(self._headers, asks.fairness_id)
+        except ApiError as error:
+            return [self._refuse(error)]
         if self._duplex_request:
             return []  # answered once the body is whole
         return [protocol.request_headers_continue()]
@@ -183,23 +204,30 @@ class PickerStream:
         path, outcome, endpoint = self._path, self._outcome, self._endpoint
         assert endpoint is not None
         self._body = []
-        asks = read_asks(self._headers)
+        asks, caller = self._asks, self._caller
+        assert asks is not None, "read with the headers of every routed request"
         parsed, inline = await parse(body, endpoint)
         outcome.parsed = parsed
         route, count = await route_request(
-            path, parsed, len(body), inline, asks.lane, None, outcome
+            path, parsed, len(body), inline, asks.lane, routing_tenant(caller), outcome
         )
         outcome.route = route
         pool = route.pool
         try:
+            if path.tenant_limits is not None:
+                context = pool.spec.limits.max_context_tokens
+                await path.tenant_limits.admit(caller, parsed.charge(route.prefill_tokens, context))
+            # An anonymous request's fair share is its fairness id's flow.
+            tenant = routing_tenant(caller) or asks.fairness_id or tenant_name(caller)
             ask = Admission(
                 route=route,
                 arrived=self._started,
                 path=endpoint.value,
                 model=parsed.model,
                 stream=parsed.stream,
-                tenant=asks.tenant,
+                tenant=tenant,
                 fair_tokens=parsed.sequences * route.prefill_tokens,
+                caps=tenant_caps(caller),
                 session_key=asks.session_key,
             )
             admitted = await admit(path, ask, outcome)
@@ -207,9 +235,8 @@ class PickerStream:
                 admitted.queue_ms / 1000
             )
             blocks = await prompt_blocks(path, parsed, pool)
-            plan = path.ledger.plan(
-                admitted.ticket, path.clock(), blocks, subset=self._candidates(pool.endpoints)
-            )
+            candidates = self._candidates(pool.endpoints)
+            plan = await plan_request(path, admitted.ticket, pool, blocks, candidates)
         except BaseException:
             count.cancel()
             raise
@@ -227,8 +254,17 @@ class PickerStream:
         path.load_changed()
         if count.known is not None:
             outcome.prompt_tokens = count.known
-        served = plan.pool.spec.served_model_name
-        new_body = body if served == parsed.model else _renamed(parsed.payload, served)
+        # As the gateway sends it: the served name, its priority level, the allowed fields.
+        # An objective's priority (higher more important) moves the tenant's level earlier.
+        base = tenant_priority(caller) - self._objectives.priority(asks.objective)
+        level = gateway_level(base, route.priority, parsed.priority)
+        new_body = engine_body(
+            parsed.payload,
+            endpoint.value,
+            body,
+            plan.pool.spec.served_model_name,
+            engine_priority(plan.pool, level),
+        )
         addresses = [protocol.address_of(e.url) for e in plan.endpoints]
         headers = outcome.routing_headers()
         if self._duplex_request:
@@ -357,7 +393,3 @@ class PickerStream:
                 outcome.prompt_tokens = routed.count.known
             routed.count.cancel()
         record(path, release(path, self._route_path, outcome, self._started))
-
-
-def _renamed(payload: Mapping[str, Any], served: str) -> bytes:
-    return orjson.dumps({**payload, "model": served})

@@ -115,7 +115,7 @@ async def _serve(
         path.metrics.queue_wait_of(pool.name, route.lane.value).observe(admitted.queue_ms / 1000)
         blocks = await prompt_blocks(path, parsed, pool)
         only = (held[0].endpoint,) if held else None
-        plan = await _plan(path, admitted.ticket, pool, blocks, only)
+        plan = await plan_request(path, admitted.ticket, pool, blocks, only)
         exchange = Exchange(
             path=path,
             request=request,
@@ -200,7 +200,7 @@ async def _continued(
     return held
 
 
-async def _plan(
+async def plan_request(
     path: RequestPath,
     ticket: Ticket,
     pool: InferencePool,
@@ -209,7 +209,7 @@ async def _plan(
 ) -> RoutingPlan:
     """The request's endpoints best first, by their load now that it holds a slot: with
     Redis, the other replicas' load on them read first. `only`: the endpoints it may use
-    (the one that stored the response it continues)."""
+    (the one that stored the response it continues; the proxy's candidates, for the picker)."""
     ledger = path.ledger
     if path.load_share is not None:
         current = ledger.current(pool)

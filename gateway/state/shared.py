@@ -183,16 +183,9 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
     ):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    for flag, cap in (
-        ("--tenant-max-concurrent", args.tenant_max_concurrent),
-        ("--tenant-max-queued", args.tenant_max_queued),
-    ):
-        if cap is not None and cap < 1:
-            raise UsageError(f"{flag} must be at least 1, got {cap}")
-    caps = TenantCaps(max_running=args.tenant_max_concurrent, max_waiting=args.tenant_max_queued)
     return SharedStateOptions(
         redis=redis_settings(args.redis_url),
-        tenants=TenantKeys(args.tenants, caps) if args.tenants else None,
+        tenants=tenant_keys_from_args(args),
         dispatch=DispatchSettings(concurrency=args.batch_concurrency, lease_s=args.batch_lease),
         max_file_bytes=args.max_file_bytes,
         file_quota=FileQuota(files=args.tenant_files, bytes=args.tenant_file_bytes),
@@ -201,3 +194,16 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
         # A replica's load outlives it by one lease; batch items wait as long.
         load_lease_s=min(DEFAULT_LEASE_S, args.batch_lease),
     )
+
+
+def tenant_keys_from_args(args: argparse.Namespace) -> TenantKeys | None:
+    """--tenants with the default caps (--tenant-max-concurrent, --tenant-max-queued); None
+    without --tenants. UsageError naming the flag."""
+    for flag, cap in (
+        ("--tenant-max-concurrent", args.tenant_max_concurrent),
+        ("--tenant-max-queued", args.tenant_max_queued),
+    ):
+        if cap is not None and cap < 1:
+            raise UsageError(f"{flag} must be at least 1, got {cap}")
+    caps = TenantCaps(max_running=args.tenant_max_concurrent, max_waiting=args.tenant_max_queued)
+    return TenantKeys(args.tenants, caps) if args.tenants else None
