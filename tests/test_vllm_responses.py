@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 from openai.types.responses import Response, ResponseCompletedEvent, ResponseStreamEvent
 from openai.types.responses.response import IncompleteDetails
-from support.client import eventually, scrape, total
+from support.client import scrape, total
 from support.engine_traces import idle
 from support.inproc import Served, Servers
 from support.pools import FAST

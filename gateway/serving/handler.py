@@ -172,7 +172,7 @@ async def _forward_lent(
             if exchange.outcome.stream is None:
                 raise
             return await end_stream(exchange, error)
-        exchange.plan = await _plan(
+        exchange.plan = await plan_request(
             path, exchange.ticket, exchange.plan.pool, exchange.blocks, only
         )
 
