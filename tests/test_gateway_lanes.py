@@ -22,6 +22,7 @@ BATCH = lane_pool("batch", "batch", 131072, minPromptTokens=2001)
 OPEN_BATCH = lane_pool("open-batch", "batch", 131072, minPromptTokens=16000)
 LOCKED_BATCH = lane_pool("locked", "batch", 65536, minPromptTokens=16000, allowLaneHeader=False)
 OVERFLOW = lane_pool("overflow", "batch", 8192, priority=-1)
+WIDE_REALTIME = lane_pool("wide", "interactive", 8192, maxPromptTokens=2000)
 SPLIT = [REALTIME, BATCH]
 
 
@@ -204,3 +205,39 @@ def test_per_pool_bounds_that_straddle_an_edge_ask_for_exact_counts() -> None:
         SPLIT,
     )
     assert isinstance(decision, NeedsExactCount)
+
+
+def held(total: int, history: int, max_tokens: int | None = None) -> RouteRequest:
+    """A continued response: `total` counts the stored `history` the engine prepends."""
+    return RouteRequest("llama", exact(total), max_tokens, held_tokens=history)
+
+
+@pytest.mark.parametrize(
+    ("pool", "req", "routed"),
+    [
+        # Past the lane's 2000 with its history, but the new turn alone is 500 tokens.
+        (REALTIME, held(3500, 3000), True),
+        # A new turn of 2001 tokens is a prefill the interactive range is there to refuse.
+        (WIDE_REALTIME, held(3000 + 2000, 3000), True),
+        (WIDE_REALTIME, held(3000 + 2001, 3000), False),
+        # The context bounds the whole: 4096 holds 3000 + 1000, not 3000 + 1000 + 200.
+        (REALTIME, held(4000, 3000), True),
+        (REALTIME, held(4000, 3000, max_tokens=200), False),
+        # Under the batch pool's minimum of 2001: the holder still takes its own turn.
+        (BATCH, held(1200, 1000), True),
+    ],
+)
+def test_a_continued_response_is_bounded_by_its_new_tokens_and_the_context(
+    pool: InferencePool, req: RouteRequest, routed: bool
+) -> None:
+    decision = classify(req, [pool])
+    assert isinstance(decision, Route if routed else NoFit), decision
+    if isinstance(decision, NoFit):
+        assert str(req.prompt_tokens.high) in decision.message
+
+
+def test_a_refused_continuation_names_the_range_its_history_leaves() -> None:
+    decision = classify(held(3000 + 2001, 3000), [WIDE_REALTIME])
+    assert isinstance(decision, NoFit)
+    assert not decision.context_exceeded
+    assert "takes 3000-5000" in decision.message, decision.message

@@ -87,7 +87,9 @@ async def route_request(
         counted = {key: bounds + history for key, bounds in measured.items()}
         if len(distinct) == 1:  # one tokenizer counts for every pool, as by default
             (only,) = counted.values()
-            return RouteRequest(parsed.model, only, parsed.max_tokens, pinned, tenant)
+            return RouteRequest(
+                parsed.model, only, parsed.max_tokens, pinned, tenant, held_tokens=history_tokens
+            )
         spanning = TokenBounds(
             min(b.low for b in counted.values()), max(b.high for b in counted.values())
         )
@@ -99,6 +101,7 @@ async def route_request(
             pinned,
             tenant,
             pool_prompt_tokens=per_pool,
+            held_tokens=history_tokens,
         )
 
     async def exactly() -> RouteRequest:

@@ -37,6 +37,9 @@ class RouteRequest:
     # Pools that count with a tokenizer of their own: pool key -> the count as it counts.
     # `prompt_tokens` then spans them all (it names the count in a NoFit message).
     pool_prompt_tokens: Mapping[str, TokenBounds] | None = None
+    # A continued response's stored history, which the engine prepends: it is part of the
+    # counts above, and of the context, but not of the new work the lane's range bounds.
+    held_tokens: int = 0
 
     def prompt_tokens_for(self, pool: InferencePool) -> TokenBounds:
         if self.pool_prompt_tokens is None:
@@ -98,12 +101,19 @@ def completion_reserve(max_tokens: int | None) -> int:
     return max(max_tokens or 1, 1)
 
 
-def prompt_interval(pool: InferencePool, max_tokens: int | None, pinned: bool) -> range:
+def prompt_interval(
+    pool: InferencePool, max_tokens: int | None, pinned: bool, held_tokens: int = 0
+) -> range:
     """The prompt token counts this pool takes, as a range (empty when none)."""
     spec = pool.spec
-    highest = min(
-        spec.max_prompt_tokens, spec.limits.max_context_tokens - completion_reserve(max_tokens)
-    )
+    context_room = spec.limits.max_context_tokens - completion_reserve(max_tokens)
+    if held_tokens:
+        # A continued response can go only to its holder: refusing it for the lane's lower
+        # bound would end the conversation. Only the new tokens are the prefill the lane's
+        # range is there to bound (the holder's prefix cache has the history, unless
+        # evicted); the context bounds the whole.
+        return range(held_tokens, min(spec.max_prompt_tokens + held_tokens, context_room) + 1)
+    highest = min(spec.max_prompt_tokens, context_room)
     lowest = 0 if pinned else spec.routing.min_prompt_tokens
     return range(lowest, highest + 1)
 
@@ -159,7 +169,7 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
     eligible: list[_Eligible] = []
     for pool in candidates:
         pinnable = request.pinned_lane is pool.spec.lane and pool.spec.routing.allow_lane_header
-        interval = prompt_interval(pool, request.max_tokens, pinnable)
+        interval = prompt_interval(pool, request.max_tokens, pinnable, request.held_tokens)
         fits = _settled(interval, request.prompt_tokens_for(pool))
         if fits is None:
             return NeedsExactCount()
@@ -225,7 +235,7 @@ def _no_fit(request: RouteRequest, candidates: Sequence[InferencePool]) -> NoFit
     ranges = ", ".join(
         f"{p.key} ({p.spec.lane}) takes {iv.start}-{iv.stop - 1}"
         for p in sorted(candidates, key=_preference)
-        for iv in [prompt_interval(p, request.max_tokens, pinned=False)]
+        for iv in [prompt_interval(p, request.max_tokens, False, request.held_tokens)]
     )
     return NoFit(
         prompt_tokens=tokens,
