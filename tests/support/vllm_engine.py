@@ -46,7 +46,10 @@ BLOCK_SIZE = 32
 MAX_NUM_SEQS = 2  # two running at once: a third waits, where priority order shows
 TOKEN_BUDGET = 256  # --max-num-batched-tokens
 CHUNK_SIZE = 64  # --long-prefill-token-threshold
-MAX_MODEL_LEN = 2048
+# Long enough that a stream of support.engine_traces.ENDLESS tokens outlasts any check by
+# minutes (about 120 tokens/s at best here), so a blocker never ends while a test waits on
+# it; the tiny model's KV is 1 KiB a token, so the 2 GiB cache holds it many times over.
+MAX_MODEL_LEN = 32768
 # vLLM on 2 busy cores: about 3 minutes to start cold, and the tier's own guard.
 START_TIMEOUT_S = 900.0
 
