@@ -93,6 +93,8 @@ def test_the_workload_sends_chat_to_one_lane_and_documents_to_the_other() -> Non
         ({"sessions": -1}, "--sessions"),
         ({"sessions": 0, "long_documents": 0}, "nothing to send"),
         ({"time_scale": 0}, "--time-scale"),
+        ({"engine": "tgi"}, "--engine"),
+        ({"engine": "vllm", "time_scale": 10}, "--time-scale is for simulated engines"),
     ],
 )
 def test_options_that_cannot_work_name_their_flag(changes: dict[str, float], flag: str) -> None:

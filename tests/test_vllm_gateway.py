@@ -19,7 +19,7 @@ import openai
 import pytest
 from support.chat_model import user
 from support.client import client, eventually, scrape, total
-from support.engine_traces import idle
+from support.engine_traces import ENDLESS, idle
 from support.inproc import Served, Servers
 from support.vllm_engine import MAX_NUM_SEQS, SERVED_NAME, VLLMServer, vllm_pool_docs
 
@@ -235,7 +235,7 @@ async def test_the_scraper_reads_vllms_metrics_into_the_ledger(
 
 async def long_stream(api: openai.AsyncOpenAI, text: str) -> AsyncIterator[Any]:
     stream = await api.chat.completions.create(
-        model="llama", messages=user(text), max_tokens=1500, stream=True,
+        model="llama", messages=user(text), max_tokens=ENDLESS, stream=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     async for chunk in stream:

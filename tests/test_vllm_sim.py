@@ -194,7 +194,6 @@ async def prompt_blocks_per_step(engine: VLLMServer, text: str) -> list[int]:
         context.term()
 
 
-@pytest.mark.vllm_timing
 async def test_a_long_prompt_beside_a_decode_is_chunked_at_the_threshold_in_both(
     vllm_server: VLLMServer, servers: Servers
 ) -> None:
@@ -203,8 +202,8 @@ async def test_a_long_prompt_beside_a_decode_is_chunked_at_the_threshold_in_both
     prefill takes ceil(prompt / CHUNK_SIZE) steps in both, where the token budget alone
     would allow ceil(prompt / TOKEN_BUDGET)."""
     sim = await twin_sim(servers, vllm_server)
-    # Near the context cap, so the chunked prefill's steps (about 30) stand well above the
-    # budget's (about 8) plus the steps that pass before the request reaches the engine.
+    # So long that the chunked prefill's steps (about 30) stand well above the budget's
+    # (about 8) plus the steps that pass before the request reaches the engine.
     text = document(1700)
     async with aiohttp.ClientSession() as session:
         prompt = len(await tokenized_ids(session, vllm_server, SERVED_NAME, text))
@@ -259,7 +258,6 @@ async def test_an_aborted_prompt_resent_hits_the_same_blocks_in_both(
         assert await aborted_then_resent(engine, text) == expected, engine.url
 
 
-@pytest.mark.vllm_timing
 async def test_priority_order_and_no_preemption_are_the_same_in_both(
     vllm_server: VLLMServer, servers: Servers
 ) -> None:

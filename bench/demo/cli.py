@@ -50,6 +50,13 @@ def register_demo(commands: argparse._SubParsersAction[Any]) -> None:
         help="give the gateway shared state in this Redis (default $LANEWAY_REDIS_URL; "
         "unset: in memory)",
     )
+    demo.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="sim (default): simulated engines; vllm: one real vLLM server per lane, of a "
+        "tiny model, where scripts/install-vllm.sh installed it (minutes to start, ~10 GB)",
+    )
     demo.set_defaults(handler=run_demo)
 
 
@@ -69,6 +76,7 @@ def run_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         serve=args.serve,
         redis_url=args.redis_url,
+        engine=args.engine,
     )
     check_options(options)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -21,16 +22,25 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from laneway.api import Lane, SLOSpec
-from laneway.bench.harness.live_cluster import start_cluster
+from laneway.bench.demo.vllm import (
+    VLLM_POOLS,
+    start_vllm_engines,
+    stopping,
+    vllm_documents,
+    vllm_workload,
+)
+from laneway.bench.harness.live_cluster import start_cluster, start_gateway
 from laneway.bench.harness.loadgen import LoadGenerator
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.summary import LaneSummary, summarize
+from laneway.bench.harness.vllm_server import installed as vllm_installed
 from laneway.bench.harness.workload import EXPECTED_LANE, LongRequest, Workload
 from laneway.errors import UsageError, cannot_listen
 from laneway.simulator.profiles import DEFAULT_PROFILE, PROFILES
 from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import PUBLIC_MODEL, SimPool
 from laneway.tables import format_table
+from laneway.tokens import HuggingFaceTokenizer, Tokenizer
 
 DEMO_POOLS = (
     # Long prompts never reach this lane, so whole-prompt prefill is short here.
@@ -66,6 +76,7 @@ class DemoOptions:
     serve: bool = False
     refresh_s: float = 1.0  # wall time between two live-table updates
     redis_url: str | None = None  # the gateway's shared state; None: in memory
+    engine: str = "sim"  # "vllm": real vLLM servers of a tiny model (laneway.bench.demo.vllm)
 
 
 def check_options(options: DemoOptions) -> None:
@@ -82,10 +93,21 @@ def check_options(options: DemoOptions) -> None:
         raise UsageError("nothing to send: give --sessions or --long-documents above 0")
     if options.time_scale <= 0:
         raise UsageError(f"--time-scale must be above 0, got {options.time_scale:g}")
+    if options.engine not in ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {options.engine!r}")
+    if options.engine == "vllm" and options.time_scale != 1:
+        raise UsageError("--time-scale is for simulated engines: real vLLM runs in real time")
+
+
+ENGINES = ("sim", "vllm")
 
 
 def demo_workload(options: DemoOptions) -> Workload:
     """Chat sessions for the whole duration; long documents spread over its first half."""
+    if options.engine == "vllm":
+        return vllm_workload(
+            options.sessions, options.long_documents, options.duration_s, options.seed
+        )
     count = options.long_documents
     sizes = (32_768, 49_152, 65_536, 98_304)
     long_requests = tuple(
@@ -307,7 +329,45 @@ async def start_everything(
     return gateway
 
 
-async def drive(options: DemoOptions, gateway_url: str, children: Children) -> LoadGenerator:
+async def start_on_vllm(
+    children: Children,
+    options: DemoOptions,
+    config_dir: Path,
+    servers: list[subprocess.Popen[bytes]],
+) -> tuple[ChildProcess, Tokenizer]:
+    """One `vllm serve` per demo pool (each into `servers`, for the caller to stop), then the
+    gateway configured with them; and the tokenizer prompts are made with (the model's)."""
+    say(
+        f"starting {len(VLLM_POOLS)} vLLM servers of a tiny model (random weights; minutes "
+        f"on a small machine, logs in {config_dir}) and the gateway ..."
+    )
+    engines = await start_vllm_engines(config_dir, servers)
+    gateway = await start_gateway(
+        children,
+        vllm_documents(engines),
+        [
+            *("--host", options.host, "--port", str(options.port)),
+            *("--redis-url", options.redis_url or ""),
+        ],
+        config_dir,
+    )
+    for pool in VLLM_POOLS:
+        say(
+            f"pool {pool.name} ({pool.lane.value}): prompts {pool.min_prompt_tokens:,}-"
+            f"{pool.max_prompt_tokens:,} tokens, context cap {pool.max_context_tokens:,}, "
+            f"vLLM {pool.engine.kind} prefill: {', '.join(engines.endpoints[pool.name])}"
+        )
+    say(f"gateway: {gateway.url}")
+    files = engines.model.files
+    return gateway, HuggingFaceTokenizer(files.tokenizer, files.config)
+
+
+async def drive(
+    options: DemoOptions,
+    gateway_url: str,
+    children: Children,
+    tokenizer: Tokenizer | None = None,
+) -> LoadGenerator:
     workload = demo_workload(options)
     say(
         f"sending {workload.sessions} chat sessions for {workload.duration_s:g} s and "
@@ -319,7 +379,9 @@ async def drive(options: DemoOptions, gateway_url: str, children: Children) -> L
         )
         + (f", {options.time_scale:g}x faster than real time" if options.time_scale != 1 else "")
     )
-    generator = LoadGenerator(workload, gateway_url, time_scale=options.time_scale)
+    generator = LoadGenerator(
+        workload, gateway_url, time_scale=options.time_scale, tokenizer=tokenizer
+    )
     view = LiveView(sys.stderr, options.refresh_s)
     drawing = asyncio.create_task(view.run(generator, workload.duration_s))
     try:
@@ -371,11 +433,20 @@ def serve_instructions(gateway_url: str) -> list[str]:
 
 async def run_demo(options: DemoOptions) -> int:
     check_port_free(options.host, options.port)
-    with tempfile.TemporaryDirectory(prefix="laneway-demo-") as config_dir:
+    if options.engine == "vllm" and (reason := vllm_installed()) is not None:
+        raise UsageError(f"--engine vllm: {reason}")
+    servers: list[subprocess.Popen[bytes]] = []  # vLLM's, stopped last
+    with tempfile.TemporaryDirectory(prefix="laneway-demo-") as config_dir, stopping(servers):
         async with Children() as children:
-            gateway = await start_everything(children, options, Path(config_dir))
+            tokenizer = None
+            if options.engine == "vllm":
+                gateway, tokenizer = await start_on_vllm(
+                    children, options, Path(config_dir), servers
+                )
+            else:
+                gateway = await start_everything(children, options, Path(config_dir))
             if options.duration_s > 0:
-                generator = await drive(options, gateway.url, children)
+                generator = await drive(options, gateway.url, children, tokenizer)
                 print("\n".join(final_report(generator)), flush=True)
             if options.serve:
                 say("\n".join(serve_instructions(gateway.url)))

@@ -8,7 +8,7 @@ from laneway.tokens import ChatMessage, Tokenizer, count_chat
 
 # Common English words; those that are one token with a leading space make prompts of an
 # exact length without counting them word by word.
-_COMMON_WORDS = (
+_COMMON_TEXT = (
     "the of and to in is that for it as was with be by on not he this are or his from at "
     "which but have an they you were her she there been one all we their has would when "
     "if so no will can more other what time up out about into than them only some could "
@@ -19,6 +19,7 @@ _COMMON_WORDS = (
     "know while last might us great old year off come since against go came right used take "
     "three order price review contract clause report summary customer search answer question"
 )
+COMMON_WORDS = tuple(_COMMON_TEXT.split())
 
 
 class PromptFactory:
@@ -28,7 +29,7 @@ class PromptFactory:
         self._tokenizer = tokenizer
         self._words = tuple(
             w
-            for w in _COMMON_WORDS.split()
+            for w in COMMON_WORDS
             if len(tokenizer.encode(w)) == 1 and len(tokenizer.encode(f" {w}")) == 1
         )
         if len(self._words) < 16:

@@ -12,8 +12,11 @@ import aiohttp
 
 from support.chat_model import user
 from support.client import Listening, eventually, scrape, total
+from support.vllm_engine import MAX_MODEL_LEN
 
-ENDLESS = 1800  # output tokens of a stream that would run for minutes if nobody stopped it
+# Output tokens of a stream that runs for minutes unless it is stopped (over four at vLLM's
+# best decode here): the engines' context cap less room for the prompt.
+ENDLESS = MAX_MODEL_LEN - 512
 
 
 async def engine_value(engine: Listening, name: str) -> float:
@@ -68,42 +71,68 @@ async def endless(
             pass
 
 
-async def answered(
-    session: aiohttp.ClientSession, url: str, model: str, priority: int, order: list[int]
+async def first_token(
+    session: aiohttp.ClientSession, url: str, model: str, priority: int, started: asyncio.Event
 ) -> None:
-    """A one-token chat with `priority`; appends the priority once it is answered."""
-    body = {"model": model, "messages": user(f"urgent? {priority}"), "max_tokens": 1,
-            "priority": priority}  # fmt: skip
+    """An endless stream with `priority`, read until it is cancelled; `started` is set at its
+    first event, which vLLM and `laneway sim` both send with the first token (after the
+    prefill), never when the request arrives: the stream has been admitted."""
+    body = {"model": model, "messages": user(f"urgent? {priority}"), "max_tokens": ENDLESS,
+            "stream": True, "ignore_eos": True, "priority": priority}  # fmt: skip
     async with session.post(f"{url}/chat/completions", json=body) as answer:
         assert answer.status == 200, await answer.text()
-        await answer.read()
-    order.append(priority)
+        async for line in answer.content:
+            if line.startswith(b"data:"):
+                started.set()
 
 
 def equals(count: int) -> Callable[[float], bool]:
     return lambda value: value == count
 
 
+PRIORITIES = (5, 0, 3)  # in the order they arrive
+
+
 async def priority_order(engine: Listening, url: str, model: str, slots: int) -> list[int]:
-    """`slots` endless streams fill the engine's running batch (its max-num-seqs); requests
-    of priorities 5, 0, 3 arrive in that order and wait; one stream ends, so one slot frees
-    at a time, and they are answered in the order the engine admits them. `url`: the engine's
-    or a gateway's /v1 in front of it."""
+    """The order an engine admits waiting requests of PRIORITIES, each step a state the
+    engine holds until the test changes it, so the answer is the engine's whatever the
+    machine's timing: `slots` endless streams fill its running batch (its max-num-seqs);
+    endless streams of PRIORITIES arrive one at a time, each seen waiting before the next
+    is sent; then one slot is freed, the one stream admitted into it is seen starting (its
+    first token) while the others still wait, and that stream is closed to free the slot for
+    the next. `url`: the engine's or a gateway's /v1 in front of it."""
     order: list[int] = []
+    started = {priority: asyncio.Event() for priority in PRIORITIES}
     async with aiohttp.ClientSession() as session:
         blockers = [asyncio.create_task(endless(session, url, model)) for _ in range(slots)]
+        waiters: dict[int, asyncio.Task[None]] = {}
         try:
-            await until(engine, "vllm:num_requests_running", lambda n: n == slots, "a full batch")
-            asked: list[asyncio.Task[None]] = []
-            for queued, priority in enumerate((5, 0, 3), start=1):
-                asked.append(asyncio.create_task(answered(session, url, model, priority, order)))
+            await until(engine, "vllm:num_requests_running", equals(slots), "a full batch")
+            for queued, priority in enumerate(PRIORITIES, start=1):
+                waiters[priority] = asyncio.create_task(
+                    first_token(session, url, model, priority, started[priority])
+                )
                 # One at a time, so the engine's arrival order is the order sent.
                 await until(engine, "vllm:num_requests_waiting", equals(queued), "in line")
-            blockers[0].cancel()
-            await asyncio.gather(*asked)
+            leaving = blockers[0]
+            for _ in PRIORITIES:
+                leaving.cancel()  # its connection closes: the engine aborts it, a slot frees
+
+                def admitted() -> list[int]:
+                    return [p for p in PRIORITIES if p not in order and started[p].is_set()]
+
+                async def one_admitted() -> bool:
+                    return bool(admitted())
+
+                await eventually(one_admitted, "a waiting stream's first token", within=120)
+                now = admitted()
+                # The other slot's stream never ends on its own (ENDLESS): one slot was free.
+                assert len(now) == 1, f"streams {now} started at once: two slots were free"
+                order.append(now[0])
+                leaving = waiters[now[0]]
         finally:
-            for blocker in blockers:
-                blocker.cancel()
-            await asyncio.gather(*blockers, return_exceptions=True)
-    await until(engine, "vllm:num_requests_running", lambda n: n == 0, "the engine idle again")
+            for task in (*blockers, *waiters.values()):
+                task.cancel()
+            await asyncio.gather(*blockers, *waiters.values(), return_exceptions=True)
+    await until(engine, "vllm:num_requests_running", equals(0), "the engine idle again")
     return order

@@ -8,19 +8,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-WORDS = [
-    "lane",
-    "gateway",
-    "engine",
-    "prompt",
-    "token",
-    "batch",
-    "chunk",
-    "prefill",
-    "decode",
-    "router",
-    "pool",
-]
+from laneway.bench.harness.tiny_model import WORDS
+
+__all__ = ["WORDS"]
 
 
 def train_tokenizer(path: Path) -> Path:
