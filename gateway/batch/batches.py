@@ -55,7 +55,7 @@ from laneway.gateway.batch.lines import (
     batch_json,
     error_line,
     final_status,
-    give_up,
+    quota_exceeded,
 )
 from laneway.gateway.errors import ApiError, not_found
 
@@ -66,6 +66,8 @@ WRITE_CHUNK = 500  # commands per pipeline when creating: no one giant transacti
 VALIDATING_STALE_S = 600
 # A result waits for its batch to finalize, by the window's end; an hour more for a sweep.
 RESULT_TTL_S = WINDOW_SECONDS + 3600
+# A finalizing run's staging lists outlive any run (its lock holds for a minute).
+STAGING_TTL_S = 3600
 
 
 class BatchStore:
@@ -78,6 +80,8 @@ class BatchStore:
         self._reserve_tokens = redis.register_script(scripts.RESERVE_TOKENS)
         self._release_tokens = redis.register_script(scripts.RELEASE_TOKENS)
         self._claim_retry = redis.register_script(scripts.CLAIM_RETRY)
+        self._start = redis.register_script(scripts.START)
+        self._reserve_bytes = redis.register_script(scripts.RESERVE_BYTES)
 
     @property
     def retention_s(self) -> int:
@@ -154,7 +158,8 @@ class BatchStore:
             await tx.execute()
 
     async def reserve(self, batch_id: str, tenant: str, tokens: int, limit: int) -> int:
-        """-1 when the batch's tokens are reserved; else the tokens already enqueued."""
+        """-1 when the batch's tokens are reserved; -2 when it was cancelled meanwhile (none
+        are); else the tokens already enqueued."""
         keys = [self.enqueued_key(tenant), self.batch_key(batch_id)]
         return int(await self._reserve_tokens(keys=keys, args=[tokens, limit]))
 
@@ -192,19 +197,49 @@ class BatchStore:
                     pipe.xadd(queue, fields)
                 await pipe.execute()
 
-    async def start(self, batch_id: str, now: float, total: int, failed: int, lines: int) -> None:
-        """Validated and queued: the dispatchers may run its items."""
-        await self._redis.hset(
-            self.batch_key(batch_id),
-            mapping={
-                "status": Status.IN_PROGRESS,
-                "in_progress_at": int(now),
-                "total": total,
-                "failed": failed,
-                "settled": failed,
-                "lines": lines,  # result keys are numbered by input line; blanks leave gaps
-            },
+    async def start(self, batch_id: str, now: float, total: int, failed: int, lines: int) -> bool:
+        """Validated and queued: the dispatchers may run its items. False when it was
+        cancelled meanwhile (it stays cancelling, for `close_cancelled`)."""
+        fields = {
+            "in_progress_at": int(now),
+            "total": total,
+            "failed": failed,
+            "settled": failed,
+            "lines": lines,  # result keys are numbered by input line; blanks leave gaps
+        }
+        args = [value for pair in fields.items() for value in pair]
+        found = await self._start(keys=[self.batch_key(batch_id)], args=args)
+        return found is not None and as_text(found) == Status.VALIDATING
+
+    async def cancelled(self, batch_id: str) -> bool:
+        """Whether a batch still validating has been asked to cancel."""
+        return as_bytes(await self._redis.hget(self.batch_key(batch_id), "status")) == (
+            Status.CANCELLING.encode()
         )
+
+    async def close_cancelled(
+        self, batch_id: str, tenant: str, now: float, written: Sequence[int]
+    ) -> None:
+        """A batch cancelled while validating: it ends cancelled with none of its items
+        run, gives its tokens back, and what it had queued or written (the results of
+        lines `written`) goes."""
+        if not await self._redis.exists(self.batch_key(batch_id)):
+            await self._unqueue(batch_id, tenant)  # expired or lost: only its items are left
+            return
+        await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(tenant)])
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.hset(
+                self.batch_key(batch_id),
+                mapping={"status": Status.CANCELLED, "cancelled_at": int(now)},
+            )
+            tx.expire(self.batch_key(batch_id), self.files.ttl_s)
+            tx.srem(self.active_key, batch_id)
+            tx.hdel(self.files.sizes_key(tenant), batch_id)
+            await tx.execute()
+        for start in range(0, len(written), WRITE_CHUNK):
+            keys = [self.result_key(batch_id, i) for i in written[start : start + WRITE_CHUNK]]
+            await self._redis.delete(*keys)
+        await self._unqueue(batch_id, tenant)
 
     async def discard(self, batch_id: str, tenant: str) -> None:
         """Forget a batch refused while validating: it queued nothing, and gives back the
@@ -294,7 +329,8 @@ class BatchStore:
         status = as_text(found)
         if status == Status.IN_PROGRESS:
             await self.finalize_if_settled(batch_id, now)
-        elif status not in (Status.CANCELLING, Status.CANCELLED):
+        elif status not in (Status.VALIDATING, Status.CANCELLING, Status.CANCELLED):
+            # (A validating one is closed by its creation, which stops at its next step.)
             raise ApiError(
                 400,
                 f"Batch {batch_id!r} is {status} and cannot be cancelled",
@@ -312,20 +348,23 @@ class BatchStore:
     async def has_result(self, item: QueuedItem) -> bool:
         return bool(await self._redis.exists(self.result_key(item.batch_id, item.index)))
 
-    async def settle(self, item: QueuedItem, result: Result, now: float) -> bool:
-        """Write an item's result once; False when it already had one (or the batch closed).
+    async def reserve_output(self, item: QueuedItem, size: int) -> int | None:
+        """Hold `size` bytes of the owner's file quota for the item's result before it runs:
+        the bytes held (0 when the batch is no longer running), None when they do not fit
+        (the item fails unrun). A hold that is never settled (the replica died) is dropped
+        with the batch's field when it finalizes."""
+        keys = [self.batch_key(item.batch_id), self.files.sizes_key(item.tenant)]
+        held = int(await self._reserve_bytes(keys=keys, args=[size, item.batch_id]))
+        return None if held < 0 else held
 
-        A result that would take the owner past its file quota is written as a short
-        `file_quota_exceeded` failure instead: the store never grows past the quota by
-        more than those lines."""
-        over_quota = b""
-        if result.line is not None:
-            message = (
-                f"line {item.index + 1}: its result would take tenant {item.tenant}'s file "
-                "storage past its quota (a batch's output and error files count in it): "
-                "delete files, or raise the tenant's maxFileBytes"
-            )
-            over_quota = give_up(item, ItemOutcome.FAILED, "file_quota_exceeded", message).encode()
+    async def settle(self, item: QueuedItem, result: Result, now: float, held: int = 0) -> bool:
+        """Write an item's result once, in place of the `held` bytes `reserve_output` held
+        for it; False when it already had one (or the batch closed).
+
+        A result that would still take the owner past its file quota (larger than held)
+        is written as a short `file_quota_exceeded` failure instead: the store never grows
+        past the quota by more than those lines."""
+        over_quota = b"" if result.line is None else quota_exceeded(item).encode()
         written, settled, total = await self._settle(
             keys=[
                 self.result_key(item.batch_id, item.index),
@@ -340,6 +379,7 @@ class BatchStore:
                 over_quota,
                 RESULT_TTL_S,
                 item.batch_id,
+                held,
             ],
         )
         if written and settled >= total:
@@ -348,16 +388,21 @@ class BatchStore:
 
     async def finalize_if_settled(self, batch_id: str, now: float) -> None:
         values = await self._redis.hmget(
-            self.batch_key(batch_id), ["status", "settled", "total", "meta"]
+            self.batch_key(batch_id), ["status", "settled", "total", "meta", "in_progress_at"]
         )
         if values[0] is None:
             await self._redis.srem(self.active_key, batch_id)
             return
         status, settled, total = as_text(values[0]), int(values[1] or 0), int(values[2] or 0)
-        if status == Status.VALIDATING:
+        if status == Status.VALIDATING or (status == Status.CANCELLING and values[4] is None):
+            # Still being created (or cancelled while it was): its creation finishes it.
             meta = json.loads(as_text(values[3]))
-            if now - float(meta["created_at"]) > VALIDATING_STALE_S:
-                # The replica creating it died: nothing will finish it.
+            if now - float(meta["created_at"]) <= VALIDATING_STALE_S:
+                return
+            # The replica creating it died: nothing will finish it.
+            if status == Status.CANCELLING:
+                await self.close_cancelled(batch_id, meta["owner"], now, written=[])
+            else:
                 why = "The gateway replica validating this batch stopped: create it again"
                 await self.fail(batch_id, meta["owner"], now, why)
         elif status not in FINISHED and settled >= total:
@@ -370,7 +415,13 @@ class BatchStore:
             await self.finalize_if_settled(as_text(raw), now)
 
     async def finalize(self, batch_id: str, now: float) -> None:
-        """Write the output and error files and close the batch; one replica at a time."""
+        """Write the output and error files and close the batch; one replica at a time.
+
+        The files are built a RESULT_CHUNK of results at a time, each chunk one piece
+        pushed to this run's own staging list, so no step holds the event loop for more
+        than a chunk; the transaction that closes the batch renames the staging lists to
+        the files' pieces. A second run (the lock expired, a sweep) stages its own and
+        renames the same content over them."""
         lock = f"{self.batch_key(batch_id)}:finalizing"
         if not await self._redis.set(lock, b"1", nx=True, px=60_000):
             return  # another replica is at it; if it dies, the lock expires and a sweep retries
@@ -379,19 +430,33 @@ class BatchStore:
             return
         meta = record["meta"]
         owner = meta["owner"]
-        total = int(record["total"])
         # The output file holds the completed items' lines, the error file every other's.
-        files: dict[str, list[bytes]] = {"output": [], "errors": []}
+        # Derived from the batch, so a second finalizing run rewrites the same files.
+        ids = {
+            kind: f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{kind}').hex}"
+            for kind in ("output", "errors")
+        }
+        run = uuid.uuid4().hex
+        staging = {kind: f"{self.files.pieces_key(ids[kind])}:{run}" for kind in ids}
+        sizes = dict.fromkeys(ids, 0)
         result_keys = [self.result_key(batch_id, i) for i in range(int(record["lines"]))]
         for start in range(0, len(result_keys), RESULT_CHUNK):
+            chunk: dict[str, list[bytes]] = {kind: [] for kind in ids}
             for raw in await self._redis.mget(result_keys[start : start + RESULT_CHUNK]):
                 encoded = as_bytes(raw)
                 if encoded is None:
                     continue  # a blank input line: no item
                 outcome, line = Result.split(encoded)
                 if line is not None:
-                    files["output" if outcome is ItemOutcome.COMPLETED else "errors"].append(line)
-        assert sum(len(lines) for lines in files.values()) <= total
+                    chunk["output" if outcome is ItemOutcome.COMPLETED else "errors"].append(line)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for kind, lines in chunk.items():
+                    if lines:
+                        piece = b"".join(line + b"\n" for line in lines)
+                        sizes[kind] += len(piece)
+                        pipe.rpush(staging[kind], piece)
+                        pipe.expire(staging[kind], STAGING_TTL_S)
+                await pipe.execute()
         status, stamp = final_status(record)
         fields: dict[FieldT, EncodableT] = {
             "status": status,
@@ -401,22 +466,23 @@ class BatchStore:
         # Every item has settled, so nothing else moves the batch's tokens now.
         await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(owner)])
         async with self._redis.pipeline(transaction=True) as tx:
-            for kind, lines in files.items():
-                if not lines:
+            for kind, size in sizes.items():
+                if not size:
                     continue
-                content = b"".join(line + b"\n" for line in lines)
-                # Derived from the batch, so a second finalizing run rewrites the same files.
                 file = FileObject(
-                    id=f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{kind}').hex}",
-                    bytes=len(content),
+                    id=ids[kind],
+                    bytes=size,
                     created_at=int(now),
                     filename=f"{batch_id}_{kind}.jsonl",
                     purpose=OUTPUT_PURPOSE,
                     owner=owner,
                     expires_at=int(now) + self.files.ttl_s,
                 )
+                pieces = self.files.pieces_key(file.id)
+                tx.rename(staging[kind], pieces)
+                tx.expire(pieces, self.files.ttl_s)
                 # The results were charged as they were written; the files take their place.
-                self.files.put_in(tx, file, content)
+                self.files.put_in(tx, file)
                 fields["output_file_id" if kind == "output" else "error_file_id"] = file.id
             tx.hdel(self.files.sizes_key(owner), batch_id)
             tx.hset(self.batch_key(batch_id), mapping=fields)
