@@ -6,13 +6,23 @@ Here a request's fields are kept as a dict; a flush scheduled a moment later ser
 batch with orjson and writes it in one call. The line's fields and its stream (stderr) are
 those of a logging line; the logger `laneway.gateway.requests` still switches it off
 (`setLevel(WARNING)`).
+
+The gateway writes off the event loop (`off_loop=True`): a write to a pipe nobody drains
+blocks until it is read, and a gateway whose stderr pipe filled held every request,
+`/healthz` included, until then (a probe waited over 30 s with the reader stopped). A
+thread writes each batch; while the stream stays blocked, at most MAX_QUEUED_BATCHES wait
+and the lines past them are dropped and counted, the count written as a line of its own
+once the stream takes writes again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -22,13 +32,24 @@ log = logging.getLogger("laneway.gateway.requests")
 
 FLUSH_AFTER_S = 0.05  # a line reaches the stream at most this long after its request ends
 FLUSH_AT_LINES = 512  # or as soon as this many wait
+MAX_QUEUED_BATCHES = 256  # off the loop: batches waiting for a blocked stream, at most
+CLOSE_WAIT_S = 5.0  # how long closing waits for the writer (a stream may never unblock)
 
 
 class AccessLog:
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, off_loop: bool = False) -> None:
         self._stream = stream
         self._pending: list[Mapping[str, Any]] = []
         self._flush_scheduled: asyncio.TimerHandle | None = None
+        self._queue: queue.Queue[str | None] | None = None
+        self._writer: threading.Thread | None = None
+        self.dropped = 0  # lines dropped, not yet reported
+        if off_loop:
+            self._queue = queue.Queue(MAX_QUEUED_BATCHES)
+            self._writer = threading.Thread(
+                target=self._write_queued, name="access-log", daemon=True
+            )
+            self._writer.start()
 
     @property
     def enabled(self) -> bool:
@@ -57,8 +78,37 @@ class AccessLog:
             self._flush_scheduled = None
         if not self._pending:
             return
+        count = len(self._pending)
         lines = b"".join(orjson.dumps(fields) + b"\n" for fields in self._pending)
         self._pending.clear()
+        if self._queue is None:
+            self._write(lines.decode())
+            return
+        if self.dropped:
+            note = {"msg": "access log lines dropped: the log stream was blocked"}
+            lines = orjson.dumps({**note, "dropped": self.dropped}) + b"\n" + lines
+        try:
+            self._queue.put_nowait(lines.decode())
+        except queue.Full:
+            self.dropped += count
+        else:
+            self.dropped = 0
+
+    def close(self) -> None:
+        """Write what is left; off the loop, wait a moment for the writer to finish."""
+        self.flush()
+        if self._queue is None or self._writer is None:
+            return
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._writer.join(CLOSE_WAIT_S)
+
+    def _write_queued(self) -> None:
+        assert self._queue is not None
+        while (text := self._queue.get()) is not None:
+            self._write(text)
+
+    def _write(self, text: str) -> None:
         stream = self._stream or sys.stderr  # looked up late: tests and the CLI redirect it
-        stream.write(lines.decode())
+        stream.write(text)
         stream.flush()

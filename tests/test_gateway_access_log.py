@@ -6,11 +6,12 @@ import asyncio
 import io
 import json
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from laneway.gateway.access_log import FLUSH_AT_LINES, AccessLog
+from laneway.gateway.access_log import FLUSH_AT_LINES, MAX_QUEUED_BATCHES, AccessLog
 
 REQUESTS = logging.getLogger("laneway.gateway.requests")
 
@@ -72,3 +73,40 @@ def test_the_requests_logger_switches_it_off() -> None:
     access.write({"status": 200})
     access.flush()
     assert stream.getvalue() == ""
+
+
+class _BlockedStream(io.StringIO):
+    """A pipe nobody reads: every write waits until it is let go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_go = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.let_go.wait(60)
+        return super().write(text)
+
+
+async def test_off_the_loop_a_blocked_stream_holds_nothing_and_drops_are_counted() -> None:
+    stream = _BlockedStream()
+    access = AccessLog(stream, off_loop=True)
+    # One batch is taken by the blocked writer, MAX_QUEUED_BATCHES wait, the rest drop.
+    batches = MAX_QUEUED_BATCHES + 4
+    for index in range(batches * FLUSH_AT_LINES):
+        access.write({"n": index})  # returns at once: the writer thread is the one waiting
+    assert stream.getvalue() == ""
+    assert access.dropped >= 2 * FLUSH_AT_LINES
+    dropped = access.dropped
+    stream.let_go.set()
+    queued = (MAX_QUEUED_BATCHES + 1) * FLUSH_AT_LINES
+    async with asyncio.timeout(60):
+        while len(stream.getvalue().splitlines()) < queued:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    access.write({"n": -1})  # the next batch reports the count
+    access.close()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    notes = [line for line in lines if "dropped" in line]
+    assert [note["dropped"] for note in notes] == [dropped]
+    kept = [line["n"] for line in lines if "n" in line and line["n"] >= 0]
+    assert kept == list(range(len(kept)))  # in order, the dropped ones at the end
+    assert len(kept) + dropped == batches * FLUSH_AT_LINES
