@@ -13,8 +13,8 @@ What a batch's lines mean is pure and lives in lines.py; creating one, in creati
   dispatcher choose whose item runs next (fair share) instead of serving arrival order.
 - `{p}:batch:{id}:result:{index}`: each item's result line, written once (SET NX) together
   with its counter by one Lua script, so a crash between the two cannot happen. Its bytes
-  are charged to the owner's file storage (`{p}:filebytes:{owner}`, field `{id}`) as they
-  are written: they become the output and error files.
+  count in the owner's file storage (`{p}:filebytes:{owner}`, field `{id}`), held before
+  the item runs and settled as it is written: they become the output and error files.
 - `{p}:batches:{tenant}`: the tenant's batches by creation time, for listing, pruned of
   batches past their expiry and itself expiring with the newest; `{p}:batches:active`:
   batches not yet finished, for the finalizing sweep.
@@ -24,7 +24,6 @@ What a batch's lines mean is pure and lives in lines.py; creating one, in creati
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,10 +31,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
-from laneway.gateway.batch import scripts
+from laneway.gateway.batch import outputs, scripts
 from laneway.gateway.batch.files import (
-    OUTPUT_PURPOSE,
-    FileObject,
     FileStore,
     as_bytes,
     as_text,
@@ -60,14 +57,11 @@ from laneway.gateway.batch.lines import (
 from laneway.gateway.errors import ApiError, not_found
 
 CONSUMER_GROUP = "dispatchers"
-RESULT_CHUNK = 500  # result keys read per round trip when finalizing
 WRITE_CHUNK = 500  # commands per pipeline when creating: no one giant transaction
 # A batch still validating this long after its creation lost the replica creating it.
 VALIDATING_STALE_S = 600
 # A result waits for its batch to finalize, by the window's end; an hour more for a sweep.
 RESULT_TTL_S = WINDOW_SECONDS + 3600
-# A finalizing run's staging lists outlive any run (its lock holds for a minute).
-STAGING_TTL_S = 3600
 
 
 class BatchStore:
@@ -213,9 +207,8 @@ class BatchStore:
 
     async def cancelled(self, batch_id: str) -> bool:
         """Whether a batch still validating has been asked to cancel."""
-        return as_bytes(await self._redis.hget(self.batch_key(batch_id), "status")) == (
-            Status.CANCELLING.encode()
-        )
+        status = await self._redis.hget(self.batch_key(batch_id), "status")
+        return as_bytes(status) == Status.CANCELLING.encode()
 
     async def close_cancelled(
         self, batch_id: str, tenant: str, now: float, written: Sequence[int]
@@ -322,7 +315,8 @@ class BatchStore:
 
     async def cancel(self, batch_id: str, tenant: str, now: float) -> dict[str, object]:
         await self.get(batch_id, tenant)  # 404 unless it is this tenant's
-        # Atomic: a batch that finishes meanwhile must not be turned back to cancelling.
+        # Atomic: a batch that finishes meanwhile must not be turned back to cancelling. A
+        # validating one is closed by its creation, which stops at its next look.
         found = await self._cancel(keys=[self.batch_key(batch_id)], args=[int(now)])
         if found is None:
             raise not_found("batch", batch_id)
@@ -330,7 +324,6 @@ class BatchStore:
         if status == Status.IN_PROGRESS:
             await self.finalize_if_settled(batch_id, now)
         elif status not in (Status.VALIDATING, Status.CANCELLING, Status.CANCELLED):
-            # (A validating one is closed by its creation, which stops at its next step.)
             raise ApiError(
                 400,
                 f"Batch {batch_id!r} is {status} and cannot be cancelled",
@@ -415,48 +408,17 @@ class BatchStore:
             await self.finalize_if_settled(as_text(raw), now)
 
     async def finalize(self, batch_id: str, now: float) -> None:
-        """Write the output and error files and close the batch; one replica at a time.
-
-        The files are built a RESULT_CHUNK of results at a time, each chunk one piece
-        pushed to this run's own staging list, so no step holds the event loop for more
-        than a chunk; the transaction that closes the batch renames the staging lists to
-        the files' pieces. A second run (the lock expired, a sweep) stages its own and
-        renames the same content over them."""
+        """Write the output and error files (outputs.py) and close the batch; one replica
+        at a time."""
         lock = f"{self.batch_key(batch_id)}:finalizing"
         if not await self._redis.set(lock, b"1", nx=True, px=60_000):
             return  # another replica is at it; if it dies, the lock expires and a sweep retries
         record = await self._record(batch_id)
         if record is None or record["status"] in FINISHED:
             return
-        meta = record["meta"]
-        owner = meta["owner"]
-        # The output file holds the completed items' lines, the error file every other's.
-        # Derived from the batch, so a second finalizing run rewrites the same files.
-        ids = {
-            kind: f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{kind}').hex}"
-            for kind in ("output", "errors")
-        }
-        run = uuid.uuid4().hex
-        staging = {kind: f"{self.files.pieces_key(ids[kind])}:{run}" for kind in ids}
-        sizes = dict.fromkeys(ids, 0)
+        owner = record["meta"]["owner"]
         result_keys = [self.result_key(batch_id, i) for i in range(int(record["lines"]))]
-        for start in range(0, len(result_keys), RESULT_CHUNK):
-            chunk: dict[str, list[bytes]] = {kind: [] for kind in ids}
-            for raw in await self._redis.mget(result_keys[start : start + RESULT_CHUNK]):
-                encoded = as_bytes(raw)
-                if encoded is None:
-                    continue  # a blank input line: no item
-                outcome, line = Result.split(encoded)
-                if line is not None:
-                    chunk["output" if outcome is ItemOutcome.COMPLETED else "errors"].append(line)
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for kind, lines in chunk.items():
-                    if lines:
-                        piece = b"".join(line + b"\n" for line in lines)
-                        sizes[kind] += len(piece)
-                        pipe.rpush(staging[kind], piece)
-                        pipe.expire(staging[kind], STAGING_TTL_S)
-                await pipe.execute()
+        staged = await outputs.stage(self._redis, self.files, batch_id, result_keys)
         status, stamp = final_status(record)
         fields: dict[FieldT, EncodableT] = {
             "status": status,
@@ -466,24 +428,10 @@ class BatchStore:
         # Every item has settled, so nothing else moves the batch's tokens now.
         await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(owner)])
         async with self._redis.pipeline(transaction=True) as tx:
-            for kind, size in sizes.items():
-                if not size:
-                    continue
-                file = FileObject(
-                    id=ids[kind],
-                    bytes=size,
-                    created_at=int(now),
-                    filename=f"{batch_id}_{kind}.jsonl",
-                    purpose=OUTPUT_PURPOSE,
-                    owner=owner,
-                    expires_at=int(now) + self.files.ttl_s,
-                )
-                pieces = self.files.pieces_key(file.id)
-                tx.rename(staging[kind], pieces)
-                tx.expire(pieces, self.files.ttl_s)
+            for file in staged:
                 # The results were charged as they were written; the files take their place.
-                self.files.put_in(tx, file)
-                fields["output_file_id" if kind == "output" else "error_file_id"] = file.id
+                outputs.commit(tx, self.files, file, batch_id, owner, now)
+                fields[outputs.KINDS[file.kind]] = file.file_id
             tx.hdel(self.files.sizes_key(owner), batch_id)
             tx.hset(self.batch_key(batch_id), mapping=fields)
             tx.expire(self.batch_key(batch_id), self.files.ttl_s)
@@ -491,8 +439,8 @@ class BatchStore:
             await tx.execute()
         # Apart from the transaction and a chunk at a time: one DEL of 50,000 keys is
         # encoded on the event loop in one go. A run cut off here leaves keys that expire.
-        for start in range(0, len(result_keys), RESULT_CHUNK):
-            await self._redis.delete(*result_keys[start : start + RESULT_CHUNK])
+        for start in range(0, len(result_keys), outputs.RESULT_CHUNK):
+            await self._redis.delete(*result_keys[start : start + outputs.RESULT_CHUNK])
 
     # ---- the dispatcher's side ----
 
@@ -547,16 +495,6 @@ class BatchStore:
             await tx.execute()
 
     def _item(self, stream: object, entry: Any) -> QueuedItem:
-        entry_id, fields = entry
-        values = {as_text(k): v for k, v in fields.items()}
-        stream_name = as_text(stream)
-        return QueuedItem(
-            stream=stream_name,
-            entry_id=as_text(entry_id),
-            tenant=stream_name.removeprefix(self.queue_key("")),
-            batch_id=as_text(values["batch"]),
-            index=int(values["index"]),
-            custom_id=as_text(values["custom_id"]),
-            endpoint=as_text(values["endpoint"]),
-            body=as_bytes(values["body"]) or b"{}",
-        )
+        name = as_text(stream)
+        tenant = name.removeprefix(self.queue_key(""))
+        return QueuedItem.from_entry(name, tenant, as_text(entry[0]), entry[1])

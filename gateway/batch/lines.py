@@ -342,6 +342,22 @@ class QueuedItem:
     def cost(self) -> int:
         return item_cost(self.body)
 
+    @staticmethod
+    def from_entry(
+        stream: str, tenant: str, entry_id: str, fields: Mapping[bytes, bytes]
+    ) -> QueuedItem:
+        """An item from its tenant's stream: the entry's fields as Redis returns them."""
+        return QueuedItem(
+            stream=stream,
+            entry_id=entry_id,
+            tenant=tenant,
+            batch_id=fields[b"batch"].decode(),
+            index=int(fields[b"index"]),
+            custom_id=fields[b"custom_id"].decode(),
+            endpoint=fields[b"endpoint"].decode(),
+            body=fields[b"body"] or b"{}",
+        )
+
 
 def give_up(item: QueuedItem, outcome: ItemOutcome, code: str, message: str) -> Result:
     """The result of an item that never got an HTTP answer it could keep."""
