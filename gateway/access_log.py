@@ -12,7 +12,8 @@ blocks until it is read, and a gateway whose stderr pipe filled held every reque
 `/healthz` included, until then (a probe waited over 30 s with the reader stopped). A
 thread writes each batch; while the stream stays blocked, at most MAX_QUEUED_BATCHES wait
 and the lines past them are dropped and counted, the count written as a line of its own
-once the stream takes writes again.
+once the stream takes writes again. The gateway's other log records go the same way
+(`OffLoopLogging`): a thread writes them, and a full queue drops them.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.handlers
 import queue
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -34,6 +37,7 @@ FLUSH_AFTER_S = 0.05  # a line reaches the stream at most this long after its re
 FLUSH_AT_LINES = 512  # or as soon as this many wait
 MAX_QUEUED_BATCHES = 256  # off the loop: batches waiting for a blocked stream, at most
 CLOSE_WAIT_S = 5.0  # how long closing waits for the writer (a stream may never unblock)
+MAX_QUEUED_RECORDS = 10_000  # other log records waiting for a blocked stream, at most
 
 
 class AccessLog:
@@ -112,3 +116,39 @@ class AccessLog:
         stream = self._stream or sys.stderr  # looked up late: tests and the CLI redirect it
         stream.write(text)
         stream.flush()
+
+
+class _DroppingHandler(logging.handlers.QueueHandler):
+    """Queues a record for the writer thread; drops it when the queue is full (the stream
+    blocked) rather than block the loop or report an error on that same stream."""
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(record)
+
+
+class OffLoopLogging:
+    """The root logger's records, formatted `%(message)s` (tracebacks included), written to
+    `stream` by a thread of their own."""
+
+    def __init__(self, stream: TextIO, level: int = logging.INFO) -> None:
+        self._records: queue.Queue[logging.LogRecord] = queue.Queue(MAX_QUEUED_RECORDS)
+        writer = logging.StreamHandler(stream)
+        writer.setFormatter(logging.Formatter("%(message)s"))
+        self._listener = logging.handlers.QueueListener(self._records, writer)
+        self._handler = _DroppingHandler(self._records)
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        root = logging.getLogger()
+        root.setLevel(level)
+        root.addHandler(self._handler)
+        self._listener.start()
+
+    def close(self) -> None:
+        """Wait a moment for what is queued to be written (the writer is a daemon thread:
+        a stream that stays blocked does not keep the process from exiting)."""
+        logging.getLogger().removeHandler(self._handler)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while not self._records.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with contextlib.suppress(queue.Full):
+            self._listener.enqueue_sentinel()
