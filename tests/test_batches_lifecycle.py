@@ -16,6 +16,7 @@ from laneway.gateway.batch.batches import VALIDATING_STALE_S, BatchStore
 from laneway.gateway.batch.creation import create_batch
 from laneway.gateway.batch.files import PIECE_BYTES, FileStore, as_text
 from laneway.gateway.batch.lines import WINDOW_SECONDS, CreateRequest, Entry, LineError
+from laneway.gateway.batch.scripts import RESERVE_CANCELLED
 from laneway.gateway.state.redis_store import RedisSettings, connect
 from laneway.gateway.state.settings import FileQuota
 
@@ -114,7 +115,7 @@ async def test_a_cancel_after_parsing_keeps_the_batch_from_starting(stores: Stor
     assert not await stores.batches.start(batch_id, NOW, total=1, failed=0, lines=1)
     assert (await stores.batches.get(batch_id, "s"))["status"] == "cancelling"
     # Nor can tokens be reserved for it any more.
-    assert await stores.batches.reserve(batch_id, "s", 40, 10**9) == -2
+    assert await stores.batches.reserve(batch_id, "s", 40, 10**9) == RESERVE_CANCELLED
     await stores.batches.close_cancelled(batch_id, "s", NOW, written=[])
     assert (await stores.batches.get(batch_id, "s"))["status"] == "cancelled"
     assert await stores.enqueued_tokens("s") == 0

@@ -44,6 +44,7 @@ from laneway.gateway.batch.lines import (
     line_count,
     slices,
 )
+from laneway.gateway.batch.scripts import RESERVE_CANCELLED
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.state.settings import FileQuota
 
@@ -193,7 +194,7 @@ async def _fill(
             raise bad_request("The input file holds no requests")
         tokens = validated.tokens
         enqueued = await store.reserve(batch_id, tenant, tokens, token_limit)
-        if enqueued == -2:
+        if enqueued == RESERVE_CANCELLED:
             raise Cancelled
         if enqueued >= 0:
             raise ApiError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 # KEYS: the tenant's enqueued tokens, the batch. ARGV: the batch's tokens, the tenant's
 # limit. Reserves them when they fit; returns -1, or the tokens already enqueued when not,
 # or -2 when the batch is no longer validating (cancelled meanwhile): nothing reserved.
+RESERVE_CANCELLED = -2
 RESERVE_TOKENS = """
 if redis.call('HGET', KEYS[2], 'status') ~= 'validating' then return -2 end
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
