@@ -108,8 +108,8 @@ def create_app(
     app[CLOCK] = clock
     app[SHUTTING_DOWN] = asyncio.Event()
     app[STOP] = Stop()
-    app[ACCESS_LOG] = AccessLog()
-    app.on_cleanup.append(_flush_access_log)
+    app[ACCESS_LOG] = AccessLog(off_loop=True)
+    app.on_cleanup.append(_close_access_log)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
@@ -154,8 +154,8 @@ async def _stop_counter(app: web.Application) -> None:
     app[COUNTER].close()
 
 
-async def _flush_access_log(app: web.Application) -> None:
-    app[ACCESS_LOG].flush()
+async def _close_access_log(app: web.Application) -> None:
+    app[ACCESS_LOG].close()
 
 
 # An idle connection to an engine is reused within this and closed after: under the 5 s idle

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import gc
 import ipaddress
-import logging
 import os
 import signal
 import sys
@@ -108,6 +107,7 @@ def add_pool_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
+    from laneway.gateway.access_log import OffLoopLogging
     from laneway.gateway.app import create_app
     from laneway.gateway.state.shared import options_from_args
 
@@ -128,12 +128,16 @@ def run_gateway(args: argparse.Namespace) -> int:
             )
     shared = options_from_args(args)
     settings, source = pool_source(args, "gateway", purpose="route to")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    app = create_app(settings, source, shared=shared, metrics_route=args.metrics_port is None)
-    settle_heap()
-    drain_seconds = settings.drain_timeout_millis / 1000
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve(app, host, args.port, drain_seconds, args.metrics_port))
+    # Written by a thread: a stderr nobody drains must not block the event loop.
+    logs = OffLoopLogging(sys.stderr)
+    try:
+        app = create_app(settings, source, shared=shared, metrics_route=args.metrics_port is None)
+        settle_heap()
+        drain_seconds = settings.drain_timeout_millis / 1000
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            return runner.run(serve(app, host, args.port, drain_seconds, args.metrics_port))
+    finally:
+        logs.close()
 
 
 def pool_source(

@@ -70,14 +70,26 @@ class Harness:
     url: str
     url_of_redis: str
 
-    async def submit(self, tenant: str, texts: list[str], token_limit: int = 10**9) -> str:
+    async def submit(
+        self,
+        tenant: str,
+        texts: list[str],
+        token_limit: int = 10**9,
+        file_bytes: int = 10**9,
+        max_tokens: int | None = None,
+    ) -> str:
+        bound = {} if max_tokens is None else {"max_tokens": max_tokens}
         lines = [
             json.dumps(
                 {
                     "custom_id": f"{tenant}-{i}",
                     "method": "POST",
                     "url": "/v1/chat/completions",
-                    "body": {"model": "m", "messages": [{"role": "user", "content": text}]},
+                    "body": {
+                        "model": "m",
+                        "messages": [{"role": "user", "content": text}],
+                        **bound,
+                    },
                 }
             )
             for i, text in enumerate(texts)
@@ -94,7 +106,7 @@ class Harness:
             tenant,
             now=0.0,
             token_limit=token_limit,
-            file_quota=FileQuota(files=100, bytes=10**9),
+            file_quota=FileQuota(files=100, bytes=file_bytes),
         )
         return str(batch["id"])
 
@@ -352,3 +364,32 @@ async def test_a_creation_cancelled_part_way_takes_its_items_and_tokens_back(
     again = await harness.submit("r", ["after"])
     assert (await harness.wait_finished(again, "r"))["status"] == "completed"
     assert await enqueued(harness, "r") == 0
+
+
+@pytest.mark.parametrize("max_tokens", [10, 2000])
+async def test_items_whose_output_bound_would_pass_the_file_quota_fail_before_they_run(
+    harness: Harness,
+    run_dispatcher: list[asyncio.Task[None]],
+    redis_client: Redis,
+    max_tokens: int,
+) -> None:
+    # 3,000 bytes: room for the input and for the lane's short answers, not for four
+    # answers of up to 2,000 tokens.
+    batch_id = await harness.submit(
+        "tight", [f"item {i}" for i in range(4)], file_bytes=3_000, max_tokens=max_tokens
+    )
+    await start(harness, run_dispatcher, concurrency=1)
+    batch = await harness.wait_finished(batch_id, "tight")
+    counts = batch["request_counts"]
+    if max_tokens == 10:
+        assert counts == {"total": 4, "completed": 4, "failed": 0}
+        assert len(harness.lane.calls) == 4
+        return
+    assert counts == {"total": 4, "completed": 0, "failed": 4}
+    assert harness.lane.calls == []  # no engine time spent on them
+    failed = await harness.output(batch, "error_file_id", "tight")
+    assert [line["error"]["code"] for line in failed] == ["file_quota_exceeded"] * 4  # type: ignore[index]
+    sizes = await redis_client.hgetall("laneway:filebytes:tight")
+    held = [as_text(name) for name in sizes]
+    assert [name.startswith("file-") for name in held] == [True, True]  # input, error file
+    assert batch_id not in held  # the holds went with the batch's field

@@ -322,3 +322,19 @@ async def test_a_retry_while_the_first_create_still_validates_gets_that_batch(
     assert created["status"] == "in_progress"
     _, listed = await gateway.call("GET", "/v1/batches")
     assert [b["id"] for b in listed["data"]] == [created["id"]]
+
+
+async def test_a_file_of_several_pieces_is_streamed_back_whole(gateway: Gateway) -> None:
+    lines = [request_line(f"r{i}", "x" * 300) for i in range(6_000)]  # about 2.6 MB
+    file_id = await gateway.upload(lines)
+    assert await gateway.redis.llen(f"laneway:file:{file_id}:pieces") == 3  # 1 MiB each
+    async with gateway.session.get(
+        f"{gateway.url}/v1/files/{file_id}/content", headers=KEY
+    ) as response:
+        assert response.status == 200
+        content = await response.read()
+        assert int(response.headers["Content-Length"]) == len(content)
+    assert content == "\n".join(lines).encode()
+    status, body = await gateway.call("GET", f"/v1/files/file-{'0' * 32}/content")
+    assert status == 404, body  # still an OpenAI-shaped 404, not a cut-off stream
+    assert body["error"]["type"] == "not_found_error"

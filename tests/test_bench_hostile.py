@@ -44,3 +44,6 @@ def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     assert priority["statuses"] == {"victim": 200, "hostile": 200}, priority
     assert priority["order"] == ["victim", "hostile"], priority
     assert "300-line batch" in done.stdout
+    assert report["server_errors"] == 0
+    assert report["tracebacks"] == {"bodies gateway": 0, "tenant gateway": 0}
+    assert "tracebacks logged: bodies gateway 0, tenant gateway 0" in done.stdout

@@ -142,6 +142,33 @@ def test_output_after_ready_is_drained_so_a_chatty_child_keeps_running() -> None
         assert child.returncode is None
 
 
+def test_tracebacks_the_child_prints_are_counted_on_both_streams() -> None:
+    with Children() as children:
+        child = children.start(
+            "failing",
+            python_child(f"""
+                import logging, sys, time
+                logging.basicConfig()
+                print("{READY}http://127.0.0.1:3", flush=True)
+                for stream in (sys.stderr, sys.stdout):
+                    try:
+                        raise ValueError("boom")
+                    except ValueError:
+                        logging.getLogger().handlers[0].setStream(stream)
+                        logging.exception("handling a request failed")
+                print("no Traceback (most recent call last): here, mid-line", file=sys.stderr)
+                sys.stdout.flush()
+                print("done logging", file=sys.stderr, flush=True)
+                time.sleep(60)
+            """),
+            READY,
+        )
+        deadline = time.monotonic() + 60  # patience: a loaded machine
+        while "done logging" not in child.stderr_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert child.tracebacks() == 2  # one on each stream; the mid-line mention is no traceback
+
+
 PARENT_SCRIPT = """
 import asyncio, sys
 from laneway.bench.harness.procs import Children

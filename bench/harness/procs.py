@@ -43,6 +43,7 @@ READY_PREFIXES = {
 DEFAULT_READY_TIMEOUT = 60.0
 DEFAULT_STOP_GRACE = 5.0
 TAIL_LINES = 40
+TRACEBACK_HEAD = b"Traceback (most recent call last):"
 
 _PR_SET_PDEATHSIG = 1
 
@@ -77,6 +78,8 @@ class ChildProcess:
         self._url: str | None = None
         self._stdout_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        # Python tracebacks the child printed, per stream: each stream's reader counts its own.
+        self._tracebacks = {"stdout": 0, "stderr": 0}
         # Set when the ready line arrives, stdout closes, or a stop begins: whatever
         # ends the wait for readiness.
         self._wake = threading.Event()
@@ -96,9 +99,7 @@ class ChildProcess:
         assert self._process.stderr is not None
         self._readers = [
             threading.Thread(target=self._read_stdout, args=(self._process.stdout,), daemon=True),
-            threading.Thread(
-                target=self._read_tail, args=(self._process.stderr, self._stderr_tail), daemon=True
-            ),
+            threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True),
         ]
         for reader in self._readers:
             reader.start()
@@ -125,6 +126,10 @@ class ChildProcess:
 
     def stderr_tail(self) -> str:
         return "".join(self._stderr_tail)
+
+    def tracebacks(self) -> int:
+        """Python tracebacks the child has printed so far, on stdout or stderr."""
+        return sum(self._tracebacks.values())
 
     def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> str:
         """Block until the ready line; on death, timeout or stop raise ChildError."""
@@ -190,16 +195,21 @@ class ChildProcess:
             for raw in stream:
                 line = raw.decode("utf-8", "replace")
                 self._stdout_tail.append(line)
+                self._count_traceback("stdout", raw)
                 if self._url is None and line.startswith(self._ready_prefix):
                     self._url = line.rstrip().rsplit(" ", 1)[-1]
                     self._wake.set()
         self._wake.set()
 
-    @staticmethod
-    def _read_tail(stream: IO[bytes], tail: collections.deque[str]) -> None:
+    def _read_stderr(self, stream: IO[bytes]) -> None:
         with stream:
             for raw in stream:
-                tail.append(raw.decode("utf-8", "replace"))
+                self._stderr_tail.append(raw.decode("utf-8", "replace"))
+                self._count_traceback("stderr", raw)
+
+    def _count_traceback(self, stream: str, raw: bytes) -> None:
+        if raw.lstrip().startswith(TRACEBACK_HEAD):
+            self._tracebacks[stream] += 1
 
 
 class Children:

@@ -7,6 +7,8 @@ asks /healthz every few milliseconds, first on a quiet gateway, then while sende
 those bodies back to back; the report is the probe's latency in each phase and the ratio.
 Then a hostile tenant's cases (tenant.py) on a second gateway with Redis and a tenants file:
 a 50,000-line batch, bodies sent a byte at a time, and the small ones of issue 29.
+The goal of every case: no 5xx answer and no traceback in either gateway's output (both
+counted and reported).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from laneway.api import API_VERSION
-from laneway.bench.harness.procs import Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.summary import Distribution
 from laneway.bench.hostile.fields import ORDERED_MODEL
 from laneway.bench.hostile.tenant import (
@@ -82,9 +84,23 @@ class HostileReport:
     machine: str
     phases: tuple[Phase, ...]
     tenant: TenantReport | None  # None with --batch-lines 0
+    tracebacks: dict[str, int]  # gateway -> Python tracebacks in its stdout and stderr
+
+    @property
+    def server_errors(self) -> int:
+        """5xx answers to any case (the goal is none)."""
+        statuses = [
+            int(s) for phase in self.phases for s, n in phase.statuses.items() for _ in range(n)
+        ]
+        if self.tenant is not None:
+            t = self.tenant
+            statuses += [int(s) for s, n in t.slow_bodies.items() for _ in range(n)]
+            statuses += [int(s.split()[0]) for s in t.small_ones.values()]
+            statuses += [*t.priority.statuses.values(), t.batch.create_status]
+        return sum(1 for status in statuses if status >= 500)
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        return {**asdict(self), "server_errors": self.server_errors}
 
 
 def render(report: HostileReport) -> list[str]:
@@ -105,6 +121,8 @@ def render(report: HostileReport) -> list[str]:
         )
     if report.tenant is not None:
         lines += render_tenant(report.tenant)
+    tracebacks = ", ".join(f"{name} {count}" for name, count in report.tracebacks.items())
+    lines += ["", f"5xx answers: {report.server_errors}; tracebacks logged: {tracebacks}"]
     return lines
 
 
@@ -235,11 +253,13 @@ async def run_bench(seconds: float, senders: int, batch_lines: int, command: str
     from laneway.bench.harness.redis_server import LocalRedis
 
     tenant = None
+    gateways: dict[str, ChildProcess] = {}
     with Children() as children:
         engine = await children.start_laneway_async(
             "sim", ["--host", "127.0.0.1", "--port", "0", "--model", "llama-small"]
         )
         gateway = await start_gateway(children, config_documents(engine.url))
+        gateways["bodies gateway"] = gateway
         phases = await measure(gateway.url, seconds, senders)
         if batch_lines:
             ordered = await children.start_laneway_async("sim", ORDERED_SIM_ARGS, "ordered sim")
@@ -247,9 +267,15 @@ async def run_bench(seconds: float, senders: int, batch_lines: int, command: str
                 flags = ["--redis-url", redis.url, "--tenants", str(write_tenants(Path(directory)))]
                 documents = tenant_documents(engine.url, ordered.url)
                 shared = await start_gateway(children, documents, [*LOOPBACK_ANY_PORT, *flags])
+                gateways["tenant gateway"] = shared
                 tenant = await measure_tenant(
                     shared.url, shared.pid, batch_lines, MODEL, ordered.url
                 )
+    # Counted once they have stopped: every line they printed has been read.
     return HostileReport(
-        command=command, machine=machine_description(), phases=phases, tenant=tenant
+        command=command,
+        machine=machine_description(),
+        phases=phases,
+        tenant=tenant,
+        tracebacks={name: child.tracebacks() for name, child in gateways.items()},
     )

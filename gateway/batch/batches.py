@@ -13,8 +13,8 @@ What a batch's lines mean is pure and lives in lines.py; creating one, in creati
   dispatcher choose whose item runs next (fair share) instead of serving arrival order.
 - `{p}:batch:{id}:result:{index}`: each item's result line, written once (SET NX) together
   with its counter by one Lua script, so a crash between the two cannot happen. Its bytes
-  are charged to the owner's file storage (`{p}:filebytes:{owner}`, field `{id}`) as they
-  are written: they become the output and error files.
+  count in the owner's file storage (`{p}:filebytes:{owner}`, field `{id}`), held before
+  the item runs and settled as it is written: they become the output and error files.
 - `{p}:batches:{tenant}`: the tenant's batches by creation time, for listing, pruned of
   batches past their expiry and itself expiring with the newest; `{p}:batches:active`:
   batches not yet finished, for the finalizing sweep.
@@ -24,7 +24,6 @@ What a batch's lines mean is pure and lives in lines.py; creating one, in creati
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,10 +31,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
-from laneway.gateway.batch import scripts
+from laneway.gateway.batch import outputs, scripts
 from laneway.gateway.batch.files import (
-    OUTPUT_PURPOSE,
-    FileObject,
     FileStore,
     as_bytes,
     as_text,
@@ -55,12 +52,11 @@ from laneway.gateway.batch.lines import (
     batch_json,
     error_line,
     final_status,
-    give_up,
+    quota_exceeded,
 )
 from laneway.gateway.errors import ApiError, not_found
 
 CONSUMER_GROUP = "dispatchers"
-RESULT_CHUNK = 500  # result keys read per round trip when finalizing
 WRITE_CHUNK = 500  # commands per pipeline when creating: no one giant transaction
 # A batch still validating this long after its creation lost the replica creating it.
 VALIDATING_STALE_S = 600
@@ -78,6 +74,8 @@ class BatchStore:
         self._reserve_tokens = redis.register_script(scripts.RESERVE_TOKENS)
         self._release_tokens = redis.register_script(scripts.RELEASE_TOKENS)
         self._claim_retry = redis.register_script(scripts.CLAIM_RETRY)
+        self._start = redis.register_script(scripts.START)
+        self._reserve_bytes = redis.register_script(scripts.RESERVE_BYTES)
 
     @property
     def retention_s(self) -> int:
@@ -154,7 +152,8 @@ class BatchStore:
             await tx.execute()
 
     async def reserve(self, batch_id: str, tenant: str, tokens: int, limit: int) -> int:
-        """-1 when the batch's tokens are reserved; else the tokens already enqueued."""
+        """-1 when the batch's tokens are reserved; -2 when it was cancelled meanwhile (none
+        are); else the tokens already enqueued."""
         keys = [self.enqueued_key(tenant), self.batch_key(batch_id)]
         return int(await self._reserve_tokens(keys=keys, args=[tokens, limit]))
 
@@ -192,19 +191,48 @@ class BatchStore:
                     pipe.xadd(queue, fields)
                 await pipe.execute()
 
-    async def start(self, batch_id: str, now: float, total: int, failed: int, lines: int) -> None:
-        """Validated and queued: the dispatchers may run its items."""
-        await self._redis.hset(
-            self.batch_key(batch_id),
-            mapping={
-                "status": Status.IN_PROGRESS,
-                "in_progress_at": int(now),
-                "total": total,
-                "failed": failed,
-                "settled": failed,
-                "lines": lines,  # result keys are numbered by input line; blanks leave gaps
-            },
-        )
+    async def start(self, batch_id: str, now: float, total: int, failed: int, lines: int) -> bool:
+        """Validated and queued: the dispatchers may run its items. False when it was
+        cancelled meanwhile (it stays cancelling, for `close_cancelled`)."""
+        fields = {
+            "in_progress_at": int(now),
+            "total": total,
+            "failed": failed,
+            "settled": failed,
+            "lines": lines,  # result keys are numbered by input line; blanks leave gaps
+        }
+        args = [value for pair in fields.items() for value in pair]
+        found = await self._start(keys=[self.batch_key(batch_id)], args=args)
+        return found is not None and as_text(found) == Status.VALIDATING
+
+    async def cancelled(self, batch_id: str) -> bool:
+        """Whether a batch still validating has been asked to cancel."""
+        status = await self._redis.hget(self.batch_key(batch_id), "status")
+        return as_bytes(status) == Status.CANCELLING.encode()
+
+    async def close_cancelled(
+        self, batch_id: str, tenant: str, now: float, written: Sequence[int]
+    ) -> None:
+        """A batch cancelled while validating: it ends cancelled with none of its items
+        run, gives its tokens back, and what it had queued or written (the results of
+        lines `written`) goes."""
+        if not await self._redis.exists(self.batch_key(batch_id)):
+            await self._unqueue(batch_id, tenant)  # expired or lost: only its items are left
+            return
+        await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(tenant)])
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.hset(
+                self.batch_key(batch_id),
+                mapping={"status": Status.CANCELLED, "cancelled_at": int(now)},
+            )
+            tx.expire(self.batch_key(batch_id), self.files.ttl_s)
+            tx.srem(self.active_key, batch_id)
+            tx.hdel(self.files.sizes_key(tenant), batch_id)
+            await tx.execute()
+        for start in range(0, len(written), WRITE_CHUNK):
+            keys = [self.result_key(batch_id, i) for i in written[start : start + WRITE_CHUNK]]
+            await self._redis.delete(*keys)
+        await self._unqueue(batch_id, tenant)
 
     async def discard(self, batch_id: str, tenant: str) -> None:
         """Forget a batch refused while validating: it queued nothing, and gives back the
@@ -287,14 +315,15 @@ class BatchStore:
 
     async def cancel(self, batch_id: str, tenant: str, now: float) -> dict[str, object]:
         await self.get(batch_id, tenant)  # 404 unless it is this tenant's
-        # Atomic: a batch that finishes meanwhile must not be turned back to cancelling.
+        # Atomic: a batch that finishes meanwhile must not be turned back to cancelling. A
+        # validating one is closed by its creation, which stops at its next look.
         found = await self._cancel(keys=[self.batch_key(batch_id)], args=[int(now)])
         if found is None:
             raise not_found("batch", batch_id)
         status = as_text(found)
         if status == Status.IN_PROGRESS:
             await self.finalize_if_settled(batch_id, now)
-        elif status not in (Status.CANCELLING, Status.CANCELLED):
+        elif status not in (Status.VALIDATING, Status.CANCELLING, Status.CANCELLED):
             raise ApiError(
                 400,
                 f"Batch {batch_id!r} is {status} and cannot be cancelled",
@@ -312,20 +341,23 @@ class BatchStore:
     async def has_result(self, item: QueuedItem) -> bool:
         return bool(await self._redis.exists(self.result_key(item.batch_id, item.index)))
 
-    async def settle(self, item: QueuedItem, result: Result, now: float) -> bool:
-        """Write an item's result once; False when it already had one (or the batch closed).
+    async def reserve_output(self, item: QueuedItem, size: int) -> int | None:
+        """Hold `size` bytes of the owner's file quota for the item's result before it runs:
+        the bytes held (0 when the batch is no longer running), None when they do not fit
+        (the item fails unrun). A hold that is never settled (the replica died) is dropped
+        with the batch's field when it finalizes."""
+        keys = [self.batch_key(item.batch_id), self.files.sizes_key(item.tenant)]
+        held = int(await self._reserve_bytes(keys=keys, args=[size, item.batch_id]))
+        return None if held < 0 else held
 
-        A result that would take the owner past its file quota is written as a short
-        `file_quota_exceeded` failure instead: the store never grows past the quota by
-        more than those lines."""
-        over_quota = b""
-        if result.line is not None:
-            message = (
-                f"line {item.index + 1}: its result would take tenant {item.tenant}'s file "
-                "storage past its quota (a batch's output and error files count in it): "
-                "delete files, or raise the tenant's maxFileBytes"
-            )
-            over_quota = give_up(item, ItemOutcome.FAILED, "file_quota_exceeded", message).encode()
+    async def settle(self, item: QueuedItem, result: Result, now: float, held: int = 0) -> bool:
+        """Write an item's result once, in place of the `held` bytes `reserve_output` held
+        for it; False when it already had one (or the batch closed).
+
+        A result that would still take the owner past its file quota (larger than held)
+        is written as a short `file_quota_exceeded` failure instead: the store never grows
+        past the quota by more than those lines."""
+        over_quota = b"" if result.line is None else quota_exceeded(item).encode()
         written, settled, total = await self._settle(
             keys=[
                 self.result_key(item.batch_id, item.index),
@@ -340,6 +372,7 @@ class BatchStore:
                 over_quota,
                 RESULT_TTL_S,
                 item.batch_id,
+                held,
             ],
         )
         if written and settled >= total:
@@ -348,16 +381,21 @@ class BatchStore:
 
     async def finalize_if_settled(self, batch_id: str, now: float) -> None:
         values = await self._redis.hmget(
-            self.batch_key(batch_id), ["status", "settled", "total", "meta"]
+            self.batch_key(batch_id), ["status", "settled", "total", "meta", "in_progress_at"]
         )
         if values[0] is None:
             await self._redis.srem(self.active_key, batch_id)
             return
         status, settled, total = as_text(values[0]), int(values[1] or 0), int(values[2] or 0)
-        if status == Status.VALIDATING:
+        if status == Status.VALIDATING or (status == Status.CANCELLING and values[4] is None):
+            # Still being created (or cancelled while it was): its creation finishes it.
             meta = json.loads(as_text(values[3]))
-            if now - float(meta["created_at"]) > VALIDATING_STALE_S:
-                # The replica creating it died: nothing will finish it.
+            if now - float(meta["created_at"]) <= VALIDATING_STALE_S:
+                return
+            # The replica creating it died: nothing will finish it.
+            if status == Status.CANCELLING:
+                await self.close_cancelled(batch_id, meta["owner"], now, written=[])
+            else:
                 why = "The gateway replica validating this batch stopped: create it again"
                 await self.fail(batch_id, meta["owner"], now, why)
         elif status not in FINISHED and settled >= total:
@@ -370,28 +408,17 @@ class BatchStore:
             await self.finalize_if_settled(as_text(raw), now)
 
     async def finalize(self, batch_id: str, now: float) -> None:
-        """Write the output and error files and close the batch; one replica at a time."""
+        """Write the output and error files (outputs.py) and close the batch; one replica
+        at a time."""
         lock = f"{self.batch_key(batch_id)}:finalizing"
         if not await self._redis.set(lock, b"1", nx=True, px=60_000):
             return  # another replica is at it; if it dies, the lock expires and a sweep retries
         record = await self._record(batch_id)
         if record is None or record["status"] in FINISHED:
             return
-        meta = record["meta"]
-        owner = meta["owner"]
-        total = int(record["total"])
-        # The output file holds the completed items' lines, the error file every other's.
-        files: dict[str, list[bytes]] = {"output": [], "errors": []}
+        owner = record["meta"]["owner"]
         result_keys = [self.result_key(batch_id, i) for i in range(int(record["lines"]))]
-        for start in range(0, len(result_keys), RESULT_CHUNK):
-            for raw in await self._redis.mget(result_keys[start : start + RESULT_CHUNK]):
-                encoded = as_bytes(raw)
-                if encoded is None:
-                    continue  # a blank input line: no item
-                outcome, line = Result.split(encoded)
-                if line is not None:
-                    files["output" if outcome is ItemOutcome.COMPLETED else "errors"].append(line)
-        assert sum(len(lines) for lines in files.values()) <= total
+        staged = await outputs.stage(self._redis, self.files, batch_id, result_keys)
         status, stamp = final_status(record)
         fields: dict[FieldT, EncodableT] = {
             "status": status,
@@ -401,23 +428,10 @@ class BatchStore:
         # Every item has settled, so nothing else moves the batch's tokens now.
         await self._release_tokens(keys=[self.batch_key(batch_id), self.enqueued_key(owner)])
         async with self._redis.pipeline(transaction=True) as tx:
-            for kind, lines in files.items():
-                if not lines:
-                    continue
-                content = b"".join(line + b"\n" for line in lines)
-                # Derived from the batch, so a second finalizing run rewrites the same files.
-                file = FileObject(
-                    id=f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{kind}').hex}",
-                    bytes=len(content),
-                    created_at=int(now),
-                    filename=f"{batch_id}_{kind}.jsonl",
-                    purpose=OUTPUT_PURPOSE,
-                    owner=owner,
-                    expires_at=int(now) + self.files.ttl_s,
-                )
+            for file in staged:
                 # The results were charged as they were written; the files take their place.
-                self.files.put_in(tx, file, content)
-                fields["output_file_id" if kind == "output" else "error_file_id"] = file.id
+                outputs.commit(tx, self.files, file, batch_id, owner, now)
+                fields[outputs.KINDS[file.kind]] = file.file_id
             tx.hdel(self.files.sizes_key(owner), batch_id)
             tx.hset(self.batch_key(batch_id), mapping=fields)
             tx.expire(self.batch_key(batch_id), self.files.ttl_s)
@@ -425,8 +439,8 @@ class BatchStore:
             await tx.execute()
         # Apart from the transaction and a chunk at a time: one DEL of 50,000 keys is
         # encoded on the event loop in one go. A run cut off here leaves keys that expire.
-        for start in range(0, len(result_keys), RESULT_CHUNK):
-            await self._redis.delete(*result_keys[start : start + RESULT_CHUNK])
+        for start in range(0, len(result_keys), outputs.RESULT_CHUNK):
+            await self._redis.delete(*result_keys[start : start + outputs.RESULT_CHUNK])
 
     # ---- the dispatcher's side ----
 
@@ -481,16 +495,6 @@ class BatchStore:
             await tx.execute()
 
     def _item(self, stream: object, entry: Any) -> QueuedItem:
-        entry_id, fields = entry
-        values = {as_text(k): v for k, v in fields.items()}
-        stream_name = as_text(stream)
-        return QueuedItem(
-            stream=stream_name,
-            entry_id=as_text(entry_id),
-            tenant=stream_name.removeprefix(self.queue_key("")),
-            batch_id=as_text(values["batch"]),
-            index=int(values["index"]),
-            custom_id=as_text(values["custom_id"]),
-            endpoint=as_text(values["endpoint"]),
-            body=as_bytes(values["body"]) or b"{}",
-        )
+        name = as_text(stream)
+        tenant = name.removeprefix(self.queue_key(""))
+        return QueuedItem.from_entry(name, tenant, as_text(entry[0]), entry[1])

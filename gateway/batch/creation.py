@@ -8,6 +8,11 @@ batch is `in_progress`, dispatchers wait for it; a creation that fails part way 
 the request cancelled) fails the batch, takes its queued items back out and returns its
 tokens, and one whose replica died is failed by the next sweep.
 
+A batch can be cancelled while it validates (OpenAI's semantics): the cancel marks it
+`cancelling`; its creation sees that at its next look (every CHECK_SLICES slices, before
+reserving tokens, and as it would start), stops parsing, takes back what it queued or
+wrote, returns its tokens and closes it `cancelled`, none of its items run.
+
 A create is idempotent: a client that retries after a timeout gets the same batch, still
 `validating` if the first try is still at it. The retry is recognised by its
 `Idempotency-Key` header when it sends one (for 24 hours), else by the same input file,
@@ -20,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +44,7 @@ from laneway.gateway.batch.lines import (
     line_count,
     slices,
 )
+from laneway.gateway.batch.scripts import RESERVE_CANCELLED
 from laneway.gateway.errors import ApiError, bad_request
 from laneway.gateway.state.settings import FileQuota
 
@@ -47,6 +55,8 @@ SAME_REQUEST_RETRY_S = 600  # as long as the same create finds it without a key
 # input, a few milliseconds.
 SLICE_LINES = 200
 SLICE_BYTES = 256 * 1024
+# How often parsing looks whether the batch was cancelled: every 10 slices, 2,000 lines.
+CHECK_SLICES = 10
 
 
 @dataclass(frozen=True)
@@ -95,17 +105,26 @@ def check_size(content: bytes) -> None:
         )
 
 
-async def validate(content: bytes, endpoint: str) -> Validated:
+class Cancelled(Exception):
+    """The batch was cancelled while it validated."""
+
+
+async def validate(
+    content: bytes, endpoint: str, cancelled: Callable[[], Awaitable[bool]] | None = None
+) -> Validated:
     """Every line parsed on the event loop a bounded slice at a time, other requests served
     between slices. Not in a worker thread: parsing is Python code that holds the GIL, and
-    the loop then waits up to a switch interval (5 ms) for every step it takes."""
+    the loop then waits up to a switch interval (5 ms) for every step it takes.
+    Cancelled when `cancelled` says so, asked every CHECK_SLICES slices."""
     parser = LineParser(endpoint)
     entries: list[Entry] = []
     errors: list[LineError] = []
-    for first, lines in slices(content, SLICE_LINES, SLICE_BYTES):
+    for number, (first, lines) in enumerate(slices(content, SLICE_LINES, SLICE_BYTES), 1):
         good, bad = parser.parse(lines, first)
         entries += good
         errors += bad
+        if cancelled is not None and number % CHECK_SLICES == 0 and await cancelled():
+            raise Cancelled
         await asyncio.sleep(0)
     last = max([-1, *(e.index for e in entries[-1:]), *(e.index for e in errors[-1:])])
     return Validated(entries=entries, errors=errors, lines=last + 1)
@@ -169,12 +188,14 @@ async def _fill(
     check_size(content)
     await store.open(meta, file_quota.bytes, now)
     try:
-        validated = await validate(content, endpoint)
+        validated = await validate(content, endpoint, lambda: store.cancelled(batch_id))
         del content  # only the encoded bodies are kept from here on
         if not validated.entries and not validated.errors:
             raise bad_request("The input file holds no requests")
         tokens = validated.tokens
         enqueued = await store.reserve(batch_id, tenant, tokens, token_limit)
+        if enqueued == RESERVE_CANCELLED:
+            raise Cancelled
         if enqueued >= 0:
             raise ApiError(
                 429,
@@ -183,6 +204,9 @@ async def _fill(
                 "to finish",
                 "batch_queue_full",
             )
+    except Cancelled:
+        await asyncio.shield(store.close_cancelled(batch_id, tenant, time.time(), written=[]))
+        return
     except BaseException:
         # Refused (or interrupted) before it queued anything: no batch at all.
         await asyncio.shield(store.discard(batch_id, tenant))
@@ -190,7 +214,7 @@ async def _fill(
     try:
         await store.write_errors(batch_id, tenant, validated.errors)
         await store.enqueue(batch_id, tenant, endpoint, validated.entries)
-        await store.start(
+        started = await store.start(
             batch_id,
             now,
             total=len(validated.entries) + len(validated.errors),
@@ -201,5 +225,9 @@ async def _fill(
         why = f"Creating the batch was interrupted ({type(error).__name__}): create it again"
         await asyncio.shield(store.fail(batch_id, tenant, now, why))
         raise
+    if not started:
+        written = [error.index for error in validated.errors]
+        await asyncio.shield(store.close_cancelled(batch_id, tenant, time.time(), written))
+        return
     if not validated.entries:
         await store.finalize(batch_id, now)

@@ -30,7 +30,9 @@ from laneway.gateway.batch.lines import (
     Result,
     Status,
     give_up,
+    quota_exceeded,
     response_line,
+    result_bound,
 )
 from laneway.gateway.serving.request_body import LANE_HEADER
 from laneway.gateway.state.metrics import StateMetrics
@@ -179,9 +181,10 @@ class Dispatcher:
 
     async def _process(self, item: QueuedItem) -> None:
         try:
-            result = await self._result_for(item)
-            if result is not None:
-                written = await self._store.settle(item, result, self._clock())
+            found = await self._result_for(item)
+            if found is not None:
+                result, held = found
+                written = await self._store.settle(item, result, self._clock(), held)
                 if written and self._metrics is not None:
                     self._metrics.batch_items.labels(result.outcome.value).inc()
             await self._store.ack(item)
@@ -194,10 +197,12 @@ class Dispatcher:
         else:
             self._held.pop(item.entry_id, None)
 
-    async def _result_for(self, item: QueuedItem) -> Result | None:
-        """None when another replica already wrote this item's result."""
+    async def _result_for(self, item: QueuedItem) -> tuple[Result, int] | None:
+        """The item's result and the bytes of file quota held for it; None when another
+        replica already wrote it (or its batch is gone or failed)."""
         if await self._store.has_result(item):
             return None
+        held: int | None = None  # the file quota held for its result, once it is
         failures: list[str] = []
         while True:
             # Checked before every try: a batch cancelled or expired meanwhile stops here.
@@ -212,12 +217,18 @@ class Dispatcher:
             if status is Status.FAILED:
                 return None  # its creation failed: the item is dropped unrun
             if status in (Status.CANCELLING, Status.CANCELLED):
-                return Result(outcome=ItemOutcome.SKIPPED, line=None)
+                return Result(outcome=ItemOutcome.SKIPPED, line=None), held or 0
             if self._clock() > expires_at:
-                return give_up(item, ItemOutcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
+                expired = give_up(item, ItemOutcome.EXPIRED, "batch_expired", EXPIRED_MESSAGE)
+                return expired, held or 0
+            if held is None:
+                # Its result's room in the owner's file quota, before it costs engine time.
+                held = await self._store.reserve_output(item, result_bound(item))
+                if held is None:
+                    return quota_exceeded(item), 0
             answer = await self._try(item)
             if isinstance(answer, Result):
-                return answer
+                return answer, held
             if self._stopping:
                 raise _HandOver  # no more tries here: another replica takes the item
             if isinstance(answer, str):
@@ -227,7 +238,10 @@ class Dispatcher:
                         f"line {item.index + 1}: the batch lane failed "
                         f"{len(failures)} times, last: {failures[-1]}"
                     )
-                    return give_up(item, ItemOutcome.FAILED, "batch_lane_unreachable", message)
+                    unreachable = give_up(
+                        item, ItemOutcome.FAILED, "batch_lane_unreachable", message
+                    )
+                    return unreachable, held
                 await asyncio.sleep(self._settings.retry_backoff_s * len(failures))
             else:
                 await asyncio.sleep(answer)  # saturated: wait as long as it says, no limit

@@ -342,8 +342,60 @@ class QueuedItem:
     def cost(self) -> int:
         return item_cost(self.body)
 
+    @staticmethod
+    def from_entry(
+        stream: str, tenant: str, entry_id: str, fields: Mapping[bytes, bytes]
+    ) -> QueuedItem:
+        """An item from its tenant's stream: the entry's fields as Redis returns them."""
+        return QueuedItem(
+            stream=stream,
+            entry_id=entry_id,
+            tenant=tenant,
+            batch_id=fields[b"batch"].decode(),
+            index=int(fields[b"index"]),
+            custom_id=fields[b"custom_id"].decode(),
+            endpoint=fields[b"endpoint"].decode(),
+            body=fields[b"body"] or b"{}",
+        )
+
 
 def give_up(item: QueuedItem, outcome: ItemOutcome, code: str, message: str) -> Result:
     """The result of an item that never got an HTTP answer it could keep."""
     error = LineError(index=item.index, custom_id=item.custom_id, code=code, message=message)
     return Result(outcome=outcome, line=error_line(item.batch_id, error))
+
+
+def quota_exceeded(item: QueuedItem) -> Result:
+    """The failure of an item whose result would not fit its owner's file quota."""
+    message = (
+        f"line {item.index + 1}: its result would take tenant {item.tenant}'s file "
+        "storage past its quota (a batch's output and error files count in it): "
+        "delete files, or raise the tenant's maxFileBytes"
+    )
+    return give_up(item, ItemOutcome.FAILED, "file_quota_exceeded", message)
+
+
+# What bounds a result line's size before its item runs: the line's JSON around the
+# completion (ids, usage, finish reason: about 500 bytes from vLLM or the simulator, with
+# room), and at most max_tokens tokens of text per choice at about 4 bytes each (a token's
+# text is 4 characters on average in English; longer tokens or escapes make it an
+# estimate, which settling backs by the real size).
+RESULT_ENVELOPE_BYTES = 800
+BYTES_PER_TOKEN = 4
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def result_bound(item: QueuedItem) -> int:
+    """About the most bytes the item's result line takes: its envelope, and its request's
+    max_tokens bound (times `n` choices); without a bound, the envelope alone."""
+    try:
+        body = json.loads(item.body)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return RESULT_ENVELOPE_BYTES
+    limits = [v for f in MAX_TOKENS_FIELDS if isinstance(v := body.get(f), int) and v > 0]
+    choices = body.get("n")
+    choices = choices if isinstance(choices, int) and choices > 0 else 1
+    tokens = min(limits) * choices if limits else 0
+    return RESULT_ENVELOPE_BYTES + 2 * len(item.custom_id.encode()) + tokens * BYTES_PER_TOKEN
