@@ -357,7 +357,7 @@ class _ClientWrites:
     def __init__(self, exchange: Exchange, response: web.StreamResponse) -> None:
         self._outcome = exchange.outcome
         self._request = exchange.request
-        self.response = self._response = response
+        self.response = response
         self._loop = asyncio.get_running_loop()
         self._deadline_s = exchange.path.settings.clients.write_timeout_millis / 1000
         self._blocked_since: float | None = None
@@ -366,15 +366,15 @@ class _ClientWrites:
 
     async def start(self) -> bool:
         """Send the stream's head; False when the client is gone."""
-        return await self._under_deadline(self._response.prepare(self._request))
+        return await self._under_deadline(self.response.prepare(self._request))
 
     async def write(self, chunk: bytes) -> bool:
         """Write `chunk`, waiting while the client's buffer is full; False when it is gone."""
-        return await self._under_deadline(self._response.write(chunk))
+        return await self._under_deadline(self.response.write(chunk))
 
     async def end(self) -> None:
         """The stream's end, under the deadline while it waits for the client to read."""
-        await self._under_deadline(self._response.write_eof())
+        await self._under_deadline(self.response.write_eof())
 
     async def _under_deadline(self, write: Awaitable[object]) -> bool:
         self._blocked_since = now = self._loop.time()
