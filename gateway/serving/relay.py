@@ -20,7 +20,7 @@ from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admitting import no_endpoint
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.engine_body import engine_body
-from laneway.gateway.serving.engine_usage import engine_prompt_tokens
+from laneway.gateway.serving.engine_usage import NO_USAGE, engine_usage
 from laneway.gateway.serving.first_token import FirstTokenWatch, content_events_of
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
@@ -82,6 +82,8 @@ async def forward(exchange: Exchange) -> web.StreamResponse:
     while candidate is not None:
         sent = path.ledger.sent(exchange.ticket, path.clock(), candidate)
         path.load_changed()
+        if exchange.outcome.reclaimed:
+            exchange.outcome.resends += 1
         try:
             return await _reclaimable(exchange, _attempt(exchange, sent, served, body))
         except UpstreamFailed as failure:
@@ -167,11 +169,9 @@ async def _whole_answer(
         detail = body[:300].decode("utf-8", "replace")
         raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
     path.metrics.overhead.request.observe(sent.own_s)
-    engine_count = (
-        engine_prompt_tokens(body)
-        if upstream.status == 200 and exchange.parsed.sequences == 1
-        else None
-    )
+    usage = engine_usage(body) if upstream.status == 200 else NO_USAGE
+    engine_count = usage.prompt_tokens if exchange.parsed.sequences == 1 else None
+    outcome.cached_tokens = usage.cached_tokens
     if upstream.status == 200 and exchange.parsed.endpoint is Endpoint.RESPONSES:
         outcome.made = made_by_answer(body)
     if rename := rewriter(served, exchange.parsed.model):
