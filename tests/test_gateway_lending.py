@@ -326,10 +326,16 @@ async def test_the_batches_api_runs_its_items_on_the_lent_replica(
 
 
 async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attempt(
-    servers: Servers, tmp_path: Path
+    servers: Servers,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Its client has had nothing but the stream's head: the gateway resends the document
-    and relays the second attempt's tokens into the same stream."""
+    and relays the second attempt's tokens into the same stream. Its count of prefill
+    computed twice is the bound: the whole prompt, since the gateway saw neither how far the
+    ended attempt got nor (no usage asked for) what the resend found cached."""
+    caplog.set_level(logging.INFO, logger="laneway.gateway.requests")
     engines = [
         await servers.sim("llama-long", "--time-scale", "1", "--max-context", str(CONTEXT))
         for _ in range(2)
@@ -384,6 +390,9 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
         texts = await asyncio.wait_for(doc, 180)
         assert len([t for t in texts if t]) == 4  # the second attempt's tokens, once each
         assert await count(borrowed_url, "vllm:prefix_cache_hits_total") > 0
+        line = await logged_line(capsys, "batch")
+        assert line["requeued"] == 1
+        assert line["recomputed_prompt_tokens"] == line["prompt_tokens"] > 0
     finally:
         doc.cancel()
         if chat_a is not None:
