@@ -27,7 +27,12 @@ from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 from support.tiny_tokenizer import prompts, train_tokenizer
 
-from laneway.gateway.serving.engine_usage import EngineUsage, engine_prompt_tokens, engine_usage
+from laneway.gateway.serving.engine_usage import (
+    EngineUsage,
+    StreamUsageWatch,
+    engine_prompt_tokens,
+    engine_usage,
+)
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer
 
 ENGINE_COUNT = 4321  # what the scripted engines report, far from any gateway count here
@@ -81,6 +86,22 @@ def test_the_engines_cached_count_is_read_from_its_answer(
     answer: bytes, expected: EngineUsage
 ) -> None:
     assert engine_usage(answer) == expected
+
+
+def test_a_streams_usage_event_is_read_across_chunk_breaks() -> None:
+    events = (
+        b'data: {"choices":[{"text":"a"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":40,'
+        b'"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n'
+    )
+    for cut in range(1, len(events)):
+        watch = StreamUsageWatch()
+        watch.feed(events[:cut])
+        watch.feed(events[cut:])
+        assert watch.usage == EngineUsage(40, 32), cut
+    watch = StreamUsageWatch()
+    watch.feed(b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n')
+    assert watch.usage == EngineUsage(None, None)  # no usage asked for
 
 
 def chat_body(text: str, stream: bool = False) -> dict[str, Any]:

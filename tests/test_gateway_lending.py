@@ -325,7 +325,9 @@ async def test_the_batches_api_runs_its_items_on_the_lent_replica(
         await api.close()
 
 
+@pytest.mark.parametrize("usage", [False, True], ids=["no usage asked", "usage asked"])
 async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attempt(
+    usage: bool,
     servers: Servers,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -333,8 +335,9 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
 ) -> None:
     """Its client has had nothing but the stream's head: the gateway resends the document
     and relays the second attempt's tokens into the same stream. Its count of prefill
-    computed twice is the bound: the whole prompt, since the gateway saw neither how far the
-    ended attempt got nor (no usage asked for) what the resend found cached."""
+    computed twice is the bound, the ended attempt taken to have prefilled the whole prompt:
+    the whole prompt again where the resend's stream reports no usage, less the tokens its
+    engine found cached where it does."""
     caplog.set_level(logging.INFO, logger="laneway.gateway.requests")
     engines = [
         await servers.sim("llama-long", "--time-scale", "1", "--max-context", str(CONTEXT))
@@ -352,15 +355,16 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
     await eventually(one_lent, "the idle replica lent to the batch pool")
     (borrowed_url,) = lent(ledger)
 
-    async def document() -> list[str]:
+    async def document() -> list[Any]:
         stream = await api.completions.create(
             model="llama",
             prompt=LONG_DOCUMENT,
             max_tokens=4,
             stream=True,
+            stream_options={"include_usage": True} if usage else None,
             extra_headers={"x-laneway-lane": "batch"},
         )
-        return [chunk.choices[0].text async for chunk in stream if chunk.choices]
+        return [chunk async for chunk in stream]
 
     doc = asyncio.create_task(document())
     chat_a = None
@@ -387,12 +391,19 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
         assert answer.choices[0].message.content
         reason = {"finished_reason": "abort"}
         assert await count(borrowed_url, "vllm:request_success_total", **reason) == 1
-        texts = await asyncio.wait_for(doc, 180)
+        chunks = await asyncio.wait_for(doc, 180)
+        texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
         assert len([t for t in texts if t]) == 4  # the second attempt's tokens, once each
         assert await count(borrowed_url, "vllm:prefix_cache_hits_total") > 0
         line = await logged_line(capsys, "batch")
         assert line["requeued"] == 1
-        assert line["recomputed_prompt_tokens"] == line["prompt_tokens"] > 0
+        cached = 0
+        if usage:
+            (reported,) = [chunk.usage for chunk in chunks if chunk.usage is not None]
+            assert reported.prompt_tokens_details is not None
+            cached = reported.prompt_tokens_details.cached_tokens or 0
+            assert cached > 0  # the blocks the ended attempt prefilled
+        assert line["recomputed_prompt_tokens"] == line["prompt_tokens"] - cached > 0
     finally:
         doc.cancel()
         if chat_a is not None:

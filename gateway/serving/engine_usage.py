@@ -14,6 +14,8 @@ much of the prompt the engine took from its prefix cache: vLLM reports it with
 flag), SGLang with `--enable-cache-report` (only when above 0: its `_details_if_cached` in
 entrypoints/openai/usage_processor.py), `laneway sim` always. The operator renders both
 flags; a reclaimed request's count of prefill computed twice reads it (`recompute.py`).
+A stream carries its usage in an event of its own, where its client asked for one
+(`StreamUsageWatch`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class EngineUsage:
 
 
 NO_USAGE = EngineUsage(prompt_tokens=None, cached_tokens=None)
+USAGE = b'"usage"'
 
 
 def engine_usage(answer: bytes) -> EngineUsage:
@@ -49,6 +52,30 @@ def engine_usage(answer: bytes) -> EngineUsage:
         prompt_tokens=_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
         cached_tokens=_count(cached),
     )
+
+
+class StreamUsageWatch:
+    """The usage a stream's engine reports in an event of its own (the client asked for it
+    with `stream_options.include_usage`), fed the stream's chunks in order. Only chunks
+    holding `"usage"` are parsed; of the others, the start of a line whose end has not come
+    is kept."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.usage = NO_USAGE  # the last usage event's, once one came
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk if self._partial else chunk
+        if USAGE not in data:  # most events
+            self._partial = data[data.rfind(b"\n") + 1 :]
+            return
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if USAGE in line and line.startswith(b"data:"):
+                usage = engine_usage(line[5:])
+                if usage.prompt_tokens is not None:
+                    self.usage = usage
 
 
 def engine_prompt_tokens(answer: bytes) -> int | None:

@@ -15,11 +15,11 @@ token of an attempt it resends (a non-streaming answer shows none before it is w
 stream is resent only while its client has had nothing but the stream's head). So every
 ended attempt is taken to have prefilled the whole prompt, and each resend's prefill counts
 whole: its prompt less its cached tokens where its answer told them, its whole prompt where
-it did not (a resend ended again, failed, or a stream: its usage comes in its last event,
-which the relay does not read). The count is an upper bound: exact where the reclaim came
-after the ended attempt's prefill (a document decoding, the common case: a long prompt's
-decode outlasts its prefill), over by the part of the prompt an attempt ended in its
-prefill never reached.
+it did not (a resend ended again or failed, a stream whose client asked for no usage; a
+stream's prompt is the gateway's count, an answer's the engine's). The count is an upper
+bound: exact where the reclaim came after the ended attempt's prefill (a document decoding,
+the common case: a long prompt's decode outlasts its prefill), over by the part of the
+prompt an attempt ended in its prefill never reached.
 
 The virtual runner counts exactly, from the prompt positions each attempt prefilled
 (simulator/recompute.py), into the same log field.
