@@ -101,6 +101,14 @@ class GatewayMetrics:
             ("endpoint",),
             registry=self.registry,
         )
+        self.recomputed_prompt_tokens = Counter(
+            "laneway_gateway_recomputed_prompt_tokens",
+            "Prompt tokens that reclaimed requests' resends prefilled again, at most: each "
+            "resend's prompt less what its engine reported cached (the gateway cannot see how "
+            "far an ended attempt prefilled, so it takes the whole prompt), by pool",
+            ("pool",),
+            registry=self.registry,
+        )
         self.overhead = GatewayOverhead()
         self.registry.register(self.overhead)
         for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):

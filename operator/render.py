@@ -130,6 +130,10 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             *("--max-num-seqs", str(limits.max_concurrent_requests)),
             *("--max-num-batched-tokens", str(prefill.token_budget)),
             *("--scheduling-policy", spec.scheduling.policy.value),
+            # `usage.prompt_tokens_details.cached_tokens` in every answer: how much of the
+            # prompt the prefix cache held, which the gateway's count of prefill computed
+            # twice after a reclaim reads (gateway/serving/recompute.py).
+            "--enable-prompt-tokens-details",
         ]
         # No --max-num-partial-prefills: V1 refuses any value but its default at start-up,
         # and v0.27 removed the flag (spec validation keeps maxPartialPrefills at 1).
@@ -153,6 +157,7 @@ def engine_command(pool: InferencePool) -> EngineCommand:
             # -1 is SGLang's way to turn chunked prefill off.
             *("--chunked-prefill-size", str(prefill.chunk_size if prefill.chunked_prefill else -1)),
             "--enable-metrics",
+            "--enable-cache-report",  # SGLang's --enable-prompt-tokens-details (above)
         ]
         if prefill.chunked_prefill:
             # Without it SGLang runs prefill chunks and decodes in separate steps, and a

@@ -8,7 +8,8 @@ event clock by it, the HTTP server sleeps it (divided by the time scale).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
 from laneway.simulator.prefix_cache import NO_HIT, PrefixCache, PrefixHit
@@ -39,6 +40,8 @@ class StepOutcome:
     first_tokens: tuple[str, ...]  # of those, the ones whose token is their first
     finished: tuple[str, ...]  # request ids that produced their last token in this step
     prefilled: tuple[str, ...] = ()  # the request id of each of `work.prefill`'s chunks
+    # Of `admitted`, those that found prompt tokens in the prefix cache: how many.
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ class EngineCore:
             first_tokens=first_tokens,
             finished=finished,
             prefilled=tuple(rid for rid, _ in plan.prefill),
+            cached_tokens={rid: hit.blocks * KV_BLOCK_TOKENS for rid, hit in plan.cached},
         )
 
     def _lookup(self, seq: RequestState) -> PrefixHit:

@@ -262,11 +262,15 @@ async def parse_generation(
 # -- responses ---------------------------------------------------------------------------
 
 
-def _usage(parsed: GenerationRequest, completion_tokens: int) -> dict[str, int]:
+def _usage(parsed: GenerationRequest, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """vLLM's usage with --enable-prompt-tokens-details: how many prompt tokens the prefix
+    cache held is reported, 0 included (`_make_prompt_tokens_details` in vLLM's
+    entrypoints/openai/chat_completion/serving.py; completion/serving.py the same)."""
     return {
         "prompt_tokens": parsed.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": parsed.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -303,14 +307,14 @@ class Reply:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
         return {**self.envelope(True), "choices": [choice]}
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         return {
             **self.envelope(True),
             "choices": [],
-            "usage": _usage(self.parsed, completion_tokens),
+            "usage": _usage(self.parsed, completion_tokens, cached_tokens),
         }
 
-    def whole(self, completion_tokens: int) -> dict[str, Any]:
+    def whole(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         text = "".join(output_word(i) for i in range(completion_tokens))
         if self.parsed.endpoint == "completions":
             choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
@@ -319,4 +323,4 @@ class Reply:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": "length"}  # fmt: skip
         return {**self.envelope(False), "choices": [choice],
-                "usage": _usage(self.parsed, completion_tokens)}  # fmt: skip
+                "usage": _usage(self.parsed, completion_tokens, cached_tokens)}  # fmt: skip

@@ -23,6 +23,7 @@ MAX_LAG_S = 0.01  # wall seconds the step clock may fall behind before it resets
 class TokenEvent:
     index: int  # 0 for the first output token
     last: bool
+    cached_tokens: int  # of the prompt, found in the prefix cache (its usage reports them)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class _Tracked:
     prompt_token_ids: Sequence[int]  # what KV events describe stored blocks with
     emitted: int = 0
     last_token: float = 0.0
+    cached_tokens: int = 0
 
 
 class RealTimeEngine:
@@ -139,6 +141,7 @@ class RealTimeEngine:
         for rid in outcome.admitted:
             if (tracked := self._tracked.get(rid)) is not None:
                 self.metrics.admitted(now - tracked.arrived)
+                tracked.cached_tokens = outcome.cached_tokens.get(rid, 0)
         finished = set(outcome.finished)
         # vLLM's vllm:iteration_tokens_total as vLLM counts it (v1/metrics/stats.py,
         # IterationStats): per step that emits tokens, those tokens plus the whole prompt of
@@ -155,7 +158,10 @@ class RealTimeEngine:
             else:
                 self.metrics.next_token(now - tracked.last_token)
             last = rid in finished
-            tracked.stream.put_nowait(TokenEvent(index=tracked.emitted, last=last))
+            event = TokenEvent(
+                index=tracked.emitted, last=last, cached_tokens=tracked.cached_tokens
+            )
+            tracked.stream.put_nowait(event)
             tracked.emitted += 1
             tracked.last_token = now
             if last:

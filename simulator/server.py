@@ -76,9 +76,10 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    emitted = 0
+    emitted, cached = 0, 0
     while True:
         event = await events.get()
+        cached = event.cached_tokens
         if emitted == 0 and reply.parsed.endpoint == "chat":
             # The role chunk goes out with the first output, not on arrival: vLLM sends it in
             # the first pass of its loop over engine outputs (`chat_completion_stream_generator`
@@ -90,7 +91,7 @@ async def _stream(
         if event.last:
             break
     if reply.parsed.include_usage:
-        await _sse(response, reply.usage_chunk(emitted))
+        await _sse(response, reply.usage_chunk(emitted, cached))
     await _sse(response, "[DONE]")
     await response.write_eof()
     return response
@@ -127,10 +128,10 @@ async def _generate(request: web.Request, endpoint: ApiRoute) -> web.StreamRespo
     try:
         if parsed.stream:
             return await _stream(request, reply, events)
-        emitted = 0
-        while not (await events.get()).last:
+        emitted = 1
+        while not (event := await events.get()).last:
             emitted += 1
-        return web.json_response(reply.whole(emitted + 1))
+        return web.json_response(reply.whole(emitted, event.cached_tokens))
     finally:
         # A no-op once the request has finished; frees the engine when the client left.
         engine.abort(reply.request_id)

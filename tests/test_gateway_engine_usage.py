@@ -27,7 +27,12 @@ from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 from support.tiny_tokenizer import prompts, train_tokenizer
 
-from laneway.gateway.serving.engine_usage import engine_prompt_tokens
+from laneway.gateway.serving.engine_usage import (
+    EngineUsage,
+    StreamUsageWatch,
+    engine_prompt_tokens,
+    engine_usage,
+)
 from laneway.tokens import ChatMessage, HuggingFaceTokenizer, count_chat, default_tokenizer
 
 ENGINE_COUNT = 4321  # what the scripted engines report, far from any gateway count here
@@ -55,6 +60,48 @@ ENGINE_COUNT = 4321  # what the scripted engines report, far from any gateway co
 )
 def test_the_engines_count_is_read_from_its_answer(answer: bytes, expected: int | None) -> None:
     assert engine_prompt_tokens(answer) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        # (a JSON answer, the prompt and cached counts taken from it)
+        (b'{"usage": {"prompt_tokens": 17, "prompt_tokens_details": {"cached_tokens": 16}}}',
+         EngineUsage(17, 16)),  # vLLM --enable-prompt-tokens-details, SGLang --enable-cache-report
+        (b'{"usage": {"prompt_tokens": 17, "prompt_tokens_details": {"cached_tokens": 0}}}',
+         EngineUsage(17, 0)),
+        # vLLM without the flag; SGLang with it when nothing was cached
+        (b'{"usage": {"prompt_tokens": 17, "prompt_tokens_details": null}}',
+         EngineUsage(17, None)),
+        (b'{"usage": {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 8}}}',
+         EngineUsage(9, 8)),  # a response
+        (b'{"usage": {"prompt_tokens": 17, "prompt_tokens_details": {"cached_tokens": -1}}}',
+         EngineUsage(17, None)),
+        (b'{"usage": {"prompt_tokens": 17, "prompt_tokens_details": [16]}}',
+         EngineUsage(17, None)),
+        (b'{"choices": []}', EngineUsage(None, None)),
+    ],
+)  # fmt: skip
+def test_the_engines_cached_count_is_read_from_its_answer(
+    answer: bytes, expected: EngineUsage
+) -> None:
+    assert engine_usage(answer) == expected
+
+
+def test_a_streams_usage_event_is_read_across_chunk_breaks() -> None:
+    events = (
+        b'data: {"choices":[{"text":"a"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":40,'
+        b'"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n'
+    )
+    for cut in range(1, len(events)):
+        watch = StreamUsageWatch()
+        watch.feed(events[:cut])
+        watch.feed(events[cut:])
+        assert watch.usage == EngineUsage(40, 32), cut
+    watch = StreamUsageWatch()
+    watch.feed(b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n')
+    assert watch.usage == EngineUsage(None, None)  # no usage asked for
 
 
 def chat_body(text: str, stream: bool = False) -> dict[str, Any]:

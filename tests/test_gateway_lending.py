@@ -2,7 +2,8 @@
 lending pool lends its idle replica to the batch pool, a document runs there, chat demand
 takes the replica back (the engine aborts the document: the gateway closed its upstream
 request), chat is served there, and the document, requeued, is sent again once a replica is
-lent again and completes, hitting the prefix its first attempt left in that engine's cache.
+lent again and completes, hitting the prefix its first attempt left in that engine's cache;
+the gateway counts the prefill its resend computed twice from what the engine reported cached.
 
 No timing is asserted: every wait polls with a generous limit."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +83,27 @@ async def finished_other_than_abort(url: str) -> float:
     )
 
 
+async def logged_line(capsys: pytest.CaptureFixture[str], lane: str) -> dict[str, Any]:
+    """The gateway's first log line of a request in `lane`, once it wrote it to stderr."""
+    written: list[str] = []
+    async with asyncio.timeout(30):
+        while True:
+            written.append(capsys.readouterr().err)
+            lines = [json.loads(line) for line in "".join(written).splitlines() if line[:1] == "{"]
+            found = [line for line in lines if line.get("lane") == lane and "path" in line]
+            if found:
+                return dict(found[0])
+            await asyncio.sleep(0.05)
+
+
 async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
-    servers: Servers, tmp_path: Path
+    servers: Servers,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # As `laneway gateway` configures logging; pytest's root logger says WARNING.
+    caplog.set_level(logging.INFO, logger="laneway.gateway.requests")
     engines = [await engine(servers), await engine(servers)]
     gateway = await servers.gateway(
         tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
@@ -152,6 +172,19 @@ async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
         assert completed.usage is not None
         assert hits >= 0.9 * completed.usage.prompt_tokens
         assert lent(ledger) == [borrowed.url]
+
+        # The first attempt had prefilled its whole prompt (it was decoding); the resend
+        # took all but the partial last block from the cache, as its usage says, and
+        # computed the rest again: the count the log line and the metric carry.
+        details = completed.usage.prompt_tokens_details
+        assert details is not None
+        assert details.cached_tokens is not None
+        recomputed = completed.usage.prompt_tokens - details.cached_tokens
+        assert 0 < recomputed <= 16  # the sim's block: the last, partial one
+        line = await logged_line(capsys, "batch")
+        assert (line["requeued"], line["recomputed_prompt_tokens"]) == (1, recomputed)
+        name = "laneway_gateway_recomputed_prompt_tokens_total"
+        assert await count(gateway.url, name, pool="docs") == recomputed
     finally:
         doc.cancel()
         if chat_a is not None:
@@ -292,11 +325,20 @@ async def test_the_batches_api_runs_its_items_on_the_lent_replica(
         await api.close()
 
 
+@pytest.mark.parametrize("usage", [False, True], ids=["no usage asked", "usage asked"])
 async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attempt(
-    servers: Servers, tmp_path: Path
+    usage: bool,
+    servers: Servers,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Its client has had nothing but the stream's head: the gateway resends the document
-    and relays the second attempt's tokens into the same stream."""
+    and relays the second attempt's tokens into the same stream. Its count of prefill
+    computed twice is the bound, the ended attempt taken to have prefilled the whole prompt:
+    the whole prompt again where the resend's stream reports no usage, less the tokens its
+    engine found cached where it does."""
+    caplog.set_level(logging.INFO, logger="laneway.gateway.requests")
     engines = [
         await servers.sim("llama-long", "--time-scale", "1", "--max-context", str(CONTEXT))
         for _ in range(2)
@@ -313,15 +355,16 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
     await eventually(one_lent, "the idle replica lent to the batch pool")
     (borrowed_url,) = lent(ledger)
 
-    async def document() -> list[str]:
+    async def document() -> list[Any]:
         stream = await api.completions.create(
             model="llama",
             prompt=LONG_DOCUMENT,
             max_tokens=4,
             stream=True,
+            stream_options={"include_usage": True} if usage else None,
             extra_headers={"x-laneway-lane": "batch"},
         )
-        return [chunk.choices[0].text async for chunk in stream if chunk.choices]
+        return [chunk async for chunk in stream]
 
     doc = asyncio.create_task(document())
     chat_a = None
@@ -348,9 +391,19 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
         assert answer.choices[0].message.content
         reason = {"finished_reason": "abort"}
         assert await count(borrowed_url, "vllm:request_success_total", **reason) == 1
-        texts = await asyncio.wait_for(doc, 180)
+        chunks = await asyncio.wait_for(doc, 180)
+        texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
         assert len([t for t in texts if t]) == 4  # the second attempt's tokens, once each
         assert await count(borrowed_url, "vllm:prefix_cache_hits_total") > 0
+        line = await logged_line(capsys, "batch")
+        assert line["requeued"] == 1
+        cached = 0
+        if usage:
+            (reported,) = [chunk.usage for chunk in chunks if chunk.usage is not None]
+            assert reported.prompt_tokens_details is not None
+            cached = reported.prompt_tokens_details.cached_tokens or 0
+            assert cached > 0  # the blocks the ended attempt prefilled
+        assert line["recomputed_prompt_tokens"] == line["prompt_tokens"] - cached > 0
     finally:
         doc.cancel()
         if chat_a is not None:

@@ -41,6 +41,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
          "--port", "9000", "--max-model-len", "16384", "--max-num-seqs", "128",
          "--max-num-batched-tokens", "4096", "--scheduling-policy", "priority",
+         "--enable-prompt-tokens-details",
          "--enable-chunked-prefill", "--long-prefill-token-threshold", "512",
          "--enable-prefix-caching"],
     ),
@@ -54,6 +55,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
          "--port", "8000", "--max-model-len", "8192", "--max-num-seqs", "256",
          "--max-num-batched-tokens", "8192", "--scheduling-policy", "fcfs",
+         "--enable-prompt-tokens-details",
          "--no-enable-chunked-prefill"],
     ),
     (
@@ -63,6 +65,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         ["vllm", "serve", "org/model", "--served-model-name", "m", "--host", "0.0.0.0",
          "--port", "8000", "--max-model-len", "8192", "--max-num-seqs", "256",
          "--max-num-batched-tokens", "2048", "--scheduling-policy", "fcfs",
+         "--enable-prompt-tokens-details",
          "--enable-chunked-prefill", "--long-prefill-token-threshold", "1024",
          "--kv-events-config",
          '{"enable_kv_cache_events":true,"publisher":"zmq",'
@@ -78,7 +81,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
          "--served-model-name", "m", "--host", "0.0.0.0", "--port", "9000",
          "--context-length", "16384", "--max-running-requests", "128",
          "--max-prefill-tokens", "2048", "--chunked-prefill-size", "1024", "--enable-metrics",
-         "--enable-mixed-chunk", "--tp-size", "2"],
+         "--enable-cache-report", "--enable-mixed-chunk", "--tp-size", "2"],
     ),
     (
         "SGLang, priority scheduling with vLLM's order (lower first)",
@@ -87,8 +90,8 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
          "--served-model-name", "m", "--host", "0.0.0.0", "--port", "8000",
          "--context-length", "8192", "--max-running-requests", "256",
          "--max-prefill-tokens", "2048", "--chunked-prefill-size", "1024", "--enable-metrics",
-         "--enable-mixed-chunk", "--schedule-policy", "fcfs", "--enable-priority-scheduling",
-         "--schedule-low-priority-values-first"],
+         "--enable-cache-report", "--enable-mixed-chunk", "--schedule-policy", "fcfs",
+         "--enable-priority-scheduling", "--schedule-low-priority-values-first"],
     ),
     (
         "SGLang, whole prefills",
@@ -96,7 +99,8 @@ TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
         ["python3", "-m", "sglang.launch_server", "--model-path", "org/model",
          "--served-model-name", "m", "--host", "0.0.0.0", "--port", "8000",
          "--context-length", "8192", "--max-running-requests", "256",
-         "--max-prefill-tokens", "2048", "--chunked-prefill-size", "-1", "--enable-metrics"],
+         "--max-prefill-tokens", "2048", "--chunked-prefill-size", "-1", "--enable-metrics",
+         "--enable-cache-report"],
     ),
     (
         "simulator, chunked, sped up, SGLang metrics",

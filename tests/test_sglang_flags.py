@@ -89,6 +89,7 @@ def test_sglang_parses_every_flag_the_operator_renders(
     assert settings["chunked_prefill_size"] == chunk
     assert settings["enable_mixed_chunk"] is prefill.chunked_prefill
     assert settings["enable_metrics"] is True
+    assert settings["enable_cache_report"] is True
     assert settings["enable_priority_scheduling"] is priority
     assert settings["schedule_low_priority_values_first"] is priority
     if priority:

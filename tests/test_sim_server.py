@@ -18,6 +18,7 @@ from support.fleet import wait_for
 
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.prompt_ids import chat_token_ids
+from laneway.simulator.scheduler import KV_BLOCK_TOKENS
 from laneway.tokens import ChatMessage, count_chat, default_tokenizer
 
 MODEL = "sim-test-model"
@@ -113,6 +114,29 @@ def test_chat_stream_delivers_every_token_then_usage(
     assert finish_reasons[-1] == "length"
     assert usage is not None
     assert usage.completion_tokens == 12
+
+
+def test_usage_reports_the_prompt_tokens_found_in_the_prefix_cache(
+    vllm_sim: ChildProcess, vllm_client: openai.OpenAI
+) -> None:
+    """vLLM-shaped, as with --enable-prompt-tokens-details: 0 the first time, the prompt's
+    full blocks once they are cached (never all of it: its last token is computed), in a
+    whole answer and in a stream's usage chunk alike."""
+    prompt = "The shipment cleared customs at the border on Tuesday morning. " * 40
+    first = vllm_client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    again = vllm_client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    streamed = vllm_client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=2, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    stream_usage = [chunk.usage for chunk in streamed if chunk.usage is not None]
+    counted = [first.usage, again.usage, *stream_usage]
+    assert all(usage is not None and usage.prompt_tokens_details for usage in counted)
+    cached = [u.prompt_tokens_details.cached_tokens for u in counted]  # type: ignore[union-attr]
+    assert first.usage is not None
+    full_blocks = (first.usage.prompt_tokens - 1) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS
+    assert full_blocks > 0
+    assert cached == [0, full_blocks, full_blocks]
 
 
 def test_chat_without_stream_returns_one_message(

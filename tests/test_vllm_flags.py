@@ -77,6 +77,7 @@ def test_vllm_parses_every_flag_the_operator_renders(
     if prefill.chunked_prefill:
         assert settings["long_prefill_token_threshold"] == prefill.chunk_size
     assert settings["scheduling_policy"] == pool.spec.scheduling.policy.value
+    assert settings["enable_prompt_tokens_details"] is True
     kv_events = pool.spec.engine.kv_events
     if kv_events is not None:
         assert settings["block_size"] == kv_events.block_size

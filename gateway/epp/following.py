@@ -5,13 +5,10 @@ back into the public one. Measures and rewrites; the ledger is told by the strea
 
 from __future__ import annotations
 
-import orjson
-
-from laneway.gateway.serving.engine_usage import engine_prompt_tokens
+from laneway.gateway.serving.engine_usage import StreamUsageWatch, engine_prompt_tokens
 from laneway.gateway.serving.first_token import FirstTokenWatch
 from laneway.gateway.serving.model_name import ModelNameRewriter
 
-USAGE = b'"usage"'
 # A non-streaming answer kept for its usage: an answer this long is not one to parse again.
 MAX_KEPT_BYTES = 4 * 1024 * 1024
 
@@ -23,7 +20,7 @@ class ResponseWatch:
         self.streaming = streaming
         self._rename = rename
         self._first = FirstTokenWatch()
-        self._partial = b""  # a streamed line whose end has not come
+        self._usage = StreamUsageWatch()
         self._kept: list[bytes] = []  # a whole answer, for its usage
         self._kept_bytes = 0
         self.prompt_tokens: int | None = None  # the engine's count, once it says it
@@ -32,7 +29,8 @@ class ResponseWatch:
         """What to pass on for `chunk` and whether it completed the first content token."""
         if self.streaming:
             first = not self._first.seen and self._first.feed(chunk)
-            self._scan_usage(chunk)
+            self._usage.feed(chunk)
+            self.prompt_tokens = self._usage.usage.prompt_tokens
         else:
             first = False
             if self._kept_bytes <= MAX_KEPT_BYTES:
@@ -49,21 +47,3 @@ class ResponseWatch:
     def events(self, chunk: bytes) -> int:
         """How many token events `chunk` holds (the gaps between them are TBT)."""
         return chunk.count(b"data:") - chunk.count(b"[DONE]")
-
-    def _scan_usage(self, chunk: bytes) -> None:
-        data = self._partial + chunk if self._partial else chunk
-        if USAGE not in data:  # most events: only the last line's start is kept
-            self._partial = data[data.rfind(b"\n") + 1 :]
-            return
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if USAGE in line and line.startswith(b"data:"):
-                try:
-                    event = orjson.loads(line[5:])
-                except orjson.JSONDecodeError:
-                    continue
-                usage = event.get("usage") if isinstance(event, dict) else None
-                count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-                if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-                    self.prompt_tokens = count

@@ -158,6 +158,7 @@ async def _forward_lent(
             return await forward(exchange)
         except Reclaimed as reclaimed:
             line = reclaimed.line
+            exchange.outcome.reclaimed = True
         except ApiError as error:
             if exchange.outcome.stream is None:
                 raise
@@ -227,6 +228,7 @@ def release(path: RequestPath, route_path: str, outcome: Outcome, started: float
         finished = path.ledger.finished(
             ticket, now, status=outcome.status, error=outcome.error,
             prompt_tokens=outcome.prompt_tokens,
+            recomputed_prompt_tokens=outcome.recomputed_prompt_tokens(),
         )  # fmt: skip
         path.waiters.forget(ticket)
         path.wake(finished.wakes)
@@ -256,5 +258,7 @@ def record(path: RequestPath, entry: RequestLog) -> None:
         metrics.e2e_of(entry.pool, entry.lane).observe(entry.total_ms / 1000)
     if entry.lane and entry.prompt_tokens is not None:
         metrics.prompt_tokens_of(entry.lane).observe(entry.prompt_tokens)
+    if entry.recomputed_prompt_tokens:
+        metrics.recomputed_prompt_tokens.labels(entry.pool).inc(entry.recomputed_prompt_tokens)
     if path.access_log.enabled:
         path.access_log.write(entry.line(time.time()))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from laneway.gateway.serving.recompute import recomputed_at_most
 from laneway.gateway.serving.request_body import ParsedRequest
 from laneway.gateway.serving.responses import MadeResponse
 from laneway.ledger import Ticket
@@ -30,6 +31,11 @@ class Outcome:
     stream: web.StreamResponse | None = None
     streamed: bool = False  # the stream's client was sent more than its head
     made: MadeResponse | None = None  # /v1/responses: the response the engine says it made
+    # Taken off a reclaimed replica (`lending.py`): the attempts sent since, and what the
+    # last answer said its engine took from the prefix cache, for `recomputed_prompt_tokens`.
+    reclaimed: bool = False
+    resends: int = 0
+    cached_tokens: int | None = None
 
     def routing_headers(self) -> dict[str, str]:
         if self.route is None:
@@ -38,6 +44,17 @@ class Outcome:
         if self.prompt_tokens is not None:
             headers["x-laneway-prompt-tokens"] = str(self.prompt_tokens)
         return headers
+
+    def recomputed_prompt_tokens(self) -> int:
+        """Prefill tokens its resends computed twice, at most (`recompute.py`)."""
+        if not self.resends:
+            return 0
+        prompt = self.prompt_tokens
+        if prompt is None:  # no answer told it: the gateway's own count
+            prompt = self.route.prefill_tokens if self.route is not None else 0
+        return recomputed_at_most(
+            prompt_tokens=prompt, resends=self.resends, cached_tokens=self.cached_tokens
+        )
 
     def client_gone(self) -> None:
         """The client closed its connection: a 499 unless it already had the whole response

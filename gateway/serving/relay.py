@@ -20,7 +20,7 @@ from laneway.gateway.pools.scrape import probe_health
 from laneway.gateway.serving.admitting import no_endpoint
 from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.engine_body import engine_body
-from laneway.gateway.serving.engine_usage import engine_prompt_tokens
+from laneway.gateway.serving.engine_usage import NO_USAGE, StreamUsageWatch, engine_usage
 from laneway.gateway.serving.first_token import FirstTokenWatch, content_events_of
 from laneway.gateway.serving.model_name import ModelNameRewriter, rewriter
 from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
@@ -82,6 +82,8 @@ async def forward(exchange: Exchange) -> web.StreamResponse:
     while candidate is not None:
         sent = path.ledger.sent(exchange.ticket, path.clock(), candidate)
         path.load_changed()
+        if exchange.outcome.reclaimed:
+            exchange.outcome.resends += 1
         try:
             return await _reclaimable(exchange, _attempt(exchange, sent, served, body))
         except UpstreamFailed as failure:
@@ -167,11 +169,9 @@ async def _whole_answer(
         detail = body[:300].decode("utf-8", "replace")
         raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
     path.metrics.overhead.request.observe(sent.own_s)
-    engine_count = (
-        engine_prompt_tokens(body)
-        if upstream.status == 200 and exchange.parsed.sequences == 1
-        else None
-    )
+    usage = engine_usage(body) if upstream.status == 200 else NO_USAGE
+    engine_count = usage.prompt_tokens if exchange.parsed.sequences == 1 else None
+    outcome.cached_tokens = usage.cached_tokens
     if upstream.status == 200 and exchange.parsed.endpoint is Endpoint.RESPONSES:
         outcome.made = made_by_answer(body)
     if rename := rewriter(served, exchange.parsed.model):
@@ -247,6 +247,7 @@ async def _relay_stream(
         if rest and not await writes.write(rest):
             return response
         outcome.made = relay.made
+        outcome.cached_tokens = relay.cached_tokens
         outcome.complete = True  # all the engine sent, whether or not it ended with [DONE]
         await writes.end()
         return response
@@ -274,6 +275,9 @@ class _StreamRelay:
         self._terminal = (
             TerminalEventWatch() if exchange.parsed.endpoint is Endpoint.RESPONSES else None
         )
+        # A resent stream's usage event, where its client asked for one: what its engine
+        # found cached, for the count of prefill computed twice (`recompute.py`).
+        self._usage = StreamUsageWatch() if exchange.outcome.reclaimed else None
         self._first = False  # the chunk being relayed completes the first token
         self._ends = False  # it holds the end marker
         self._last_event: float | None = None
@@ -290,6 +294,8 @@ class _StreamRelay:
         # A Responses stream's end is its terminal event, not a `[DONE]`.
         terminal = self._terminal
         ended = terminal is not None and terminal.made is None and terminal.feed(data)
+        if self._usage is not None:
+            self._usage.feed(data)
         chunk = self._rename.feed(data) if self._rename else data
         ending = self.tail + chunk[-SSE_TAIL:]
         self._ends = bool(chunk) and not self._outcome.complete and (ended or STREAM_END in ending)
@@ -320,6 +326,11 @@ class _StreamRelay:
     def made(self) -> MadeResponse | None:
         """The response a Responses stream's terminal event says the engine made."""
         return self._terminal.made if self._terminal is not None else None
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """The prompt tokens a resent stream's engine says it found cached, if it said."""
+        return self._usage.usage.cached_tokens if self._usage is not None else None
 
 
 def _note_first_token(exchange: Exchange, read_at: float, written_at: float) -> None:

@@ -250,7 +250,8 @@ class Ledger(LedgerRecords):
         """The request is over, however it ended: everything it held is released and its
         log built. Call it once per ticket, refused ones included. `recomputed_prompt_tokens`:
         prompt tokens its engines prefilled that an attempt it was requeued from (`requeue`)
-        had prefilled already, where the shell knows them."""
+        had prefilled already: the virtual runner's exact count, the gateway's an upper bound
+        (laneway/gateway/serving/recompute.py says why)."""
         request = self._requests.pop(ticket)
         wakes = NO_WAKES
         if request.state == "queued":

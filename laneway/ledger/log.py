@@ -19,7 +19,8 @@ class RequestLog:
     stream: bool = False
     attempts: int = 0
     requeued: int = 0  # times an attempt was ended to take its replica back (`requeue`)
-    recomputed_prompt_tokens: int = 0  # prefilled again after such an end
+    # Prefilled again after such an end: exact in the virtual runner, at most in the gateway.
+    recomputed_prompt_tokens: int = 0
     queue_ms: float | None = None
     predicted_ttft_ms: float | None = None  # on the endpoint tried last, when it was picked
     ttft_ms: float | None = None

@@ -23,7 +23,7 @@ SETTINGS = (
     "model_path", "served_model_name", "host", "port", "context_length",
     "max_running_requests", "max_prefill_tokens", "chunked_prefill_size", "enable_metrics",
     "enable_mixed_chunk", "schedule_policy", "enable_priority_scheduling",
-    "schedule_low_priority_values_first",
+    "schedule_low_priority_values_first", "enable_cache_report",
 )  # fmt: skip
 
 

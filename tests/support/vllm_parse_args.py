@@ -24,6 +24,7 @@ SETTINGS = (
     "model", "served_model_name", "host", "port", "max_model_len", "max_num_seqs",
     "max_num_batched_tokens", "enable_chunked_prefill", "long_prefill_token_threshold",
     "scheduling_policy", "block_size", "kv_events_config", "enable_prefix_caching",
+    "enable_prompt_tokens_details",
 )  # fmt: skip
 
 
