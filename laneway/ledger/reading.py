@@ -13,7 +13,7 @@ from laneway.ledger.lending import LendingBook, Role
 from laneway.ledger.lines import GateState, PoolGate
 from laneway.ledger.load import LoadBook
 from laneway.ledger.responses import ResponseBook, StoredResponse
-from laneway.ledger.tenants import TenantBook, TenantCount, TenantKey
+from laneway.ledger.tenants import Held, TenantBook, TenantCount, TenantKey
 from laneway.routing.cycle import EndpointLoad
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.slo import PrefillRate
@@ -74,6 +74,11 @@ class LedgerReads:
     def tenant_count(self, pool: InferencePool, tenant: str) -> TenantCount:
         """The tenant's requests running and waiting in `pool`, on every replica."""
         return self._tenants.of(pool.key, tenant)
+
+    def tenant_held(self, pool: InferencePool, tenant: str, tokens: int) -> Held | None:
+        """Which of the tenant's caps would hold a request of `tokens` prompt tokens in
+        `pool`'s line now; None: none would."""
+        return self._tenants.held(pool.key, tenant, tokens)
 
     def own_tenants(self) -> dict[TenantKey, TenantCount]:
         """This replica's own requests per (pool, tenant): what it publishes."""
