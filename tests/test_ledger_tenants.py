@@ -194,14 +194,39 @@ def test_other_replicas_prompt_tokens_count_against_the_token_cap() -> None:
     peers = {(chat.key, "a"): TenantCount(running=1, running_tokens=3000)}
     ledger.set_peer_tenants(0.0, peers, replicas=2)
     # Running none here, a's first runs whatever the others run (no replica's line stalls
-    # behind another's requests); its second would pass both the cap and this part of it.
+    # behind another's requests). Its second fits this replica's part (2000 of 4000), not
+    # the cap over both: 3000 there and 2000 here.
     first = ledger.admit(0.0, replace(ask(chat, tokens=1000, tenant="a"), caps=caps))
     assert isinstance(first, Admitted)
     second = ledger.admit(0.0, replace(ask(chat, tokens=1000, tenant="a"), caps=caps))
     assert isinstance(second, Queued)
-    assert ledger.tenant_held(chat, "a", 1000) == "running_tokens"
+    assert ledger.held_in_line(second.ticket) == "running_tokens"
     # Alone, the whole cap is this replica's: 1000 + 1000 fit once the peer's ended.
     wakes = ledger.set_peer_tenants(1.0, {(chat.key, "a"): TenantCount()}, replicas=1)
     assert [g.ticket for g in wakes.granted] == [second.ticket]
-    assert ledger.tenant_held(chat, "a", 2000) is None
-    assert ledger.tenant_held(chat, "a", 2001) == "running_tokens"
+    # Up to the cap exactly, and not a token past it.
+    third = ledger.admit(1.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps))
+    assert isinstance(third, Admitted)
+    fourth = ledger.admit(1.0, replace(ask(chat, tokens=1, tenant="a"), caps=caps))
+    assert isinstance(fourth, Queued)
+
+
+def test_what_holds_a_request_in_line_is_its_tenants_first_one_there() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 2})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=2500)
+    running = ledger.admit(0.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps))
+    long, short = (
+        ledger.admit(0.0, replace(ask(chat, tokens=tokens, tenant="a"), caps=caps))
+        for tokens in (2000, 100)
+    )
+    assert isinstance(running, Admitted)
+    # The short one would fit (2100), but it keeps its place behind a's long one, which the
+    # cap holds: the cap is what it waits for, not a slot.
+    assert ledger.held_in_line(long.ticket) == ledger.held_in_line(short.ticket) == "running_tokens"
+    # b's takes the pool's last slot, and b's next waits for a slot: no cap of b's holds it.
+    assert isinstance(ledger.admit(0.0, ask(chat, tenant="b")), Admitted)
+    waiting = ledger.admit(0.0, ask(chat, tenant="b"))
+    assert isinstance(waiting, Queued)
+    assert ledger.held_in_line(waiting.ticket) is None
+    assert ledger.held_in_line(running.ticket) is None  # running, not in line

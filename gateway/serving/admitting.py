@@ -14,6 +14,7 @@ from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.wakes import LineRefused
 from laneway.ledger import Admission, Admitted, Queued, Refused, Ticket
+from laneway.ledger.tenants import Held
 from laneway.routing.fairshare import NO_CAPS
 
 
@@ -52,22 +53,28 @@ async def wait_in_line(
         async with asyncio.timeout(limit_ms / 1000):
             return await line
     except TimeoutError:
+        held = path.ledger.held_in_line(ticket)  # asked while it is still in line
         withdrawn = path.ledger.withdraw(ticket, path.clock())
         path.wake(withdrawn.wakes)
-        raise refusal(path, ask, withdrawn.refused, limit_ms) from None
+        raise refusal(path, ask, withdrawn.refused, limit_ms, held) from None
     except LineRefused as refused:
         raise refusal(path, ask, refused.refused, limit_ms) from None
 
 
-def refusal(path: RequestPath, ask: Admission, refused: Refused, waited_ms: int | None) -> ApiError:
+def refusal(
+    path: RequestPath,
+    ask: Admission,
+    refused: Refused,
+    waited_ms: int | None,
+    held: Held | None = None,
+) -> ApiError:
     """Why the request's pool has no slot for it, said to its client; `waited_ms` is how long
-    it waited in line (None: it was refused without joining)."""
+    it waited in line (None: it was refused without joining), `held` which of its tenant's
+    caps held it there when its wait ran out."""
     pool = ask.route.pool
     reason, gate = refused.reason, refused.gate
     if reason in ("tenant_queue_full", "line_share"):
         return _tenant_refusal(path, ask, reason, waited_ms)
-    # A wait that ran out while one of the tenant's own caps held the request in line.
-    held = path.ledger.tenant_held(pool, ask.tenant, ask.route.prefill_tokens)
     if reason == "timeout" and held is not None:
         return _tenant_refusal(path, ask, held, waited_ms)
     if reason == "timeout":
@@ -125,8 +132,8 @@ def _tenant_refusal(
         why = (
             f"its {count.running} requests running in pool {pool.name} hold "
             f"{count.running_tokens} prompt tokens, its limit maxConcurrentPromptTokens="
-            f"{caps.max_running_tokens}{parts}, and this request's "
-            f"{ask.route.prefill_tokens} did not fit within {waited_ms} ms"
+            f"{caps.max_running_tokens}{parts}, and its next request in line did not fit "
+            f"within {waited_ms} ms (this one: {ask.route.prefill_tokens} prompt tokens)"
         )
         code = "tenant_prompt_tokens_exceeded"
     else:

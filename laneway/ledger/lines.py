@@ -65,6 +65,10 @@ class PoolGate:
     def join(self, ticket: Ticket, priority: Lane, tenant: str, tokens: int) -> None:
         self._line.join(ticket, priority, tenant, tokens)
 
+    def head(self, tenant: str, priority: Lane) -> Ticket | None:
+        """`tenant`'s first ticket in line in `priority`'s lane."""
+        return self._line.head(tenant, priority)
+
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a ticket out of line (its request gave up); False when it is not in line."""
         return self._line.remove(ticket)

@@ -61,6 +61,10 @@ class AdmissionLine(Generic[T]):
         tenants = set(self._interactive.backlogged()) | set(self._batch.backlogged())
         return {t: self._interactive.queued(t) + self._batch.queued(t) for t in tenants}
 
+    def head(self, tenant: str, priority: Lane) -> T | None:
+        """`tenant`'s first item in `priority`'s lane: the one that leaves before its others."""
+        return (self._batch if priority is Lane.BATCH else self._interactive).head(tenant)
+
     def newest(self, tenant: str) -> T | None:
         """The item of `tenant` that gives up its place first: its last batch item, else its
         last interactive one (the batch lane waits longest anyway)."""

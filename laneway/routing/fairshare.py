@@ -115,6 +115,11 @@ class FairShareQueue(Generic[T]):
         queue = self._queues.get(tenant)
         return 0 if queue is None else len(queue)
 
+    def head(self, tenant: str) -> T | None:
+        """`tenant`'s first queued item, the one it sends next; None when it has none."""
+        queue = self._queues.get(tenant)
+        return None if queue is None else queue[0].item
+
     def newest(self, tenant: str) -> T | None:
         """`tenant`'s last queued item; None when it has none."""
         queue = self._queues.get(tenant)
