@@ -403,3 +403,12 @@ def add_tenant_cap_flags(parser: argparse.ArgumentParser) -> None:
         help="requests a tenant may have waiting in one pool's line, over every replica, "
         "unless its tenants entry sets maxQueuedRequests (default: no cap)",
     )
+    parser.add_argument(
+        "--tenant-max-concurrent-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt tokens of a tenant's requests running in one pool at once, over every "
+        "replica, unless its tenants entry sets maxConcurrentPromptTokens; a request that "
+        "would pass it waits in line, one longer than it runs alone (default: no cap)",
+    )

@@ -3,7 +3,8 @@ virtual runner, so the goal is judged on the cost model with no machine noise.
 
 Two tenants share the demo's chat pool (two replicas, whole-prompt prefill). `steady` runs
 closed-loop chat sessions with think time and no caps; `flood` has `maxConcurrentRequests`
-`flood_share` and `maxQueuedRequests` `flood_queue`, and `flood_factor x flood_share`
+`flood_share` and `maxQueuedRequests` `flood_queue` (and `maxConcurrentPromptTokens`
+`flood_max_prompt_tokens` where set), and `flood_factor x flood_share`
 senders with no think time, each refused request (the gateway's 429) sent again after the
 gateway's Retry-After. A `flood_factor` of 0 is the steady tenant's unloaded run; 1 is the
 flood tenant at its share.
@@ -44,6 +45,8 @@ class FloodScenario:
     # The flood tenant's prompts; None: drawn as the steady tenant's are. Its caps count
     # requests, not tokens, so longer prompts at the same share weigh more on the engines.
     flood_prompt_tokens: tuple[int, int] | None = None
+    # Its maxConcurrentPromptTokens: the cap that weighs its running prompts; None: none.
+    flood_max_prompt_tokens: int | None = None
     min_output_tokens: int = 32
     max_output_tokens: int = 128
     min_think_s: float = 0.3
@@ -56,7 +59,11 @@ class FloodScenario:
 
     @property
     def caps(self) -> TenantCaps:
-        return TenantCaps(max_running=self.flood_share, max_waiting=self.flood_queue)
+        return TenantCaps(
+            max_running=self.flood_share,
+            max_waiting=self.flood_queue,
+            max_running_tokens=self.flood_max_prompt_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class FloodResult:
     steady_ttft_s: tuple[float, ...]  # each counted steady request's, in arrival order
     steady_refused: int
     flood_ok: int  # its requests that got a first token
+    flood_prompt_tokens: int  # their prompt tokens: what it got prefilled
     flood_refused: int  # its 429s (caps, or the pool's line)
     flood_peak_running: int  # the most of its requests on the engines at once
 
@@ -75,6 +83,7 @@ class _Tally:
     steady_order: list[str] = field(default_factory=list)  # counted steady ids, by arrival
     steady_refused: int = 0
     flood_ok: int = 0
+    flood_prompt_tokens: int = 0
     flood_refused: int = 0
     flood_peak_running: int = 0
 
@@ -128,6 +137,7 @@ class FloodWorkload(Workload):
             tally.steady_ttft[request.request_id] = now - request.arrival_s
         else:
             tally.flood_ok += 1
+            tally.flood_prompt_tokens += request.prompt_tokens
         self._count_flood(cluster)
 
     def _count_flood(self, cluster: VirtualCluster) -> None:
@@ -174,6 +184,7 @@ def run_flood_virtual(
         ),
         steady_refused=tally.steady_refused,
         flood_ok=tally.flood_ok,
+        flood_prompt_tokens=tally.flood_prompt_tokens,
         flood_refused=tally.flood_refused,
         flood_peak_running=tally.flood_peak_running,
     )

@@ -59,14 +59,23 @@ def test_each_round_is_its_flood_segment_over_its_own_baseline() -> None:
 
 
 def flooded(
-    factor: float, seed: int, ttft_s: float, queue: int = 8, refused: int = 0
+    factor: float,
+    seed: int,
+    ttft_s: float,
+    queue: int = 8,
+    refused: int = 0,
+    cap: int | None = None,
+    tokens: int = 30_000,
 ) -> FloodResult:
-    scenario = FloodScenario(flood_factor=factor, flood_queue=queue, seed=seed)
+    scenario = FloodScenario(
+        flood_factor=factor, flood_queue=queue, seed=seed, flood_max_prompt_tokens=cap
+    )
     return FloodResult(
         scenario=scenario,
         steady_ttft_s=(ttft_s,) * 50,
         steady_refused=refused,
         flood_ok=10,
+        flood_prompt_tokens=0 if factor == 0 else tokens,
         flood_refused=0 if factor <= 1 else 5,
         flood_peak_running=0 if factor == 0 else 4,
     )
@@ -94,6 +103,36 @@ def test_virtual_rows_pair_each_seed_with_its_own_unloaded_run() -> None:
     assert flood_virtual.report_of("cmd", options, within).goal_met
 
 
+def test_token_capped_rows_pair_each_run_with_its_uncapped_one() -> None:
+    alone = [flooded(0, 0, 0.020), flooded(0, 1, 0.040)]
+    share = [flooded(1, 0, 0.021), flooded(1, 1, 0.042)]
+    runs = [
+        flooded(10, 0, 0.060),
+        flooded(10, 1, 0.120),
+        flooded(10, 0, 0.021, cap=4000, tokens=12_000),
+        flooded(10, 1, 0.044, cap=4000, tokens=15_000),
+    ]
+    rows = flood_virtual.sweep_rows(alone, share, runs)
+    by_cap = {row.flood_max_prompt_tokens: row for row in rows if row.flood_factor == 10}
+    capped, uncapped = by_cap[4000], by_cap[None]
+    # Seed 0's P99 falls from 60 to 21 ms with the cap, seed 1's from 120 to 44.
+    assert capped.ratio_uncapped == pytest.approx((0.358, 0.35, 0.367), abs=1e-3)
+    assert capped.ratio_alone == pytest.approx((1.075, 1.05, 1.1))
+    # What it costs the flood: 40 % and 50 % of its prompt tokens served.
+    assert capped.flood_tokens_uncapped == pytest.approx((0.45, 0.4, 0.5))
+    assert capped.flood_prompt_tokens == 27_000
+    assert uncapped.ratio_uncapped == uncapped.flood_tokens_uncapped == (1.0, 1.0, 1.0)
+    options = flood_virtual.VirtualFloodOptions(max_prompt_tokens=(4000,))
+    report = flood_virtual.report_of("cmd", options, rows)
+    assert dict(report.goal_ratios) == pytest.approx({None: 3.0, 4000: 1.075})
+    assert report.goal_ratio == pytest.approx(1.075)
+    assert report.goal_cap == 4000
+    assert report.goal_met  # with the cap: within 10 % of alone, in the median seed
+    lines = flood_virtual.render(report)
+    assert "token cap" in lines[3]
+    assert "goal met" in lines[-1]
+
+
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
@@ -105,6 +144,8 @@ def test_virtual_rows_pair_each_seed_with_its_own_unloaded_run() -> None:
         (["--mode", "live", "--flood-factors", "2,10"], "--flood-factors"),
         (["--mode", "live", "--flood-prompt-tokens", "1,2"], "--flood-prompt-tokens"),
         (["--pool-slots", "0"], "--pool-slots"),
+        (["--flood-max-prompt-tokens", "4000,0"], "--flood-max-prompt-tokens"),
+        (["--mode", "live", "--flood-max-prompt-tokens", "4000"], "--flood-max-prompt-tokens"),
         (["--mode", "live", "--pool-slots", "3"], "--pool-slots"),
     ],
 )

@@ -283,16 +283,22 @@ def test_tenant_caps_become_the_gateways_defaults_for_every_tenant(helm: str) ->
         "gateway.tenants.maxConcurrentRequests=4",
         "--set",
         "gateway.tenants.maxQueuedRequests=16",
+        "--set",
+        "gateway.tenants.maxConcurrentPromptTokens=16000",
     )
     args = parse_laneway(list(container(deployment(objects, "gateway"))["args"]))
     assert (args.tenant_max_concurrent, args.tenant_max_queued) == (4, 16)
+    assert args.tenant_max_concurrent_prompt_tokens == 16000
     default = parse_laneway(list(container(deployment(template(helm), "gateway"))["args"]))
     assert (default.tenant_max_concurrent, default.tenant_max_queued) == (None, None)
-    rejected = run_helm(
-        helm, "template", RELEASE, str(CHART), "--set", "gateway.tenants.maxQueuedRequests=0"
-    )
-    assert rejected.returncode != 0
-    assert "/gateway/tenants/maxQueuedRequests" in rejected.stderr, rejected.stderr
+    assert default.tenant_max_concurrent_prompt_tokens is None
+    for value in ("maxQueuedRequests=0", "maxConcurrentPromptTokens=0"):
+        rejected = run_helm(
+            helm, "template", RELEASE, str(CHART), "--set", f"gateway.tenants.{value}"
+        )
+        assert rejected.returncode != 0
+        field = value.partition("=")[0]
+        assert f"/gateway/tenants/{field}" in rejected.stderr, rejected.stderr
 
 
 # --- the chart's own files ----------------------------------------------------------

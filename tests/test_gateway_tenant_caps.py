@@ -1,6 +1,6 @@
 """One tenant must not take a shared pool from another: caps on each tenant's running and
-waiting requests per pool, a fair share of a full line, and with Redis the caps held over
-two gateway replicas.
+waiting requests per pool and on its running prompt tokens, a fair share of a full line, and
+with Redis the caps held over two gateway replicas.
 
 In-process gateways with a keys file of two tenants, one `laneway sim` engine behind a
 pool of few slots, real HTTP over loopback; a real redis-server for the shared caps.
@@ -19,7 +19,7 @@ from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 
 from laneway.bench.harness.redis_server import LocalRedis
-from laneway.gateway.keys import LEDGER, TENANT_SHARE
+from laneway.gateway.keys import LEDGER, TENANT_SHARE, TENANTS
 from laneway.ledger.tenants import TenantCount
 
 POOL = "shared"
@@ -73,10 +73,20 @@ async def start(
 Answer = tuple[int, dict[str, str], dict[str, Any] | str]
 
 
-async def chat(session: aiohttp.ClientSession, gateway: Served, key: str, tokens: int) -> Answer:
+# A prompt of some 600 tokens: a few of them weigh on a pool's prefill as many short ones do.
+LONG = "lorem ipsum " * 200
+
+
+async def chat(
+    session: aiohttp.ClientSession,
+    gateway: Served,
+    key: str,
+    tokens: int,
+    prompt: str = "hello there",
+) -> Answer:
     body = {
         "model": "llama",
-        "messages": [{"role": "user", "content": "hello there"}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "stream": True,
     }
@@ -91,6 +101,12 @@ def count(gateway: Served, tenant: str) -> TenantCount:
     ledger = gateway.runner.app[LEDGER]
     (pool,) = [p for p in ledger.pools() if p.name == POOL]
     return ledger.tenant_count(pool, tenant)
+
+
+def requests(gateway: Served, tenant: str) -> tuple[int, int]:
+    """The tenant's requests running and waiting in the pool, on every replica."""
+    counted = count(gateway, tenant)
+    return counted.running, counted.waiting
 
 
 def own(gateway: Served, tenant: str) -> TenantCount:
@@ -108,9 +124,11 @@ async def until(check: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
-def flood(session: aiohttp.ClientSession, gateway: Served, n: int) -> list[asyncio.Task[Answer]]:
+def flood(
+    session: aiohttp.ClientSession, gateway: Served, n: int, prompt: str = "hello there"
+) -> list[asyncio.Task[Answer]]:
     # Long streams (~4 s at the engine's real pace): they hold their slots while the test looks.
-    return [asyncio.create_task(chat(session, gateway, "sk-acme", 400)) for _ in range(n)]
+    return [asyncio.create_task(chat(session, gateway, "sk-acme", 400, prompt)) for _ in range(n)]
 
 
 async def answers(tasks: list[asyncio.Task[Answer]]) -> list[Answer]:
@@ -125,7 +143,7 @@ async def test_a_flood_that_fills_the_line_gives_another_tenants_request_a_place
         (gateway,) = await start(tmp_path, servers, slots=2, queue={"maxWaiting": 4})
         async with aiohttp.ClientSession() as session:
             acme = flood(session, gateway, 6)
-            await until(lambda: count(gateway, "acme") == TenantCount(2, 4), "slots and line full")
+            await until(lambda: requests(gateway, "acme") == (2, 4), "slots and line full")
             status, _, _ = await chat(session, gateway, "sk-beta", 5)
             assert status == 200  # without the line's share: 429 pool_saturated
             results = await answers(acme)
@@ -150,7 +168,7 @@ async def test_a_tenant_at_its_caps_waits_or_is_refused_while_another_runs(
         (gateway,) = await start(tmp_path, servers, slots=4, acme=caps)
         async with aiohttp.ClientSession() as session:
             acme = flood(session, gateway, 2)
-            await until(lambda: count(gateway, "acme") == TenantCount(1, 1), "one runs, one waits")
+            await until(lambda: requests(gateway, "acme") == (1, 1), "one runs, one waits")
             status, headers, error = await chat(session, gateway, "sk-acme", 5)
             assert status == 429
             assert isinstance(error, dict)
@@ -160,8 +178,68 @@ async def test_a_tenant_at_its_caps_waits_or_is_refused_while_another_runs(
             # Three slots are free for beta: it runs at once, while acme's second still waits.
             status, _, _ = await chat(session, gateway, "sk-beta", 5)
             assert status == 200
-            assert count(gateway, "acme") == TenantCount(1, 1)
+            assert requests(gateway, "acme") == (1, 1)
             assert [s for s, _, _ in await answers(acme)] == [200, 200]
+    finally:
+        await servers.close()
+
+
+async def test_a_tenants_long_prompts_are_held_to_its_token_cap_while_another_runs(
+    tmp_path: Path,
+) -> None:
+    servers = Servers()
+    try:
+        (gateway,) = await start(tmp_path, servers, slots=8)
+        async with aiohttp.ClientSession() as session:
+            # What one long prompt weighs, as the gateway counts it (beta has no caps).
+            probe = asyncio.create_task(chat(session, gateway, "sk-beta", 400, LONG))
+            await until(lambda: count(gateway, "beta").running_tokens > 0, "beta's prompt runs")
+            weight = count(gateway, "beta").running_tokens
+            # A cap that two of them fit in, not three; read again as a rotated Secret is.
+            cap = f"    maxConcurrentPromptTokens: {2 * weight + weight // 2}"
+            (tmp_path / "tenants.yaml").write_text(tenants(cap))
+            assert gateway.runner.app[TENANTS].refresh()
+            acme = flood(session, gateway, 4, LONG)
+            held = TenantCount(running=2, waiting=2, running_tokens=2 * weight)
+            await until(lambda: count(gateway, "acme") == held, "two run, two wait")
+            # Five of the pool's eight slots are free: beta's long prompt runs at once, while
+            # acme's wait for its own to end.
+            status, _, _ = await chat(session, gateway, "sk-beta", 5, LONG)
+            assert status == 200
+            assert count(gateway, "acme") == held
+            assert [s for s, _, _ in await answers(acme)] == [200] * 4
+            assert (await probe)[0] == 200
+    finally:
+        await servers.close()
+
+
+async def test_a_request_held_past_its_wait_by_the_token_cap_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    servers = Servers()
+    try:
+        (gateway,) = await start(
+            tmp_path,
+            servers,
+            slots=8,
+            acme="    maxConcurrentPromptTokens: 1",
+            queue={"timeoutMillis": 1500},
+        )
+        async with aiohttp.ClientSession() as session:
+            # Longer than the cap, the first runs all the same (acme runs nothing else).
+            (running,) = flood(session, gateway, 1, LONG)
+            await until(lambda: count(gateway, "acme").running == 1, "acme's first runs")
+            status, headers, error = await chat(session, gateway, "sk-acme", 5, LONG)
+            assert status == 429
+            assert isinstance(error, dict)
+            assert error["error"]["code"] == "tenant_prompt_tokens_exceeded"
+            message = error["error"]["message"]
+            assert "tenant acme" in message
+            assert "maxConcurrentPromptTokens=1" in message
+            assert headers["Retry-After"] == "1"
+            status, _, _ = await chat(session, gateway, "sk-beta", 5, LONG)
+            assert status == 200
+            assert (await running)[0] == 200
     finally:
         await servers.close()
 
@@ -200,6 +278,34 @@ async def test_the_caps_hold_over_two_replicas_sharing_redis(
             await first.runner.app[TENANT_SHARE].flush()
             status, _, _ = await chat(session, second, "sk-acme", 5)
             assert status == 200
+    finally:
+        await servers.close()
+
+
+async def test_a_tenants_running_prompt_tokens_are_read_from_the_other_replica(
+    tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    servers = Servers()
+    try:
+        first, second = await start(
+            tmp_path,
+            servers,
+            slots=8,
+            acme="    maxConcurrentPromptTokens: 1000000",
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        async with aiohttp.ClientSession() as session:
+            (on_first,) = flood(session, first, 1, LONG)
+            await until(lambda: own(first, "acme").running == 1, "acme runs on the first")
+            weight = own(first, "acme").running_tokens
+            await first.runner.app[TENANT_SHARE].flush()
+            # The second replica reads the first's count before admitting acme's request:
+            # its prompt tokens too, which the token cap is judged on.
+            (on_second,) = flood(session, second, 1, LONG)
+            await until(lambda: own(second, "acme").running == 1, "acme runs on the second")
+            assert count(second, "acme") == TenantCount(running=2, running_tokens=2 * weight)
+            assert [s for s, _, _ in await answers([on_first, on_second])] == [200, 200]
     finally:
         await servers.close()
 

@@ -26,7 +26,7 @@ def test_a_tenant_at_its_running_cap_waits_while_another_takes_the_free_slots() 
     # One of a's own ending lets its waiting one run.
     wakes = ledger.finished(flood[0].ticket, 2.0, status=200).wakes
     assert [g.ticket for g in wakes.granted] == [flood[2].ticket]
-    assert ledger.tenant_count(chat, "a") == TenantCount(running=2, waiting=0)
+    assert ledger.tenant_count(chat, "a") == TenantCount(running=2, running_tokens=2000)
 
 
 def test_a_tenant_over_its_cap_of_waiting_requests_is_refused_for_that() -> None:
@@ -135,3 +135,98 @@ def test_a_tie_of_turns_goes_to_the_tenant_with_fewer_running() -> None:
     # Then the flood's turn: its oldest queued request.
     wakes = ledger.finished(flood[1].ticket, 3.0, status=200).wakes
     assert [g.ticket for g in wakes.granted] == [flood[2].ticket]
+
+
+def test_a_tenant_at_its_cap_of_running_prompt_tokens_waits_while_another_runs() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=5000)
+    flood = [
+        ledger.admit(0.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps)) for _ in range(3)
+    ]
+    # 2000 + 2000 fit in 5000; a third would make 6000, so it waits with five slots free.
+    assert [type(d) for d in flood] == [Admitted, Admitted, Queued]
+    assert ledger.tenant_count(chat, "a") == TenantCount(running=2, waiting=1, running_tokens=4000)
+    other = ledger.admit(0.0, ask(chat, tokens=3000, tenant="b"))
+    assert isinstance(other, Admitted)
+    # b's request ending frees nothing of a's: a's waiting one still does not fit.
+    assert not ledger.finished(other.ticket, 1.0, status=200).wakes
+    wakes = ledger.finished(flood[0].ticket, 2.0, status=200).wakes
+    assert [g.ticket for g in wakes.granted] == [flood[2].ticket]
+    assert ledger.tenant_count(chat, "a") == TenantCount(running=2, running_tokens=4000)
+    for decision in flood[1:]:
+        ledger.finished(decision.ticket, 3.0, status=200)
+    assert ledger.own_tenants() == {}  # every token given back at the end
+
+
+def test_a_prompt_longer_than_the_token_cap_still_runs_alone() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=1000)
+    long = ledger.admit(0.0, replace(ask(chat, tokens=3000, tenant="a"), caps=caps))
+    assert isinstance(long, Admitted)  # running nothing, it may run whatever its size
+    short = ledger.admit(0.0, replace(ask(chat, tokens=100, tenant="a"), caps=caps))
+    assert isinstance(short, Queued)  # 3000 + 100 is over the cap
+    wakes = ledger.finished(long.ticket, 1.0, status=200).wakes
+    assert [g.ticket for g in wakes.granted] == [short.ticket]
+
+
+def test_a_short_request_does_not_pass_its_tenants_longer_one_waiting() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=3000)
+    first, long = (
+        ledger.admit(0.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps)) for _ in range(2)
+    )
+    assert isinstance(first, Admitted)
+    assert isinstance(long, Queued)
+    # 2000 + 500 would fit, but a's 2000 waits ahead of it: it keeps its place behind.
+    short = ledger.admit(0.0, replace(ask(chat, tokens=500, tenant="a"), caps=caps))
+    assert isinstance(short, Queued)
+    wakes = ledger.finished(first.ticket, 1.0, status=200).wakes
+    assert [g.ticket for g in wakes.granted] == [long.ticket, short.ticket]
+
+
+def test_other_replicas_prompt_tokens_count_against_the_token_cap() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=4000)
+    peers = {(chat.key, "a"): TenantCount(running=1, running_tokens=3000)}
+    ledger.set_peer_tenants(0.0, peers, replicas=2)
+    # Running none here, a's first runs whatever the others run (no replica's line stalls
+    # behind another's requests). Its second fits this replica's part (2000 of 4000), not
+    # the cap over both: 3000 there and 2000 here.
+    first = ledger.admit(0.0, replace(ask(chat, tokens=1000, tenant="a"), caps=caps))
+    assert isinstance(first, Admitted)
+    second = ledger.admit(0.0, replace(ask(chat, tokens=1000, tenant="a"), caps=caps))
+    assert isinstance(second, Queued)
+    assert ledger.held_in_line(second.ticket) == "running_tokens"
+    # Alone, the whole cap is this replica's: 1000 + 1000 fit once the peer's ended.
+    wakes = ledger.set_peer_tenants(1.0, {(chat.key, "a"): TenantCount()}, replicas=1)
+    assert [g.ticket for g in wakes.granted] == [second.ticket]
+    # Up to the cap exactly, and not a token past it.
+    third = ledger.admit(1.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps))
+    assert isinstance(third, Admitted)
+    fourth = ledger.admit(1.0, replace(ask(chat, tokens=1, tenant="a"), caps=caps))
+    assert isinstance(fourth, Queued)
+
+
+def test_what_holds_a_request_in_line_is_its_tenants_first_one_there() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 2})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=2500)
+    running = ledger.admit(0.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps))
+    long, short = (
+        ledger.admit(0.0, replace(ask(chat, tokens=tokens, tenant="a"), caps=caps))
+        for tokens in (2000, 100)
+    )
+    assert isinstance(running, Admitted)
+    # The short one would fit (2100), but it keeps its place behind a's long one, which the
+    # cap holds: the cap is what it waits for, not a slot.
+    assert ledger.held_in_line(long.ticket) == ledger.held_in_line(short.ticket) == "running_tokens"
+    # b's takes the pool's last slot, and b's next waits for a slot: no cap of b's holds it.
+    assert isinstance(ledger.admit(0.0, ask(chat, tenant="b")), Admitted)
+    waiting = ledger.admit(0.0, ask(chat, tenant="b"))
+    assert isinstance(waiting, Queued)
+    assert ledger.held_in_line(waiting.ticket) is None
+    assert ledger.held_in_line(running.ticket) is None  # running, not in line

@@ -47,6 +47,16 @@ def test_longer_flood_prompts_are_drawn_for_the_flood_tenant_only() -> None:
     assert heavy.flood_ok < plain.flood_ok
 
 
+def test_a_token_cap_holds_long_flood_prompts_to_one_at_a_time() -> None:
+    long = replace(SHORT, flood_factor=10, flood_prompt_tokens=(2000, 4000))
+    capped = run(replace(long, flood_max_prompt_tokens=3999))
+    # Any two of its prompts weigh 4000 or more: one runs, however long, and the next waits.
+    assert capped.flood_peak_running == 1
+    assert run(long).flood_peak_running == 3  # its count cap alone lets three run
+    assert 0 < capped.flood_prompt_tokens < run(long).flood_prompt_tokens
+    assert capped.steady_refused == 0
+
+
 def test_a_seed_gives_the_same_run() -> None:
     assert run(replace(SHORT, flood_factor=5)) == run(replace(SHORT, flood_factor=5))
     assert run(replace(SHORT, flood_factor=5)) != run(replace(SHORT, flood_factor=5, seed=1))

@@ -65,6 +65,23 @@ def test_concurrency_caps_come_from_the_entry_else_the_gateways_defaults(tmp_pat
     assert {t.name: t.caps for t in load_tenants(path).tenants}["free"] == TenantCaps(max_waiting=2)
 
 
+def test_the_prompt_token_cap_comes_from_the_entry_else_the_gateways_default(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(
+        "tenants:\n"
+        "  - {name: acme, apiKeys: [k1], maxConcurrentPromptTokens: 16000}\n"
+        "  - {name: free, apiKeys: [k2]}\n"
+    )
+    defaults = TenantCaps(max_running_tokens=4000)
+    caps = {t.name: t.caps for t in load_tenants(path, defaults).tenants}
+    assert caps == {
+        "acme": TenantCaps(max_running_tokens=16000),
+        "free": TenantCaps(max_running_tokens=4000),
+    }
+
+
 def test_a_mounted_secret_directory_is_read_without_its_hidden_entries(tmp_path: Path) -> None:
     # What the kubelet writes for a Secret volume: a hidden timestamped folder, a ..data
     # link to it, and one visible link per key.
@@ -97,6 +114,16 @@ def test_a_mounted_secret_directory_is_read_without_its_hidden_entries(tmp_path:
         (
             "tenants: [{name: a, apiKeys: [k], maxConcurrentRequests: 0}]",
             "tenants[0].maxConcurrentRequests: must be a whole number of at least 1, got 0",
+        ),
+        (
+            "tenants: [{name: a, apiKeys: [k], maxConcurrentPromptTokens: 0}]",
+            "tenants[0].maxConcurrentPromptTokens: must be a whole number of at least 1, got 0 "
+            "(tenant 'a': write a whole number of at least 1, or leave "
+            "maxConcurrentPromptTokens out)",
+        ),
+        (
+            "tenants: [{name: a, apiKeys: [k], maxConcurrentPromptTokens: 2.5}]",
+            "tenants[0].maxConcurrentPromptTokens: must be a whole number of at least 1, got 2.5",
         ),
         (
             "tenants: [{name: a, apiKeys: [k]}, {name: b, apiKeys: [k]}]",

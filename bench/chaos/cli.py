@@ -106,6 +106,12 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         "uniformly (default: the other tenant's, 200,800)",
     )
     chaos.add_argument(
+        "--flood-max-prompt-tokens",
+        metavar="N[,N...]",
+        help="with --flood --mode virtual: the flooding tenant's maxConcurrentPromptTokens, "
+        "each swept beside the runs without one (default: none)",
+    )
+    chaos.add_argument(
         "--pool-slots",
         type=int,
         metavar="N",
@@ -131,6 +137,7 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
         "flood_factors",
         "flood_share",
         "flood_prompt_tokens",
+        "flood_max_prompt_tokens",
         "pool_slots",
         "rounds",
     )
@@ -191,10 +198,20 @@ def _run_flood(args: argparse.Namespace) -> int:
             f"--flood-prompt-tokens must be LOW,HIGH with 1 <= LOW <= HIGH, got "
             f"{args.flood_prompt_tokens}"
         )
+    caps = parse_int_list(args.flood_max_prompt_tokens or "", "--flood-max-prompt-tokens")
+    if any(cap < 1 for cap in caps):
+        raise UsageError(
+            f"--flood-max-prompt-tokens must be at least 1 each, got {args.flood_max_prompt_tokens}"
+        )
     if args.mode == "live":
-        if prompts or args.pool_slots is not None:
-            flag = "--flood-prompt-tokens" if prompts else "--pool-slots"
-            raise UsageError(f"{flag} goes with --mode virtual")
+        virtual_only = (
+            ("--flood-prompt-tokens", bool(prompts)),
+            ("--flood-max-prompt-tokens", bool(caps)),
+            ("--pool-slots", args.pool_slots is not None),
+        )
+        for flag, given in virtual_only:
+            if given:
+                raise UsageError(f"{flag} goes with --mode virtual")
         return _run_flood_live(args, queues, factors)
     from laneway.bench.chaos.flood_virtual import (
         VirtualFloodOptions,
@@ -226,6 +243,7 @@ def _run_flood(args: argparse.Namespace) -> int:
             "queues": queues or None,
             "rounds": args.rounds,
             "pool_slots": args.pool_slots,
+            "max_prompt_tokens": caps or None,
         },
     )
     return run_and_report(

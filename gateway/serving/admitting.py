@@ -14,6 +14,7 @@ from laneway.gateway.serving.context import RequestPath
 from laneway.gateway.serving.outcome import Outcome
 from laneway.gateway.wakes import LineRefused
 from laneway.ledger import Admission, Admitted, Queued, Refused, Ticket
+from laneway.ledger.tenants import Held
 from laneway.routing.fairshare import NO_CAPS
 
 
@@ -52,22 +53,30 @@ async def wait_in_line(
         async with asyncio.timeout(limit_ms / 1000):
             return await line
     except TimeoutError:
+        held = path.ledger.held_in_line(ticket)  # asked while it is still in line
         withdrawn = path.ledger.withdraw(ticket, path.clock())
         path.wake(withdrawn.wakes)
-        raise refusal(path, ask, withdrawn.refused, limit_ms) from None
+        raise refusal(path, ask, withdrawn.refused, limit_ms, held) from None
     except LineRefused as refused:
         raise refusal(path, ask, refused.refused, limit_ms) from None
 
 
-def refusal(path: RequestPath, ask: Admission, refused: Refused, waited_ms: int | None) -> ApiError:
+def refusal(
+    path: RequestPath,
+    ask: Admission,
+    refused: Refused,
+    waited_ms: int | None,
+    held: Held | None = None,
+) -> ApiError:
     """Why the request's pool has no slot for it, said to its client; `waited_ms` is how long
-    it waited in line (None: it was refused without joining)."""
+    it waited in line (None: it was refused without joining), `held` which of its tenant's
+    caps held it there when its wait ran out."""
     pool = ask.route.pool
     reason, gate = refused.reason, refused.gate
-    if reason in ("tenant_queue_full", "line_share") or (
-        reason == "timeout" and _at_running_cap(path, ask)
-    ):
+    if reason in ("tenant_queue_full", "line_share"):
         return _tenant_refusal(path, ask, reason, waited_ms)
+    if reason == "timeout" and held is not None:
+        return _tenant_refusal(path, ask, held, waited_ms)
     if reason == "timeout":
         now = path.ledger.current(pool)
         if now is not None and not now.endpoints:
@@ -97,17 +106,16 @@ def refusal(path: RequestPath, ask: Admission, refused: Refused, waited_ms: int 
     )
 
 
-def _at_running_cap(path: RequestPath, ask: Admission) -> bool:
-    cap = ask.caps.max_running
-    return cap is not None and path.ledger.tenant_count(ask.route.pool, ask.tenant).running >= cap
-
-
 def _tenant_refusal(
     path: RequestPath, ask: Admission, reason: str, waited_ms: int | None
 ) -> ApiError:
-    """A refusal that the tenant's own requests caused: its message names the tenant's limit."""
+    """A refusal that the tenant's own requests caused: its message names the tenant's limit.
+    `reason`: the ledger's, or the cap that held it in line until its wait ran out."""
     pool, tenant, caps = ask.route.pool, ask.tenant, ask.caps
     count = path.ledger.tenant_count(pool, tenant)
+    replicas = path.ledger.cap_replicas
+    # Beside other replicas each keeps to its part of a cap (`laneway.ledger.tenants`).
+    parts = f" (each of {replicas} gateway replicas keeps to its part)" if replicas > 1 else ""
     if reason == "tenant_queue_full":
         why = (
             f"it has {count.waiting} requests waiting for pool {pool.name}, its limit "
@@ -120,10 +128,19 @@ def _tenant_refusal(
             "share of it, so this request gave its place to another tenant's"
         )
         code = "tenant_line_share"
+    elif reason == "running_tokens":
+        why = (
+            f"its {count.running} requests running in pool {pool.name} hold "
+            f"{count.running_tokens} prompt tokens, its limit maxConcurrentPromptTokens="
+            f"{caps.max_running_tokens}{parts}, and its next request in line did not fit "
+            f"within {waited_ms} ms (this one: {ask.route.prefill_tokens} prompt tokens)"
+        )
+        code = "tenant_prompt_tokens_exceeded"
     else:
         why = (
             f"it has {count.running} requests running in pool {pool.name}, its limit "
-            f"maxConcurrentRequests={caps.max_running}, and none ended within {waited_ms} ms"
+            f"maxConcurrentRequests={caps.max_running}{parts}, and none ended within "
+            f"{waited_ms} ms"
         )
         code = "tenant_concurrency_exceeded"
     return ApiError(

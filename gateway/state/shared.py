@@ -197,13 +197,19 @@ def options_from_args(args: argparse.Namespace) -> SharedStateOptions:
 
 
 def tenant_keys_from_args(args: argparse.Namespace) -> TenantKeys | None:
-    """--tenants with the default caps (--tenant-max-concurrent, --tenant-max-queued); None
-    without --tenants. UsageError naming the flag."""
+    """--tenants with the default caps (--tenant-max-concurrent, --tenant-max-queued,
+    --tenant-max-concurrent-prompt-tokens); None without --tenants. UsageError naming the
+    flag."""
     for flag, cap in (
         ("--tenant-max-concurrent", args.tenant_max_concurrent),
         ("--tenant-max-queued", args.tenant_max_queued),
+        ("--tenant-max-concurrent-prompt-tokens", args.tenant_max_concurrent_prompt_tokens),
     ):
         if cap is not None and cap < 1:
             raise UsageError(f"{flag} must be at least 1, got {cap}")
-    caps = TenantCaps(max_running=args.tenant_max_concurrent, max_waiting=args.tenant_max_queued)
+    caps = TenantCaps(
+        max_running=args.tenant_max_concurrent,
+        max_waiting=args.tenant_max_queued,
+        max_running_tokens=args.tenant_max_concurrent_prompt_tokens,
+    )
     return TenantKeys(args.tenants, caps) if args.tenants else None

@@ -1,11 +1,17 @@
 """Each tenant's requests per pool, shared between gateway replicas through Redis, so a
-tenant's caps (maxConcurrentRequests, maxQueuedRequests) hold over every replica.
+tenant's caps (maxConcurrentRequests, maxQueuedRequests, maxConcurrentPromptTokens) hold over
+every replica.
 
 The counts travel exactly as endpoint load does (`RedisLoadShare`: shared totals, each
 replica's contribution under a lease its heartbeat renews, a dead replica's share reaped),
-under their own keys (`{prefix}:tenants:load...`), one field pair per (pool, tenant): the
-running requests where endpoint load keeps requests in flight, the waiting ones where it
-keeps prefill tokens. The ledger counts this replica's own; a request of a capped tenant
+under their own keys (`{prefix}:tenants:load...`), two field pairs per (pool, tenant): under
+`pool|tenant` the running requests where endpoint load keeps requests in flight and the
+waiting ones where it keeps prefill tokens; under `tokens:pool|tenant` the running requests'
+prompt tokens (and a 0). The second pair came later and the first is unchanged, so replicas
+of either version read each other: a replica that does not count tokens publishes none,
+which reads as 0 (its tenants' running prompt tokens go uncounted until it is replaced).
+The `tokens:` prefix cannot meet a pool key, a `namespace/name` whose namespace is a DNS
+label (no `:`). The ledger counts this replica's own; a request of a capped tenant
 reads the others' before it is admitted, and the heartbeat reads them again for the tenants
 with requests waiting here, so one whose requests ended on another replica runs here
 within a heartbeat. The heartbeat also counts the replicas holding a lease: each keeps to
@@ -30,11 +36,25 @@ def _field(key: TenantKey) -> str:
     return f"{pool}|{tenant}"
 
 
+def _tokens_field(key: TenantKey) -> str:
+    return f"tokens:{_field(key)}"
+
+
 def _as_loads(own: Mapping[TenantKey, TenantCount]) -> dict[str, EndpointLoad]:
-    return {
-        _field(key): EndpointLoad(in_flight=count.running, prefill_tokens=count.waiting)
-        for key, count in own.items()
-    }
+    loads = {}
+    for key, count in own.items():
+        loads[_field(key)] = EndpointLoad(in_flight=count.running, prefill_tokens=count.waiting)
+        if count.running_tokens:
+            loads[_tokens_field(key)] = EndpointLoad(in_flight=count.running_tokens)
+    return loads
+
+
+def _as_count(counts: EndpointLoad, tokens: EndpointLoad | None) -> TenantCount:
+    return TenantCount(
+        running=counts.in_flight,
+        waiting=counts.prefill_tokens,
+        running_tokens=0 if tokens is None else tokens.in_flight,
+    )
 
 
 class RedisTenantShare:
@@ -60,9 +80,11 @@ class RedisTenantShare:
     async def peers(self, keys: Iterable[TenantKey]) -> dict[TenantKey, TenantCount]:
         """The other replicas' counts for `keys`, one round trip; none while Redis is away."""
         keys = list(keys)
-        loads = await self._share.peers([_field(key) for key in keys])
+        loads = await self._share.peers(
+            [field for key in keys for field in (_field(key), _tokens_field(key))]
+        )
         return {
-            key: TenantCount(running=load.in_flight, waiting=load.prefill_tokens)
+            key: _as_count(load, loads.get(_tokens_field(key)))
             for key in keys
             if (load := loads.get(_field(key))) is not None
         }

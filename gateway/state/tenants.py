@@ -15,6 +15,7 @@ holds one file per key of the Secret):
         maxBatchTokens: 50000000    # optional; tokens of batch items not yet run (same)
         maxConcurrentRequests: 8    # optional; its requests running in one pool at once
         maxQueuedRequests: 16       # optional; its requests waiting in one pool's line
+        maxConcurrentPromptTokens: 16000  # optional; their prompt tokens running in one pool
 
 Limits are token buckets that refill continuously: a bucket holds at most one minute's
 allowance and refills at allowance/60 per second. One request takes one unit from the
@@ -22,9 +23,10 @@ request bucket and its tokens from the token bucket, both or neither. `take` is 
 core; the in-memory limiter applies it to local state and the Redis limiter runs the same
 arithmetic in a Lua script, so every replica draws from one bucket in one round trip.
 
-The two concurrency caps count the tenant's requests in each pool over every replica; the
-ledger enforces them (`laneway.routing.fairshare.TenantCaps`). A tenant without its own takes
-the gateway's (`--tenant-max-concurrent`, `--tenant-max-queued`).
+The concurrency caps count the tenant's requests in each pool (and the prompt tokens of the
+running ones) over every replica; the ledger enforces them
+(`laneway.routing.fairshare.TenantCaps`). A tenant without its own takes the gateway's
+(`--tenant-max-concurrent`, `--tenant-max-queued`, `--tenant-max-concurrent-prompt-tokens`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Tenant:
     max_files: int | None = None  # None: the gateway's default quota
     max_file_bytes: int | None = None
     max_batch_tokens: int | None = None
-    caps: TenantCaps = NO_CAPS  # maxConcurrentRequests, maxQueuedRequests per pool
+    # maxConcurrentRequests, maxQueuedRequests, maxConcurrentPromptTokens per pool
+    caps: TenantCaps = NO_CAPS
 
 
 ANONYMOUS_TENANT = Tenant(ANONYMOUS)
@@ -177,7 +180,7 @@ def _read_tenants_file(file: Path, default_caps: TenantCaps) -> list[tuple[str, 
 KNOWN_FIELDS = (
     *("name", "apiKeys", "requestsPerMinute", "tokensPerMinute", "weight", "priority"),
     *("maxFiles", "maxFileBytes", "maxBatchTokens"),
-    *("maxConcurrentRequests", "maxQueuedRequests"),
+    *("maxConcurrentRequests", "maxQueuedRequests", "maxConcurrentPromptTokens"),
 )
 
 
@@ -222,9 +225,11 @@ def _parse_tenant(entry: object, where: str, default_caps: TenantCaps) -> tuple[
 def _caps(entry: Mapping[str, Any], where: str, defaults: TenantCaps) -> TenantCaps:
     running = _optional_limit(entry, "maxConcurrentRequests", where)
     waiting = _optional_limit(entry, "maxQueuedRequests", where)
+    tokens = _optional_limit(entry, "maxConcurrentPromptTokens", where)
     return TenantCaps(
         max_running=defaults.max_running if running is None else running,
         max_waiting=defaults.max_waiting if waiting is None else waiting,
+        max_running_tokens=defaults.max_running_tokens if tokens is None else tokens,
     )
 
 
@@ -233,7 +238,10 @@ def _optional_limit(entry: Mapping[str, Any], field: str, where: str) -> int | N
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{where}.{field}: must be a whole number of at least 1, got {value!r}")
+        raise UsageError(
+            f"{where}.{field}: must be a whole number of at least 1, got {value!r} (tenant "
+            f"{entry.get('name')!r}: write a whole number of at least 1, or leave {field} out)"
+        )
     return value
 
 

@@ -108,9 +108,9 @@ class Ledger(LedgerRecords):
             return Refused(ticket=ticket, reason=gate.closed, gate=gate.state())
         tenant, route = ask.tenant, ask.route
         self._tenants.set_caps(tenant, ask.caps)
-        # A tenant at its cap of running requests waits in line for one of its own to end,
-        # however many slots are free.
-        if self._tenants.may_run(key, tenant) and gate.take_free_slot(
+        # A tenant at its cap of running requests (or of their prompt tokens) waits in line
+        # for one of its own to end, however many slots are free.
+        if self._tenants.may_start(key, tenant, route.prefill_tokens) and gate.take_free_slot(
             route.priority, tenant, ask.fair_tokens
         ):
             self._run(request, now)
@@ -367,7 +367,9 @@ class Ledger(LedgerRecords):
         request.queue_ms = (now - request.joined_at) * 1000
         route = request.ask.route
         self._demand.add(route.pool.key, route.prefill_tokens, queued=False)
-        self._tenants.add(route.pool.key, request.ask.tenant, running=1)
+        self._tenants.add(
+            route.pool.key, request.ask.tenant, running=1, tokens=route.prefill_tokens
+        )
         prefilling = self._prefilling.get(route.pool.key)
         if prefilling is not None:
             request.feeding = request.fed = True
@@ -393,7 +395,7 @@ class Ledger(LedgerRecords):
         ask = request.ask
         key = ask.route.pool.key
         self._demand.remove(key, ask.route.prefill_tokens, queued=False)
-        self._tenants.add(key, ask.tenant, running=-1)
+        self._tenants.add(key, ask.tenant, running=-1, tokens=-ask.route.prefill_tokens)
         request.state = "refused"
         if request.feeding:
             return self._stop_feeding(request, now)
@@ -448,8 +450,9 @@ class Ledger(LedgerRecords):
         tenants whose turn it equally is, the one with fewer running here goes first."""
         granted = []
 
-        def eligible(tenant: str) -> bool:
-            return self._tenants.may_run(key, tenant)
+        def eligible(tenant: str, ticket: Ticket) -> bool:
+            tokens = self._requests[ticket].ask.route.prefill_tokens
+            return self._tenants.may_run(key, tenant, tokens)
 
         def running(tenant: str) -> int:
             return self._tenants.of(key, tenant).running

@@ -3,21 +3,19 @@
 The line holds tickets, never waiters: the shell that waits (an asyncio future per ticket
 in the gateway, nothing in the virtual runner) is told which tickets a change granted or
 refused, and wakes them. The line's order is `laneway.routing.admission.AdmissionLine`'s:
-interactive first, tenants taking turns in each lane. Which tenants may take a slot now (the
-ones under their cap of running requests) is the ledger's to say: `eligible`.
+interactive first, tenants taking turns in each lane. Which tenants may take a slot now for
+their next ticket (the ones under their caps) is the ledger's to say: `eligible`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from laneway.api import Lane
 from laneway.routing.admission import AdmissionLine
-from laneway.routing.fairshare import Running, line_place_for
+from laneway.routing.fairshare import Eligible, Running, line_place_for
 
 Ticket = int  # one request in the ledger, from `Ledger.open` to `Ledger.finished`
-Eligible = Callable[[str], bool]  # whether a tenant may take a slot now
 
 
 @dataclass(frozen=True)
@@ -67,6 +65,10 @@ class PoolGate:
     def join(self, ticket: Ticket, priority: Lane, tenant: str, tokens: int) -> None:
         self._line.join(ticket, priority, tenant, tokens)
 
+    def head(self, tenant: str, priority: Lane) -> Ticket | None:
+        """`tenant`'s first ticket in line in `priority`'s lane."""
+        return self._line.head(tenant, priority)
+
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a ticket out of line (its request gave up); False when it is not in line."""
         return self._line.remove(ticket)
@@ -75,7 +77,9 @@ class PoolGate:
         """A running request ended: its slot is free for `next_granted`."""
         self.active -= 1
 
-    def next_granted(self, eligible: Eligible, running: Running | None = None) -> Ticket | None:
+    def next_granted(
+        self, eligible: Eligible[Ticket], running: Running | None = None
+    ) -> Ticket | None:
         """The next ticket in line that a free slot admits (taking the slot); None when no
         slot is free or no eligible tenant waits. `running`: each tenant's requests running
         in the pool, which breaks a tie of turns toward the tenant with fewer."""

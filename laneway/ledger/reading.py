@@ -10,10 +10,11 @@ from laneway.autoscale import DemandCount
 from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.lending import LendingBook, Role
-from laneway.ledger.lines import GateState, PoolGate
+from laneway.ledger.lines import GateState, PoolGate, Ticket
 from laneway.ledger.load import LoadBook
 from laneway.ledger.responses import ResponseBook, StoredResponse
-from laneway.ledger.tenants import TenantBook, TenantCount, TenantKey
+from laneway.ledger.tenants import Held, TenantBook, TenantCount, TenantKey
+from laneway.ledger.tickets import TicketState
 from laneway.routing.cycle import EndpointLoad
 from laneway.routing.engine_metrics import EngineMetrics
 from laneway.routing.slo import PrefillRate
@@ -31,6 +32,7 @@ class LedgerReads:
     _demand: DemandBook
     _responses: ResponseBook
     _lending: LendingBook
+    _requests: dict[Ticket, TicketState]
 
     @property
     def wants_prefix_blocks(self) -> bool:
@@ -74,6 +76,20 @@ class LedgerReads:
     def tenant_count(self, pool: InferencePool, tenant: str) -> TenantCount:
         """The tenant's requests running and waiting in `pool`, on every replica."""
         return self._tenants.of(pool.key, tenant)
+
+    def held_in_line(self, ticket: Ticket) -> Held | None:
+        """Which of its tenant's caps holds the queued request in line now: the cap holding
+        the tenant's first request in its lane, the request itself or an older one it keeps
+        its place behind. None: it waits for a free slot (or is not in line)."""
+        request = self._requests.get(ticket)
+        if request is None or request.state != "queued":
+            return None
+        ask = request.ask
+        head = request.gate.head(ask.tenant, ask.route.priority)
+        if head is None:
+            return None
+        tokens = self._requests[head].ask.route.prefill_tokens
+        return self._tenants.held(ask.route.pool.key, ask.tenant, tokens)
 
     def own_tenants(self) -> dict[TenantKey, TenantCount]:
         """This replica's own requests per (pool, tenant): what it publishes."""

@@ -1,5 +1,6 @@
-"""Each tenant's requests per pool: running and waiting, this replica's own and the other
-gateway replicas' (arriving as data from the Redis shell), against the tenant's caps.
+"""Each tenant's requests per pool: running and waiting, and the prompt tokens of the running
+ones, this replica's own and the other gateway replicas' (arriving as data from the Redis
+shell), against the tenant's caps.
 
 A tenant's caps (`laneway.routing.fairshare.TenantCaps`) come with each of its admissions,
 so a changed tenants file applies from the tenant's next request on.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from laneway.routing.fairshare import NO_CAPS, TenantCaps
 
@@ -23,15 +25,21 @@ from laneway.routing.fairshare import NO_CAPS, TenantCaps
 class TenantCount:
     running: int = 0
     waiting: int = 0
+    running_tokens: int = 0  # the prompt tokens of the running requests
 
     def plus(self, other: TenantCount) -> TenantCount:
         return TenantCount(
-            running=self.running + other.running, waiting=self.waiting + other.waiting
+            running=self.running + other.running,
+            waiting=self.waiting + other.waiting,
+            running_tokens=self.running_tokens + other.running_tokens,
         )
 
 
 NONE = TenantCount()
 TenantKey = tuple[str, str]  # (pool key, tenant)
+# The cap that holds a tenant's next request in line: maxConcurrentRequests' or
+# maxConcurrentPromptTokens'.
+Held = Literal["running", "running_tokens"]
 
 
 class TenantBook:
@@ -47,9 +55,13 @@ class TenantBook:
         else:
             self._caps[tenant] = caps
 
-    def add(self, pool: str, tenant: str, *, running: int = 0, waiting: int = 0) -> None:
-        now = self._own.get((pool, tenant), NONE)
-        count = TenantCount(running=now.running + running, waiting=now.waiting + waiting)
+    def add(
+        self, pool: str, tenant: str, *, running: int = 0, waiting: int = 0, tokens: int = 0
+    ) -> None:
+        """Change the tenant's own counts: `tokens` are the prompt tokens of the `running`."""
+        count = self._own.get((pool, tenant), NONE).plus(
+            TenantCount(running=running, waiting=waiting, running_tokens=tokens)
+        )
         if count == NONE:
             del self._own[(pool, tenant)]  # tenants come and go: an idle one keeps no entry
         else:
@@ -57,16 +69,48 @@ class TenantBook:
 
     def of(self, pool: str, tenant: str) -> TenantCount:
         """The tenant's requests in `pool` on every replica."""
-        own = self._own.get((pool, tenant), NONE)
+        own = self.own_count(pool, tenant)
         peers = self._peers.get((pool, tenant))
         return own if peers is None else own.plus(peers)
 
-    def may_run(self, pool: str, tenant: str) -> bool:
-        cap = self._caps.get(tenant, NO_CAPS).max_running
-        if cap is None:
-            return True
-        own = self._own.get((pool, tenant), NONE).running
-        return own < self._part(cap) and self.of(pool, tenant).running < cap
+    def own_count(self, pool: str, tenant: str) -> TenantCount:
+        """The tenant's requests in `pool` on this replica."""
+        return self._own.get((pool, tenant), NONE)
+
+    def may_run(self, pool: str, tenant: str, tokens: int) -> bool:
+        """Whether the tenant's next request, of `tokens` prompt tokens, may run now."""
+        return self.held(pool, tenant, tokens) is None
+
+    def may_start(self, pool: str, tenant: str, tokens: int) -> bool:
+        """Whether a newly arrived request may run at once. Under a cap of prompt tokens a
+        shorter newcomer could fit where the tenant's longer one waits: it queues behind it
+        instead, so the tenant's own requests keep their order (and a long one is not passed
+        for ever by its tenant's stream of short ones)."""
+        if (
+            self.caps(tenant).max_running_tokens is not None
+            and self.own_count(pool, tenant).waiting
+        ):
+            return False
+        return self.may_run(pool, tenant, tokens)
+
+    def held(self, pool: str, tenant: str, tokens: int) -> Held | None:
+        """Which cap holds the tenant's next request (of `tokens` prompt tokens) in line;
+        None: it may run."""
+        caps = self._caps.get(tenant, NO_CAPS)
+        if caps == NO_CAPS:
+            return None
+        own, every = self.own_count(pool, tenant), self.of(pool, tenant)
+        if caps.max_running is not None and not (
+            own.running < self._part(caps.max_running) and every.running < caps.max_running
+        ):
+            return "running"
+        cap = caps.max_running_tokens
+        if cap is None or not own.running:
+            return None  # running none here: the next one runs, however long
+        fits = (
+            own.running_tokens + tokens <= self._part(cap) and every.running_tokens + tokens <= cap
+        )
+        return None if fits else "running_tokens"
 
     def may_wait(self, pool: str, tenant: str) -> bool:
         cap = self._caps.get(tenant, NO_CAPS).max_waiting

@@ -3,19 +3,19 @@
 Interactive requests go before batch ones. Within each, tenants take turns (fairshare.py):
 interactive requests by count, so one tenant's burst of chats does not queue another's
 first one behind it, batch requests by tokens, so one tenant's 500 documents do not starve
-another's five; FIFO within a tenant. A tenant at its cap of running requests is passed
-over (`eligible`) until one of its own finishes, and of two tenants whose turn it equally is,
+another's five; FIFO within a tenant. A tenant at its cap of running requests (or whose
+next request's prompt would pass its cap of running prompt tokens) is passed over
+(`eligible`) until one of its own finishes, and of two tenants whose turn it equally is,
 the one with fewer requests running goes first. Pure: the ledger's `PoolGate` holds the
 tickets in this line, and the shell does the waiting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from laneway.api import Lane
-from laneway.routing.fairshare import FairShareQueue, Running
+from laneway.routing.fairshare import Eligible, FairShareQueue, Running
 
 T = TypeVar("T")
 
@@ -47,9 +47,7 @@ class AdmissionLine(Generic[T]):
         else:
             self._interactive.charge(tenant, 1)
 
-    def next(
-        self, eligible: Callable[[str], bool] | None = None, running: Running | None = None
-    ) -> T | None:
+    def next(self, eligible: Eligible[T] | None = None, running: Running | None = None) -> T | None:
         """The item that leaves next, among the `eligible` tenants' (everyone's by default);
         None when there is none. `running` breaks ties of turns: the tenant with fewer
         requests running goes first."""
@@ -62,6 +60,10 @@ class AdmissionLine(Generic[T]):
         """Each tenant's items in line."""
         tenants = set(self._interactive.backlogged()) | set(self._batch.backlogged())
         return {t: self._interactive.queued(t) + self._batch.queued(t) for t in tenants}
+
+    def head(self, tenant: str, priority: Lane) -> T | None:
+        """`tenant`'s first item in `priority`'s lane: the one that leaves before its others."""
+        return (self._batch if priority is Lane.BATCH else self._interactive).head(tenant)
 
     def newest(self, tenant: str) -> T | None:
         """The item of `tenant` that gives up its place first: its last batch item, else its

@@ -17,7 +17,9 @@ flood's older queued request at every turn, waiting one extra slot each time.
 A pool's line is shared too (`line_place_for`): a full line gives a newcomer's tenant a
 place taken from the tenant holding the most, while the newcomer's tenant holds less than an
 equal share, so one tenant's flood cannot fill the line that another's first request needs.
-A tenant's own caps (`TenantCaps`) bound what it runs and queues in each pool.
+A tenant's own caps (`TenantCaps`) bound what it runs and queues in each pool: whether its
+head item may leave the line is the caller's to say (`eligible`, given the tenant and that
+item, since a cap of prompt tokens depends on the item's size).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 Running = Callable[[str], int]  # a tenant's requests running now
+# Whether a tenant's head item (the one it would send next) may leave the line now.
+Eligible = Callable[[str, T], bool]
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,13 @@ class FairShareQueue(Generic[T]):
         self._queues[tenant].append(_Queued(item=item, cost=cost, seq=next(self._arrivals)))
 
     def peek_tenant(
-        self, eligible: Callable[[str], bool] | None = None, running: Running | None = None
+        self, eligible: Eligible[T] | None = None, running: Running | None = None
     ) -> str | None:
         """The tenant whose item `pop` would return; None when empty (or none eligible).
         `running`: each tenant's requests running now, which breaks a tie of counters."""
-        tenants = [t for t in self._queues if eligible is None or eligible(t)]
+        tenants = [
+            t for t in self._queues if eligible is None or eligible(t, self._queues[t][0].item)
+        ]
         if not tenants:
             return None
 
@@ -91,9 +97,7 @@ class FairShareQueue(Generic[T]):
 
         return min(tenants, key=order)
 
-    def pop(
-        self, eligible: Callable[[str], bool] | None = None, running: Running | None = None
-    ) -> T:
+    def pop(self, eligible: Eligible[T] | None = None, running: Running | None = None) -> T:
         """The next item in fair order among the `eligible` tenants' (every tenant's by
         default), charging its tenant; IndexError when there is none."""
         tenant = self.peek_tenant(eligible, running)
@@ -110,6 +114,11 @@ class FairShareQueue(Generic[T]):
         """How many of `tenant`'s items wait."""
         queue = self._queues.get(tenant)
         return 0 if queue is None else len(queue)
+
+    def head(self, tenant: str) -> T | None:
+        """`tenant`'s first queued item, the one it sends next; None when it has none."""
+        queue = self._queues.get(tenant)
+        return None if queue is None else queue[0].item
 
     def newest(self, tenant: str) -> T | None:
         """`tenant`'s last queued item; None when it has none."""
@@ -139,12 +148,9 @@ class TenantCaps:
 
     max_running: int | None = None  # its requests running in one pool at once
     max_waiting: int | None = None  # its requests waiting in one pool's line
-
-    def may_run(self, running: int) -> bool:
-        return self.max_running is None or running < self.max_running
-
-    def may_wait(self, waiting: int) -> bool:
-        return self.max_waiting is None or waiting < self.max_waiting
+    # The prompt tokens of its requests running in one pool at once: a count of requests
+    # lets a few long prompts hold most of a pool's prefill, this bounds what they weigh.
+    max_running_tokens: int | None = None
 
 
 NO_CAPS = TenantCaps()
