@@ -296,3 +296,33 @@ def test_notes_say_how_to_address_each_inference_pool(helm: str) -> None:
     assert "get inferencepools\n" not in notes, "ambiguous where both CRDs are installed"
     assert f"Service {PICKER}, port 9002" in notes
     assert f"HTTPRoute\n{RELEASE}-laneway-laneway-demo sends" in notes
+
+
+def notes(helm: str, *values: str) -> str:
+    result = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                      "--dry-run=client", *ON, *sets(*values))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_list_the_pickers_options(helm: str) -> None:
+    default = notes(helm)
+    assert f"tenants:      the API keys of Secret {RELEASE}-laneway-api-key (--tenants)" in default
+    assert "tenant caps:  none" in default
+    assert "shared state: in memory, one replica" in default
+    assert "fairness id:  names no tenant, the API key does" in default
+    assert "objectives:   none" in default
+    every = notes(
+        helm,
+        *("redis.enabled=true", "picker.trustFairnessId=true"),
+        *("picker.objectives.premium=5", "picker.objectives.best-effort=-2"),
+        *("gateway.tenants.existingSecret=acme", "gateway.tenants.maxQueuedRequests=16"),
+    )
+    assert "tenants:      the API keys of Secret acme (--tenants)" in every
+    assert "tenant caps:  no cap running, 16 waiting per tenant and pool" in every
+    assert f"shared state: Redis redis://{RELEASE}-laneway-redis:6379/0 (--redis-url)" in every
+    assert "fairness id:  names the tenant (picker.trustFairnessId)" in every
+    assert "objectives:   best-effort=-2 premium=5 (--objectives)" in every
+    anonymous = notes(helm, "gateway.auth.enabled=false")
+    assert "tenants:      none, every request is anonymous" in anonymous
+    assert "fairness id:  only splits the fair share" in anonymous
