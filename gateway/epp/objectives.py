@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from laneway.errors import UsageError
+from laneway.yaml_files import mapping, read_yaml_documents
 
 GROUP = "inference.networking.x-k8s.io"
 KIND = "InferenceObjective"
@@ -42,14 +41,8 @@ NO_OBJECTIVES = Objectives({})
 def load_objectives(path: str | Path) -> Objectives:
     """The InferenceObjective documents of `path`; UsageError naming file, document, field."""
     path = Path(path)
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read objectives {path}: {error}") from None
-    except yaml.YAMLError as error:
-        raise UsageError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
     priorities: dict[str, int] = {}
-    for index, document in enumerate(documents):
+    for index, document in enumerate(read_yaml_documents(path, "objectives")):
         where = f"{path}: document {index}"
         name, priority = _parse(document, where)
         if name in priorities:
@@ -58,9 +51,8 @@ def load_objectives(path: str | Path) -> Objectives:
     return Objectives(priorities)
 
 
-def _parse(document: object, where: str) -> tuple[str, int]:
-    if not isinstance(document, Mapping):
-        raise UsageError(f"{where}: must be a mapping")
+def _parse(value: object, where: str) -> tuple[str, int]:
+    document = mapping(value, where)
     version = document.get("apiVersion")
     if document.get("kind") != KIND or not (
         isinstance(version, str) and version.startswith(f"{GROUP}/")
@@ -73,10 +65,7 @@ def _parse(document: object, where: str) -> tuple[str, int]:
     if not isinstance(name, str) or not name:
         raise UsageError(f"{where}: metadata.name must be a non-empty string")
     spec = document.get("spec")
-    if spec is None:
-        spec = {}
-    if not isinstance(spec, Mapping):
-        raise UsageError(f"{where} ({name}): spec must be a mapping")
+    spec = mapping({} if spec is None else spec, f"{where} ({name}): spec")
     priority = spec.get("priority")
     if priority is None:
         priority = 0
