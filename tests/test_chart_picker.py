@@ -256,6 +256,13 @@ def test_the_picker_reads_the_objectives_of_its_values(helm: str, tmp_path: Path
     assert "objectives.yaml" not in only(none, "ConfigMap", "-picker")["data"]
 
 
+def test_the_picker_may_watch_the_clusters_objectives(helm: str) -> None:
+    assert parse_laneway(picker_args(template(helm, *ON))).watch_objectives is False
+    watching = parse_laneway(picker_args(template(helm, *ON, *sets("picker.watchObjectives=true"))))
+    assert watching.watch_objectives is True
+    assert watching.objectives is None
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
@@ -266,6 +273,11 @@ def test_the_picker_reads_the_objectives_of_its_values(helm: str, tmp_path: Path
         (["picker.objectives.premium=high"], "/picker/objectives/premium"),
         (["picker.objectives.Premium_Tier=1"], "additional properties 'Premium_Tier'"),
         (["picker.replicaCount=2"], "picker.replicaCount (2) needs shared state"),
+        (["picker.watchObjectives=yes"], "/picker/watchObjectives"),
+        (
+            ["picker.watchObjectives=true", "picker.objectives.premium=5"],
+            "picker.watchObjectives takes the objectives from the cluster",
+        ),
         (
             ["picker.trustFairnessId=true", "gateway.auth.enabled=false"],
             "picker.trustFairnessId lets the fairness id name a tenant",
@@ -323,6 +335,8 @@ def test_notes_list_the_pickers_options(helm: str) -> None:
     assert f"shared state: Redis redis://{RELEASE}-laneway-redis:6379/0 (--redis-url)" in every
     assert "fairness id:  names the tenant (picker.trustFairnessId)" in every
     assert "objectives:   best-effort=-2 premium=5 (--objectives)" in every
+    watching = notes(helm, "picker.watchObjectives=true")
+    assert "objectives:   the cluster's InferenceObjectives, watched" in watching
     anonymous = notes(helm, "gateway.auth.enabled=false")
     assert "tenants:      none, every request is anonymous" in anonymous
     assert "fairness id:  only splits the fair share" in anonymous

@@ -63,6 +63,9 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- fail (printf "picker.replicaCount (%d) needs shared state: set redis.enabled=true (the bundled Redis) or redis.url, or keep one replica; apart, each replica keeps its own endpoint load and tenant limits" (int .Values.picker.replicaCount)) }}
 {{- end }}
 {{- end }}
+{{- if and .Values.picker.enabled .Values.picker.watchObjectives .Values.picker.objectives }}
+{{- fail "picker.watchObjectives takes the objectives from the cluster, in place of picker.objectives: empty picker.objectives, or turn watchObjectives off" }}
+{{- end }}
 {{- if and .Values.picker.enabled .Values.picker.trustFairnessId (not $gw.auth.enabled) }}
 {{- fail "picker.trustFairnessId lets the fairness id name a tenant of the tenants file, which gateway.auth.enabled=false turns off: turn auth on, or trustFairnessId off" }}
 {{- end }}
