@@ -180,15 +180,18 @@ def test_the_picker_takes_the_gateways_tenants(helm: str) -> None:
     assert tenants_volume(picker) == tenants_volume(gateway)
     assert tenants_volume(picker)["secret"]["secretName"] == f"{RELEASE}-laneway-api-key"
     assert (args.tenant_max_concurrent, args.tenant_max_queued) == (None, None)
+    assert args.tenant_max_concurrent_prompt_tokens is None
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(picker, version, strict=True)
 
     own = template(helm, *ON, *sets("gateway.tenants.existingSecret=acme-tenants",
                                     "gateway.tenants.maxConcurrentRequests=4",
-                                    "gateway.tenants.maxQueuedRequests=16"))  # fmt: skip
+                                    "gateway.tenants.maxQueuedRequests=16",
+                                    "gateway.tenants.maxConcurrentPromptTokens=8192"))  # fmt: skip
     args = parse_laneway(picker_args(own))
     assert tenants_volume(deployment(own, "picker"))["secret"] == {"secretName": "acme-tenants"}
     assert (args.tenant_max_concurrent, args.tenant_max_queued) == (4, 16)
+    assert args.tenant_max_concurrent_prompt_tokens == 8192
 
     # Auth off: every request anonymous, as at the gateway; no Secret mounted.
     off = deployment(template(helm, *ON, *sets("gateway.auth.enabled=false")), "picker")
@@ -329,9 +332,12 @@ def test_notes_list_the_pickers_options(helm: str) -> None:
         *("redis.enabled=true", "picker.trustFairnessId=true"),
         *("picker.objectives.premium=5", "picker.objectives.best-effort=-2"),
         *("gateway.tenants.existingSecret=acme", "gateway.tenants.maxQueuedRequests=16"),
+        "gateway.tenants.maxConcurrentPromptTokens=8192",
     )
     assert "tenants:      the API keys of Secret acme (--tenants)" in every
-    assert "tenant caps:  no cap running, 16 waiting per tenant and pool" in every
+    assert (
+        "tenant caps:  no cap running, 16 waiting, 8192 prompt tokens running per tenant and pool"
+    ) in every
     assert f"shared state: Redis redis://{RELEASE}-laneway-redis:6379/0 (--redis-url)" in every
     assert "fairness id:  names the tenant (picker.trustFairnessId)" in every
     assert "objectives:   best-effort=-2 premium=5 (--objectives)" in every
