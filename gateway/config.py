@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from laneway.api import (
     API_VERSION,
     KIND,
@@ -27,6 +25,7 @@ from laneway.api import (
 from laneway.errors import UsageError
 from laneway.routing.picker import PICKING_POLICIES, SCORER_NAMES, PickingSettings
 from laneway.routing.prefix_index import KVEventSource, PrefixSettings
+from laneway.yaml_files import mapping, read_yaml_documents
 
 GATEWAY_CONFIG_KIND = "GatewayConfig"
 TOKENIZER_KINDS = ("tiktoken", "huggingface")
@@ -134,15 +133,7 @@ class GatewayFile:
 def load_config(path: str | Path, allow_pools: bool = True) -> GatewayFile:
     """Read a config file; UsageError with one line naming file, document and field."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read config {path}: {error}") from None
-    try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        raise UsageError(f"{path}: not valid YAML: {_one_line(str(error))}") from None
-    return parse_documents(documents, str(path), allow_pools)
+    return parse_documents(read_yaml_documents(path, "config"), str(path), allow_pools)
 
 
 def parse_documents(
@@ -150,9 +141,8 @@ def parse_documents(
 ) -> GatewayFile:
     settings: GatewaySettings | None = None
     pools: list[InferencePool] = []
-    for index, document in enumerate(documents):
-        if not isinstance(document, Mapping):
-            raise UsageError(f"{source}: document {index}: must be a mapping")
+    for index, value in enumerate(documents):
+        document = mapping(value, f"{source}: document {index}")
         where = f"{source}: document {index} ({document.get('kind')} {_name_of(document)})"
         kind = document.get("kind")
         if kind == KIND:
@@ -196,10 +186,6 @@ def _name_of(document: Mapping[str, Any]) -> str:
     metadata = document.get("metadata")
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
     return str(name) if name else "<unnamed>"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def parse_settings(document: Mapping[str, Any]) -> GatewaySettings:

@@ -177,7 +177,7 @@ def test_default_batch_flags_are_the_gateways_own_defaults(
 def test_every_container_command_is_one_laneway_accepts(
     rendered: dict[str, list[Manifest]], value_set: str
 ) -> None:
-    for component in ("gateway", "operator"):
+    for component, command in (("gateway", "gateway"), ("operator", "operator"), ("picker", "epp")):
         found = [
             o
             for o in rendered[value_set]
@@ -185,7 +185,7 @@ def test_every_container_command_is_one_laneway_accepts(
         ]
         for manifest in found:
             parsed = parse_laneway(container(manifest)["args"])
-            assert parsed.command == component
+            assert parsed.command == command
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)

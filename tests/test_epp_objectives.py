@@ -102,6 +102,7 @@ HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjec
         (FIRST + "---" + FIRST, "'premium' is defined twice"),
         (FIRST.replace("priority: 5", "priority: high"), "spec.priority must be an integer"),
         (HEAD + "metadata: {}\n", "metadata.name"),
+        ("{}\n", "must be a InferenceObjective"),  # an empty mapping is no objective
     ],
 )
 def test_bad_objectives_are_usage_errors_naming_the_document(

@@ -17,9 +17,10 @@ from laneway.gateway.cli import (
     add_tenant_cap_flags,
     add_tenants_flag,
 )
-from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, ObjectivePriorities
 
 if TYPE_CHECKING:
+    from laneway.gateway.epp.objectives_watch import WatchedObjectives
     from laneway.gateway.state.shared import SharedStateOptions
 
 DEFAULT_PORT = 9002  # the Gateway API Inference Extension's EPP port
@@ -64,6 +65,13 @@ def register(
         "the objective a request names (x-llm-d-inference-objective, "
         "x-gateway-inference-objective), higher earlier, at a priority-scheduled pool",
     )
+    epp.add_argument(
+        "--watch-objectives",
+        action="store_true",
+        help="with --kubernetes: the same InferenceObjectives watched in the cluster, in the "
+        "namespaces pools are watched in, in place of --objectives (needs list and watch on "
+        "inferenceobjectives, as manifests/rbac/gateway.yaml grants)",
+    )
     epp.set_defaults(handler=run_epp)
 
 
@@ -77,8 +85,13 @@ def run_epp(args: argparse.Namespace) -> int:
     from laneway.gateway.epp.objectives import load_objectives
 
     shared = shared_options(args)
-    objectives = load_objectives(args.objectives) if args.objectives else NO_OBJECTIVES
     settings, source = pool_source(args, "epp", purpose="pick endpoints in")
+    watched = watched_objectives(args)
+    objectives: ObjectivePriorities = NO_OBJECTIVES
+    if watched is not None:
+        objectives = watched
+    elif args.objectives:
+        objectives = load_objectives(args.objectives)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     # Envoy holds the upstream requests, which a reclaim would have to close: the picker
     # serves a lending pool as a plain pool.
@@ -86,7 +99,9 @@ def run_epp(args: argparse.Namespace) -> int:
         settings, source, shared=shared, metrics_route=False, batches=False, lend=False
     )
     settle_heap()
-    picking = PickerOptions(trust_fairness_id=args.trust_fairness_id, objectives=objectives)
+    picking = PickerOptions(
+        trust_fairness_id=args.trust_fairness_id, objectives=objectives, watched=watched
+    )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(app, args.host, args.port, args.metrics_port, picking))
 
@@ -107,10 +122,26 @@ def shared_options(args: argparse.Namespace) -> SharedStateOptions | None:
     return SharedStateOptions(redis=redis, tenants=tenants)
 
 
+def watched_objectives(args: argparse.Namespace) -> WatchedObjectives | None:
+    """The cluster's InferenceObjectives where --watch-objectives asks; UsageError naming
+    the flag it needs or clashes with."""
+    if not args.watch_objectives:
+        return None
+    if not args.kubernetes:
+        raise UsageError("--watch-objectives needs --kubernetes: the cluster to watch them in")
+    if args.objectives:
+        raise UsageError("give --objectives FILE or --watch-objectives, not both")
+    from laneway.gateway.cli import watched_namespace
+    from laneway.gateway.epp.objectives_watch import WatchedObjectives
+
+    return WatchedObjectives(watched_namespace(args))
+
+
 @dataclass(frozen=True)
 class PickerOptions:
     trust_fairness_id: bool = False
-    objectives: Objectives = NO_OBJECTIVES
+    objectives: ObjectivePriorities = NO_OBJECTIVES
+    watched: WatchedObjectives | None = None  # its watch runs while the picker serves
 
 
 async def serve(app: Any, host: str, port: int, metrics_port: int, picking: PickerOptions) -> int:
@@ -147,6 +178,7 @@ async def serve(app: Any, host: str, port: int, metrics_port: int, picking: Pick
         await runner.cleanup()
         raise cannot_listen(host, port, OSError(str(error))) from None
     readiness = asyncio.create_task(follow_readiness(app, health))
+    watch = asyncio.create_task(picking.watched.run()) if picking.watched is not None else None
     bound_metrics = metrics_runner.addresses[0][1]
     print(f"laneway epp: metrics on http://{host}:{bound_metrics}/metrics", flush=True)
     print(f"laneway epp: listening on grpc://{host}:{bound}", flush=True)
@@ -160,6 +192,8 @@ async def serve(app: Any, host: str, port: int, metrics_port: int, picking: Pick
     drain_seconds = app[SETTINGS].drain_timeout_millis / 1000
     await health.enter_graceful_shutdown()
     readiness.cancel()
+    if watch is not None:
+        watch.cancel()
     await server.stop(drain_seconds)  # open streams get this long to end
     await runner.cleanup()
     await metrics_runner.cleanup()

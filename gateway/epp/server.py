@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, ObjectivePriorities
 from laneway.gateway.epp.stream import PickerStream
 from laneway.gateway.epp.tenancy import Identify, PickerCallers
 from laneway.gateway.keys import LEDGER, REQUEST_PATH, SHUTTING_DOWN
@@ -36,7 +36,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ExternalProcessor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, path: RequestPath, identify: Identify, objectives: Objectives) -> None:
+    def __init__(
+        self, path: RequestPath, identify: Identify, objectives: ObjectivePriorities
+    ) -> None:
         self._path = path
         self._identify = identify
         self._objectives = objectives
@@ -70,7 +72,7 @@ async def start_grpc(
     port: int,
     *,
     trust_fairness_id: bool = False,
-    objectives: Objectives = NO_OBJECTIVES,
+    objectives: ObjectivePriorities = NO_OBJECTIVES,
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """The picker's gRPC server, started on `host:port` (0: a free port); the bound port.
     `trust_fairness_id`: the fairness id header names the tenant (`tenancy.py`);

@@ -25,7 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from laneway.gateway.epp import protocol
 from laneway.gateway.epp.asks import Asks, read_asks
 from laneway.gateway.epp.following import ResponseWatch
-from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
+from laneway.gateway.epp.objectives import NO_OBJECTIVES, ObjectivePriorities
 from laneway.gateway.epp.tenancy import Identify
 from laneway.gateway.errors import ApiError
 from laneway.gateway.metrics import GapTally
@@ -74,7 +74,7 @@ class PickerStream:
     """The ext_proc exchange of one HTTP request, message by message."""
 
     def __init__(
-        self, path: RequestPath, identify: Identify, objectives: Objectives = NO_OBJECTIVES
+        self, path: RequestPath, identify: Identify, objectives: ObjectivePriorities = NO_OBJECTIVES
     ) -> None:
         self._path = path
         self._identify = identify

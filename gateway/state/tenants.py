@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
 from redis.asyncio import Redis
 
 from laneway.errors import UsageError
 from laneway.gateway.state.redis_store import REDIS_DOWN
 from laneway.routing.fairshare import NO_CAPS, TenantCaps
+from laneway.yaml_files import mapping, read_yaml
 
 log = logging.getLogger("laneway.gateway.state.tenants")
 
@@ -157,12 +157,7 @@ def load_tenants(path: str | Path, default_caps: TenantCaps = NO_CAPS) -> Tenant
 
 
 def _read_tenants_file(file: Path, default_caps: TenantCaps) -> list[tuple[str, Tenant]]:
-    try:
-        document = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read tenants file {file}: {error}") from None
-    except yaml.YAMLError as error:
-        raise UsageError(f"{file}: not valid YAML: {' '.join(str(error).split())}") from None
+    document = read_yaml(file, "tenants file")
     if not isinstance(document, Mapping) or not isinstance(document.get("tenants"), list):
         raise UsageError(f"{file}: must be a mapping with a list under 'tenants'")
     pairs: list[tuple[str, Tenant]] = []
@@ -184,9 +179,8 @@ KNOWN_FIELDS = (
 )
 
 
-def _parse_tenant(entry: object, where: str, default_caps: TenantCaps) -> tuple[Tenant, list[str]]:
-    if not isinstance(entry, Mapping):
-        raise UsageError(f"{where}: must be a mapping")
+def _parse_tenant(value: object, where: str, default_caps: TenantCaps) -> tuple[Tenant, list[str]]:
+    entry = mapping(value, where)
     for field in entry:
         if field not in KNOWN_FIELDS:
             raise UsageError(f"{where}.{field}: unknown field; known: {', '.join(KNOWN_FIELDS)}")

@@ -41,6 +41,8 @@ class ResourceType:
 # known by its qualified name, as kubectl spells it to tell the two apart.
 UPSTREAM_POOL_GROUP = "inference.networking.k8s.io"
 UPSTREAM_POOL = f"{KIND}.{UPSTREAM_POOL_GROUP}"
+# Its InferenceObjective (a request kind's priority), still in the experimental group.
+OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
 
 RESOURCE_TYPES = {
     **{
@@ -53,6 +55,9 @@ RESOURCE_TYPES = {
             ResourceType("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
             ResourceType("v1", "Event", "events"),
             ResourceType(API_VERSION, KIND, PLURAL),
+            ResourceType(
+                f"{OBJECTIVE_GROUP}/v1alpha2", "InferenceObjective", "inferenceobjectives"
+            ),
         )
     },
     UPSTREAM_POOL: ResourceType(f"{UPSTREAM_POOL_GROUP}/v1", KIND, "inferencepools"),

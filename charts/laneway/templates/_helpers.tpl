@@ -180,3 +180,63 @@ name and its pods' label (models.laneway.io/<slug>). Kept equal by tests/test_ch
 {{- define "laneway.picker.fullname" -}}
 {{- printf "%s-picker" (include "laneway.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+What the gateway and the picker both take from gateway.auth and gateway.tenants: the
+tenants file (--tenants, mounted by "laneway.tenantsVolume") and the default caps. Call
+with the root context; a YAML list of args, empty where nothing applies.
+*/}}
+{{- define "laneway.tenantsArgs" -}}
+{{- if .Values.gateway.auth.enabled }}
+- --tenants
+- /etc/laneway/tenants
+{{- end }}
+{{- with .Values.gateway.tenants.maxConcurrentRequests }}
+- --tenant-max-concurrent
+- {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.gateway.tenants.maxQueuedRequests }}
+- --tenant-max-queued
+- {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.gateway.tenants.maxConcurrentPromptTokens }}
+- --tenant-max-concurrent-prompt-tokens
+- {{ . | int64 | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The volume behind /etc/laneway/tenants: the given Secret, or the generated key's. */}}
+{{- define "laneway.tenantsVolume" -}}
+{{- if .Values.gateway.tenants.existingSecret }}
+- name: tenants
+  secret:
+    secretName: {{ .Values.gateway.tenants.existingSecret }}
+{{- else if .Values.gateway.auth.enabled }}
+- name: tenants
+  secret:
+    secretName: {{ include "laneway.gateway.apiKeySecretName" . }}
+    # Only the tenants file: --tenants reads every file of the directory.
+    items:
+      - key: tenants.yaml
+        path: tenants.yaml
+{{- end }}
+{{- end }}
+
+{{/*
+The shared state both read (--redis-url's default and its password): the bundled Redis or
+redis.url, as EnvVars; empty without Redis.
+*/}}
+{{- define "laneway.redisEnv" -}}
+{{- $secret := include "laneway.redis.passwordSecretName" . }}
+{{- with include "laneway.redis.url" . }}
+- name: LANEWAY_REDIS_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- if $secret }}
+- name: LANEWAY_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ include "laneway.redis.passwordSecretKey" . }}
+{{- end }}
+{{- end }}

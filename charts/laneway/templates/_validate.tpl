@@ -59,6 +59,15 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- if and $auto.enabled (gt (int $auto.maxReplicas) 1) }}
 {{- fail (printf "gateway.autoscaling.maxReplicas (%d) needs shared state: set redis.enabled=true (the bundled Redis) or redis.url, or turn gateway.autoscaling off" (int $auto.maxReplicas)) }}
 {{- end }}
+{{- if and .Values.picker.enabled (gt (int .Values.picker.replicaCount) 1) }}
+{{- fail (printf "picker.replicaCount (%d) needs shared state: set redis.enabled=true (the bundled Redis) or redis.url, or keep one replica; apart, each replica keeps its own endpoint load and tenant limits" (int .Values.picker.replicaCount)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.picker.enabled .Values.picker.watchObjectives .Values.picker.objectives }}
+{{- fail "picker.watchObjectives takes the objectives from the cluster, in place of picker.objectives: empty picker.objectives, or turn watchObjectives off" }}
+{{- end }}
+{{- if and .Values.picker.enabled .Values.picker.trustFairnessId (not $gw.auth.enabled) }}
+{{- fail "picker.trustFairnessId lets the fairness id name a tenant of the tenants file, which gateway.auth.enabled=false turns off: turn auth on, or trustFairnessId off" }}
 {{- end }}
 {{- $maxFile := include "laneway.gateway.maxFileBytes" . | int64 }}
 {{- $quota := include "laneway.gateway.tenantFileBytes" . | int64 }}
