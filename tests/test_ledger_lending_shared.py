@@ -10,7 +10,7 @@ from test_ledger_lending import CHAT_URLS, chat_pool, docs_pool, lend_all_idle, 
 
 from laneway.gateway.serving.lending import Mode, mode_after
 from laneway.gateway.state.lending_share import Published
-from laneway.ledger import Admitted, Ledger, Rebalanced, Role
+from laneway.ledger import Admitted, Ledger, PeerLending, Rebalanced, Role
 
 
 def endpoints(ledger: Ledger, name: str) -> tuple[str, ...]:
@@ -27,13 +27,30 @@ def test_the_leader_keeps_the_replicas_the_other_replicas_chat_needs() -> None:
     # turns each within headroom), though this one has no chat at all.
     now = 0.0
     for _ in range(6):
-        leader.rebalance(now, peer_demand={chat.key: 7})
+        leader.rebalance(now, peers=PeerLending(demand={chat.key: 7}))
         now += 5.0
     assert list(roles(leader, chat).values()).count(Role.LENT) == 1
     # Their chat grows: the lent replica is taken back.
-    answer = leader.rebalance(now, peer_demand={chat.key: 12})
+    answer = leader.rebalance(now, peers=PeerLending(demand={chat.key: 12}))
     assert [c.role for c in answer.changes] == [Role.RECLAIMING]
     assert Role.LENT not in roles(leader, chat).values()
+
+
+def test_the_leader_lends_a_replica_once_no_gateway_replica_has_chat_there() -> None:
+    chat, docs = chat_pool(keep=1), docs_pool()
+    leader = ledger_with(chat, docs)
+    busy = PeerLending(in_flight=dict.fromkeys(CHAT_URLS, 1))  # a turn of theirs on each
+    leader.rebalance(0.0, peers=busy)
+    answer = leader.rebalance(5.0, peers=busy)
+    ((draining, role),) = [(c.url, c.role) for c in answer.changes]
+    assert role is Role.DRAINING
+    assert draining not in endpoints(leader, "chat")
+    assert draining not in endpoints(leader, "docs")
+    assert roles(leader, chat)[draining] is Role.DRAINING
+    # Their turn there ended: lent.
+    answer = leader.rebalance(5.1, peers=PeerLending())
+    assert (draining, Role.LENT) in [(c.url, c.role) for c in answer.changes]
+    assert draining in endpoints(leader, "docs")
 
 
 def test_a_follower_sends_batch_to_the_lent_replica_and_chat_elsewhere() -> None:

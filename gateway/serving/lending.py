@@ -43,7 +43,7 @@ from laneway.gateway.state.demand import RedisDemandShare
 from laneway.gateway.state.lending_share import Published, RedisLendingShare
 from laneway.gateway.state.redis_store import REDIS_DOWN, RedisLoadShare
 from laneway.gateway.wakes import Waiters
-from laneway.ledger import Admitted, Ledger, Rebalanced, Ticket
+from laneway.ledger import Admitted, Ledger, PeerLending, Rebalanced, Ticket
 
 log = logging.getLogger("laneway.gateway.lending")
 
@@ -115,7 +115,7 @@ class Lending:
         self._attempts: dict[Ticket, _Attempt] = {}
         # With Redis, unknown (nothing lent) until the first tick has asked it.
         self._mode: Mode | None = None if shared else Mode.ALONE
-        self._peer_demand: dict[str, int] = {}  # the other replicas' chat demand (leading)
+        self._peers = PeerLending()  # what the other replicas report (leading)
         self._changed = asyncio.Event()  # the leader's roles changed: publish them now
         self._version = 0
 
@@ -133,7 +133,7 @@ class Lending:
         if self._mode is Mode.ALONE:
             answer = ledger.rebalance(now)
         elif self._mode is Mode.LEADING:
-            answer = ledger.rebalance(now, peer_demand=self._peer_demand)
+            answer = ledger.rebalance(now, peers=self._peers)
             if answer.changes:
                 self._changed.set()
         else:
@@ -168,13 +168,16 @@ class Lending:
         try:
             term = await shares.roles.lead(ttl_s)
             if term:
-                peers = await shares.demand.peers()
+                demand = await shares.demand.peers()
                 urls = [url for roles in self._ledger.lending_roles().values() for url in roles]
-                self._ledger.set_peer_loads(await shares.load.peers(urls))
-                self._peer_demand = {
-                    key: count.queued_requests + count.in_flight_requests
-                    for key, count in peers.items()
-                }
+                loads = await shares.load.peers(urls)
+                self._peers = PeerLending(
+                    demand={
+                        key: count.queued_requests + count.in_flight_requests
+                        for key, count in demand.items()
+                    },
+                    in_flight={url: load.in_flight for url, load in loads.items()},
+                )
             else:
                 published = await shares.roles.read()
                 why = "another gateway replica holds the lending lease but published no roles"

@@ -47,7 +47,7 @@ from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.facts import PlanFacts
 from laneway.ledger.feeding import FeedCounts, fed_candidates, feeding_limit, feeds, free_slots
-from laneway.ledger.lending import LendingBook, Role
+from laneway.ledger.lending import LendingBook, PeerLending, Role
 from laneway.ledger.lines import PoolGate, Ticket
 from laneway.ledger.load import LoadBook
 from laneway.ledger.records import LedgerRecords
@@ -300,20 +300,30 @@ class Ledger(LedgerRecords):
         return Wakes(refused=tuple(refused)) + self._refresh_limits(now)
 
     def rebalance(
-        self, now: float, *, lend: bool = True, peer_demand: Mapping[str, int] | None = None
+        self, now: float, *, lend: bool = True, peers: PeerLending | None = None
     ) -> Rebalanced:
         """The lending pools' replica roles for their chat demand now (`lending.py`): call
         it whenever that demand may have changed (a chat turn admitted or ended, a scrape).
         The shell acts on the reclaims; the wakes admit the borrowers' next documents.
         Without `lend` (the shell cannot act on lending now), every lent replica is taken
-        back and none is lent. `peer_demand`: the other gateway replicas' chat turns running
-        and in line per pool, added to this replica's (the leader decides for them all)."""
-        gates, requests, peers = self._gates, self._requests, peer_demand or {}
+        back and none is lent. `peers`: the other gateway replicas' chat demand and requests
+        on the lenders' endpoints, added to this replica's own (the leader decides for them
+        all: a replica is lent once no gateway replica has a request there)."""
+        gates, requests, own = self._gates, self._requests, self._load.own()
+        peers = peers or PeerLending()
+
+        def demand_of(key: str) -> int:
+            return gates[key].active + gates[key].waiting + peers.demand.get(key, 0)
+
+        def in_flight(url: str) -> int:
+            mine = own[url].in_flight if url in own else 0
+            return mine + peers.in_flight.get(url, 0)
+
         changes, reclaims = self._lending.rebalance(
             now,
             self._listed,
-            demand=lambda key: gates[key].active + gates[key].waiting + peers.get(key, 0),
-            in_flight=lambda url: self._load.of(url).in_flight,
+            demand=demand_of,
+            in_flight=in_flight,
             running=lambda url, pool: running_on(requests, url, pool),
             lend=lend,
         )

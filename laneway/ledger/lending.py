@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from laneway.api import InferencePool, Lane
@@ -58,6 +58,14 @@ class Reclaim:
 
     url: str
     tickets: tuple[int, ...]  # the ledger's tickets
+
+
+@dataclass(frozen=True)
+class PeerLending:
+    """What the other gateway replicas report, for the one deciding the roles for all."""
+
+    demand: Mapping[str, int] = field(default_factory=dict)  # pool key -> chat turns
+    in_flight: Mapping[str, int] = field(default_factory=dict)  # endpoint -> requests there
 
 
 @dataclass(frozen=True)
