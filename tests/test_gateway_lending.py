@@ -250,7 +250,8 @@ async def test_two_gateway_replicas_lend_and_take_back_together(
     """Two gateway replicas on one Redis: the leader lends the idle replica, and the other
     one follows: its documents go to the lent replica and its chat does not. Chat demand on
     the follower alone makes the leader take the replica back, and the follower ends its
-    own document there (the engine aborts it) and serves its chat turn there."""
+    own document there (the engine aborts it) and serves its chat turn there; demand falls
+    again, and both lend the replica again, the requeued document resent there."""
     engines = [await engine(servers), await engine(servers)]
     docs = lending_docs([e.url for e in engines])
     flags = ("--redis-url", redis_server.url)
@@ -309,6 +310,12 @@ async def test_two_gateway_replicas_lend_and_take_back_together(
         assert await count(follower.url, "laneway_gateway_reclaimed_requests_total") == 1
         for ledger in ledgers:
             assert borrowed_url not in lent(ledger)
+        # The short turn ended: demand fell, the leader lends the replica again, and the
+        # follower's requeued document is resent there and completes.
+        completed = await asyncio.wait_for(doc, 120)
+        assert completed.choices[0].finish_reason == "length"
+        assert await finished_other_than_abort(borrowed.url) == 2
+        assert all(lent(ledger) == [borrowed_url] for ledger in ledgers)
     finally:
         doc.cancel()
         if chat_a is not None:
