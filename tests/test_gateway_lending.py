@@ -493,3 +493,49 @@ async def test_with_redis_away_both_gateway_replicas_take_the_lent_replica_back(
     await eventually(lent_on_both(1), "lending again once Redis is back")
     modes = {g.runner.app[LENDING].mode for g in gateways}  # type: ignore[union-attr]
     assert modes == {Mode.LEADING, Mode.FOLLOWING}
+
+
+async def test_when_the_leader_stops_the_follower_leads_and_keeps_the_lent_replica(
+    servers: Servers, tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    """A leader shutting down hands the lease back: the follower takes it on its next tick
+    and decides from the roles it had adopted, so the lent replica stays lent."""
+    engines = [await engine(servers), await engine(servers)]
+    docs = lending_docs([e.url for e in engines])
+    flags = ("--redis-url", redis_server.url)
+    gateways = [
+        await servers.gateway(tmp_path / f"gateway-{i}.yaml", docs, *flags) for i in range(2)
+    ]
+
+    def mode(gateway: Served) -> Mode | None:
+        lending = gateway.runner.app[LENDING]
+        assert lending is not None
+        return lending.mode
+
+    async def one_leads() -> bool:
+        return {mode(g) for g in gateways} == {Mode.LEADING, Mode.FOLLOWING}
+
+    await eventually(one_leads, "one gateway replica leading, one following")
+    (leader,) = (g for g in gateways if mode(g) is Mode.LEADING)
+    (follower,) = (g for g in gateways if g is not leader)
+    ledger = follower.runner.app[LEDGER]
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the follower sees one replica lent")
+    (borrowed_url,) = lent(ledger)
+    assert leader.listener is not None
+    leader.listener.close()
+    await leader.runner.cleanup()
+    seen: list[list[str]] = []
+
+    async def leads() -> bool:
+        seen.append(lent(ledger))
+        return mode(follower) is Mode.LEADING
+
+    await eventually(leads, "the follower leading")
+    for _ in range(10):  # and deciding: still lent, and never taken back meanwhile
+        seen.append(lent(ledger))
+        await asyncio.sleep(0.05)
+    assert all(found == [borrowed_url] for found in seen)
