@@ -26,6 +26,7 @@ from laneway.gateway.keys import (
     DEMAND_SHARE,
     LEDGER,
     LENDING,
+    LENDING_SHARE,
     LOAD_SHARE,
     METRICS,
     POOL_TOKENIZERS,
@@ -53,7 +54,7 @@ from laneway.gateway.serving.incoming import (
     expect_continue,
     unsupported_coding,
 )
-from laneway.gateway.serving.lending import Lending
+from laneway.gateway.serving.lending import Lending, LendingShares
 from laneway.gateway.serving.protocol import stamp_arrival
 from laneway.gateway.serving.request_body import Endpoint
 from laneway.gateway.state.callers import TenantLimits, caller_of, routing_tenant
@@ -98,7 +99,12 @@ def create_app(
     app[COUNTER] = OffLoopCounter()
     app.on_cleanup.append(_stop_counter)
     app[METRICS] = GatewayMetrics(ledger, clock)
-    app[LENDING] = Lending(ledger, app[WAITERS], clock, app[METRICS].reclaimed_on) if lend else None
+    shares_redis = shared is not None and shared.redis is not None
+    app[LENDING] = (
+        Lending(ledger, app[WAITERS], clock, app[METRICS].reclaimed_on, shared=shares_redis)
+        if lend
+        else None
+    )
     app[POOL_TOKENIZERS] = PoolTokenizers(
         app[TOKENIZER],
         settings.queue.retry_after_seconds,
@@ -227,7 +233,10 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
         if (lending := app[LENDING]) is not None:
             interval_s = settings.lending.interval_millis / 1000
-            tasks.append(asyncio.create_task(lending.run(interval_s), name="lending"))
+            shares = None
+            if LENDING_SHARE in app:
+                shares = LendingShares(app[LENDING_SHARE], app[DEMAND_SHARE], app[LOAD_SHARE])
+            tasks.append(asyncio.create_task(lending.run(interval_s, shares), name="lending"))
         subscribers = [
             KVEventSubscriber(source, ledger) for source in settings.picking.prefix.kv_events
         ]

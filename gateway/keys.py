@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from laneway.gateway.serving.counting import OffLoopCounter, PoolTokenizers
     from laneway.gateway.serving.lending import Lending
     from laneway.gateway.state.demand import RedisDemandShare
+    from laneway.gateway.state.lending_share import RedisLendingShare
     from laneway.gateway.state.metrics import StateMetrics
     from laneway.gateway.state.redis_store import RedisLoadShare
     from laneway.gateway.state.responses import RedisResponseShare
@@ -68,6 +69,8 @@ BATCH_TOKEN_LIMIT: web.AppKey[int] = web.AppKey("batch_token_limit")  # the same
 STATE_METRICS: web.AppKey[StateMetrics] = web.AppKey("state_metrics")
 DEMAND_SHARE: web.AppKey[RedisDemandShare] = web.AppKey("demand_share")  # absent: no Redis
 LOAD_SHARE: web.AppKey[RedisLoadShare] = web.AppKey("load_share")  # absent: no Redis
+# Absent: no Redis (or no lending shell).
+LENDING_SHARE: web.AppKey[RedisLendingShare] = web.AppKey("lending_share")
 RESPONSE_SHARE: web.AppKey[RedisResponseShare] = web.AppKey("response_share")  # the same
 TENANT_SHARE: web.AppKey[RedisTenantShare] = web.AppKey("tenant_share")  # absent: no Redis
 

@@ -22,7 +22,8 @@ from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 
 from laneway.bench.harness.redis_server import LocalRedis
-from laneway.gateway.keys import CLOCK, LEDGER
+from laneway.gateway.keys import LEDGER, LENDING
+from laneway.gateway.serving.lending import Mode
 from laneway.ledger import Ledger, Role
 
 # About 8k tokens of prose: a prefill of several engine steps.
@@ -243,34 +244,83 @@ async def test_a_streamed_document_taken_back_after_its_first_tokens_ends_with_a
         await api.close()
 
 
-async def test_beside_another_gateway_replica_lending_is_off(
-    servers: Servers, tmp_path: Path
+async def test_two_gateway_replicas_lend_and_take_back_together(
+    servers: Servers, tmp_path: Path, redis_server: LocalRedis
 ) -> None:
-    """The roles are each replica's own: where Redis' heartbeat counts two gateway replicas,
-    the lent replica is taken back and none is lent until one replica is left."""
+    """Two gateway replicas on one Redis: the leader lends the idle replica, and the other
+    one follows: its documents go to the lent replica and its chat does not. Chat demand on
+    the follower alone makes the leader take the replica back, and the follower ends its
+    own document there (the engine aborts it) and serves its chat turn there; demand falls
+    again, and both lend the replica again, the requeued document resent there."""
     engines = [await engine(servers), await engine(servers)]
-    gateway = await servers.gateway(
-        tmp_path / "gateway.yaml", lending_docs([e.url for e in engines])
+    docs = lending_docs([e.url for e in engines])
+    flags = ("--redis-url", redis_server.url)
+    gateways = [
+        await servers.gateway(tmp_path / f"gateway-{i}.yaml", docs, *flags) for i in range(2)
+    ]
+    ledgers = [g.runner.app[LEDGER] for g in gateways]
+
+    async def both_lent_one() -> bool:
+        found = [lent(ledger) for ledger in ledgers]
+        return len(found[0]) == 1 and found[0] == found[1]
+
+    await eventually(both_lent_one, "one replica lent, as both gateway replicas see it")
+    modes = {g.runner.app[LENDING].mode for g in gateways}  # type: ignore[union-attr]
+    assert modes == {Mode.LEADING, Mode.FOLLOWING}
+    (follower,) = (g for g in gateways if g.runner.app[LENDING].mode is Mode.FOLLOWING)  # type: ignore[union-attr]
+    (borrowed_url,) = lent(ledgers[0])
+    by_url = {e.url: e for e in engines}
+    borrowed = by_url[borrowed_url]
+    (home,) = (e for e in engines if e is not borrowed)
+    api = client(follower)
+
+    doc = asyncio.create_task(
+        api.completions.create(
+            model="llama",
+            prompt=DOCUMENT,
+            max_tokens=DOCUMENT_OUTPUT,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
     )
-    ledger, clock = gateway.runner.app[LEDGER], gateway.runner.app[CLOCK]
+    chat_a = None
+    try:
 
-    async def lent_count(expected: int) -> None:
-        async def check() -> bool:
-            return len(lent(ledger)) == expected
+        async def doc_decoding() -> bool:
+            return await count(borrowed.url, "vllm:time_to_first_token_seconds_count") == 1
 
-        await eventually(check, f"{expected} replica(s) lent")
-
-    await lent_count(1)
-    ledger.set_peer_tenants(clock(), {}, replicas=2)  # what the heartbeat reports
-
-    async def all_serving() -> bool:
-        samples = await scrape(gateway.url)
-        name = "laneway_gateway_lending_replicas"
-        return total(samples, name, pool="chat", role="serving") == len(engines)
-
-    await eventually(all_serving, "every replica serving chat again")
-    ledger.set_peer_tenants(clock(), {}, replicas=1)
-    await lent_count(1)
+        await eventually(doc_decoding, "the follower's document decoding on the lent replica")
+        # The follower's chat goes to the replica still serving chat, not the lent one.
+        chat_a = await api.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "tell me a long story"}],
+            max_tokens=20000,
+            stream=True,
+        )
+        await anext(aiter(chat_a))
+        assert await count(home.url, "vllm:num_requests_running") == 1
+        # A second turn on the follower needs a second replica: the leader, told of the
+        # follower's demand through Redis, takes the lent one back.
+        answer = await api.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+        reason = {"finished_reason": "abort"}
+        assert await count(borrowed.url, "vllm:request_success_total", **reason) == 1
+        assert await finished_other_than_abort(borrowed.url) == 1  # the short turn
+        assert await count(follower.url, "laneway_gateway_reclaimed_requests_total") == 1
+        for ledger in ledgers:
+            assert borrowed_url not in lent(ledger)
+        # The short turn ended: demand fell, the leader lends the replica again, and the
+        # follower's requeued document is resent there and completes.
+        completed = await asyncio.wait_for(doc, 120)
+        assert completed.choices[0].finish_reason == "length"
+        assert await finished_other_than_abort(borrowed.url) == 2
+        assert all(lent(ledger) == [borrowed_url] for ledger in ledgers)
+    finally:
+        doc.cancel()
+        if chat_a is not None:
+            await chat_a.close()
+        await api.close()
 
 
 async def test_the_batches_api_runs_its_items_on_the_lent_replica(
@@ -409,3 +459,83 @@ async def test_a_stream_taken_back_in_its_prefill_goes_on_with_the_resent_attemp
         if chat_a is not None:
             await chat_a.close()
         await api.close()
+
+
+async def test_with_redis_away_both_gateway_replicas_take_the_lent_replica_back(
+    servers: Servers, tmp_path: Path, redis_server: LocalRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The roles cannot be shared: neither replica lends on its own (they would decide at
+    odds); each takes the lent replica back and says why once, and they lend again, one
+    leading, when Redis is back."""
+    caplog.set_level(logging.INFO, logger="laneway.gateway.lending")
+    engines = [await engine(servers), await engine(servers)]
+    docs = lending_docs([e.url for e in engines])
+    flags = ("--redis-url", redis_server.url)
+    gateways = [
+        await servers.gateway(tmp_path / f"gateway-{i}.yaml", docs, *flags) for i in range(2)
+    ]
+    ledgers = [g.runner.app[LEDGER] for g in gateways]
+
+    def lent_on_both(expected: int) -> Any:
+        async def check() -> bool:
+            return all(len(lent(ledger)) == expected for ledger in ledgers)
+
+        return check
+
+    await eventually(lent_on_both(1), "one replica lent on both gateway replicas")
+    await asyncio.to_thread(redis_server.stop)
+    await eventually(lent_on_both(0), "the lent replica taken back on both")
+    await asyncio.sleep(1.0)  # many lending ticks with Redis away
+    unshared = [r for r in caplog.records if "lending_unshared" in r.getMessage()]
+    assert len(unshared) == 2  # once per gateway replica
+    assert "redis is unreachable" in unshared[0].getMessage()
+    await asyncio.to_thread(redis_server.start)
+    await eventually(lent_on_both(1), "lending again once Redis is back")
+    modes = {g.runner.app[LENDING].mode for g in gateways}  # type: ignore[union-attr]
+    assert modes == {Mode.LEADING, Mode.FOLLOWING}
+
+
+async def test_when_the_leader_stops_the_follower_leads_and_keeps_the_lent_replica(
+    servers: Servers, tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    """A leader shutting down hands the lease back: the follower takes it on its next tick
+    and decides from the roles it had adopted, so the lent replica stays lent."""
+    engines = [await engine(servers), await engine(servers)]
+    docs = lending_docs([e.url for e in engines])
+    flags = ("--redis-url", redis_server.url)
+    gateways = [
+        await servers.gateway(tmp_path / f"gateway-{i}.yaml", docs, *flags) for i in range(2)
+    ]
+
+    def mode(gateway: Served) -> Mode | None:
+        lending = gateway.runner.app[LENDING]
+        assert lending is not None
+        return lending.mode
+
+    async def one_leads() -> bool:
+        return {mode(g) for g in gateways} == {Mode.LEADING, Mode.FOLLOWING}
+
+    await eventually(one_leads, "one gateway replica leading, one following")
+    (leader,) = (g for g in gateways if mode(g) is Mode.LEADING)
+    (follower,) = (g for g in gateways if g is not leader)
+    ledger = follower.runner.app[LEDGER]
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the follower sees one replica lent")
+    (borrowed_url,) = lent(ledger)
+    assert leader.listener is not None
+    leader.listener.close()
+    await leader.runner.cleanup()
+    seen: list[list[str]] = []
+
+    async def leads() -> bool:
+        seen.append(lent(ledger))
+        return mode(follower) is Mode.LEADING
+
+    await eventually(leads, "the follower leading")
+    for _ in range(10):  # and deciding: still lent, and never taken back meanwhile
+        seen.append(lent(ledger))
+        await asyncio.sleep(0.05)
+    assert all(found == [borrowed_url] for found in seen)

@@ -18,19 +18,32 @@ same ledger code:
 
 Only requests of a borrowing pool run in a task of their own; every other request's attempt
 runs in its handler's, as before.
+
+Beside other gateway replicas (with Redis, `state/lending_share.py`), one replica decides:
+the one holding the leader lease rebalances on the chat demand of every replica (this one's
+own, plus the others' as each publishes it, `RedisDemandShare`) and publishes the roles;
+every other one adopts them on each tick (`Ledger.adopt_roles`), and a reclaim there ends
+its own borrowed requests on the replica taken back, as above. With Redis away, or no roles
+published by a leader, a replica falls back to what is safe alone: nothing lent, lent
+replicas taken back (`Mode.UNSHARED`, logged once as `lending_unshared`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar
 
+from laneway.gateway.state.demand import RedisDemandShare
+from laneway.gateway.state.lending_share import Published, RedisLendingShare
+from laneway.gateway.state.redis_store import REDIS_DOWN, RedisLoadShare
 from laneway.gateway.wakes import Waiters
-from laneway.ledger import Admitted, Ledger, Ticket
+from laneway.ledger import Admitted, Ledger, PeerLending, Rebalanced, Ticket
 
 log = logging.getLogger("laneway.gateway.lending")
 
@@ -46,6 +59,39 @@ class Reclaimed(Exception):
         self.line = line
 
 
+class Mode(StrEnum):
+    ALONE = "alone"  # no Redis: this replica decides alone
+    LEADING = "leading"  # holds the lease: decides for every replica, publishes the roles
+    FOLLOWING = "following"  # applies the roles the leader published
+    UNSHARED = "unshared"  # Redis away, or no leader's roles: nothing lent
+
+
+def mode_after(term: int | None, published: Published | None) -> Mode:
+    """A shared replica's mode after one lending tick: `term`, its term as leader (0:
+    another replica holds the lease; None: Redis did not answer); `published`, the roles
+    the leader published (read when another leads)."""
+    if term is None:
+        return Mode.UNSHARED
+    if term > 0:
+        return Mode.LEADING
+    return Mode.UNSHARED if published is None else Mode.FOLLOWING
+
+
+@dataclass(frozen=True)
+class LendingShares:
+    """The Redis shares a replica's lending reads and writes beside other replicas."""
+
+    roles: RedisLendingShare
+    demand: RedisDemandShare
+    load: RedisLoadShare
+
+
+# The lease and the published roles outlive a tick by this many intervals (and the load
+# lease's 6 s at least): a leader that died is followed that long, then replaced.
+TTL_TICKS = 3
+MIN_TTL_S = 6.0
+
+
 @dataclass
 class _Attempt:
     task: asyncio.Future[Any]
@@ -59,21 +105,42 @@ class Lending:
         waiters: Waiters,
         clock: Callable[[], float],
         on_reclaim: Callable[[str], None] = lambda _url: None,
+        *,
+        shared: bool = False,
     ) -> None:
         self._ledger = ledger
         self._waiters = waiters
         self._clock = clock
         self._on_reclaim = on_reclaim  # per request taken off `url`: the metric
         self._attempts: dict[Ticket, _Attempt] = {}
-        self._paused = False  # more than one gateway replica: lending is off
+        # With Redis, unknown (nothing lent) until the first tick has asked it.
+        self._mode: Mode | None = None if shared else Mode.ALONE
+        self._peers = PeerLending()  # what the other replicas report (leading)
+        self._changed = asyncio.Event()  # the leader's roles changed: publish them now
+        self._version = 0
+
+    @property
+    def mode(self) -> Mode | None:
+        return self._mode
 
     def rebalance(self) -> None:
-        """The lending pools' roles for the demand now, and the shell's part of them."""
+        """The lending pools' roles for the demand now, and the shell's part of them. A
+        follower's roles are the leader's: they change on its ticks, not here."""
         ledger = self._ledger
-        if not ledger.lends():
+        if not ledger.lends() or self._mode is Mode.FOLLOWING:
             return
         now = self._clock()
-        answer = ledger.rebalance(now, lend=self._alone())
+        if self._mode is Mode.ALONE:
+            answer = ledger.rebalance(now)
+        elif self._mode is Mode.LEADING:
+            answer = ledger.rebalance(now, peers=self._peers)
+            if answer.changes:
+                self._changed.set()
+        else:
+            answer = ledger.rebalance(now, lend=False)
+        self._act(answer, now)
+
+    def _act(self, answer: Rebalanced, now: float) -> None:
         for change in answer.changes:
             event = {"event": "lending_role", "pool": change.pool, "endpoint": change.url}
             log.info(json.dumps({**event, "role": change.role.value}))
@@ -82,35 +149,67 @@ class Lending:
                 self._take_back(ticket, reclaim.url, now)
         self._waiters.wake(answer.wakes)
 
-    def _alone(self) -> bool:
-        """Whether this is the only gateway replica. The roles are this replica's own, not
-        shared through Redis: replicas deciding them apart would lend and reclaim at odds,
-        so beside others (their count comes with Redis' tenant heartbeat) lending is off."""
-        replicas = self._ledger.gateway_replicas()
-        paused = replicas > 1
-        if paused != self._paused:
-            self._paused = paused
-            if paused:
-                log.warning(
-                    json.dumps(
-                        {
-                            "event": "lending_paused",
-                            "gateway_replicas": replicas,
-                            "why": "lending roles are decided by each gateway replica alone "
-                            "(not shared through Redis): lent replicas are taken back and "
-                            "lending pools are served as plain pools; run one gateway "
-                            "replica to lend",
-                        }
-                    )
+    async def run(self, interval_s: float, shares: LendingShares | None = None) -> None:
+        ttl_s = max(MIN_TTL_S, TTL_TICKS * interval_s)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), interval_s)
+            self._changed.clear()
+            if shares is None or not self._ledger.lends():
+                self.rebalance()
+            else:
+                await self._shared_tick(shares, ttl_s)
+
+    async def _shared_tick(self, shares: LendingShares, ttl_s: float) -> None:
+        """Lead or follow, as the lease says, and do it."""
+        term: int | None = None
+        published: Published | None = None
+        why = ""  # why the roles cannot be shared, when they cannot
+        try:
+            term = await shares.roles.lead(ttl_s)
+            if term:
+                demand = await shares.demand.peers()
+                urls = [url for roles in self._ledger.lending_roles().values() for url in roles]
+                loads = await shares.load.peers(urls)
+                self._peers = PeerLending(
+                    demand={
+                        key: count.queued_requests + count.in_flight_requests
+                        for key, count in demand.items()
+                    },
+                    in_flight={url: load.in_flight for url, load in loads.items()},
                 )
             else:
-                log.info(json.dumps({"event": "lending_resumed", "gateway_replicas": 1}))
-        return not paused
+                published = await shares.roles.read()
+                why = "another gateway replica holds the lending lease but published no roles"
+        except REDIS_DOWN as error:
+            term, why = None, f"redis is unreachable: {type(error).__name__}"
+        # A replica starting beside a leader that has not published yet: nothing to say.
+        starting = self._mode is None and term == 0
+        self._enter(mode_after(term, published), why, quiet=starting)
+        if self._mode is Mode.FOLLOWING:
+            assert published is not None
+            self._act(self._ledger.adopt_roles(self._clock(), published.roles), self._clock())
+            return
+        self.rebalance()
+        if self._mode is Mode.LEADING and term:
+            self._version += 1
+            roles = Published(term=term, version=self._version, roles=self._ledger.lending_roles())
+            with contextlib.suppress(*REDIS_DOWN):  # the next tick's lease says what it means
+                await shares.roles.publish(roles, ttl_s)
 
-    async def run(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            self.rebalance()
+    def _enter(self, mode: Mode, why: str, *, quiet: bool) -> None:
+        if mode is self._mode:
+            return
+        self._mode = mode
+        if mode is Mode.UNSHARED and not quiet:
+            event = {
+                "event": "lending_unshared",
+                "why": f"{why}: lending roles cannot be shared between the gateway replicas, "
+                "so none is lent and lent replicas are taken back until they can",
+            }
+            log.warning(json.dumps(event))
+        elif mode is not Mode.UNSHARED:
+            log.info(json.dumps({"event": "lending_shared", "mode": mode.value}))
 
     async def attempt(self, ticket: Ticket, coro: Coroutine[Any, Any, T]) -> T:
         """Run one attempt of a borrowing pool's request where a reclaim can end it;

@@ -92,7 +92,30 @@ class RedisDemandShare:
                 await self._redis.hdel(self._key, *stale)
         return totals, replicas
 
+    async def peers(self) -> dict[str, DemandCount]:
+        """The other live replicas' counts per pool, summed (as last published); raises
+        the Redis error while Redis is away."""
+        entries = await self._redis.hgetall(self._key)
+        totals: dict[str, DemandCount] = {}
+        for replica, raw in entries.items():
+            if _text(replica) == self._replica:
+                continue
+            try:
+                entry = json.loads(raw)
+                if self._wall() - float(entry["at"]) > STALE_AFTER_S:
+                    continue
+                counts = {p: DemandCount.from_wire(c) for p, c in entry["pools"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            for pool, count in counts.items():
+                totals[pool] = totals.get(pool, DemandCount()).plus(count)
+        return totals
+
     async def _publish(self, counts: dict[str, DemandCount]) -> None:
         pools = {pool: count.to_wire() for pool, count in counts.items()}
         entry = json.dumps({"at": self._wall(), "pools": pools})
         await self._redis.hset(self._key, self._replica, entry)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -29,6 +29,8 @@ from laneway.gateway.keys import (
     DEMAND_SHARE,
     INTERNAL_SECRET,
     LEDGER,
+    LENDING,
+    LENDING_SHARE,
     LIMITER,
     LOAD_SHARE,
     LOOPBACK,
@@ -43,6 +45,7 @@ from laneway.gateway.keys import (
 from laneway.gateway.lifecycle import background
 from laneway.gateway.state.callers import tenant_middleware
 from laneway.gateway.state.demand import RedisDemandShare
+from laneway.gateway.state.lending_share import RedisLendingShare
 from laneway.gateway.state.metrics import StateMetrics
 from laneway.gateway.state.redis_store import (
     DEFAULT_LEASE_S,
@@ -114,6 +117,8 @@ def install(app: web.Application, options: SharedStateOptions) -> SharedRedis | 
     app[TENANT_SHARE] = RedisTenantShare(redis, prefix, tracker.replica, options.load_lease_s)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))
+    if app.get(LENDING) is not None:
+        app[LENDING_SHARE] = RedisLendingShare(redis, prefix, tracker.replica)
     app.cleanup_ctx.append(_background(redis, tracker))
     return SharedRedis(client=redis, prefix=prefix, replica=tracker.replica)
 
@@ -163,6 +168,8 @@ def _background(
         await tracker.leave()
         await app[TENANT_SHARE].leave()
         await app[DEMAND_SHARE].leave()
+        if LENDING_SHARE in app:
+            await app[LENDING_SHARE].leave()
         await redis.aclose()
 
     return run

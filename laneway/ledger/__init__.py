@@ -23,7 +23,7 @@ from laneway.ledger.decisions import (
     Withdrawn,
 )
 from laneway.ledger.ledger import Ledger
-from laneway.ledger.lending import Reclaim, Role, RoleChange
+from laneway.ledger.lending import PeerLending, Reclaim, Role, RoleChange
 from laneway.ledger.lines import GateState, Ticket
 from laneway.ledger.log import RequestLog
 from laneway.ledger.responses import StoredResponse
@@ -42,6 +42,7 @@ __all__ = [
     "GateState",
     "Ledger",
     "LedgerSettings",
+    "PeerLending",
     "PromptBlocks",
     "Queued",
     "Rebalanced",

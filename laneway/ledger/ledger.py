@@ -47,7 +47,7 @@ from laneway.ledger.demand import DemandBook
 from laneway.ledger.endpoints import EndpointBook
 from laneway.ledger.facts import PlanFacts
 from laneway.ledger.feeding import FeedCounts, fed_candidates, feeding_limit, feeds, free_slots
-from laneway.ledger.lending import LendingBook
+from laneway.ledger.lending import LendingBook, PeerLending, Role
 from laneway.ledger.lines import PoolGate, Ticket
 from laneway.ledger.load import LoadBook
 from laneway.ledger.records import LedgerRecords
@@ -299,20 +299,45 @@ class Ledger(LedgerRecords):
         self.synced = True
         return Wakes(refused=tuple(refused)) + self._refresh_limits(now)
 
-    def rebalance(self, now: float, *, lend: bool = True) -> Rebalanced:
+    def rebalance(
+        self, now: float, *, lend: bool = True, peers: PeerLending | None = None
+    ) -> Rebalanced:
         """The lending pools' replica roles for their chat demand now (`lending.py`): call
         it whenever that demand may have changed (a chat turn admitted or ended, a scrape).
         The shell acts on the reclaims; the wakes admit the borrowers' next documents.
         Without `lend` (the shell cannot act on lending now), every lent replica is taken
-        back and none is lent."""
-        gates, requests = self._gates, self._requests
+        back and none is lent. `peers`: the other gateway replicas' chat demand and requests
+        on the lenders' endpoints, added to this replica's own (the leader decides for them
+        all: a replica is lent once no gateway replica has a request there)."""
+        gates, requests, own = self._gates, self._requests, self._load.own()
+        peers = peers or PeerLending()
+
+        def demand_of(key: str) -> int:
+            return gates[key].active + gates[key].waiting + peers.demand.get(key, 0)
+
+        def in_flight(url: str) -> int:
+            mine = own[url].in_flight if url in own else 0
+            return mine + peers.in_flight.get(url, 0)
+
         changes, reclaims = self._lending.rebalance(
             now,
             self._listed,
-            demand=lambda key: gates[key].active + gates[key].waiting,
-            in_flight=lambda url: self._load.of(url).in_flight,
+            demand=demand_of,
+            in_flight=in_flight,
             running=lambda url, pool: running_on(requests, url, pool),
             lend=lend,
+        )
+        if not changes:
+            return Rebalanced()
+        self._endpoints.update(self._lending.effective(self._listed), self._listed.values())
+        return Rebalanced(changes, reclaims, self._refresh_limits(now))
+
+    def adopt_roles(self, now: float, published: Mapping[str, Mapping[str, Role]]) -> Rebalanced:
+        """The lending roles the leading gateway replica published (`LendingBook.adopt`):
+        the shell ends this replica's borrowed requests on each replica taken back."""
+        requests = self._requests
+        changes, reclaims = self._lending.adopt(
+            now, published, running=lambda url, pool: running_on(requests, url, pool)
         )
         if not changes:
             return Rebalanced()

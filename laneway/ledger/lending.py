@@ -22,14 +22,19 @@ replica with the fewest borrowed requests is reclaimed. Fewer: one replica is le
 The borrower keeps every replica of its own: lending only adds to the batch lane, which so
 never falls below its own pool's share.
 
-Pure: the ledger calls `rebalance` with what it knows and applies the answer.
+Beside other gateway replicas (sharing one Redis), one of them, the leader, decides the
+roles from every replica's chat demand and publishes them; the others `adopt` them: a
+replica the leader took back is reclaimed here too, from this replica's own borrowed
+requests there.
+
+Pure: the ledger calls `rebalance` (or `adopt`) with what it knows and applies the answer.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from laneway.api import InferencePool, Lane
@@ -53,6 +58,14 @@ class Reclaim:
 
     url: str
     tickets: tuple[int, ...]  # the ledger's tickets
+
+
+@dataclass(frozen=True)
+class PeerLending:
+    """What the other gateway replicas report, for the one deciding the roles for all."""
+
+    demand: Mapping[str, int] = field(default_factory=dict)  # pool key -> chat turns
+    in_flight: Mapping[str, int] = field(default_factory=dict)  # endpoint -> requests there
 
 
 @dataclass(frozen=True)
@@ -201,6 +214,34 @@ class LendingBook:
                     packed.append(RoleChange(key, url, Role.LENT))
         self._apply(now, packed)
         return changes + packed
+
+    def adopt(
+        self,
+        now: float,
+        published: Mapping[str, Mapping[str, Role]],
+        *,
+        running: Callable[[str, str], tuple[int, ...]],
+    ) -> tuple[tuple[RoleChange, ...], tuple[Reclaim, ...]]:
+        """The roles another gateway replica decided (lender key -> endpoint -> role), made
+        this replica's: the changes, and a reclaim of this replica's own borrowed requests
+        (`running(url, key)`) on each lent replica the leader took back. An endpoint the
+        leader does not know (yet) serves chat."""
+        changes: list[RoleChange] = []
+        reclaims: list[Reclaim] = []
+        for key, roles in self.roles.items():
+            self._low_since.pop(key, None)  # a lend waits from when this replica decides
+            theirs = published.get(key, {})
+            for url, old in roles.items():
+                new = theirs.get(url, Role.SERVING)
+                if new is old:
+                    continue
+                changes.append(RoleChange(key, url, new))
+                if old is Role.LENT:
+                    self.reclaimed_at[url] = now
+                    reclaims.append(Reclaim(url=url, tickets=running(url, self.borrowers[key])))
+        for change in changes:
+            self.roles[change.pool][change.url] = change.role
+        return tuple(changes), tuple(reclaims)
 
     def _apply(self, now: float, changes: Sequence[RoleChange]) -> None:
         for change in changes:

@@ -112,9 +112,9 @@ class LedgerReads:
         """Each configured pool's demand as this replica sees it."""
         return self._demand.snapshot(now, [pool.key for pool in self._endpoints.pool_list])
 
-    def gateway_replicas(self) -> int:
-        """The gateway replicas sharing this pool set, as Redis last said (1 without it)."""
-        return self._tenants.replicas
+    def lending_roles(self) -> dict[str, dict[str, Role]]:
+        """Every lending pool's replica roles (lender key -> endpoint -> role), to publish."""
+        return {key: dict(roles) for key, roles in self._lending.roles.items()}
 
     def lends(self) -> bool:
         """Whether any pool lends replicas (else `rebalance` has nothing to decide)."""
