@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from laneway.gateway.batch.batches import pieces
+from laneway.gateway.batch.creation import SLICE_LINES, Turn, validate
 from laneway.gateway.batch.lines import (
     Entry,
     LineError,
@@ -100,3 +103,75 @@ def test_slices_hold_at_most_their_lines_and_bytes_and_cover_the_file() -> None:
     assert [line for _, lines in cut for line in lines] == content.split(b"\n")
     # The line that takes a slice past max_bytes ends it, whole.
     assert cut[2][1] == [b"a" * 10, b"b" * 100]
+
+
+def request_line(index: int) -> bytes:
+    body = {"model": "m", "messages": [{"role": "user", "content": f"item {index}"}]}
+    line = {"custom_id": f"r{index}", "method": "POST", "url": CHAT, "body": body}
+    return json.dumps(line).encode()
+
+
+class FakeClock:
+    """Time that moves only when told to, `step` seconds at each look."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+async def count_turns(turns: list[int]) -> None:
+    while True:  # counts each time the loop lets it run
+        turns[0] += 1
+        await asyncio.sleep(0)
+
+
+async def test_a_turn_yields_the_loop_only_once_its_time_is_spent() -> None:
+    clock = FakeClock()
+    turn = Turn(budget_s=0.005, clock=clock)
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    task = asyncio.create_task(other())
+    clock.now = 0.004
+    await turn.pause()
+    assert ran == []  # within its time: no other task ran meanwhile
+    clock.now = 0.005
+    await turn.pause()
+    assert ran == ["other"]
+    await task
+
+
+async def test_validating_yields_whenever_its_time_is_spent_not_after_a_count_of_lines() -> None:
+    # Every look at the clock finds 10 ms gone (slow lines on a slow machine): validation
+    # lets the loop run after every slice, not only every few hundred lines.
+    content = b"\n".join(request_line(i) for i in range(SLICE_LINES * 8))
+    turns = [0]
+    counting = asyncio.create_task(count_turns(turns))
+    validated = await validate(content, CHAT, turn=Turn(budget_s=0.005, clock=FakeClock(0.01)))
+    counting.cancel()
+    assert len(validated.entries) == SLICE_LINES * 8
+    assert validated.tokens == sum(entry.cost for entry in validated.entries)
+    assert turns == [8]
+
+
+async def test_validating_within_its_time_does_not_yield_at_all() -> None:
+    content = b"\n".join(request_line(i) for i in range(SLICE_LINES * 8))
+    turns = [0]
+    counting = asyncio.create_task(count_turns(turns))
+    await validate(content, CHAT, turn=Turn(budget_s=0.005, clock=FakeClock()))
+    counting.cancel()
+    assert turns == [0]
+
+
+def test_pieces_hold_at_most_their_items_and_bytes_and_cover_every_item() -> None:
+    sizes = [10] * 7 + [100, 1, 1]
+    cut = list(pieces(sizes, max_items=3, max_bytes=25))
+    # The item that takes a piece past max_bytes ends it.
+    assert cut == [range(0, 3), range(3, 6), range(6, 8), range(8, 10)]
+    assert list(pieces([], max_items=3, max_bytes=25)) == []
+    assert list(pieces([5, 5], max_items=3, max_bytes=25)) == [range(0, 2)]

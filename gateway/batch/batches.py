@@ -24,7 +24,7 @@ What a batch's lines mean is pure and lives in lines.py; creating one, in creati
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -57,11 +57,33 @@ from laneway.gateway.batch.lines import (
 from laneway.gateway.errors import ApiError, not_found
 
 CONSUMER_GROUP = "dispatchers"
-WRITE_CHUNK = 500  # commands per pipeline when creating: no one giant transaction
+WRITE_CHUNK = 500  # keys per command or reply when deleting or walking a stream
+# Items per pipeline when creating: no one giant transaction, and no pipeline long on the
+# event loop. redis-py encodes a pipeline's commands and parses its replies in Python
+# without yielding between them: 500 XADDs of 170-byte bodies held the loop 35-60 ms each
+# on the shared bench machine (docs/BENCHMARKS.md, issue 29), 100 about a fifth of that.
+# Bytes bound it too, for inputs of long lines.
+PIPELINE_ITEMS = 100
+PIPELINE_BYTES = 128 * 1024
 # A batch still validating this long after its creation lost the replica creating it.
 VALIDATING_STALE_S = 600
 # A result waits for its batch to finalize, by the window's end; an hour more for a sweep.
 RESULT_TTL_S = WINDOW_SECONDS + 3600
+
+
+def pieces(
+    sizes: Sequence[int], max_items: int = PIPELINE_ITEMS, max_bytes: int = PIPELINE_BYTES
+) -> Iterator[range]:
+    """The indexes of items of these sizes in consecutive pieces of at most `max_items`
+    items and about `max_bytes` bytes (the item that crosses it ends its piece)."""
+    start, size = 0, 0
+    for index, item in enumerate(sizes):
+        size += item
+        if index + 1 - start == max_items or size >= max_bytes:
+            yield range(start, index + 1)
+            start, size = index + 1, 0
+    if start < len(sizes):
+        yield range(start, len(sizes))
 
 
 class BatchStore:
@@ -158,12 +180,12 @@ class BatchStore:
         return int(await self._reserve_tokens(keys=keys, args=[tokens, limit]))
 
     async def write_errors(self, batch_id: str, tenant: str, errors: Sequence[LineError]) -> None:
-        """The bad lines' results, a pipeline of WRITE_CHUNK at a time, charged to the
+        """The bad lines' results, a bounded pipeline (`pieces`) at a time, charged to the
         owner's file storage like every result."""
-        for start in range(0, len(errors), WRITE_CHUNK):
+        for piece in pieces([len(error.message) for error in errors]):
             charged = 0
             async with self._redis.pipeline(transaction=False) as pipe:
-                for error in errors[start : start + WRITE_CHUNK]:
+                for error in (errors[i] for i in piece):
                     line = error_line(batch_id, error)
                     encoded = Result(outcome=ItemOutcome.FAILED, line=line).encode()
                     pipe.set(self.result_key(batch_id, error.index), encoded, ex=self.retention_s)
@@ -174,13 +196,13 @@ class BatchStore:
     async def enqueue(
         self, batch_id: str, tenant: str, endpoint: str, entries: Sequence[Entry]
     ) -> None:
-        """Add items to the tenant's stream, WRITE_CHUNK per pipeline."""
+        """Add items to the tenant's stream, a bounded pipeline (`pieces`) at a time."""
         queue = self.queue_key(tenant)
         await self._ensure_group(queue)
         await self._redis.sadd(self.queues_key, tenant)
-        for start in range(0, len(entries), WRITE_CHUNK):
+        for piece in pieces([len(entry.body) for entry in entries]):
             async with self._redis.pipeline(transaction=False) as pipe:
-                for entry in entries[start : start + WRITE_CHUNK]:
+                for entry in (entries[i] for i in piece):
                     fields: dict[FieldT, EncodableT] = {
                         "batch": batch_id,
                         "index": entry.index,
