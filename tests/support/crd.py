@@ -25,6 +25,10 @@ CRD_PATH = ROOT / "crds" / "laneway.io_inferencepools.yaml"
 UPSTREAM_CRD_PATH = (
     ROOT / "tests" / "support" / "gateway_api" / ("inference.networking.k8s.io_inferencepools.yaml")
 )
+# Its InferenceObjective, written for the tests from its v1alpha2 API.
+OBJECTIVE_CRD_PATH = UPSTREAM_CRD_PATH.with_name(
+    "inference.networking.x-k8s.io_inferenceobjectives.yaml"
+)
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
 Schema = dict[str, Any]
