@@ -20,7 +20,7 @@ import openai
 import pytest
 from support.chat_model import user
 from support.client import client, eventually, scrape, total
-from support.engine_traces import ENDLESS, idle
+from support.engine_traces import ENDLESS, idle, still_running
 from support.inproc import Served, Servers
 from support.vllm_engine import MAX_NUM_SEQS, SERVED_NAME, VLLMServer, vllm_pool_docs
 
@@ -205,6 +205,7 @@ async def test_the_scraper_reads_vllms_metrics_into_the_ledger(
         try:
 
             async def busy() -> bool:
+                still_running(tasks)  # a refused stream fails here, with its error
                 metrics = seen()
                 return metrics is not None and (metrics.running, metrics.waiting) == (MAX, 1)
 
