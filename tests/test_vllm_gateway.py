@@ -185,7 +185,6 @@ async def test_the_gateways_counts_are_vllms_own(
             assert await gateway_count(session, gateway, {"prompt": prompt}) == expected, prompt
 
 
-@pytest.mark.vllm_timing  # docs/TESTING.md: connects to vLLM timed out after other tests
 async def test_the_scraper_reads_vllms_metrics_into_the_ledger(
     vllm_server: VLLMServer, servers: Servers, tmp_path: Path
 ) -> None:
