@@ -24,6 +24,5 @@ fi
 cat "$vllm_log"
 # SGLang's argument parser (pytest -m sglang), on the vLLM venv's torch: after it.
 bash scripts/install-sglang.sh
-# The real-vLLM checks that still fail in some whole-tier runs (docs/TESTING.md) stay out
-# until they are deterministic; a -m given here replaces this one.
-.venv/bin/pytest -m "not vllm_timing" "$@"
+# Every tier runs, the real-vLLM one included (docs/TESTING.md); arguments go to pytest.
+.venv/bin/pytest "$@"

@@ -7,6 +7,7 @@ its KV events (`--kv-events-config`, ZMQ) feed the gateway's precise prefix inde
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import aiohttp
@@ -17,10 +18,9 @@ from support.engine_traces import (
     ENDLESS,
     document,
     engine_value,
-    equals,
+    idle,
     priority_order,
     tokenized_ids,
-    until,
 )
 from support.inproc import Servers
 from support.vllm_engine import BLOCK_SIZE, MAX_NUM_SEQS, SERVED_NAME, VLLMServer, vllm_pool_docs
@@ -31,20 +31,33 @@ from laneway.routing.kv_events import token_block_keys
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 
-@pytest.mark.vllm_timing  # docs/TESTING.md: vLLM ran on for 40 s after the close in 2 of 5 runs
+# How long the abort may take: vLLM itself aborted 0.3-24.9 s after the client closed, with
+# no gateway between them (docs/TESTING.md), and ENDLESS tokens take minutes to run out.
+ABORTED_WITHIN_S = 90
+
+
+async def finished_by_length(engine: VLLMServer) -> float:
+    """vLLM's requests that ran to their max_tokens; an aborted one is never counted so."""
+    samples = await scrape(engine.url)
+    return total(samples, "vllm:request_success_total", finished_reason="length")
+
+
 async def test_a_client_that_leaves_mid_stream_makes_vllm_abort_and_keep_the_blocks(
     vllm_server: VLLMServer, servers: Servers, tmp_path: Path
 ) -> None:
-    """Through the gateway: the client reads the first tokens of a stream that would run
-    for minutes (ENDLESS) and closes it. vLLM stops generating (its running count drops to
-    0 where the whole stream would hold it for minutes), and the prompt sent again hits the
-    prefix cache for every block it computed, which is what lending a replica and taking it
-    back relies on (DESIGN.md, lanes that share)."""
+    """Through the gateway: the client reads the first chunks of a stream of ENDLESS tokens
+    and closes it. vLLM aborts the request: it leaves the engine (nothing running or
+    waiting) and never finishes by its length, as it would had it run on. When the abort
+    comes is vLLM's (seconds after the close, by load), so no bound on the tokens it made
+    meanwhile. The prompt sent again hits the prefix cache for every block it computed,
+    which is what lending a replica and taking it back relies on (DESIGN.md, lanes that
+    share)."""
+    await idle(vllm_server)
     gateway = await servers.gateway(tmp_path / "gateway.yaml", vllm_pool_docs(vllm_server))
     text = document()
     async with aiohttp.ClientSession() as session:
         prompt_tokens = len(await tokenized_ids(session, vllm_server, SERVED_NAME, text))
-    generated_before = await engine_value(vllm_server, "vllm:generation_tokens_total")
+    ran_out_before = await finished_by_length(vllm_server)
     async with client(gateway) as api:
         stream = await api.chat.completions.create(
             model="llama", messages=user(text), max_tokens=ENDLESS, stream=True,
@@ -56,13 +69,18 @@ async def test_a_client_that_leaves_mid_stream_makes_vllm_abort_and_keep_the_blo
         async for chunk in stream:
             chunks += bool(chunk.choices)
             if chunks == 3:
+                # Left while vLLM runs the request (it has not run to its end).
+                assert await engine_value(vllm_server, "vllm:num_requests_running") == 1
                 break
-        # Left while vLLM runs the request (it has not run to its end).
-        assert await engine_value(vllm_server, "vllm:num_requests_running") == 1
         await stream.close()
-    await until(vllm_server, "vllm:num_requests_running", equals(0), "vLLM aborting")
-    generated = await engine_value(vllm_server, "vllm:generation_tokens_total") - generated_before
-    assert generated < ENDLESS / 2, f"vLLM generated {generated:g} tokens: it did not abort"
+    closed = time.monotonic()
+    await idle(vllm_server, "vLLM aborting the closed stream", within=ABORTED_WITHIN_S)
+    gone_after_s = time.monotonic() - closed
+    ran_out = await finished_by_length(vllm_server) - ran_out_before
+    assert ran_out == 0, (
+        f"vLLM finished the stream by its length, {gone_after_s:.1f} s after the client"
+        " closed it: it ran to its end, and no abort came"
+    )
 
     queries_before = await engine_value(vllm_server, "vllm:prefix_cache_queries_total")
     hits_before = await engine_value(vllm_server, "vllm:prefix_cache_hits_total")
@@ -76,7 +94,6 @@ async def test_a_client_that_leaves_mid_stream_makes_vllm_abort_and_keep_the_blo
     assert hits == (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
 
 
-@pytest.mark.vllm_timing  # docs/TESTING.md: no full batch within 120 s once, under load
 async def test_vllm_runs_lower_priority_values_first_as_laneway_maps_them(
     vllm_server: VLLMServer, servers: Servers, tmp_path: Path
 ) -> None:

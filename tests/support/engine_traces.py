@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 
@@ -23,14 +23,41 @@ async def engine_value(engine: Listening, name: str) -> float:
     return total(await scrape(engine.url), name)
 
 
-async def until(engine: Listening, name: str, wanted: Callable[[float], bool], what: str) -> None:
+def still_running(streams: Iterable[asyncio.Task[None]]) -> None:
+    """Fail at once, with the engine's answer, if a stream a wait relies on ended (other
+    than by the test's cancel): a refused or dropped blocker would otherwise show only as
+    the wait's timeout minutes later."""
+    for stream in streams:
+        if stream.done() and not stream.cancelled():
+            stream.result()  # raises what ended it: its status and body, or the error
+            raise AssertionError("a stream of ENDLESS tokens ended before it was closed")
+
+
+async def until(
+    engine: Listening,
+    name: str,
+    wanted: Callable[[float], bool],
+    what: str,
+    *,
+    streams: Iterable[asyncio.Task[None]] = (),
+) -> None:
+    """Until the engine's `name` is `wanted`; `streams`: the requests that state relies on,
+    any of which ending fails the wait at once."""
+    relied_on = tuple(streams)
+
     async def holds() -> bool:
+        still_running(relied_on)
         return wanted(await engine_value(engine, name))
 
     await eventually(holds, what, within=120)
 
 
-async def idle(engine: Listening) -> None:
+async def idle(
+    engine: Listening,
+    what: str = "the engine running and queueing nothing",
+    *,
+    within: float = 600,
+) -> None:
     """Until the engine runs and queues nothing: the session's one vLLM serves every test,
     and a request an earlier test left (a stream whose abort vLLM has not yet seen, one
     still finishing its tokens) would change what the next test counts. Generous: such a
@@ -41,7 +68,7 @@ async def idle(engine: Listening) -> None:
         return all(total(samples, f"vllm:num_requests_{state}") == 0
                    for state in ("running", "waiting"))  # fmt: skip
 
-    await eventually(holds, "the engine running and queueing nothing", within=600)
+    await eventually(holds, what, within=within)
 
 
 def document(words: int = 120) -> str:
@@ -63,10 +90,12 @@ async def tokenized_ids(
 async def endless(
     session: aiohttp.ClientSession, url: str, model: str, text: str = "go on"
 ) -> None:
-    """A stream of ENDLESS tokens, read until it is cancelled (which closes the connection)."""
+    """A stream of ENDLESS tokens, read until it is cancelled (which closes the connection);
+    a refusal fails it with the engine's status and body."""
     body = {"model": model, "messages": user(text), "max_tokens": ENDLESS, "stream": True,
             "ignore_eos": True}  # fmt: skip
     async with session.post(f"{url}/chat/completions", json=body) as answer:
+        assert answer.status == 200, f"a blocking stream: {answer.status} {await answer.text()}"
         async for _ in answer.content:
             pass
 
@@ -80,7 +109,7 @@ async def first_token(
     body = {"model": model, "messages": user(f"urgent? {priority}"), "max_tokens": ENDLESS,
             "stream": True, "ignore_eos": True, "priority": priority}  # fmt: skip
     async with session.post(f"{url}/chat/completions", json=body) as answer:
-        assert answer.status == 200, await answer.text()
+        assert answer.status == 200, f"a waiting stream: {answer.status} {await answer.text()}"
         async for line in answer.content:
             if line.startswith(b"data:"):
                 started.set()
@@ -107,13 +136,19 @@ async def priority_order(engine: Listening, url: str, model: str, slots: int) ->
         blockers = [asyncio.create_task(endless(session, url, model)) for _ in range(slots)]
         waiters: dict[int, asyncio.Task[None]] = {}
         try:
-            await until(engine, "vllm:num_requests_running", equals(slots), "a full batch")
+            await until(
+                engine, "vllm:num_requests_running", equals(slots), "a full batch",
+                streams=blockers,
+            )  # fmt: skip
             for queued, priority in enumerate(PRIORITIES, start=1):
                 waiters[priority] = asyncio.create_task(
                     first_token(session, url, model, priority, started[priority])
                 )
                 # One at a time, so the engine's arrival order is the order sent.
-                await until(engine, "vllm:num_requests_waiting", equals(queued), "in line")
+                await until(
+                    engine, "vllm:num_requests_waiting", equals(queued), "in line",
+                    streams=(*blockers, *waiters.values()),
+                )  # fmt: skip
             leaving = blockers[0]
             for _ in PRIORITIES:
                 leaving.cancel()  # its connection closes: the engine aborts it, a slot frees
@@ -122,6 +157,7 @@ async def priority_order(engine: Listening, url: str, model: str, slots: int) ->
                     return [p for p in PRIORITIES if p not in order and started[p].is_set()]
 
                 async def one_admitted() -> bool:
+                    still_running((*blockers, *waiters.values()))
                     return bool(admitted())
 
                 await eventually(one_admitted, "a waiting stream's first token", within=120)

@@ -67,7 +67,10 @@ def running_vllm(model: TinyModel, port: int, kv_events: str, log: Path) -> Iter
         token_budget=TOKEN_BUDGET, chunk_size=CHUNK_SIZE,
         # The publisher connects to an explicit host (bind only for `*`, ipc:// or
         # inproc://), as an operator-run pool's engines do to the gateway's SUB socket.
-        extra=["--scheduling-policy", "priority", "--kv-events-config", json.dumps(config)],
+        extra=["--scheduling-policy", "priority", "--kv-events-config", json.dumps(config),
+               # Each request's arrival, abort and end in the log (the fixture's `log`):
+               # what a test that left vLLM busy, or waited on it, is diagnosed from.
+               "--enable-log-requests"],
     )  # fmt: skip
     server = VLLMServer(f"http://127.0.0.1:{port}", model, kv_events, topic, tuple(argv), log)
     child = start(argv, log)
