@@ -4,9 +4,13 @@ cluster, under the configurations that share it differently (issue 26).
 
 Chat: closed-loop sessions as in the seed experiment (`seed.py`: prompts, answers and think
 times); session `i` takes turns while the day's session count is above `i`, so the active
-count follows the curve (a ramp up over the first 40 % of the day, the peak held to 60 %,
-a ramp down to the end). Documents: all queued at the start, each of a length drawn between
-the scenario's bounds, with distinct token ids (no two share a prefix). The run stops at the
+count follows the curve: a ramp up centred at 20 % of the day and one down centred at 80 %,
+each taking `ramp` of the day (0.4 by default: up over the first 40 %, the peak held to
+60 %, down to the end), the trough before and after them and the peak between. Centring
+the ramps keeps the day's session-seconds whatever their steepness: `ramp` 0.2 is twice as
+steep with the same chat over the day. Documents: all queued at the start, each of a length
+drawn between the scenario's bounds, with distinct token ids (no two share a prefix), each
+naming the batch InferenceObjective (`DOCUMENT_OBJECTIVE_PRIORITY`). The run stops at the
 day's end: what finished by then counts, and so do the document tokens prefilled so far.
 """
 
@@ -16,7 +20,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
-from laneway.api import Lane
+from laneway.api import Lane, SchedulingPolicy
 from laneway.api.lending import LendingSpec
 from laneway.simulator.profiles import Profile
 from laneway.simulator.recompute import covered
@@ -56,6 +60,21 @@ LENDING_ENGINE = SchedulerConfig(
     max_partial_prefills=64,
     max_context=LONG_CONTEXT,
 )
+# The documents' InferenceObjective (higher more important; chat names none, 0), as a
+# deployment of the Gateway API Inference Extension marks batch work below chat. The EPP
+# turns it into engine level 1 (`gateway/epp/stream.py`: the tenant's 0 less -1), which a
+# priority-scheduled vLLM admits after chat's 0; laneway's own gateway gives the same level
+# to a batch tenant whose tenants entry has `priority: 1`. The Batches dispatcher's
+# `x-laneway-lane: batch` alone would not: an interactive pool does not honour a batch pin,
+# so the queue class stays the pool's lane and the level chat's (`laneway.routing.lanes`).
+# A pool that does not schedule by priority is sent no `priority`, so elsewhere it is moot.
+DOCUMENT_OBJECTIVE_PRIORITY = -1
+# The unified pool with vLLM `--scheduling-policy priority`: the documents wait behind every
+# waiting chat turn, but a document already running keeps its chunk of every step (vLLM
+# schedules running requests before waiting ones and preempts only for KV it cannot
+# allocate, never for a waiting request's priority).
+UNIFIED_PRIORITY = dataclasses.replace(CHUNKED_LONG, scheduling_policy=SchedulingPolicy.PRIORITY)
+RAMP_CENTRES = (0.2, 0.8)  # of the day: where the ramp up and the ramp down are half done
 FIXED_SPLITS = (3, 4, 5)  # chat replicas of the fixed splits of the lending engines
 LENDING_CHAT_REPLICAS = 5  # the lender's own; the borrower keeps the rest
 
@@ -69,13 +88,15 @@ class DayScenario:
     documents: int = 600
     document_tokens: tuple[int, int] = (32768, 65536)
     document_output_tokens: int = 256
+    ramp: float = 0.4  # of the day each ramp takes, centred at `RAMP_CENTRES`
     seed: int = 0
     chat: SeedScenario = field(default_factory=SeedScenario)  # its turns and think times
 
     def sessions_at(self, t: float) -> int:
-        """Active sessions at `t`: trough, a ramp to the peak, the peak, a ramp down."""
-        x = t / self.day_s
-        rise = min(1.0, x / 0.4) if x < 0.6 else max(0.0, (1 - x) / 0.4)
+        """Active sessions at `t`: trough, a ramp to the peak, the peak, a ramp down, trough."""
+        x, (up, down), half = t / self.day_s, RAMP_CENTRES, self.ramp / 2
+        rise = (x - (up - half)) / self.ramp if x < 0.5 else ((down + half) - x) / self.ramp
+        rise = min(1.0, max(0.0, rise))
         return round(self.trough_sessions + (self.peak_sessions - self.trough_sessions) * rise)
 
 
@@ -93,7 +114,16 @@ def day_problems(scenario: DayScenario) -> list[str]:
         problems.append("--documents must be between 0 and 1024")
     (low, high), most = scenario.document_tokens, LONG_CONTEXT - scenario.document_output_tokens
     if not 2049 <= low <= high <= most:
-        problems.append(f"document lengths must lie within 2049-{most}")
+        problems.append(
+            f"--doc-tokens {low}-{high}: MIN-MAX must lie within 2049-{most} (the engines' "
+            f"{LONG_CONTEXT}-token context less {scenario.document_output_tokens} output "
+            "tokens), MIN at most MAX"
+        )
+    if not 0 < scenario.ramp <= 2 * RAMP_CENTRES[0]:
+        problems.append(
+            f"--ramp must be above 0 and at most {2 * RAMP_CENTRES[0]:g} (the share of the "
+            f"day each ramp takes, centred at {RAMP_CENTRES[0]:.0%} and {RAMP_CENTRES[1]:.0%})"
+        )
     return problems
 
 
@@ -125,6 +155,12 @@ def day_configs(scenario: DayScenario, profile: Profile) -> tuple[ClusterConfig,
             name="unified-chunked",
             summary=f"{gpus} mixed replicas, chunked (2048 budget, 1024 chunks), FCFS",
             pools=(unified_pool(gpus, CHUNKED_LONG),),
+        ),
+        ClusterConfig(
+            name="unified-priority",
+            summary=f"{gpus} mixed replicas, chunked (2048 budget, 1024 chunks), engine "
+            "priority scheduling, documents at level 1 behind chat's 0",
+            pools=(unified_pool(gpus, UNIFIED_PRIORITY),),
         ),
         seed["split"],
         seed["laneway"],
@@ -216,7 +252,12 @@ class DayWorkload(Workload):
                 ids = range(next_id, next_id + tokens)  # distinct ids: no shared prefix
                 next_id += tokens
                 cluster.submit(
-                    now, DOCUMENTS, tokens, scenario.document_output_tokens, prompt_ids=ids
+                    now,
+                    DOCUMENTS,
+                    tokens,
+                    scenario.document_output_tokens,
+                    prompt_ids=ids,
+                    objective_priority=DOCUMENT_OBJECTIVE_PRIORITY,
                 )
             return
         if subject == SAMPLE:

@@ -25,6 +25,8 @@ class Request:
     prompt_ids: Sequence[int] | None  # the prompt's token ids, if the workload has them
     session_key: str | None  # its x-laneway-session, if any
     ticket: Ticket  # its entry in the ledger
+    # The `priority` the gateway sends its engine (`laneway.routing.priority`); None: none.
+    engine_priority: int | None = None
     replica: int = -1  # -1 while it waits in the gateway's line
     first_token_s: float | None = None
     last_token_s: float | None = None

@@ -77,6 +77,7 @@ from laneway.routing.fairshare import NO_CAPS, TenantCaps
 from laneway.routing.lanes import Route, RouteRequest, classify
 from laneway.routing.picker import PickingSettings
 from laneway.routing.prefix_index import leading_block_hashes
+from laneway.routing.priority import engine_priority, gateway_level
 from laneway.simulator.engine import EngineCore
 from laneway.simulator.prefix_cache import block_hashes
 from laneway.simulator.profiles import Profile
@@ -236,10 +237,12 @@ class VirtualCluster:
         session_key: str | None = None,
         tenant: str = "",
         caps: TenantCaps = NO_CAPS,
+        objective_priority: int = 0,
     ) -> Request | None:
         """Route and admit a request as the gateway does, for `tenant` under its `caps`
-        (the tenants file's); None if no pool takes it, its pool's line is full or its
-        tenant's cap of waiting requests is reached (the gateway's 429s)."""
+        (the tenants file's), naming an InferenceObjective of `objective_priority` (higher
+        more important; 0 for none); None if no pool takes it, its pool's line is full or
+        its tenant's cap of waiting requests is reached (the gateway's 429s)."""
         bounds = TokenBounds(prompt_tokens, prompt_tokens)
         ask = RouteRequest(PUBLIC_MODEL, bounds, output_tokens, pinned)
         pools = self.ledger.pools()
@@ -276,6 +279,11 @@ class VirtualCluster:
             prompt_ids=prompt_ids,
             session_key=session_key,
             ticket=decision.ticket,
+            # As the EPP computes it (`gateway/epp/stream.py`): the tenant's level (0 here)
+            # less the objective's priority, then the queue class's; the client asks none.
+            engine_priority=engine_priority(
+                route.pool, gateway_level(-objective_priority, route.priority, None)
+            ),
         )
         self.requests[request.request_id] = request
         self._of_ticket[request.ticket] = request
@@ -308,7 +316,11 @@ class VirtualCluster:
             block_hashes(request.prompt_ids, KV_BLOCK_TOKENS) if request.prompt_ids else ()
         )
         replica.core.submit(
-            request.request_id, request.prompt_tokens, request.output_tokens, engine_hashes
+            request.request_id,
+            request.prompt_tokens,
+            request.output_tokens,
+            engine_hashes,
+            priority=request.engine_priority or 0,  # vLLM's default where none is sent
         )
         request.replica = replica_index
         if replica.stepping is None:

@@ -133,6 +133,8 @@ class SimPool:
                     "maxContextTokens": self.max_context_tokens,
                     "maxConcurrentRequests": engine.max_num_seqs,
                 },
+                # The gateway sends a `priority` only to a pool that schedules by it.
+                "scheduling": {"policy": engine.scheduling_policy.value},
             },
             "status": {"endpoints": list(endpoints)},
         }
@@ -156,6 +158,7 @@ class SimPool:
             "--max-context", str(engine.max_context),
             "--max-num-seqs", str(engine.max_num_seqs),
             "--max-partial-prefills", str(engine.max_partial_prefills),
+            "--scheduling-policy", engine.scheduling_policy.value,
             "--time-scale", f"{time_scale:g}",
         ]  # fmt: skip
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from laneway.bench.day.cli import CONFIG_NAMES
-from laneway.cli import main
-from laneway.simulator.day import DayScenario
+from laneway.bench.day.cli import CONFIG_NAMES, QUICK, scenario_from
+from laneway.cli import build_parser, main
+from laneway.simulator.day import DOCUMENTS, DayScenario, DayWorkload, day_configs
+from laneway.simulator.profiles import PROFILES
+from laneway.simulator.runner import VirtualCluster
 
 GPUS, BATCH_OWN = 8, 3  # the lending configuration's borrower keeps 3 of its own
 
@@ -55,8 +57,72 @@ def test_the_day_ramps_from_the_trough_to_the_peak_and_back() -> None:
     ]  # fmt: skip
 
 
+def test_a_steeper_ramp_keeps_its_centres_and_the_day_s_chat() -> None:
+    steep = DayScenario(trough_sessions=50, peak_sessions=300, day_s=100, ramp=0.2)
+    assert [steep.sessions_at(t) for t in (0, 10, 20, 30, 50, 70, 80, 90, 100)] == [
+        50, 50, 175, 300, 300, 300, 175, 50, 50,
+    ]  # fmt: skip
+    default = DayScenario(trough_sessions=50, peak_sessions=300, day_s=100)
+    session_seconds = [sum(d.sessions_at(t / 10) for t in range(1000)) for d in (default, steep)]
+    assert abs(session_seconds[0] - session_seconds[1]) <= 1
+
+
+def test_sweep_flags_reach_the_scenario() -> None:
+    args = build_parser().parse_args(
+        ["bench", "day", "--quick", "--doc-tokens", "65536-131000", "--ramp", "0.2"]
+    )
+    scenario = scenario_from(args)
+    assert (scenario.document_tokens, scenario.ramp) == ((65536, 131000), 0.2)
+    assert scenario.peak_sessions == QUICK.peak_sessions  # the preset's, the rest untouched
+    default = scenario_from(build_parser().parse_args(["bench", "day"]))
+    assert (default.document_tokens, default.ramp) == ((32768, 65536), 0.4)
+
+
 def test_bad_flags_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "day", "--peak", "10", "--trough", "20", "--configs", "x"]) == 2
+    argv = ["bench", "day", "--peak", "10", "--trough", "20", "--configs", "x"]
+    assert main([*argv, "--doc-tokens", "65536-131072", "--ramp", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--trough must be between 0 and --peak" in err
     assert "--configs: unknown x" in err
+    assert "--doc-tokens 65536-131072: MIN-MAX must lie within 2049-130816" in err
+    assert "--ramp must be above 0 and at most 0.4" in err
+    assert main(["bench", "day", "--doc-tokens", "65536-32768"]) == 2
+    assert "MIN at most MAX" in capsys.readouterr().err
+    assert main(["bench", "day", "--ramp", "0"]) == 2
+    assert "--ramp must be above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["64k", "32768", "1-2-3", "-5-10", "a-b"])
+def test_doc_tokens_must_be_two_numbers(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "day", f"--doc-tokens={text}"]) == 2
+    assert "--doc-tokens must be MIN-MAX, two whole numbers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "document_level", "chat_level"),
+    [("unified-priority", 1, 0), ("unified-chunked", None, None)],
+)
+def test_documents_reach_a_priority_scheduled_engine_behind_chat(
+    name: str, document_level: int | None, chat_level: int | None
+) -> None:
+    """As the gateway sends them: a pool scheduling by priority gets the documents' level 1
+    (their objective's -1) and chat's 0; an FCFS pool gets no priority at all."""
+    scenario = DayScenario(peak_sessions=4, documents=3, day_s=10)
+    profile = PROFILES["h200-llama3-8b"]
+    config = next(c for c in day_configs(scenario, profile) if c.name == name)
+    workload = DayWorkload(scenario)
+    cluster = VirtualCluster(
+        config.pools, profile, config.picking, workload,
+        duration_s=scenario.day_s, tie_break="t", scrape_interval_s=None,
+    )  # fmt: skip
+    workload.on_event(cluster, 0.0, DOCUMENTS)
+    workload.on_event(cluster, 0.0, 0)  # session 0's first turn
+    sent = sorted(cluster.requests.values(), key=lambda r: r.source)  # chat's session 0 last
+    assert [r.engine_priority for r in sent] == [document_level] * 3 + [chat_level]
+    # The engines hold them at those levels (vLLM's default 0 where none is sent).
+    held = {
+        seq.request_id: seq.priority
+        for replica in cluster.replicas
+        for seq in (*replica.core.running, *replica.core.waiting)
+    }
+    assert [held[r.request_id] for r in sent] == [document_level or 0] * 3 + [chat_level or 0]

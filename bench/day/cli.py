@@ -16,11 +16,13 @@ from laneway.bench.harness.flags import (
     write_results,
 )
 from laneway.bench.harness.progress import VirtualProgress
-from laneway.simulator.day import DayScenario
+from laneway.errors import UsageError
+from laneway.simulator.day import RAMP_CENTRES, DayScenario
 
 QUICK = DayScenario(trough_sessions=20, peak_sessions=120, day_s=20.0, documents=40)
 CONFIG_NAMES = (
     "unified-chunked",
+    "unified-priority",
     "split",
     "laneway",
     "fixed-3+5",
@@ -35,10 +37,11 @@ def register_bench_day(bench: argparse._SubParsersAction[Any]) -> None:
     day = bench.add_parser(
         "day",
         help="a compressed day: chat trough -> peak -> trough and a Batches backlog, "
-        "one cluster, seven configurations (lending among them)",
+        "one cluster, eight configurations (lending among them)",
         description="Run a compressed day on one cluster in virtual time: closed-loop chat "
         "sessions ramping from a trough to a peak and back, and a backlog of long documents "
-        "queued at the start, under unified-chunked (FCFS), the seed's split, today's "
+        "queued at the start, under unified-chunked (FCFS), unified-priority (engine priority "
+        "scheduling, documents behind chat), the seed's split, today's "
         "laneway, fixed chat+batch splits of one engine configuration that serves both, and "
         "laneway lending (the same engines, idle chat replicas lent to batch and taken back "
         "when chat needs them). Prints one row per configuration; --json and --plot save "
@@ -55,6 +58,22 @@ def register_bench_day(bench: argparse._SubParsersAction[Any]) -> None:
     add_value_flag(day, "--peak", full.peak_sessions, "sessions at the peak", preset=True)
     add_value_flag(day, "--day", full.day_s, "virtual seconds the day lasts", preset=True)
     add_value_flag(day, "--documents", full.documents, "documents queued", preset=True)
+    low, high = full.document_tokens
+    day.add_argument(
+        "--doc-tokens",
+        metavar="MIN-MAX",
+        help=f"each document's prompt tokens, drawn between MIN and MAX (default {low}-{high}; "
+        "MIN-MIN for one length)",
+    )
+    add_value_flag(
+        day,
+        "--ramp",
+        full.ramp,
+        f"share of the day each ramp (trough to peak, peak to trough) takes, centred at "
+        f"{RAMP_CENTRES[0]:.0%} and {RAMP_CENTRES[1]:.0%} of the day so the chat over the day "
+        "stays the same; 0.2 is twice as steep as the default",
+        preset=True,
+    )
     day.add_argument(
         "--configs",
         default=",".join(CONFIG_NAMES),
@@ -73,9 +92,23 @@ def scenario_from(args: argparse.Namespace) -> DayScenario:
         "peak_sessions": args.peak,
         "day_s": args.day,
         "documents": args.documents,
+        "document_tokens": None if args.doc_tokens is None else parse_doc_tokens(args.doc_tokens),
+        "ramp": args.ramp,
         "seed": args.seed,
     }
     return overridden(QUICK if args.quick else DayScenario(), values)
+
+
+def parse_doc_tokens(text: str) -> tuple[int, int]:
+    """`32768-65536` -> (32768, 65536); a UsageError for anything but two whole numbers
+    (their bounds are `day_problems`')."""
+    low, dash, high = text.strip().partition("-")
+    if dash and low.strip().isdigit() and high.strip().isdigit():
+        return int(low), int(high)
+    raise UsageError(
+        f"--doc-tokens must be MIN-MAX, two whole numbers of prompt tokens such as "
+        f"32768-65536, got {text!r}"
+    )
 
 
 def run_day_bench(args: argparse.Namespace) -> int:
@@ -108,7 +141,7 @@ def run_day_bench(args: argparse.Namespace) -> int:
         f"{scenario.trough_sessions} -> {scenario.peak_sessions} -> {scenario.trough_sessions} "
         f"sessions over {scenario.day_s:g} s, {scenario.documents} documents of "
         f"{scenario.document_tokens[0]}-{scenario.document_tokens[1]} tokens queued, "
-        f"seed {scenario.seed}; {wall_s:.1f} s wall"
+        f"ramps of {scenario.ramp:g} of the day, seed {scenario.seed}; {wall_s:.1f} s wall"
     )
     print()
     print(day_table(results))

@@ -62,6 +62,7 @@ def day_json(
             "day_s": scenario.day_s,
             "documents": scenario.documents,
             "document_tokens": list(scenario.document_tokens),
+            "ramp": scenario.ramp,
             "seed": scenario.seed,
         },
         "profile": profile,
