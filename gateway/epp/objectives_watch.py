@@ -16,8 +16,8 @@ import logging
 import random
 
 from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives, from_cluster
-from laneway.gateway.pools.discovery import Backoff, Sleep
-from laneway.kube.client import KubeApi, KubeError, Manifest, WatchExpired
+from laneway.gateway.pools.discovery import Backoff, Retry, Sleep, follow
+from laneway.kube.client import KubeApi, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,9 @@ class WatchedObjectives:
         self.namespace = namespace
         self.current: Objectives = NO_OBJECTIVES
         self._api = api
-        self._backoff = backoff or Backoff()
-        self._rng = rng or random.Random()
-        self._sleep = sleep
-        self._watch_timeout = watch_timeout_seconds
+        self._retry = Retry(
+            backoff or Backoff(), rng or random.Random(), sleep, watch_timeout_seconds
+        )
         self._seen: dict[str, Manifest] = {}  # namespace/name -> the object
         self._reported: dict[str, str] = {}
 
@@ -69,45 +68,30 @@ class WatchedObjectives:
             log.info("InferenceObjectives: %s", dict(objectives.priorities))
 
     async def _follow(self, api: KubeApi) -> None:
-        resource_version: str | None = None
-        failures = 0
-        while True:
-            try:
-                if resource_version is None:
-                    listed = await api.list(KIND, self.namespace)
-                    # A fresh list: whatever it lacks was deleted while we were not watching.
-                    self._seen = {_key(item): item for item in listed.items}
-                    resource_version = listed.resource_version
-                    self._publish()
-                async for event in api.watch(
-                    KIND, self.namespace, resource_version, timeout_seconds=self._watch_timeout
-                ):
-                    failures = 0
-                    obj = event.get("object") or {}
-                    resource_version = obj.get("metadata", {}).get(
-                        "resourceVersion", resource_version
-                    )
-                    if event.get("type") == "DELETED":
-                        self._seen.pop(_key(obj), None)
-                    elif event.get("type") in ("ADDED", "MODIFIED"):
-                        self._seen[_key(obj)] = obj
-                    else:
-                        continue  # BOOKMARK: only the resourceVersion moved
-                    self._publish()
-                failures = 0
-            except WatchExpired:
-                log.info("watch of %s expired (410 Gone); listing again", KIND)
-                resource_version = None
-            except KubeError as error:
-                failures += 1
-                delay = self._backoff.delay(failures, self._rng)
-                log.warning(
-                    "Kubernetes API: %s; keeping the last known InferenceObjectives, "
-                    "retrying in %.1fs",
-                    error,
-                    delay,
-                )
-                await self._sleep(delay)
+        def listed(items: tuple[Manifest, ...]) -> None:
+            # A fresh list: whatever it lacks was deleted while we were not watching.
+            self._seen = {_key(item): item for item in items}
+            self._publish()
+
+        def changed(event: Manifest) -> None:
+            obj = event.get("object") or {}
+            if event.get("type") == "DELETED":
+                self._seen.pop(_key(obj), None)
+            elif event.get("type") in ("ADDED", "MODIFIED"):
+                self._seen[_key(obj)] = obj
+            else:
+                return
+            self._publish()
+
+        await follow(
+            api,
+            KIND,
+            self.namespace,
+            listed=listed,
+            changed=changed,
+            retry=self._retry,
+            keeping="InferenceObjectives",
+        )
 
 
 def _key(obj: Manifest) -> str:

@@ -44,6 +44,68 @@ class Backoff:
         return ceiling / 2 + rng.random() * ceiling / 2
 
 
+@dataclass(frozen=True)
+class Retry:
+    """How a list-then-watch loop waits: between failed tries, and for the server to end a
+    watch."""
+
+    backoff: Backoff
+    rng: random.Random
+    sleep: Sleep
+    watch_timeout_seconds: int
+
+
+async def follow(
+    api: KubeApi,
+    kind: str,
+    namespace: str | None,
+    *,
+    listed: Callable[[tuple[Manifest, ...]], None],
+    changed: Callable[[Manifest], None],
+    retry: Retry,
+    keeping: str,
+    label_selector: str | None = None,
+) -> None:
+    """List `kind`, then watch it from that list's version, for ever: `listed` gets each
+    fresh list, `changed` each event but bookmarks. A watch that expires (410 Gone) lists
+    again; an API error is retried after a backoff, the last known `keeping` kept meanwhile."""
+    resource_version: str | None = None
+    failures = 0
+    while True:
+        try:
+            if resource_version is None:
+                found = await api.list(kind, namespace, label_selector)
+                resource_version = found.resource_version
+                listed(found.items)
+            async for event in api.watch(
+                kind,
+                namespace,
+                resource_version,
+                label_selector=label_selector,
+                timeout_seconds=retry.watch_timeout_seconds,
+            ):
+                failures = 0
+                obj = event.get("object") or {}
+                resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                if event.get("type") != "BOOKMARK":
+                    changed(event)
+            failures = 0  # the server ended the watch on time; carry on from here
+        except WatchExpired:
+            log.info("watch of %s expired (410 Gone); listing again", kind)
+            resource_version = None
+        except KubeError as error:
+            failures += 1
+            delay = retry.backoff.delay(failures, retry.rng)
+            log.warning(
+                "Kubernetes API: %s; keeping the last known %s, retrying %s in %.1fs",
+                error,
+                keeping,
+                kind,
+                delay,
+            )
+            await retry.sleep(delay)
+
+
 def _key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata", {})
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
@@ -115,10 +177,9 @@ class KubernetesPoolSource:
     ) -> None:
         self.namespace = namespace
         self._api = api
-        self._backoff = backoff or Backoff()
-        self._rng = rng or random.Random()
-        self._sleep = sleep
-        self._watch_timeout = watch_timeout_seconds
+        self._retry = Retry(
+            backoff or Backoff(), rng or random.Random(), sleep, watch_timeout_seconds
+        )
         self._view = ClusterView()
         self._sent: tuple[InferencePool, ...] | None = None
         self._listed: set[str] = set()  # kinds listed at least once
@@ -147,42 +208,22 @@ class KubernetesPoolSource:
             update(pools)
 
     async def _follow(self, api: KubeApi, watched: _Watched, update: PoolUpdate) -> None:
-        resource_version: str | None = None
-        failures = 0
-        while True:
-            try:
-                if resource_version is None:
-                    listed = await api.list(watched.kind, self.namespace, watched.label_selector)
-                    self._view.replace(watched.kind, listed.items)
-                    resource_version = listed.resource_version
-                    self._listed.add(watched.kind)
-                    self._publish(update)
-                async for event in api.watch(
-                    watched.kind,
-                    self.namespace,
-                    resource_version,
-                    label_selector=watched.label_selector,
-                    timeout_seconds=self._watch_timeout,
-                ):
-                    failures = 0
-                    obj = event.get("object") or {}
-                    resource_version = obj.get("metadata", {}).get(
-                        "resourceVersion", resource_version
-                    )
-                    if event.get("type") != "BOOKMARK":
-                        self._view.apply(watched.kind, event)
-                        self._publish(update)
-                failures = 0  # the server ended the watch on time; carry on from here
-            except WatchExpired:
-                log.info("watch of %s expired (410 Gone); listing again", watched.kind)
-                resource_version = None
-            except KubeError as error:
-                failures += 1
-                delay = self._backoff.delay(failures, self._rng)
-                log.warning(
-                    "Kubernetes API: %s; keeping the last known pools, retrying %s in %.1fs",
-                    error,
-                    watched.kind,
-                    delay,
-                )
-                await self._sleep(delay)
+        def listed(items: tuple[Manifest, ...]) -> None:
+            self._view.replace(watched.kind, items)
+            self._listed.add(watched.kind)
+            self._publish(update)
+
+        def changed(event: Manifest) -> None:
+            self._view.apply(watched.kind, event)
+            self._publish(update)
+
+        await follow(
+            api,
+            watched.kind,
+            self.namespace,
+            listed=listed,
+            changed=changed,
+            retry=self._retry,
+            keeping="pools",
+            label_selector=watched.label_selector,
+        )
