@@ -15,7 +15,7 @@ from support.apiserver import FakeApiServer
 from support.rbac import granted_rules, rbac_call
 
 from laneway.api import InferencePool
-from laneway.gateway.pools.discovery import Backoff, KubernetesPoolSource
+from laneway.gateway.pools.discovery import Backoff, KubernetesPoolSource, Retry
 from laneway.gateway.pools.sources import PoolSource
 from laneway.kube.client import KubeApi
 
@@ -69,9 +69,9 @@ class Harness:
         self.source = KubernetesPoolSource(
             "serving",
             api=self.api,
-            backoff=Backoff(initial=0.1, maximum=0.8),
-            rng=random.Random(7),
-            sleep=sleep,
+            retry=Retry(
+                backoff=Backoff(initial=0.1, maximum=0.8), rng=random.Random(7), sleep=sleep
+            ),
         )
 
     def update(self, pools: Sequence[InferencePool]) -> None:

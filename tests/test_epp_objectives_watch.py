@@ -25,7 +25,7 @@ from laneway.errors import UsageError
 from laneway.gateway.epp.cli import watched_objectives
 from laneway.gateway.epp.objectives import from_cluster
 from laneway.gateway.epp.objectives_watch import WatchedObjectives
-from laneway.gateway.pools.discovery import Backoff
+from laneway.gateway.pools.discovery import Backoff, Retry
 from laneway.kube.client import KubeApi
 
 OBJECTIVES = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/serving/inferenceobjectives"
@@ -54,10 +54,8 @@ class Harness:
             self.delays.append(delay)
             await asyncio.sleep(0.01)
 
-        self.watched = WatchedObjectives(
-            "serving", api=self.api, backoff=Backoff(initial=0.1, maximum=0.8),
-            rng=random.Random(7), sleep=sleep,
-        )  # fmt: skip
+        retry = Retry(backoff=Backoff(initial=0.1, maximum=0.8), rng=random.Random(7), sleep=sleep)
+        self.watched = WatchedObjectives("serving", api=self.api, retry=retry)
 
     async def until(self, priorities: dict[str, int]) -> None:
         async def settled() -> bool:

@@ -11,12 +11,10 @@ retried with jittered exponential backoff while the objectives last seen stay in
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 
 from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives, from_cluster
-from laneway.gateway.pools.discovery import Backoff, Retry, Sleep, follow
+from laneway.gateway.pools.discovery import Retry, follow
 from laneway.kube.client import KubeApi, Manifest
 
 log = logging.getLogger(__name__)
@@ -32,17 +30,12 @@ class WatchedObjectives:
         namespace: str | None,
         api: KubeApi | None = None,
         *,
-        backoff: Backoff | None = None,
-        rng: random.Random | None = None,
-        sleep: Sleep = asyncio.sleep,
-        watch_timeout_seconds: int = 300,
+        retry: Retry | None = None,
     ) -> None:
         self.namespace = namespace
         self.current: Objectives = NO_OBJECTIVES
         self._api = api
-        self._retry = Retry(
-            backoff or Backoff(), rng or random.Random(), sleep, watch_timeout_seconds
-        )
+        self._retry = retry or Retry()
         self._seen: dict[str, Manifest] = {}  # namespace/name -> the object
         self._reported: dict[str, str] = {}
 

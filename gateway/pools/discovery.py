@@ -49,10 +49,10 @@ class Retry:
     """How a list-then-watch loop waits: between failed tries, and for the server to end a
     watch."""
 
-    backoff: Backoff
-    rng: random.Random
-    sleep: Sleep
-    watch_timeout_seconds: int
+    backoff: Backoff = Backoff()
+    rng: random.Random = field(default_factory=random.Random)
+    sleep: Sleep = asyncio.sleep
+    watch_timeout_seconds: int = 300
 
 
 async def follow(
@@ -170,16 +170,11 @@ class KubernetesPoolSource:
         namespace: str | None,
         api: KubeApi | None = None,
         *,
-        backoff: Backoff | None = None,
-        rng: random.Random | None = None,
-        sleep: Sleep = asyncio.sleep,
-        watch_timeout_seconds: int = 300,
+        retry: Retry | None = None,
     ) -> None:
         self.namespace = namespace
         self._api = api
-        self._retry = Retry(
-            backoff or Backoff(), rng or random.Random(), sleep, watch_timeout_seconds
-        )
+        self._retry = retry or Retry()
         self._view = ClusterView()
         self._sent: tuple[InferencePool, ...] | None = None
         self._listed: set[str] = set()  # kinds listed at least once
