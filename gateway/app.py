@@ -117,6 +117,10 @@ def create_app(
     app[ACCESS_LOG] = AccessLog(off_loop=True)
     app.on_cleanup.append(_close_access_log)
     app.cleanup_ctx.append(_client_session)
+    # The state layer's teardown (its heartbeats stopped, the lending lease handed back,
+    # Redis closed) runs after the background's below, which stops the lending loop first:
+    # cleanup contexts end in reverse order.
+    redis = install(app, shared) if shared is not None else None
     app.cleanup_ctx.append(_background(source))
     app.on_shutdown.append(_begin_drain)
     for endpoint in Endpoint:
@@ -131,10 +135,8 @@ def create_app(
         # Demand names tenant-private pools and their load: on the API port only behind a
         # key (the tenant middleware's); with a metrics port, there instead.
         app.router.add_get(DEMAND_PATH, demand_of(app))
-    if shared is not None:
-        redis = install(app, shared)
-        if batches:
-            install_batches(app, shared, redis)
+    if shared is not None and batches:
+        install_batches(app, shared, redis)
     return app
 
 

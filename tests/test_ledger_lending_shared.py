@@ -53,6 +53,24 @@ def test_the_leader_lends_a_replica_once_no_gateway_replica_has_chat_there() -> 
     assert draining in endpoints(leader, "docs")
 
 
+def test_the_leader_lends_no_replica_before_the_other_replicas_can_see_it_drain() -> None:
+    """The others plan chat on a replica until they adopt its draining role, on their next
+    tick: lent at once (no chat of theirs there yet, as Redis said a moment ago), a replica
+    would get the leader's documents beside the chat they still send it."""
+    chat, docs = chat_pool(keep=1), docs_pool()
+    leader = ledger_with(chat, docs)
+    idle = PeerLending(settle_s=1.0)  # the others adopt a role within a second
+    leader.rebalance(0.0, peers=idle)
+    answer = leader.rebalance(5.0, peers=idle)
+    ((draining, role),) = [(c.url, c.role) for c in answer.changes]
+    assert role is Role.DRAINING
+    assert leader.rebalance(5.5, peers=idle).changes == ()
+    assert draining not in endpoints(leader, "docs")
+    answer = leader.rebalance(6.0, peers=idle)
+    assert (draining, Role.LENT) in [(c.url, c.role) for c in answer.changes]
+    assert draining in endpoints(leader, "docs")
+
+
 def test_a_follower_sends_batch_to_the_lent_replica_and_chat_elsewhere() -> None:
     chat, docs = chat_pool(keep=1), docs_pool()
     follower = ledger_with(chat, docs)

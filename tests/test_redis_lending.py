@@ -53,3 +53,16 @@ async def test_roles_that_cannot_be_read_are_none(redis_client: Redis) -> None:
     share = RedisLendingShare(redis_client, "t", "a")
     await redis_client.set("t:lending:roles", '{"term": 1, "roles": {"p": {"u": "borrowed"}}}')
     assert await share.read() is None
+
+
+async def test_a_leader_whose_term_was_lost_takes_a_new_one(redis_client: Redis) -> None:
+    """The term key has no expiry, but it can go (evicted under an allkeys policy, deleted by
+    hand) while the lease stays: the holder must still lead, under a new term, not renew a
+    lease it no longer uses while every replica reads "another leads"."""
+    a, b = (RedisLendingShare(redis_client, "t", name) for name in ("a", "b"))
+    assert await a.lead(60.0) == 1
+    await redis_client.delete("t:lending:term")
+    term = await a.lead(60.0)
+    assert term > 0
+    assert await b.lead(60.0) == 0
+    assert await a.publish(Published(term=term, version=1, roles=ROLES), 60.0)

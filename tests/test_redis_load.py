@@ -185,3 +185,14 @@ async def test_local_load_while_redis_is_away_and_resync_after(redis_server: Loc
         assert (await tracker.loads([E1]))[E1] == EndpointLoad(in_flight=0, prefill_tokens=0)
     finally:
         await redis.aclose()
+
+
+async def test_asking_for_no_endpoints_reads_nothing_and_keeps_the_share_up(
+    redis_client: Redis,
+) -> None:
+    """A lending tick whose lenders have no endpoint yet, or a pick whose pool's endpoints
+    are all ejected, asks for none: HMGET with no field is an error in Redis, which must not
+    read as Redis gone (endpoint load kept per replica until the next heartbeat)."""
+    share = RedisLoadShare(redis_client, replica="a")
+    assert await share.peers([]) == {}
+    assert share.shared

@@ -90,6 +90,10 @@ class LendingShares:
 # lease's 6 s at least): a leader that died is followed that long, then replaced.
 TTL_TICKS = 3
 MIN_TTL_S = 6.0
+# A replica the leader drains is lent no sooner than this many ticks later: by then every
+# follower has read its role (on its next tick), stopped planning chat there, and the chat
+# it still has there shows in the shared load the leader reads.
+SETTLE_TICKS = 2
 
 
 @dataclass
@@ -158,9 +162,9 @@ class Lending:
             if shares is None or not self._ledger.lends():
                 self.rebalance()
             else:
-                await self._shared_tick(shares, ttl_s)
+                await self._shared_tick(shares, interval_s, ttl_s)
 
-    async def _shared_tick(self, shares: LendingShares, ttl_s: float) -> None:
+    async def _shared_tick(self, shares: LendingShares, interval_s: float, ttl_s: float) -> None:
         """Lead or follow, as the lease says, and do it."""
         term: int | None = None
         published: Published | None = None
@@ -177,6 +181,7 @@ class Lending:
                         for key, count in demand.items()
                     },
                     in_flight={url: load.in_flight for url, load in loads.items()},
+                    settle_s=SETTLE_TICKS * interval_s,
                 )
             else:
                 published = await shares.roles.read()

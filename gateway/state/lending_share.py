@@ -24,15 +24,14 @@ from laneway.gateway.state.redis_store import REDIS_DOWN
 from laneway.ledger import Role
 
 # KEYS: leader, term. ARGV: this replica, TTL ms. This replica's term as leader, 0 when
-# another replica holds the lease.
+# another replica holds the lease. A holder whose term key went (evicted, deleted) takes a
+# new term: 0 would read as "another leads" on every replica, and none would lead again.
 LEAD_LUA = """
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
-end
-if holder then return 0 end
+if holder and holder ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local term = tonumber(redis.call('GET', KEYS[2]) or '')
+if holder and term then return term end
 return redis.call('INCR', KEYS[2])
 """
 

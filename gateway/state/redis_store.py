@@ -303,7 +303,7 @@ class RedisLoadShare:
 
     async def peers(self, urls: Sequence[str]) -> dict[str, EndpointLoad]:
         """The other replicas' load on `urls`, one round trip; none while Redis is away."""
-        if not self.shared:
+        if not self.shared or not urls:  # HMGET of no field is an error, not "Redis away"
             return {}
         fields = tuple(field for url in urls for field in _fields(url))
         try:

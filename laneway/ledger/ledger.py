@@ -308,7 +308,8 @@ class Ledger(LedgerRecords):
         Without `lend` (the shell cannot act on lending now), every lent replica is taken
         back and none is lent. `peers`: the other gateway replicas' chat demand and requests
         on the lenders' endpoints, added to this replica's own (the leader decides for them
-        all: a replica is lent once no gateway replica has a request there)."""
+        all: a replica is lent once no gateway replica has a request there, and not before
+        it has drained `peers.settle_s`)."""
         gates, requests, own = self._gates, self._requests, self._load.own()
         peers = peers or PeerLending()
 
@@ -326,6 +327,7 @@ class Ledger(LedgerRecords):
             in_flight=in_flight,
             running=lambda url, pool: running_on(requests, url, pool),
             lend=lend,
+            settle_s=peers.settle_s,
         )
         if not changes:
             return Rebalanced()

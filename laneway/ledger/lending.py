@@ -66,6 +66,10 @@ class PeerLending:
 
     demand: Mapping[str, int] = field(default_factory=dict)  # pool key -> chat turns
     in_flight: Mapping[str, int] = field(default_factory=dict)  # endpoint -> requests there
+    # How long a published role takes to reach every other replica. They plan chat on a
+    # replica until they adopt its draining role, so it drains at least this long, never
+    # lent at once: else documents would reach it beside the chat they still send it.
+    settle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class LendingBook:
         self.roles: dict[str, dict[str, Role]] = {}  # lender key -> endpoint -> role
         self._low_since: dict[str, float] = {}  # lender key -> demand below its replicas since
         self.reclaimed_at: dict[str, float] = {}  # endpoint -> when it was taken back
+        self._draining_since: dict[str, float] = {}  # endpoint -> when it began to drain
         self.borrowers: dict[str, str] = {}  # lender key -> its borrower's
 
     def sync(self, pools: Mapping[str, InferencePool]) -> None:
@@ -116,6 +121,7 @@ class LendingBook:
         self._low_since = {k: t for k, t in self._low_since.items() if k in roles}
         urls = {url for of_pool in roles.values() for url in of_pool}
         self.reclaimed_at = {u: t for u, t in self.reclaimed_at.items() if u in urls}
+        self._draining_since = {u: t for u, t in self._draining_since.items() if u in urls}
 
     def first_token(self, pool: str, url: str, at: float) -> float | None:
         """Milliseconds from taking `url` back to this first token of `pool`'s there, for
@@ -154,11 +160,13 @@ class LendingBook:
         in_flight: Callable[[str], int],
         running: Callable[[str, str], tuple[int, ...]],
         lend: bool = True,
+        settle_s: float = 0.0,
     ) -> tuple[tuple[RoleChange, ...], tuple[Reclaim, ...]]:
         """Every lender's role changes now, and the replicas taken back. `demand(key)`: a
         pool's chat turns running and in line; `in_flight(url)`: requests running on an
         endpoint; `running(url, key)`: a pool's tickets running there. Without `lend`,
-        every replica is needed for chat: none is lent, and the lent ones are taken back."""
+        every replica is needed for chat: none is lent, and the lent ones are taken back.
+        `settle_s`: how long a replica drains at least (`PeerLending.settle_s`)."""
         changes: list[RoleChange] = []
         reclaims: list[Reclaim] = []
         for key, borrower in self.borrowers.items():
@@ -166,7 +174,7 @@ class LendingBook:
             def borrowed(url: str, borrower: str = borrower) -> int:
                 return len(running(url, borrower))
 
-            ours = self._one(now, pools[key], demand(key), in_flight, borrowed, lend)
+            ours = self._one(now, pools[key], demand(key), in_flight, borrowed, lend, settle_s)
             changes += ours
             reclaims += (
                 Reclaim(url=c.url, tickets=running(c.url, borrower))
@@ -183,12 +191,15 @@ class LendingBook:
         in_flight: Callable[[str], int],
         borrowed: Callable[[str], int],
         lend: bool,
+        settle_s: float,
     ) -> list[RoleChange]:
         key, roles = lender.key, self.roles[lender.key]
         changes = [
             RoleChange(key, url, Role.LENT)
             for url, role in roles.items()
-            if role is Role.DRAINING and in_flight(url) == 0
+            if role is Role.DRAINING
+            and in_flight(url) == 0
+            and now - self._draining_since.get(url, now) >= settle_s
         ]
         changes += [
             RoleChange(key, url, Role.SERVING)
@@ -210,7 +221,7 @@ class LendingBook:
                 self._low_since[key] = now  # the next one waits as long again
                 url = min(serving, key=in_flight)
                 packed = [RoleChange(key, url, Role.DRAINING)]
-                if in_flight(url) == 0:  # no chat to finish there: lent at once
+                if in_flight(url) == 0 and not settle_s:  # no chat to finish: lent at once
                     packed.append(RoleChange(key, url, Role.LENT))
         self._apply(now, packed)
         return changes + packed
@@ -239,14 +250,17 @@ class LendingBook:
                 if old is Role.LENT:
                     self.reclaimed_at[url] = now
                     reclaims.append(Reclaim(url=url, tickets=running(url, self.borrowers[key])))
-        for change in changes:
-            self.roles[change.pool][change.url] = change.role
+        self._apply(now, changes)
         return tuple(changes), tuple(reclaims)
 
     def _apply(self, now: float, changes: Sequence[RoleChange]) -> None:
         for change in changes:
             if change.role is Role.RECLAIMING:
                 self.reclaimed_at[change.url] = now
+            if change.role is Role.DRAINING:
+                self._draining_since[change.url] = now
+            else:
+                self._draining_since.pop(change.url, None)
             self.roles[change.pool][change.url] = change.role
 
 
