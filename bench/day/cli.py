@@ -96,13 +96,14 @@ def register_bench_day(bench: argparse._SubParsersAction[Any]) -> None:
         help=f"each document's prompt tokens, drawn between MIN and MAX (default {low}-{high}; "
         "MIN-MIN for one length)",
     )
+    # `%%`: argparse formats help with %, where a lone one breaks --help.
     add_value_flag(
         day,
         "--ramp",
         full.ramp,
         f"share of the day each ramp (trough to peak, peak to trough) takes, centred at "
-        f"{RAMP_CENTRES[0]:.0%} and {RAMP_CENTRES[1]:.0%} of the day so the chat over the day "
-        "stays the same; 0.2 is twice as steep as the default",
+        f"{RAMP_CENTRES[0] * 100:g} and {RAMP_CENTRES[1] * 100:g} %% of the day so the chat "
+        "over the day stays the same; 0.2 is twice as steep as the default",
         preset=True,
     )
     day.add_argument(
