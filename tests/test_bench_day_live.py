@@ -132,3 +132,37 @@ def assert_all_gone(children: list[int]) -> None:
     while survivors := [pid for pid in children if alive(pid)]:
         assert time.monotonic() < deadline, f"still running: {survivors}"
         time.sleep(0.1)
+
+
+def test_the_gateways_metrics_read_as_the_days_columns() -> None:
+    from laneway.bench.day.live import read_gateway, role_sample
+    from laneway.simulator.day import day_configs
+    from laneway.simulator.profiles import PROFILES
+
+    text = "\n".join(
+        [
+            'laneway_gateway_lending_replicas{pool="realtime",role="serving"} 1',
+            'laneway_gateway_lending_replicas{pool="realtime",role="lent"} 1',
+            'laneway_gateway_lending_replicas{pool="realtime",role="draining"} 1',
+            "# TYPE laneway_gateway_reclaim_seconds histogram",
+            'laneway_gateway_reclaim_seconds_bucket{pool="realtime",le="0.01"} 0',
+            'laneway_gateway_reclaim_seconds_bucket{pool="realtime",le="0.02"} 2',
+            'laneway_gateway_reclaim_seconds_bucket{pool="realtime",le="0.05"} 3',
+            'laneway_gateway_reclaim_seconds_bucket{pool="realtime",le="+Inf"} 3',
+            'laneway_gateway_reclaim_seconds_count{pool="realtime"} 3',
+            'laneway_gateway_reclaim_seconds_sum{pool="realtime"} 0.07',
+            "# TYPE laneway_gateway_reclaimed_requests counter",
+            'laneway_gateway_reclaimed_requests_total{endpoint="http://a"} 4',
+            "# TYPE laneway_gateway_recomputed_prompt_tokens counter",
+            'laneway_gateway_recomputed_prompt_tokens_total{pool="batch"} 1200',
+        ]
+    )
+    reading = read_gateway(text + "\n")
+    assert reading.reclaims_s == ((0.02, 2), (0.05, 1))
+    assert (reading.reclaimed_requests, reading.recomputed_tokens) == (4, 1200)
+    config = next(
+        c for c in day_configs(QUICK_LIVE, PROFILES["h200-llama3-8b"]) if c.name == "lending"
+    )
+    sample = role_sample(config, 1.0, reading.roles)
+    # Of the lender's 3: one lent (batch's now, beside its own 1), one draining, one serving.
+    assert (sample.chat, sample.batch, sample.draining) == (1, 2, 1)

@@ -23,7 +23,8 @@ import asyncio
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ from laneway.bench.harness.live_cluster import (
     start_gateway,
 )
 from laneway.bench.harness.loadgen import LoadGenerator, RequestRecord, run_until
-from laneway.bench.harness.procs import Children
+from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.stream import client_session, stream_request
 from laneway.bench.harness.workload import INTERACTIVE, Workload, session_rng, text_rng
 from laneway.bench.seed.live import warm_up
@@ -64,11 +65,10 @@ RECOMPUTED = "laneway_gateway_recomputed_prompt_tokens_total"
 
 @dataclass(frozen=True)
 class DocumentRecord:
-    """One document as the client saw it; times in model seconds since the day began."""
+    """One document as the client saw it."""
 
     prompt_tokens: int
     status: int  # 0: no answer by the day's end (cut off) or no response at all
-    finished_s: float | None
     error: str | None = None
 
     @property
@@ -164,12 +164,12 @@ class DayLoad(LoadGenerator):
                     status = reply.status
                     error = None if status == 200 else f"HTTP {status}"
         except asyncio.CancelledError:
-            self.documents.append(DocumentRecord(tokens, 0, None, "cut off at the day's end"))
+            self.documents.append(DocumentRecord(tokens, 0, "cut off at the day's end"))
             raise
         except (aiohttp.ClientError, ValueError) as failure:
-            self.documents.append(DocumentRecord(tokens, 0, None, type(failure).__name__))
+            self.documents.append(DocumentRecord(tokens, 0, type(failure).__name__))
         else:
-            self.documents.append(DocumentRecord(tokens, status, self.elapsed_s(), error))
+            self.documents.append(DocumentRecord(tokens, status, error))
 
 
 def day_gateway_documents(
@@ -324,9 +324,9 @@ async def _report_progress(load: DayLoad, scenario: DayScenario, say: Say) -> No
         )
 
 
-async def _busy(children_engines: Sequence[Any]) -> float:
+async def _busy(engines: Sequence[ChildProcess]) -> float:
     busy = f"{BUSY_SECONDS}_total"
-    return sum(counters[busy] for counters in await engine_counters(children_engines, [busy]))
+    return sum(counters[busy] for counters in await engine_counters(engines, [busy]))
 
 
 async def run_live_day(
@@ -382,11 +382,8 @@ async def run_live_day(
     )
 
 
-def _reasons(reasons: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for reason in reasons:
-        counts[reason] = counts.get(reason, 0) + 1
-    return counts
+def _reasons(reasons: Iterable[str]) -> dict[str, int]:
+    return dict(Counter(reasons))
 
 
 def stderr_say(config_name: str) -> Say:
