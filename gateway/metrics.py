@@ -109,9 +109,17 @@ class GatewayMetrics:
             ("pool",),
             registry=self.registry,
         )
+        self.reclaim = LoopHistogram(
+            "laneway_gateway_reclaim_seconds",
+            "Time from a lending pool's decision to take a lent replica back to the first chat "
+            "token there, by pool",
+            ("pool",),
+            buckets=TTFT_BUCKETS,
+        )
         self.overhead = GatewayOverhead()
         self.registry.register(self.overhead)
-        for histogram in (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize):
+        histograms = (self.ttft, self.e2e, self.prompt_tokens, self.queue_wait, self.tokenize)
+        for histogram in (*histograms, self.reclaim):
             self.registry.register(histogram)
         self.registry.register(_PoolStateCollector(ledger, clock))
         # `labels()` checks, formats and locks on every call (~2 us, six calls a request);

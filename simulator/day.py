@@ -17,6 +17,7 @@ day's end: what finished by then counts, and so do the document tokens prefilled
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -75,8 +76,23 @@ DOCUMENT_OBJECTIVE_PRIORITY = -1
 # allocate, never for a waiting request's priority).
 UNIFIED_PRIORITY = dataclasses.replace(CHUNKED_LONG, scheduling_policy=SchedulingPolicy.PRIORITY)
 RAMP_CENTRES = (0.2, 0.8)  # of the day: where the ramp up and the ramp down are half done
-FIXED_SPLITS = (3, 4, 5)  # chat replicas of the fixed splits of the lending engines
-LENDING_CHAT_REPLICAS = 5  # the lender's own; the borrower keeps the rest
+# On 8 GPUs: the fixed splits of the lending engines give chat 3, 4 and 5 replicas, and
+# the lender owns 5 (the borrower keeps the other 3); a smaller or larger cluster keeps
+# these shares of its GPUs (`chat_splits`), so a live run's scaled-down cluster is the same
+# day in miniature.
+FIXED_SPLIT_SHARES = (3 / 8, 4 / 8, 5 / 8)
+LENDING_CHAT_SHARE = 5 / 8
+MIN_GPUS = 4  # the smallest cluster whose every split leaves each lane a replica
+
+
+def _share_of(gpus: int, share: float) -> int:
+    return math.floor(gpus * share + 0.5)  # half up: 2.5 of 4 GPUs is 3
+
+
+def chat_splits(gpus: int) -> tuple[tuple[int, ...], int]:
+    """The fixed splits' chat replicas (distinct, ascending) and the lender's own, on `gpus`."""
+    fixed = tuple(sorted({_share_of(gpus, share) for share in FIXED_SPLIT_SHARES}))
+    return fixed, _share_of(gpus, LENDING_CHAT_SHARE)
 
 
 @dataclass(frozen=True)
@@ -102,8 +118,11 @@ class DayScenario:
 
 def day_problems(scenario: DayScenario) -> list[str]:
     problems = []
-    if scenario.gpus < 6:
-        problems.append("--gpus must be at least 6 (the fixed splits give chat 3-5 replicas)")
+    if scenario.gpus < MIN_GPUS:
+        problems.append(
+            f"--gpus must be at least {MIN_GPUS} (the fixed splits give chat 3/8 to 5/8 of "
+            "the replicas and batch the rest, each at least one)"
+        )
     if not 0 <= scenario.trough_sessions <= scenario.peak_sessions:
         problems.append("--trough must be between 0 and --peak")
     if scenario.peak_sessions < 1:
@@ -129,6 +148,7 @@ def day_problems(scenario: DayScenario) -> list[str]:
 
 def day_configs(scenario: DayScenario, profile: Profile) -> tuple[ClusterConfig, ...]:
     gpus = scenario.gpus
+    fixed_chat, chat = chat_splits(gpus)
     seed = {
         c.name: c
         for c in seed_configs(SeedScenario(gpus=gpus, sessions=scenario.peak_sessions), profile)
@@ -146,9 +166,8 @@ def day_configs(scenario: DayScenario, profile: Profile) -> tuple[ClusterConfig,
             summary=f"{k} chat + {gpus - k} batch, one engine config (768 budget, 128k context)",
             pools=split(k),
         )
-        for k in FIXED_SPLITS
+        for k in fixed_chat
     )
-    chat = LENDING_CHAT_REPLICAS
     lending = LendingSpec(borrower="batch", keep_replicas=1, headroom=0.25)
     return (
         ClusterConfig(

@@ -78,6 +78,15 @@ def test_sweep_flags_reach_the_scenario() -> None:
     assert (default.document_tokens, default.ramp) == ((32768, 65536), 0.4)
 
 
+def test_help_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "day", "--help"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert "centred at 20 and 80 % of the day" in printed
+    assert "--stream-documents" in printed
+
+
 def test_bad_flags_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "day", "--peak", "10", "--trough", "20", "--configs", "x"]
     assert main([*argv, "--doc-tokens", "65536-131072", "--ramp", "0.5"]) == 2

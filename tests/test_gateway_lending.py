@@ -97,6 +97,35 @@ async def logged_line(capsys: pytest.CaptureFixture[str], lane: str) -> dict[str
             await asyncio.sleep(0.05)
 
 
+async def test_a_lent_replica_is_sent_its_lenders_model_name(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The same model under another served name in the borrower: the lent engine serves
+    only the lender's name, so the document must name that one there."""
+    engines = [await engine(servers), await engine(servers)]
+    documents = lending_docs([e.url for e in engines])
+    documents[1]["spec"]["servedModelName"] = "llama-docs"
+    gateway = await servers.gateway(tmp_path / "gateway.yaml", documents)
+    ledger = gateway.runner.app[LEDGER]
+    api = client(gateway)
+
+    async def one_lent() -> bool:
+        return len(lent(ledger)) == 1
+
+    await eventually(one_lent, "the idle replica lent to the batch pool")
+    try:
+        done = await api.completions.create(
+            model="llama",
+            prompt=DOCUMENT,
+            max_tokens=4,
+            extra_headers={"x-laneway-lane": "batch"},
+        )
+    finally:
+        await api.close()
+    assert done.choices[0].text
+    assert done.model == "llama"
+
+
 async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
     servers: Servers,
     tmp_path: Path,
@@ -150,10 +179,15 @@ async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
         )
         await anext(aiter(chat_a))
         # A second turn needs a second replica: the lent one is taken back for it.
+        # Streamed, so that its first token is the gateway's to see.
         answer = await api.chat.completions.create(
-            model="llama", messages=[{"role": "user", "content": "and a short one"}], max_tokens=8
+            model="llama",
+            messages=[{"role": "user", "content": "and a short one"}],
+            max_tokens=8,
+            stream=True,
         )
-        assert answer.choices[0].message.content
+        said = [chunk.choices[0].delta.content async for chunk in answer if chunk.choices]
+        assert "".join(filter(None, said))
 
         # The engine aborted the document (its upstream request closed), and served the
         # chat turn that took its replica back.
@@ -163,6 +197,8 @@ async def test_chat_takes_a_lent_replica_back_and_the_document_is_resent(
         assert await finished_other_than_abort(home.url) == 0  # chat A is still running
         reclaimed = await count(gateway.url, "laneway_gateway_reclaimed_requests_total")
         assert reclaimed == 1
+        # The short turn's first token there ended the reclaim: its latency is observed.
+        assert await count(gateway.url, "laneway_gateway_reclaim_seconds_count") == 1
 
         # The short turn ended: the replica with no chat on it is lent again, the document
         # is sent to it anew and completes there, its first attempt's prefix still cached.

@@ -68,18 +68,25 @@ class Exchange:
 
 async def forward(exchange: Exchange) -> web.StreamResponse:
     path, plan = exchange.path, exchange.plan
-    served = plan.pool.spec.served_model_name
     parsed = exchange.parsed
-    body = engine_body(
-        parsed.payload,
-        parsed.endpoint.value,
-        exchange.body,
-        served,
-        engine_priority(plan.pool, exchange.level),
-    )
+    bodies: dict[str, tuple[str, bytes]] = {}  # engine pool key -> its model name and body
+
+    def for_engine(url: str) -> tuple[str, bytes]:
+        # A lent replica runs its lender's engine: the lender's model name and scheduling.
+        engine = path.ledger.engine_pool(plan.pool, url)
+        if engine.key not in bodies:
+            served = engine.spec.served_model_name
+            priority = engine_priority(engine, exchange.level)
+            body = engine_body(
+                parsed.payload, parsed.endpoint.value, exchange.body, served, priority
+            )
+            bodies[engine.key] = served, body
+        return bodies[engine.key]
+
     failures = []
     candidate = plan.endpoints[0] if plan.endpoints else None
     while candidate is not None:
+        served, body = for_engine(candidate.url)
         sent = path.ledger.sent(exchange.ticket, path.clock(), candidate)
         path.load_changed()
         if exchange.outcome.reclaimed:
@@ -352,6 +359,8 @@ def note_first_token(
     labels = (plan.pool.name, plan.lane.value)
     path.metrics.ttft_of(*labels).observe(first.ttft_ms / 1000)
     path.metrics.ttft_slo_of(*labels, "true" if first.met_slo else "false").inc()
+    if first.reclaim_ms is not None:
+        path.metrics.reclaim.labels(plan.pool.name).observe(first.reclaim_ms / 1000)
     return first
 
 

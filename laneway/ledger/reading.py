@@ -125,6 +125,14 @@ class LedgerReads:
         a replica that chat takes back (`Rebalanced.reclaims`)."""
         return pool.key in self._lending.borrowers.values()
 
+    def engine_pool(self, pool: InferencePool, url: str) -> InferencePool:
+        """The pool whose engine runs at `url`, one of `pool`'s endpoints: a lent replica's
+        lender (its model name and scheduling are the lender's), else `pool` itself."""
+        for key, roles in self._lending.roles.items():
+            if url in roles and (lender := self._endpoints.pools.get(key)) is not None:
+                return lender
+        return pool
+
     def roles(self, pool: InferencePool) -> Mapping[str, Role]:
         """A lending pool's replicas and their roles (empty for any other pool)."""
         return self._lending.roles.get(pool.key, {})
