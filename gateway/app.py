@@ -77,21 +77,25 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     shared: SharedStateOptions | None = None,
     metrics_route: bool = True,
-    lend: bool = True,
+    leads_lending: bool = True,
     batches: bool = True,
 ) -> web.Application:
     """The whole gateway app; with `shared`, its state layer too (tenants, limits, Redis,
     the Files and Batches API). Without `metrics_route`, /metrics is served only by
     `create_metrics_app` on a port of its own. `ledger`: one built by the caller (a trace
-    test's recording one) in place of the one `settings` describe. Without `lend`, a
-    lending pool is served as a plain pool (the endpoint picker's: Envoy holds the upstream
-    requests a reclaim would close). Without `batches`, the state layer comes without the
+    test's recording one) in place of the one `settings` describe. Without `leads_lending`,
+    this app never decides lending roles: it adopts those a leading gateway replica
+    publishes to the shared Redis, else lends nothing, and feeds no request of its own to a
+    lent replica (the endpoint picker's: Envoy holds the upstream requests a reclaim would
+    have to close). Without `batches`, the state layer comes without the
     Files and Batches API (the endpoint picker serves no HTTP API, so it has no batch lane
     to run items through)."""
     app = web.Application(middlewares=[stamp_arrival, openai_errors])
     app[SETTINGS] = settings
     if ledger is None:
-        ledger = Ledger(ledger_settings(settings), rng or random.Random())
+        ledger = Ledger(
+            ledger_settings(settings, borrow_lent=leads_lending), rng or random.Random()
+        )
     app[LEDGER] = ledger
     app[WAITERS] = Waiters()
     tok = settings.tokenizer
@@ -100,10 +104,13 @@ def create_app(
     app.on_cleanup.append(_stop_counter)
     app[METRICS] = GatewayMetrics(ledger, clock)
     shares_redis = shared is not None and shared.redis is not None
-    app[LENDING] = (
-        Lending(ledger, app[WAITERS], clock, app[METRICS].reclaimed_on, shared=shares_redis)
-        if lend
-        else None
+    app[LENDING] = Lending(
+        ledger,
+        app[WAITERS],
+        clock,
+        app[METRICS].reclaimed_on,
+        shared=shares_redis,
+        leads=leads_lending,
     )
     app[POOL_TOKENIZERS] = PoolTokenizers(
         app[TOKENIZER],
@@ -140,7 +147,7 @@ def create_app(
     return app
 
 
-def ledger_settings(settings: GatewaySettings) -> LedgerSettings:
+def ledger_settings(settings: GatewaySettings, *, borrow_lent: bool = True) -> LedgerSettings:
     return LedgerSettings(
         picking=settings.picking,
         max_waiting=settings.queue.max_waiting,
@@ -148,6 +155,7 @@ def ledger_settings(settings: GatewaySettings) -> LedgerSettings:
         stale_after_s=settings.scrape.stale_after_millis / 1000,
         max_attempts=UPSTREAM_ATTEMPTS,
         lend_after_s=settings.lending.lend_after_millis / 1000,
+        borrow_lent=borrow_lent,
     )
 
 
@@ -220,8 +228,7 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
 
         def update(pools: Sequence[InferencePool]) -> None:
             wake(ledger.update_pools(clock(), pools))
-            if (lending := app[LENDING]) is not None:
-                lending.rebalance()
+            app[LENDING].rebalance()
 
         tasks = [
             asyncio.create_task(source.run(update), name="pool-source"),
@@ -233,12 +240,11 @@ def _background(source: PoolSource) -> Callable[[web.Application], AsyncIterator
             ),
         ]
         tasks[0].add_done_callback(lambda task: _source_ended(app, task))
-        if (lending := app[LENDING]) is not None:
-            interval_s = settings.lending.interval_millis / 1000
-            shares = None
-            if LENDING_SHARE in app:
-                shares = LendingShares(app[LENDING_SHARE], app[DEMAND_SHARE], app[LOAD_SHARE])
-            tasks.append(asyncio.create_task(lending.run(interval_s, shares), name="lending"))
+        interval_s = settings.lending.interval_millis / 1000
+        shares = None
+        if LENDING_SHARE in app:
+            shares = LendingShares(app[LENDING_SHARE], app[DEMAND_SHARE], app[LOAD_SHARE])
+        tasks.append(asyncio.create_task(app[LENDING].run(interval_s, shares), name="lending"))
         subscribers = [
             KVEventSubscriber(source, ledger) for source in settings.picking.prefix.kv_events
         ]

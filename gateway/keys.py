@@ -40,8 +40,8 @@ SETTINGS: web.AppKey[GatewaySettings] = web.AppKey("settings")
 # Every piece of request and endpoint state: pools, lines, load, demand, prefixes, health.
 LEDGER: web.AppKey[Ledger] = web.AppKey("ledger")
 WAITERS: web.AppKey[Waiters] = web.AppKey("waiters")  # the requests in the ledger's lines
-# The shell of the ledger's lending decisions; None where lending pools are plain pools.
-LENDING: web.AppKey[Lending | None] = web.AppKey("lending")
+# The shell of the ledger's lending decisions (or, never leading, of the leader's).
+LENDING: web.AppKey[Lending] = web.AppKey("lending")
 # What the completion routes work with, built once the client session is open.
 REQUEST_PATH: web.AppKey[RequestPath] = web.AppKey("request_path")
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")

@@ -301,9 +301,9 @@ async def test_two_gateway_replicas_lend_and_take_back_together(
         return len(found[0]) == 1 and found[0] == found[1]
 
     await eventually(both_lent_one, "one replica lent, as both gateway replicas see it")
-    modes = {g.runner.app[LENDING].mode for g in gateways}  # type: ignore[union-attr]
+    modes = {g.runner.app[LENDING].mode for g in gateways}
     assert modes == {Mode.LEADING, Mode.FOLLOWING}
-    (follower,) = (g for g in gateways if g.runner.app[LENDING].mode is Mode.FOLLOWING)  # type: ignore[union-attr]
+    (follower,) = (g for g in gateways if g.runner.app[LENDING].mode is Mode.FOLLOWING)
     (borrowed_url,) = lent(ledgers[0])
     by_url = {e.url: e for e in engines}
     borrowed = by_url[borrowed_url]
@@ -527,7 +527,7 @@ async def test_with_redis_away_both_gateway_replicas_take_the_lent_replica_back(
     assert "redis is unreachable" in unshared[0].getMessage()
     await asyncio.to_thread(redis_server.start)
     await eventually(lent_on_both(1), "lending again once Redis is back")
-    modes = {g.runner.app[LENDING].mode for g in gateways}  # type: ignore[union-attr]
+    modes = {g.runner.app[LENDING].mode for g in gateways}
     assert modes == {Mode.LEADING, Mode.FOLLOWING}
 
 

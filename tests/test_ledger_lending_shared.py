@@ -87,6 +87,24 @@ def test_a_follower_sends_batch_to_the_lent_replica_and_chat_elsewhere() -> None
     assert follower.adopt_roles(0.1, published) == Rebalanced()
 
 
+def test_a_follower_that_cannot_end_borrowed_requests_sends_no_batch_to_a_lent_replica() -> None:
+    """The endpoint picker's ledger (`borrow_lent=False`): Envoy holds its requests, so it
+    could not end one on a replica taken back. Its chat leaves the lent replicas all the
+    same; its batch stays on the borrower's own."""
+    chat, docs = chat_pool(keep=1), docs_pool()
+    picker = ledger_with(chat, docs, borrow_lent=False)
+    lent = CHAT_URLS[1:]
+    published = {chat.key: {url: Role.LENT if url in lent else Role.SERVING for url in CHAT_URLS}}
+    answer = picker.adopt_roles(0.0, published)
+    assert {(c.url, c.role) for c in answer.changes} == {(url, Role.LENT) for url in lent}
+    assert endpoints(picker, "chat") == CHAT_URLS[:1]
+    assert endpoints(picker, "docs") == docs.endpoints
+    # Taken back: chat there at once.
+    published[chat.key][lent[0]] = Role.RECLAIMING
+    picker.adopt_roles(1.0, published)
+    assert endpoints(picker, "chat") == (CHAT_URLS[0], lent[0])
+
+
 def test_a_follower_ends_its_own_documents_on_a_replica_the_leader_took_back() -> None:
     chat, docs = chat_pool(keep=1), docs_pool()
     follower = ledger_with(chat, docs)

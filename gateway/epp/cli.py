@@ -20,7 +20,11 @@ from laneway.gateway.cli import (
 from laneway.gateway.epp.objectives import NO_OBJECTIVES, ObjectivePriorities
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
+    from laneway.gateway.config import GatewaySettings
     from laneway.gateway.epp.objectives_watch import WatchedObjectives
+    from laneway.gateway.pools.sources import PoolSource
     from laneway.gateway.state.shared import SharedStateOptions
 
 DEFAULT_PORT = 9002  # the Gateway API Inference Extension's EPP port
@@ -76,7 +80,6 @@ def register(
 
 
 def run_epp(args: argparse.Namespace) -> int:
-    from laneway.gateway.app import create_app
     from laneway.gateway.cli import event_loop_factory, pool_source, settle_heap
 
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
@@ -93,17 +96,27 @@ def run_epp(args: argparse.Namespace) -> int:
     elif args.objectives:
         objectives = load_objectives(args.objectives)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    # Envoy holds the upstream requests, which a reclaim would have to close: the picker
-    # serves a lending pool as a plain pool.
-    app = create_app(
-        settings, source, shared=shared, metrics_route=False, batches=False, lend=False
-    )
+    app = picker_app(settings, source, shared)
     settle_heap()
     picking = PickerOptions(
         trust_fairness_id=args.trust_fairness_id, objectives=objectives, watched=watched
     )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(app, args.host, args.port, args.metrics_port, picking))
+
+
+def picker_app(
+    settings: GatewaySettings, source: PoolSource, shared: SharedStateOptions | None
+) -> web.Application:
+    """The gateway's app as the picker runs it: no HTTP API of its own (/metrics on a port
+    of its own, no Files or Batches API), and lending followed, never led: Envoy holds the
+    upstream requests a reclaim would have to close, so the picker adopts the roles a
+    leading gateway replica publishes to the shared Redis (and lends nothing without)."""
+    from laneway.gateway.app import create_app
+
+    return create_app(
+        settings, source, shared=shared, metrics_route=False, batches=False, leads_lending=False
+    )
 
 
 def shared_options(args: argparse.Namespace) -> SharedStateOptions | None:

@@ -34,17 +34,16 @@ class RequestPath:
     access_log: AccessLog
     tenant_limits: TenantLimits | None  # None: no state layer
     load_share: RedisLoadShare | None  # None: one replica, its load its own
+    lending: Lending  # acts on the lending pools' roles (or, never leading, follows them)
     response_share: RedisResponseShare | None = None  # None: stored responses not shared
     tenant_share: RedisTenantShare | None = None  # None: tenants' counts are this replica's
-    lending: Lending | None = None  # None: lending pools are served as plain pools
 
     def wake(self, wakes: Wakes) -> None:
         self.waiters.wake(wakes)
 
     def demand_changed(self) -> None:
         """A request was admitted, queued or ended: the lending pools' roles follow."""
-        if self.lending is not None:
-            self.lending.rebalance()
+        self.lending.rebalance()
 
     def load_changed(self) -> None:
         """This replica's load on an endpoint (or a tenant's count) changed: its peers hear

@@ -26,6 +26,14 @@ every other one adopts them on each tick (`Ledger.adopt_roles`), and a reclaim t
 its own borrowed requests on the replica taken back, as above. With Redis away, or no roles
 published by a leader, a replica falls back to what is safe alone: nothing lent, lent
 replicas taken back (`Mode.UNSHARED`, logged once as `lending_unshared`).
+
+The endpoint picker (`laneway epp`) is such a replica that never leads (`leads=False`):
+Envoy holds its upstream requests, so it could not end a borrowed one. It adopts the roles
+the leading gateway replica publishes (no chat on a draining or lent replica) and, as every
+replica on the Redis does, publishes its chat demand and its load on the endpoints, which
+the leader counts; its ledger feeds no batch request of its own to a lent replica
+(`LedgerSettings.borrow_lent`). Without Redis, or while no roles are published, it lends
+nothing (`Mode.UNSHARED`).
 """
 
 from __future__ import annotations
@@ -111,14 +119,17 @@ class Lending:
         on_reclaim: Callable[[str], None] = lambda _url: None,
         *,
         shared: bool = False,
+        leads: bool = True,
     ) -> None:
         self._ledger = ledger
         self._waiters = waiters
         self._clock = clock
         self._on_reclaim = on_reclaim  # per request taken off `url`: the metric
         self._attempts: dict[Ticket, _Attempt] = {}
-        # With Redis, unknown (nothing lent) until the first tick has asked it.
-        self._mode: Mode | None = None if shared else Mode.ALONE
+        self._leads = leads  # False: follows a leader's roles or lends nothing, never decides
+        # With Redis (or never leading), unknown (nothing lent) until the first tick.
+        self._mode: Mode | None = None if shared or not leads else Mode.ALONE
+        self._unpublished_ticks = 0  # a follower's ticks since its start with no roles read
         self._peers = PeerLending()  # what the other replicas report (leading)
         self._changed = asyncio.Event()  # the leader's roles changed: publish them now
         self._version = 0
@@ -159,6 +170,9 @@ class Lending:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), interval_s)
             self._changed.clear()
+            if shares is None and not self._leads and self._ledger.lends():
+                why = "no Redis state layer (--redis-url) to read the leading gateway's roles from"
+                self._enter(Mode.UNSHARED, why, quiet=False)
             if shares is None or not self._ledger.lends():
                 self.rebalance()
             else:
@@ -170,7 +184,7 @@ class Lending:
         published: Published | None = None
         why = ""  # why the roles cannot be shared, when they cannot
         try:
-            term = await shares.roles.lead(ttl_s)
+            term = await shares.roles.lead(ttl_s) if self._leads else 0
             if term:
                 demand = await shares.demand.peers()
                 urls = [url for roles in self._ledger.lending_roles().values() for url in roles]
@@ -185,11 +199,22 @@ class Lending:
                 )
             else:
                 published = await shares.roles.read()
-                why = "another gateway replica holds the lending lease but published no roles"
+                why = (
+                    "another gateway replica holds the lending lease but published no roles"
+                    if self._leads
+                    else "no gateway replica leading lending has published roles"
+                )
         except REDIS_DOWN as error:
             term, why = None, f"redis is unreachable: {type(error).__name__}"
-        # A replica starting beside a leader that has not published yet: nothing to say.
+        # A replica starting beside a leader that has not published yet: nothing to say. A
+        # replica that never leads says so once a leader had a lease's time to publish.
         starting = self._mode is None and term == 0
+        if starting and published is None and not self._leads:
+            self._unpublished_ticks += 1
+            starting = self._unpublished_ticks < TTL_TICKS
+            if starting:
+                self.rebalance()
+                return
         self._enter(mode_after(term, published), why, quiet=starting)
         if self._mode is Mode.FOLLOWING:
             assert published is not None

@@ -109,7 +109,7 @@ async def _reclaimable(
     """The attempt, where a reclaim can end it when its pool borrows lent replicas
     (`lending.py`: `Reclaimed`)."""
     lending = exchange.path.lending
-    if lending is None or not exchange.path.ledger.borrows(exchange.plan.pool):
+    if not exchange.path.ledger.borrows(exchange.plan.pool):
         return await attempt
     return await lending.attempt(exchange.ticket, attempt)
 

@@ -117,7 +117,7 @@ def install(app: web.Application, options: SharedStateOptions) -> SharedRedis | 
     app[TENANT_SHARE] = RedisTenantShare(redis, prefix, tracker.replica, options.load_lease_s)
     app[LIMITER] = RedisRateLimiter(redis, prefix)
     app[DEMAND_SHARE] = RedisDemandShare(redis, prefix, tracker.replica, lambda: _local_demand(app))
-    if app.get(LENDING) is not None:
+    if LENDING in app:
         app[LENDING_SHARE] = RedisLendingShare(redis, prefix, tracker.replica)
     app.cleanup_ctx.append(_background(redis, tracker))
     return SharedRedis(client=redis, prefix=prefix, replica=tracker.replica)

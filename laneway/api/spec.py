@@ -374,9 +374,9 @@ class PoolSpec(Wire):
         "take them back (ending the batch request there, which is re-queued) when chat needs "
         "them. Absent: the pool serves its own lane only. The request ledger decides the "
         "roles (serving, draining, lent, reclaiming); the gateway and the virtual runner "
-        "(laneway bench day) act on them. One gateway replica decides them: beside other "
-        "replicas (counted through Redis) it lends nothing, and the endpoint picker serves "
-        "the pool as a plain pool.",
+        "(laneway bench day) act on them. One gateway replica decides them, the one "
+        "holding the lending lease in a shared Redis; the other gateway replicas and the "
+        "endpoint picker adopt the roles it publishes.",
     )
 
     @functools.cached_property  # read by every request's routing

@@ -37,6 +37,10 @@ class LedgerSettings:
     # A lending pool lends one more replica per this long of chat demand below its
     # replicas (`lending.py`): a lull between two turns lends nothing.
     lend_after_s: float = 5.0
+    # False: a lent replica does not join its borrower's endpoints here, for a shell that
+    # cannot end the borrower's requests there when the replica is taken back (the endpoint
+    # picker: Envoy holds them).
+    borrow_lent: bool = True
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ class Ledger(LedgerRecords):
         self._responses = ResponseBook(settings.response_capacity)
         # Pool key -> the tickets holding its prefill slots, for the pools fed per replica.
         self._prefilling: dict[str, set[Ticket]] = {}
-        self._lending = LendingBook(settings.lend_after_s)
+        self._lending = LendingBook(settings.lend_after_s, borrow_lent=settings.borrow_lent)
         self._listed: dict[str, InferencePool] = {}  # the pools as delivered, before lending
         self._tickets = itertools.count(1)
         self.synced = False  # a pool set has been delivered

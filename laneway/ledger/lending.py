@@ -101,8 +101,9 @@ def needed_replicas(lender: InferencePool, demand: int) -> int:
 class LendingBook:
     """Every lending pool's replica roles, and when each pending change began."""
 
-    def __init__(self, lend_after_s: float) -> None:
+    def __init__(self, lend_after_s: float, *, borrow_lent: bool = True) -> None:
         self._lend_after_s = lend_after_s
+        self._borrow_lent = borrow_lent  # False: lent replicas leave chat, join no borrower
         self.roles: dict[str, dict[str, Role]] = {}  # lender key -> endpoint -> role
         self._low_since: dict[str, float] = {}  # lender key -> demand below its replicas since
         self.reclaimed_at: dict[str, float] = {}  # endpoint -> when it was taken back
@@ -132,7 +133,7 @@ class LendingBook:
 
     def effective(self, pools: Mapping[str, InferencePool]) -> list[InferencePool]:
         """The pools as the routing sees them: a lender with its chat replicas, a borrower
-        with its own and the ones lent to it."""
+        with its own and the ones lent to it (where this ledger borrows them)."""
         lent: dict[str, list[str]] = {}
         chat: dict[str, tuple[str, ...]] = {}
         for key, roles in self.roles.items():
@@ -140,7 +141,7 @@ class LendingBook:
             assert borrower is not None
             chat[key] = tuple(url for url, role in roles.items() if role in CHAT_ROLES)
             lent.setdefault(borrower.key, []).extend(
-                url for url, role in roles.items() if role is Role.LENT
+                url for url, role in roles.items() if role is Role.LENT and self._borrow_lent
             )
         out = []
         for key, pool in pools.items():

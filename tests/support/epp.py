@@ -22,8 +22,8 @@ from google.protobuf.struct_pb2 import Struct
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from laneway.gateway.app import create_app
 from laneway.gateway.config import load_config
+from laneway.gateway.epp.cli import picker_app
 from laneway.gateway.epp.objectives import NO_OBJECTIVES, Objectives
 from laneway.gateway.epp.server import follow_readiness, start_grpc
 from laneway.gateway.keys import LEDGER, METRICS
@@ -81,16 +81,29 @@ async def start_picker(
     ]  # fmt: skip
     if chat_scheduling is not None:
         documents[0]["spec"]["scheduling"] = chat_scheduling
+    async for picker in serve_picker(
+        tmp_path,
+        documents,
+        shared=shared,
+        trust_fairness_id=trust_fairness_id,
+        objectives=objectives,
+    ):
+        yield picker
+
+
+async def serve_picker(
+    tmp_path: Path,
+    documents: Sequence[dict[str, Any]],
+    *,
+    shared: SharedStateOptions | None = None,
+    trust_fairness_id: bool = False,
+    objectives: Objectives = NO_OBJECTIVES,
+) -> AsyncIterator[Picker]:
+    """A picker on these pool and GatewayConfig documents, built as `laneway epp` builds it."""
     config = tmp_path / "pools.yaml"
     config.write_text(yaml.safe_dump_all(documents))
     loaded = load_config(config)
-    app = create_app(
-        loaded.settings,
-        StaticPoolSource(loaded.pools),
-        shared=shared,
-        metrics_route=False,
-        batches=False,
-    )
+    app = picker_app(loaded.settings, StaticPoolSource(loaded.pools), shared)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     server, health, port = await start_grpc(
