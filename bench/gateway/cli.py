@@ -66,7 +66,8 @@ def register_bench_gateway(bench: argparse._SubParsersAction[Any]) -> None:
         "--against",
         metavar="PEERS",
         help="instead: laneway beside these routers (sglang-router, vllm-router, python-floor, "
-        "envoy: Envoy alone, envoy+floor: Envoy with a pass-through Python picker, "
+        "envoy: Envoy alone, envoy+floor: Envoy with a pass-through Python picker on grpc.aio, "
+        "envoy+floor-threads: the same on grpcio's thread-pool server, "
         "envoy+laneway: Envoy with `laneway epp`, laneway@DIR: laneway installed in DIR, "
         "envoy+laneway@DIR: Envoy with the picker installed in DIR; "
         "comma-separated) on 4 engines, each pinned to one CPU, non-streaming and streaming",

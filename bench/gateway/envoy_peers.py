@@ -1,5 +1,6 @@
 """Envoy among `laneway bench gateway --against`'s routers: alone (round robin over the
-engines), with the least a Python picker can do (bench/gateway/floor_picker.py, the floor),
+engines), with the least a Python picker can do (bench/gateway/floor_picker.py, the floor)
+on `grpc.aio` and on grpcio's thread-pool server (the goal's ratio is against the cheaper),
 and with `laneway epp`: the Gateway API's way of putting a picker in front of a pool
 (bench/harness/envoy.py configures it as the tests do). Envoy and its picker are pinned to
 the routers' one CPU together, and their CPU is counted together."""
@@ -22,9 +23,11 @@ from laneway.bench.harness.machine import pin
 from laneway.bench.harness.procs import ChildProcess, Children
 
 ENVOY = "envoy"
-ENVOY_FLOOR = "envoy+floor"
+ENVOY_FLOOR = "envoy+floor"  # on grpc.aio
+ENVOY_FLOOR_THREADS = "envoy+floor-threads"  # on grpcio's thread-pool server
 ENVOY_LANEWAY = "envoy+laneway"
-ENVOY_PEERS = (ENVOY, ENVOY_FLOOR, ENVOY_LANEWAY)
+ENVOY_PEERS = (ENVOY, ENVOY_FLOOR, ENVOY_FLOOR_THREADS, ENVOY_LANEWAY)
+FLOOR_SERVERS = {ENVOY_FLOOR: floor_picker.AIO, ENVOY_FLOOR_THREADS: floor_picker.THREADS}
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,9 @@ async def start_envoy_peer(
                 "epp", [*args, "--metrics-port", "0"], env=env
             )
         pin(picker.pid, [cpu])
-    elif peer == ENVOY_FLOOR:
-        argv = ["taskset", "-c", str(cpu), *floor_picker.argv(worker_urls, port)]
+    elif peer in FLOOR_SERVERS:
+        server = FLOOR_SERVERS[peer]
+        argv = ["taskset", "-c", str(cpu), *floor_picker.argv(worker_urls, port, server)]
         picker = await asyncio.to_thread(
             children.start, f"{peer} picker", argv, floor_picker.READY_LINE
         )

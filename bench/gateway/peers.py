@@ -67,7 +67,14 @@ DIRECT = "direct"  # the clients straight to the engines, round robin: the basel
 LANEWAY = "laneway"
 # The routers --profile samples: the gateway, and the pickers behind Envoy (laneway's, and
 # the floor's to hold it against).
-PROFILED = (LANEWAY, envoy_peers.ENVOY_LANEWAY, envoy_peers.ENVOY_FLOOR)
+PROFILED = (
+    LANEWAY,
+    envoy_peers.ENVOY_LANEWAY,
+    envoy_peers.ENVOY_FLOOR,
+    envoy_peers.ENVOY_FLOOR_THREADS,
+)
+# The pickers behind Envoy that the goal holds against the cheaper floor of each round.
+FLOORS = tuple(envoy_peers.FLOOR_SERVERS)
 READY_LINE = "peer router starting: "
 PY_SPY = "py-spy"  # the sampling profiler of --profile, installed beside the peers
 ROUNDS = 2  # per router and mode by default, the order reversed in every other one
@@ -153,6 +160,7 @@ class RouterRun:
     wall_s: float
     cpu_s: float  # of the router process; 0 on the direct path
     e2e: Distribution | None  # successful requests
+    round_cpu_ms: tuple[float | None, ...] = ()  # CPU ms per successful request, each round
 
     @property
     def requests_per_s(self) -> float:
@@ -181,6 +189,79 @@ class AgainstReport:
             data["requests_per_s"] = run.requests_per_s
             data["cpu_ms_per_request"] = run.cpu_ms_per_request
         return document
+
+
+@dataclass(frozen=True)
+class PickerRatio:
+    """A picker behind Envoy against the cheaper floor, in one mode: each round's ratio
+    (against that round's cheaper floor) and the rounds' added up."""
+
+    mode: str
+    picker: str
+    cheaper_floor: str  # over the rounds added up
+    ratio: float
+    round_ratios: tuple[float, ...]
+
+
+def picker_ratios(runs: Sequence[RouterRun]) -> list[PickerRatio]:
+    """Every laneway picker behind Envoy against the cheaper of the floors measured."""
+    ratios = []
+    for mode in MODES:
+        here = {run.router: run for run in runs if run.mode == mode.name}
+        floors = [here[name] for name in FLOORS if name in here]
+        if not floors:
+            continue
+        for run in here.values():
+            if not _is_laneway_picker(run.router) or run.cpu_ms_per_request is None:
+                continue
+            cheaper = min(floors, key=lambda floor: floor.cpu_ms_per_request or float("inf"))
+            if not cheaper.cpu_ms_per_request:
+                continue
+            per_round = []
+            for index, cpu in enumerate(run.round_cpu_ms):
+                floor_cpu = [f.round_cpu_ms[index] for f in floors if index < len(f.round_cpu_ms)]
+                known = [value for value in floor_cpu if value]
+                if cpu is not None and known:
+                    per_round.append(cpu / min(known))
+            ratios.append(
+                PickerRatio(
+                    mode=mode.name,
+                    picker=run.router,
+                    cheaper_floor=cheaper.router,
+                    ratio=run.cpu_ms_per_request / cheaper.cpu_ms_per_request,
+                    round_ratios=tuple(per_round),
+                )
+            )
+    return ratios
+
+
+def _is_laneway_picker(router: str) -> bool:
+    return router == envoy_peers.ENVOY_LANEWAY or router.startswith(PICKER_BASELINE)
+
+
+def render_picker_ratios(ratios: Sequence[PickerRatio]) -> list[str]:
+    if not ratios:
+        return []
+    header = ("mode", "picker", "cheaper floor", "CPU vs it", "each round", "spread")
+    rows = [
+        (
+            ratio.mode,
+            ratio.picker,
+            ratio.cheaper_floor,
+            f"{ratio.ratio:.2f}x",
+            " ".join(f"{value:.2f}x" for value in ratio.round_ratios) or "-",
+            f"{min(ratio.round_ratios):.2f}-{max(ratio.round_ratios):.2f}x"
+            if ratio.round_ratios
+            else "-",
+        )
+        for ratio in ratios
+    ]
+    return [
+        "",
+        "laneway's picker against the cheaper floor (Envoy's CPU and the picker's together; "
+        "each round against that round's cheaper floor)",
+        *format_table(header, rows),
+    ]
 
 
 def _ms(seconds: float | None) -> str:
@@ -218,6 +299,7 @@ def render_against(report: AgainstReport) -> list[str]:
         f"laneway beside other routers ({report.machine}; load average "
         f"{report.load_average:.2f} at the start; {report.placement}; {versions})",
         *format_table(header, rows),
+        *render_picker_ratios(picker_ratios(report.runs)),
         *render_profiles(report.profiles),
     ]
 
@@ -385,6 +467,7 @@ async def measure(
         totals: dict[str, tuple[list[_Result], list[float]]] = {
             name: ([], [0.0, 0.0]) for name in targets
         }
+        each_round: dict[str, list[float | None]] = {name: [] for name in targets}
         profiled = PROFILED if options.profile_dir is not None else ()
         stacks: dict[str, list[str]] = {name: [] for name in profiled if name in targets}
         for round_index in range(options.rounds):
@@ -400,13 +483,17 @@ async def measure(
                 cpu_before = child.cpu_seconds() if child else 0.0
                 begun = time.perf_counter()
                 async with _fresh_session() as session:
-                    results += await in_closed_loop(
+                    this_round = await in_closed_loop(
                         functools.partial(send, session, next_url, body),
                         options.concurrency,
                         options.requests,
                     )
                 sums[0] += time.perf_counter() - begun
-                sums[1] += (child.cpu_seconds() - cpu_before) if child else 0.0
+                cpu_s = (child.cpu_seconds() - cpu_before) if child else 0.0
+                sums[1] += cpu_s
+                results += this_round
+                answered = sum(result.ok for result in this_round)
+                each_round[name].append(cpu_s * 1000 / answered if answered and child else None)
                 if sampler is not None:
                     stacks[name].append(await asyncio.to_thread(sampler.stop))
         for name, (results, (wall_s, cpu_s)) in totals.items():
@@ -420,6 +507,7 @@ async def measure(
                     wall_s=wall_s,
                     cpu_s=cpu_s,
                     e2e=Distribution.of(ok),
+                    round_cpu_ms=tuple(each_round[name]),
                 )
             )
         for name, sampled in stacks.items():

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
 
 from laneway.gateway.errors import ApiError
 
@@ -84,24 +82,30 @@ def address_of(url: str) -> str:
     return url.split("://", 1)[-1].rstrip("/")
 
 
-def _set(headers: Mapping[str, str]) -> ext.HeaderMutation:
-    return ext.HeaderMutation(
-        set_headers=[
-            HeaderValueOption(
-                header=HeaderValue(key=key, raw_value=value.encode()),
-                append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-            for key, value in headers.items()
-        ]
-    )
+# The builders fill one message through its fields' paths: upb makes each nested message
+# once, where keyword constructors build every level and copy it into its parent.
+OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def destination_metadata(addresses: Iterable[str]) -> Struct:
+def _set_headers(mutation: ext.HeaderMutation, headers: Mapping[str, str]) -> None:
+    sets = mutation.set_headers
+    for key, value in headers.items():
+        option = sets.add(append_action=OVERWRITE)
+        option.header.key = key
+        option.header.raw_value = value.encode()
+
+
+def _set_destination(response: ext.ProcessingResponse, destination: str) -> None:
     """`envoy.lb: {x-gateway-destination-endpoint: "a,b,..."}`: the same value as the
     header (the protocol forbids them to differ)."""
-    metadata = Struct()
-    metadata.update({LB_NAMESPACE: {DESTINATION: ",".join(addresses)}})
-    return metadata
+    namespace = response.dynamic_metadata.fields[LB_NAMESPACE].struct_value
+    namespace.fields[DESTINATION].string_value = destination
+
+
+def _streamed(body: ext.BodyResponse, chunk: bytes, end: bool) -> None:
+    streamed = body.response.body_mutation.streamed_response
+    streamed.body = chunk
+    streamed.end_of_stream = end
 
 
 def routed_headers(
@@ -109,16 +113,14 @@ def routed_headers(
 ) -> ext.ProcessingResponse:
     """The answer to the request headers once the picker has chosen: the destination (and
     laneway's routing headers) set, the body's new length where it was rewritten."""
-    chosen = tuple(addresses)
-    sets = {DESTINATION: ",".join(chosen), **headers}
+    destination = ",".join(addresses)
+    sets = {DESTINATION: destination, **headers}
     if body_bytes is not None:
         sets["content-length"] = str(body_bytes)
-    return ext.ProcessingResponse(
-        request_headers=ext.HeadersResponse(
-            response=ext.CommonResponse(header_mutation=_set(sets))
-        ),
-        dynamic_metadata=destination_metadata(chosen),
-    )
+    answer = ext.ProcessingResponse()
+    _set_headers(answer.request_headers.response.header_mutation, sets)
+    _set_destination(answer, destination)
+    return answer
 
 
 def routed_body(
@@ -127,70 +129,65 @@ def routed_body(
     """The request body back: streamed (full-duplex: the whole body in one last chunk, the
     headers having gone with the headers answer) or buffered (a replaced body, with the
     destination set here since the headers answer went before it)."""
+    answer = ext.ProcessingResponse()
     if streamed:
-        mutation = ext.BodyMutation(
-            streamed_response=ext.StreamedBodyResponse(body=body, end_of_stream=True)
-        )
-        return ext.ProcessingResponse(
-            request_body=ext.BodyResponse(response=ext.CommonResponse(body_mutation=mutation))
-        )
-    chosen = tuple(addresses)
-    sets = {DESTINATION: ",".join(chosen), **headers, "content-length": str(len(body))}
-    common = ext.CommonResponse(
-        header_mutation=_set(sets), body_mutation=ext.BodyMutation(body=body)
-    )
-    return ext.ProcessingResponse(
-        request_body=ext.BodyResponse(response=common),
-        dynamic_metadata=destination_metadata(chosen),
-    )
+        _streamed(answer.request_body, body, True)
+        return answer
+    destination = ",".join(addresses)
+    sets = {DESTINATION: destination, **headers, "content-length": str(len(body))}
+    common = answer.request_body.response
+    _set_headers(common.header_mutation, sets)
+    common.body_mutation.body = body
+    _set_destination(answer, destination)
+    return answer
 
 
 def request_headers_continue() -> ext.ProcessingResponse:
-    return ext.ProcessingResponse(request_headers=ext.HeadersResponse())
+    answer = ext.ProcessingResponse()
+    answer.request_headers.SetInParent()
+    return answer
 
 
 def request_body_chunk(body: bytes, end: bool) -> ext.ProcessingResponse:
     """A full-duplex request body chunk passed back as it came (a request not routed here)."""
-    mutation = ext.BodyMutation(
-        streamed_response=ext.StreamedBodyResponse(body=body, end_of_stream=end)
-    )
-    return ext.ProcessingResponse(
-        request_body=ext.BodyResponse(response=ext.CommonResponse(body_mutation=mutation))
-    )
+    answer = ext.ProcessingResponse()
+    _streamed(answer.request_body, body, end)
+    return answer
 
 
 def response_headers(headers: Mapping[str, str]) -> ext.ProcessingResponse:
-    common = ext.CommonResponse(header_mutation=_set(headers)) if headers else ext.CommonResponse()
-    return ext.ProcessingResponse(response_headers=ext.HeadersResponse(response=common))
+    answer = ext.ProcessingResponse()
+    common = answer.response_headers.response
+    if headers:
+        _set_headers(common.header_mutation, headers)
+    else:
+        common.SetInParent()
+    return answer
 
 
 def response_body_chunk(body: bytes, end: bool, streamed: bool) -> ext.ProcessingResponse:
     """A response body chunk back to the proxy: streamed (full-duplex) or buffered whole."""
+    answer = ext.ProcessingResponse()
     if streamed:
-        mutation = ext.BodyMutation(
-            streamed_response=ext.StreamedBodyResponse(body=body, end_of_stream=end)
-        )
+        _streamed(answer.response_body, body, end)
     else:
-        mutation = ext.BodyMutation(body=body)
-    return ext.ProcessingResponse(
-        response_body=ext.BodyResponse(response=ext.CommonResponse(body_mutation=mutation))
-    )
+        answer.response_body.response.body_mutation.body = body
+    return answer
 
 
 def trailers_continue(response: bool) -> ext.ProcessingResponse:
-    if response:
-        return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
-    return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
+    answer = ext.ProcessingResponse()
+    (answer.response_trailers if response else answer.request_trailers).SetInParent()
+    return answer
 
 
 def immediate(error: ApiError, headers: Mapping[str, str]) -> ext.ProcessingResponse:
     """The standalone gateway's answer, sent by the proxy in place of an upstream's."""
     sets = {"content-type": "application/json", **error.headers(headers)}
-    return ext.ProcessingResponse(
-        immediate_response=ext.ImmediateResponse(
-            status=HttpStatus(code=error.status),
-            headers=_set({key.lower(): value for key, value in sets.items()}),
-            body=error.encoded(),
-            details=error.code,
-        )
-    )
+    answer = ext.ProcessingResponse()
+    refusal = answer.immediate_response
+    refusal.status.code = error.status
+    _set_headers(refusal.headers, {key.lower(): value for key, value in sets.items()})
+    refusal.body = error.encoded()
+    refusal.details = error.code
+    return answer
