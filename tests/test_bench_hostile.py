@@ -34,6 +34,8 @@ def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     batch = tenant["batch"]
     assert (batch["create_status"], batch["status"]) == (200, "completed"), batch
     assert (batch["completed"], batch["failed"]) == (300, 0)
+    for process in ("rss_mb", "redis_rss_mb"):  # the gateway's memory and its Redis's
+        assert 0 < batch[f"{process}_before"] <= batch[f"{process}_peak"], batch
     assert tenant["slow_bodies"] == {"408": 10}
     assert tenant["slow_answer_s"] < 10  # the 2 s deadline, not the trickle's pace
     fields = {case: status for case, status in tenant["small_ones"].items() if "field" in case}
@@ -44,6 +46,7 @@ def test_bench_hostile_reports_every_phase_and_only_4xx(tmp_path: Path) -> None:
     assert priority["statuses"] == {"victim": 200, "hostile": 200}, priority
     assert priority["order"] == ["victim", "hostile"], priority
     assert "300-line batch" in done.stdout
+    assert "Redis RSS:" in done.stdout
     assert report["server_errors"] == 0
     assert report["tracebacks"] == {"bodies gateway": 0, "tenant gateway": 0}
     assert "tracebacks logged: bodies gateway 0, tenant gateway 0" in done.stdout

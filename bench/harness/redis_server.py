@@ -49,6 +49,11 @@ class LocalRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 

@@ -269,7 +269,7 @@ async def run_bench(seconds: float, senders: int, batch_lines: int, command: str
                 shared = await start_gateway(children, documents, [*LOOPBACK_ANY_PORT, *flags])
                 gateways["tenant gateway"] = shared
                 tenant = await measure_tenant(
-                    shared.url, shared.pid, batch_lines, MODEL, ordered.url
+                    shared.url, (shared.pid, redis.pid), batch_lines, MODEL, ordered.url
                 )
     # Counted once they have stopped: every line they printed has been read.
     return HostileReport(

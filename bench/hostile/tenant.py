@@ -3,7 +3,8 @@ Files and Batches APIs, on a gateway with Redis and a tenants file.
 
 - A batch of `lines` requests (50,000, OpenAI's cap, by default): `/healthz` is probed from
   the create until the batch completes; the create's latency, the completion time and the
-  gateway's resident memory before, at its peak and after are reported.
+  resident memory of the gateway and of Redis before, at their peaks and after are
+  reported.
 - Slow bodies: uploads and creates sent a byte at a time, which must get 408 within the
   route's deadline.
 - The small ones: a garbage `Content-Encoding` on each route, `?limit=²`, a part with
@@ -60,6 +61,9 @@ class BatchRun:
     rss_mb_before: float
     rss_mb_peak: float
     rss_mb_after: float
+    redis_rss_mb_before: float
+    redis_rss_mb_peak: float
+    redis_rss_mb_after: float
 
 
 @dataclass(frozen=True)
@@ -103,33 +107,37 @@ def rss_mb(pid: int) -> float:
 
 
 async def _probe_until(
-    session: aiohttp.ClientSession, url: str, done: asyncio.Event, pid: int
-) -> tuple[list[tuple[float, float]], float]:
-    """(when sent, ms) of each probe until `done`, and the gateway's peak RSS meanwhile."""
+    session: aiohttp.ClientSession, url: str, done: asyncio.Event, pids: tuple[int, int]
+) -> tuple[list[tuple[float, float]], tuple[float, float]]:
+    """(when sent, ms) of each probe until `done`, and the peak RSS of each of `pids`
+    meanwhile."""
     latencies: list[tuple[float, float]] = []
-    peak = rss_mb(pid)
+    peaks = tuple(rss_mb(pid) for pid in pids)
     while not done.is_set():
         begun = time.monotonic()
         async with session.get(f"{url}/healthz") as response:
             await response.read()
         latencies.append((begun, (time.monotonic() - begun) * 1000))
-        peak = max(peak, rss_mb(pid))
+        peaks = tuple(max(peak, rss_mb(pid)) for peak, pid in zip(peaks, pids, strict=True))
         await asyncio.sleep(0.005)
-    return latencies, peak
+    gateway, redis = peaks
+    return latencies, (gateway, redis)
 
 
 async def run_batch(
-    session: aiohttp.ClientSession, url: str, pid: int, lines: int, model: str
+    session: aiohttp.ClientSession, url: str, pids: tuple[int, int], lines: int, model: str
 ) -> BatchRun:
+    """`pids`: the gateway's and its Redis's."""
+    pid, redis_pid = pids
     form = aiohttp.FormData()
     form.add_field("purpose", "batch")
     form.add_field("file", io.BytesIO(batch_input(lines, model)), filename="input.jsonl")
     async with session.post(f"{url}/v1/files", data=form, headers=AUTH) as response:
         uploaded = await response.json()
     await asyncio.sleep(1.0)  # the upload's own buffers settle before the baseline
-    before = rss_mb(pid)
+    before, redis_before = rss_mb(pid), rss_mb(redis_pid)
     done = asyncio.Event()
-    probing = asyncio.create_task(_probe_until(session, url, done, pid))
+    probing = asyncio.create_task(_probe_until(session, url, done, pids))
     begun = time.monotonic()
     create = {
         "input_file_id": uploaded["id"],
@@ -147,7 +155,7 @@ async def run_batch(
             batch = await response.json()
     finish_s = time.monotonic() - begun
     done.set()
-    latencies, peak = await probing
+    latencies, (peak, redis_peak) = await probing
     healthz, creating, running = (
         _distribution([ms for sent, ms in latencies if keep(sent)])
         for keep in (lambda _: True, lambda sent: sent < answered, lambda sent: sent >= answered)
@@ -169,6 +177,9 @@ async def run_batch(
         rss_mb_before=before,
         rss_mb_peak=peak,
         rss_mb_after=rss_mb(pid),
+        redis_rss_mb_before=redis_before,
+        redis_rss_mb_peak=redis_peak,
+        redis_rss_mb_after=rss_mb(redis_pid),
     )
 
 
@@ -256,15 +267,16 @@ async def small_ones(
 
 
 async def measure_tenant(
-    url: str, pid: int, lines: int, model: str, ordered_engine: str
+    url: str, pids: tuple[int, int], lines: int, model: str, ordered_engine: str
 ) -> TenantReport:
-    """`ordered_engine`: the URL of the priority-scheduled pool's one-seat engine."""
+    """`pids`: the gateway's and its Redis's; `ordered_engine`: the URL of the
+    priority-scheduled pool's one-seat engine."""
     port = int(url.rsplit(":", 1)[1])
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
         small = await small_ones(session, url, port, model)
         priority = await priority_case(session, url, ordered_engine, VICTIM_AUTH, AUTH)
         statuses, slowest = await slow_bodies(port)
-        batch = await run_batch(session, url, pid, lines, model)
+        batch = await run_batch(session, url, pids, lines, model)
     return TenantReport(
         batch=batch,
         slow_bodies=statuses,
@@ -291,6 +303,9 @@ def render_tenant(report: TenantReport) -> list[str]:
         f"    the slowest sent {b.slowest_probe_at_s:.1f} s after the create",
         f"  gateway RSS: {b.rss_mb_before:.0f} MB before, {b.rss_mb_peak:.0f} MB at peak "
         f"(+{b.rss_mb_peak - b.rss_mb_before:.0f}), {b.rss_mb_after:.0f} MB after",
+        f"  Redis RSS: {b.redis_rss_mb_before:.0f} MB before, {b.redis_rss_mb_peak:.0f} MB at "
+        f"peak (+{b.redis_rss_mb_peak - b.redis_rss_mb_before:.0f}), "
+        f"{b.redis_rss_mb_after:.0f} MB after",
         f"{SLOW_BODIES} bodies a byte every 0.5 s: "
         + ", ".join(f"{s}: {n}" for s, n in sorted(report.slow_bodies.items()))
         + f", the slowest answered after {report.slow_answer_s:.1f} s",
