@@ -60,8 +60,7 @@ CONSUMER_GROUP = "dispatchers"
 WRITE_CHUNK = 500  # keys per command or reply when deleting or walking a stream
 # Items per pipeline when creating: no one giant transaction, and no pipeline long on the
 # event loop. redis-py encodes a pipeline's commands and parses its replies in Python
-# without yielding between them: 500 XADDs of 170-byte bodies held the loop 35-60 ms each
-# on the shared bench machine (docs/BENCHMARKS.md, issue 29), 100 about a fifth of that.
+# without yielding between them, so a pipeline's size bounds how long it holds the loop.
 # Bytes bound it too, for inputs of long lines.
 PIPELINE_ITEMS = 100
 PIPELINE_BYTES = 128 * 1024
