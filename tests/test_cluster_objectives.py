@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.crd import OBJECTIVE_CRD_PATH
 from support.kube.cluster import Cluster
 
 from laneway.gateway.epp.objectives_watch import WatchedObjectives
@@ -23,18 +22,7 @@ from laneway.kube.client import KubeApi
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
-CRD = "inferenceobjectives.inference.networking.x-k8s.io"
 TIMEOUT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def objective_crd(kube: Cluster) -> Iterator[None]:
-    kube.kubectl("apply", "-f", str(OBJECTIVE_CRD_PATH))
-    kube.wait_established(CRD)
-    try:
-        yield
-    finally:
-        kube.kubectl("delete", "crd", CRD, "--wait", "--timeout=120s", timeout=150)
 
 
 def objective(name: str, priority: int) -> dict[str, Any]:
@@ -56,7 +44,7 @@ async def until(what: str, check: Callable[[], bool]) -> None:
 
 
 async def test_the_watch_follows_objectives_on_a_real_api_server(
-    kube: Cluster, kube_namespace: str, objective_crd: None
+    kube: Cluster, kube_namespace: str, objective_crd: str
 ) -> None:
     kube.apply([objective("interactive-chat", 5)], "-n", kube_namespace)
     api = KubeApi.from_environment(str(kube.kubeconfig))
@@ -73,7 +61,7 @@ async def test_the_watch_follows_objectives_on_a_real_api_server(
         kube.apply([objective("interactive-chat", 9)], "-n", kube_namespace)
         await until("a changed priority counts", lambda: watched.priority("interactive-chat") == 9)
 
-        kube.kubectl("delete", CRD, "batch-docs", "-n", kube_namespace, "--wait")
+        kube.kubectl("delete", objective_crd, "batch-docs", "-n", kube_namespace, "--wait")
         await until(
             "a deleted objective is dropped",
             lambda: dict(watched.current.priorities) == {"interactive-chat": 9},

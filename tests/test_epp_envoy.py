@@ -395,3 +395,49 @@ async def test_the_picker_watches_its_pools_in_the_cluster(
     assert raw.parse().choices[0].message.content
     listed = [r for r in fake_apiserver.requests if r.path == pools]
     assert listed[0].headers["Authorization"] == "Bearer picker-token"
+
+
+async def test_the_pickers_ttft_starts_when_envoy_read_the_request(
+    children: Children, tmp_path: Path
+) -> None:
+    """With Envoy sending `request.time` (`request_attributes`), the picker's TTFT starts
+    when Envoy read the request's first byte, not when the picker heard of it: a client
+    that sends its request line, waits, then the rest of its headers and its body, waited
+    that long before its first token, and so does the picker's count; it still reports no
+    more than the whole exchange took the client."""
+    hold_s = 2.0
+    engine = start_sim(children, "llama-small", "--time-scale", FAST)
+    picker = start_picker(
+        children, tmp_path, [pool_doc("chat", "interactive", "llama-small", [engine.url])]
+    )
+    config = envoy_config(
+        ports=Ports.free(),
+        picker=f"127.0.0.1:{picker.port}",
+        endpoints=[engine.url],
+        request_time=True,
+    )
+    envoy = start_envoy(children, tmp_path / "envoy", config)
+    host, port = envoy.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps(hello(max_tokens=2, stream=True)).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sent = time.perf_counter()
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: envoy\r\n")
+    await writer.drain()
+    await asyncio.sleep(hold_s)
+    rest = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    writer.write(f"{rest}Connection: close\r\n\r\n".encode() + body)
+    answer = await reader.read()  # to the end: Envoy closes after the answer
+    whole_ms = (time.perf_counter() - sent) * 1000
+    writer.close()
+    await writer.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"[DONE]" in answer, answer[-200:]
+    assert picker.process is not None
+    process = picker.process
+
+    async def logged() -> bool:
+        return len(picker_ttfts(process)) == 1
+
+    await eventually(logged, "the picker to log the stream's TTFT")
+    (ttft_ms,) = picker_ttfts(process)
+    assert hold_s * 1000 <= ttft_ms <= whole_ms, (ttft_ms, whole_ms)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.client import eventually, total
 from support.epp import (
@@ -29,6 +32,8 @@ from support.epp import (
     start_picker,
 )
 from support.inproc import Servers
+
+from laneway.gateway.epp.protocol import time_in_proxy
 
 
 @pytest.fixture
@@ -289,3 +294,30 @@ async def test_a_completion_without_a_body_passes_through_unlogged(picker: Picke
     assert not head.request_headers.response.header_mutation.set_headers
     await exchange.close()
     assert total(picker.samples(), "laneway_gateway_requests_total") == 0
+
+
+def with_request_time(value: str | None) -> ext.ProcessingRequest:
+    """Request headers carrying Envoy's `request.time` attribute as the filter sends it."""
+    message = request_headers()
+    if value is not None:
+        attributes = Struct()
+        attributes.update({"request.time": value})
+        message.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+    return message
+
+
+@pytest.mark.parametrize(
+    ("sent", "seconds"),
+    [
+        ("2026-12-03T12:52:49.778447+00:00", 1.5),  # as Envoy 1.40 writes it
+        ("2026-12-03T13:52:49.778447+01:00", 1.5),  # the same moment in another zone
+        ("2026-12-03T12:52:51.278447+00:00", 0.0),  # not yet: the proxy's clock ahead
+        ("2026-12-03T12:52:49.778447", 0.0),  # no zone: no moment
+        ("yesterday", 0.0),
+        ("", 0.0),
+        (None, 0.0),  # not asked for: the picker's own clock
+    ],
+)
+def test_the_time_in_the_proxy_is_read_from_request_time(sent: str | None, seconds: float) -> None:
+    now = datetime.fromisoformat("2026-12-03T12:52:51.278447+00:00").timestamp()
+    assert time_in_proxy(with_request_time(sent), now) == pytest.approx(seconds)

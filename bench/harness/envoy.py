@@ -75,10 +75,13 @@ def envoy_config(
     fail_open: bool = False,
     mode: str = "FULL_DUPLEX_STREAMED",
     wait_s: int = 30,
+    request_time: bool = False,
 ) -> dict[str, Any]:
     """The bootstrap: the listener, the ext_proc filter (none without a `picker`), the
     pool's cluster. `wait_s`: how long the picker may take to answer (a request waits in
-    its pool's line first); a request's whole answer may take twice that."""
+    its pool's line first); a request's whole answer may take twice that. `request_time`:
+    the filter also sends the `request.time` attribute (`request_attributes`, which an
+    implementation renders only where asked to), from which the picker times a request."""
     ext_proc = _typed(
         "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         grpc_service={"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{wait_s}s"},
@@ -94,6 +97,7 @@ def envoy_config(
             "response_trailer_mode": "SEND" if mode == "FULL_DUPLEX_STREAMED" else "SKIP",
         },
         response_attributes=["upstream.address"],
+        **({"request_attributes": ["request.time"]} if request_time else {}),
     )
     override = _typed(
         "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",

@@ -54,8 +54,14 @@ async def start_front(
         picker = await children.start_laneway_async(
             "epp", [*args, "--metrics-port", str(metrics_port)]
         )
+    # With `request.time`, the picker's TTFT starts when Envoy read the request, as the
+    # client's does, rather than a hop later.
     config = envoy_config(
-        ports=Ports.free(), picker=f"127.0.0.1:{port}", endpoints=endpoints, wait_s=wait_s
+        ports=Ports.free(),
+        picker=f"127.0.0.1:{port}",
+        endpoints=endpoints,
+        wait_s=wait_s,
+        request_time=True,
     )
     with tempfile.TemporaryDirectory(prefix="laneway-envoy-") as folder:
         envoy = await asyncio.to_thread(start_envoy, children, Path(folder), config, name=name)

@@ -7,6 +7,7 @@ body passed back, an immediate error). Builders and readers only; no state."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 from envoy.config.core.v3.base_pb2 import HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -23,6 +24,9 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 # it (`response_attributes`); the served-endpoint metadata says the same where the
 # implementation sets it.
 UPSTREAM_ADDRESS = "upstream.address"
+# When the proxy read the request's first byte, where the filter sends it with the request's
+# headers (`request_attributes`): the picker's clock can start there rather than a hop later.
+REQUEST_TIME = "request.time"
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 
 
@@ -60,6 +64,23 @@ def served_endpoint(request: ext.ProcessingRequest) -> str | None:
         if address is not None and address.string_value:
             return str(address.string_value)
     return None
+
+
+def time_in_proxy(request: ext.ProcessingRequest, now: float) -> float:
+    """Seconds since the proxy read the request's first byte (its `request.time`, an RFC 3339
+    time), `now` on the same wall clock; 0 where it does not say, says something unreadable,
+    or says a time after `now` (the proxy's clock ahead of the picker's)."""
+    attributes = request.attributes.get(EXT_PROC_ATTRIBUTES)
+    received = attributes.fields.get(REQUEST_TIME) if attributes is not None else None
+    if received is None or not received.string_value:
+        return 0.0
+    try:
+        at = datetime.fromisoformat(received.string_value)
+    except ValueError:
+        return 0.0
+    if at.tzinfo is None:
+        return 0.0  # a time with no zone names no moment
+    return max(0.0, now - at.timestamp())
 
 
 def full_duplex(request: ext.ProcessingRequest) -> bool | None:

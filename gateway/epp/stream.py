@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -154,7 +155,9 @@ class PickerStream:
     # -- the request -------------------------------------------------------------------------
 
     def _request_headers(self, message: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
-        self._started = self._path.clock()
+        # The request arrived when the proxy read its first byte, where the proxy says when
+        # (`request.time`): its own read and the hop here count, as the client counts them.
+        self._started = self._path.clock() - protocol.time_in_proxy(message, time.time())
         self._headers = protocol.headers_of(message.request_headers)
         duplex = protocol.full_duplex(message)
         # Without the proxy's word, the mode the ecosystem's pickers are configured with.

@@ -79,14 +79,14 @@ def install_release(kube: Cluster, name: str, namespace: str, *flags: str) -> Re
 
 
 @contextmanager
-def released(kube: Cluster, name: str, namespace: str) -> Iterator[Release]:
-    """The chart installed in a fresh namespace, CRDs first, and uninstalled after; the test
-    skips where helm is not installed."""
+def released(kube: Cluster, name: str, namespace: str, *flags: str) -> Iterator[Release]:
+    """The chart installed (with helm's `flags`) in a fresh namespace, CRDs first, and
+    uninstalled after; the test skips where helm is not installed."""
     if not helm_available():
         pytest.skip("helm is not installed: scripts/install-tools.sh installs it")
     kube.install_crds()
     with kube.namespace(namespace) as created:
-        release = install_release(kube, name, created)
+        release = install_release(kube, name, created, *flags)
         try:
             yield release
         finally:
