@@ -6,10 +6,12 @@ with the whole response put together from the stream's chunks, as the engine ans
 unstreamed.
 
 Both engines stream both completion endpoints with `stream_options.include_usage`, the same
-choices and usage as their whole answers (vLLM: `chat_completion_stream_generator` and
-`completion_stream_generator` in `entrypoints/openai/serving_chat.py` and
-`serving_completion.py`; SGLang: `_generate_chat_stream` and `_generate_completion_stream`
-in `entrypoints/openai/serving_chat.py` and `serving_completions.py`):
+choices and usage as their whole answers, the final usage event with the prompt's
+`prompt_tokens_details` (vLLM 0.32: `chat_completion_stream_generator` and
+`completion_stream_generator` in `entrypoints/openai/chat_completion/serving.py` and
+`completion/serving.py`, the choice models with `stop_reason` in their `protocol.py`;
+SGLang: `_generate_chat_stream` and `_generate_completion_stream` in
+`srt/entrypoints/openai/serving_chat.py` and `serving_completions.py`):
 
 - `chat.completion`: each choice's `delta.content` and `delta.reasoning_content` (or
   `reasoning`) concatenated, its role, its `tool_calls` merged by their `index` (the first
@@ -20,9 +22,10 @@ in `entrypoints/openai/serving_chat.py` and `serving_completions.py`):
 
 A request whose whole answer holds what a stream does not carry the same way stays
 unstreamed upstream (`streams_whole`): `prompt_logprobs` (a top-level field of the whole
-answer), `echo` (the prompt in the answer), `best_of` (vLLM refuses to stream it with n
-below it). An `error` event mid-stream becomes the answer the unstreamed request would have
-got: that error body, with its `code` as the status. Pure: no I/O.
+answer, which vLLM refuses on a stream: its request models' validators), `echo` (the prompt
+in the answer) and `best_of` (the best `n` of more candidates, chosen at the end; older vLLM
+refused it on a stream). An `error` event mid-stream becomes the answer the unstreamed
+request would have got: that error body, with its `code` as the status. Pure: no I/O.
 """
 
 from __future__ import annotations
