@@ -1,6 +1,6 @@
-"""An unstreamed chat or completion through the gateway, over loopback with `laneway sim`
-engines: the gateway reads it from its engine as a stream and answers it whole, the answer
-the engine gives unstreamed; its first token is seen on the way, so a fed batch replica
+"""An unstreamed chat or completion on the batch lane through the gateway, over loopback with
+`laneway sim` engines: the gateway reads it from its engine as a stream and answers it whole, the
+answer the engine gives unstreamed; its first token is seen on the way, so a fed batch replica
 takes its next document while the one before decodes."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ async def test_a_whole_document_frees_its_replicas_prefill_at_its_first_token(
 
 async def test_the_openai_clients_unstreamed_call(servers: Servers, tmp_path: Path) -> None:
     engine = await servers.sim("served-name", "--time-scale", FAST)
-    pool = pool_doc("chat", "interactive", "served-name", [engine.url])
+    pool = pool_doc("docs", "batch", "served-name", [engine.url])
     gateway = await servers.gateway(tmp_path / "gateway.yaml", [pool, gateway_doc()])
     api = client(gateway)
     try:
@@ -131,3 +131,19 @@ async def test_the_openai_clients_unstreamed_call(servers: Servers, tmp_path: Pa
     assert raw.headers["x-laneway-prompt-tokens"] == str(completion.usage.prompt_tokens)
     assert text.object == "text_completion"
     assert text.choices[0].text == " lorem ipsum dolor"
+    samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_ttft_seconds_count", pool="docs") == 2
+
+
+async def test_an_interactive_unstreamed_answer_is_asked_unstreamed(
+    servers: Servers, tmp_path: Path
+) -> None:
+    engine = await servers.sim("served-name", "--time-scale", FAST)
+    pool = pool_doc("chat", "interactive", "served-name", [engine.url])
+    gateway = await servers.gateway(tmp_path / "gateway.yaml", [pool, gateway_doc()])
+    status, answer = await post(gateway.url, "/v1/completions", {"model": "llama", **COMPLETION})
+    assert status == 200
+    assert answer["choices"][0]["text"] == " lorem ipsum dolor sit amet consectetur adipiscing"
+    # No first token seen: it came whole.
+    samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_ttft_seconds_count", pool="chat") == 0

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from laneway.api import Lane
 from laneway.gateway.serving.engine_body import engine_body
 from laneway.gateway.serving.request_body import Endpoint, parse_request
 from laneway.gateway.serving.whole_stream import StreamIncomplete, WholeAnswer, streams_whole
@@ -193,15 +194,20 @@ def parsed(path: str, **fields: Any) -> Any:
 
 
 def test_which_requests_are_read_as_streams() -> None:
-    assert streams_whole(parsed("/v1/chat/completions"))
-    assert streams_whole(parsed("/v1/completions", stream=False, n=2, logprobs=2))
-    assert streams_whole(parsed("/v1/completions", echo=False))
-    # Streamed already, a response, or a whole answer a stream does not carry the same way.
-    assert not streams_whole(parsed("/v1/chat/completions", stream=True))
-    assert not streams_whole(parsed("/v1/responses"))
-    assert not streams_whole(parsed("/v1/completions", echo=True))
-    assert not streams_whole(parsed("/v1/completions", best_of=3))
-    assert not streams_whole(parsed("/v1/chat/completions", prompt_logprobs=1))
+    def batch(path: str, **fields: Any) -> bool:
+        return streams_whole(parsed(path, **fields), Lane.BATCH)
+
+    assert batch("/v1/chat/completions")
+    assert batch("/v1/completions", stream=False, n=2, logprobs=2)
+    assert batch("/v1/completions", echo=False)
+    # Interactive, streamed already, a response, or a whole answer a stream does not carry
+    # the same way.
+    assert not streams_whole(parsed("/v1/chat/completions"), Lane.INTERACTIVE)
+    assert not batch("/v1/chat/completions", stream=True)
+    assert not batch("/v1/responses")
+    assert not batch("/v1/completions", echo=True)
+    assert not batch("/v1/completions", best_of=3)
+    assert not batch("/v1/chat/completions", prompt_logprobs=1)
 
 
 def test_the_engine_is_asked_for_a_stream_with_its_usage() -> None:

@@ -290,7 +290,10 @@ def settled(answer: dict[str, Any]) -> dict[str, Any]:
 async def test_an_unstreamed_answer_read_as_a_stream_is_vllms_own(
     vllm_server: VLLMServer, servers: Servers, tmp_path: Path, path: str, fields: dict[str, Any]
 ) -> None:
-    gateway = await vllm_gateway(servers, tmp_path, vllm_server)
+    await idle(vllm_server)
+    pool, config = vllm_pool_docs(vllm_server)
+    pool["spec"]["lane"] = "batch"  # the lane whose unstreamed answers are read as streams
+    gateway = await servers.gateway(tmp_path / "gateway.yaml", [pool, config])
     body = {**fields, "max_tokens": 8, "temperature": 0, "stream": False}
     async with aiohttp.ClientSession() as session:
         own = {**body, "model": SERVED_NAME}

@@ -2,8 +2,8 @@
 next on a failure before the client has seen a byte, and the answer relayed (whole, or as a
 stream timed on the way) through the app's one client session. The ledger is told each
 step (sent, answered, first token, failed) and decides what follows. An unstreamed chat or
-completion is read from its engine as a stream and answered whole (`whole_stream.py`), so
-that its first token is seen as a streamed request's is."""
+completion on the batch lane is read from its engine as a stream and answered whole
+(`whole_stream.py`), so that its first token is seen as a streamed request's is."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ async def forward(exchange: Exchange) -> web.StreamResponse:
                 exchange.body,
                 served,
                 priority,
-                stream_whole=streams_whole(parsed),
+                stream_whole=streams_whole(parsed, plan.lane),
             )
             bodies[engine.key] = served, body
         return bodies[engine.key]
@@ -158,7 +158,7 @@ async def _attempt(exchange: Exchange, sent: Sent, served: str, body: bytes) -> 
             raise UpstreamFailed("http_error", f"HTTP {upstream.status} on a resent stream")
         if (
             upstream.status == 200
-            and streams_whole(exchange.parsed)
+            and streams_whole(exchange.parsed, exchange.plan.lane)
             and upstream.content_type == EVENT_STREAM  # not an engine that answered whole
         ):
             return await _assembled_answer(exchange, upstream, served, sent)

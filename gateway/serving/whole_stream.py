@@ -1,9 +1,8 @@
-"""A whole answer read as a stream: the gateway asks the engine to stream a request its client
-sent with `stream: false`, watches the stream's first token as it does a streamed request's
-(the ledger frees a fed batch replica's prefill then, TTFT is measured, and a reclaim after
-it still requeues the request, since its client has seen nothing), and answers the client
-with the whole response put together from the stream's chunks, as the engine answers it
-unstreamed.
+"""A whole answer read as a stream: the gateway asks the engine to stream a batch-lane request its
+client sent with `stream: false`, watches the stream's first token as it does a streamed request's
+(the ledger frees a fed batch replica's prefill then, TTFT is measured, and a reclaim after it still
+requeues the request, since its client has seen nothing), and answers the client with the whole
+response put together from the stream's chunks, as the engine answers it unstreamed.
 
 Both engines stream both completion endpoints with `stream_options.include_usage`, the same
 choices and usage as their whole answers, the final usage event with the prompt's
@@ -35,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from laneway.api import Lane
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
 
 DATA = b"data:"
@@ -46,9 +46,11 @@ CHUNK_ENVELOPE = ("id", "object", "created", "model", "choices", "usage")
 WHOLE_OBJECT = {Endpoint.CHAT: "chat.completion", Endpoint.COMPLETIONS: "text_completion"}
 
 
-def streams_whole(parsed: ParsedRequest) -> bool:
-    """Whether an unstreamed request is asked of its engine as a stream and answered whole."""
-    if parsed.stream or parsed.endpoint not in WHOLE_OBJECT:
+def streams_whole(parsed: ParsedRequest, lane: Lane) -> bool:
+    """Whether an unstreamed request is asked of its engine as a stream and answered whole:
+    on the batch lane, whose replicas are fed a document per first token. An interactive
+    pool frees nothing at a first token, and its answers keep their one parse each."""
+    if lane is not Lane.BATCH or parsed.stream or parsed.endpoint not in WHOLE_OBJECT:
         return False
     return all(parsed.payload.get(name) in (None, False) for name in WHOLE_ONLY)
 
