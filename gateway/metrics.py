@@ -89,8 +89,8 @@ class GatewayMetrics:
         )
         self.ttft_slo = Counter(
             "laneway_gateway_slo_ttft",
-            "Streamed requests whose first token came within the pool's slo.ttftMillis of "
-            "their arrival (met=true) or not",
+            "Streamed requests (and batch-lane unstreamed ones, read as streams) whose first "
+            "token came within the pool's slo.ttftMillis of their arrival (met=true) or not",
             ("pool", "lane", "met"),
             registry=self.registry,
         )

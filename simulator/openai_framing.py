@@ -293,18 +293,21 @@ class Reply:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
     def token_chunk(self, event: TokenEvent) -> dict[str, Any]:
+        # Every choice, streamed or whole, has vLLM's `stop_reason` (its choice models in
+        # entrypoints/openai/chat_completion/protocol.py and completion/protocol.py).
         finish = "length" if event.last else None
         if self.parsed.endpoint == "completions":
             choice = {"index": 0, "text": output_word(event.index), "logprobs": None,
-                      "finish_reason": finish}  # fmt: skip
+                      "finish_reason": finish, "stop_reason": None}  # fmt: skip
         else:
             choice = {"index": 0, "delta": {"content": output_word(event.index)}, "logprobs": None,
-                      "finish_reason": finish}  # fmt: skip
+                      "finish_reason": finish, "stop_reason": None}  # fmt: skip
         return {**self.envelope(True), "choices": [choice]}
 
     def role_chunk(self) -> dict[str, Any]:
         delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
+                  "stop_reason": None}  # fmt: skip
         return {**self.envelope(True), "choices": [choice]}
 
     def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -321,6 +324,6 @@ class Reply:
                                       "finish_reason": "length", "stop_reason": None}  # fmt: skip
         else:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": "length"}  # fmt: skip
+                      "logprobs": None, "finish_reason": "length", "stop_reason": None}  # fmt: skip
         return {**self.envelope(False), "choices": [choice],
                 "usage": _usage(self.parsed, completion_tokens, cached_tokens)}  # fmt: skip

@@ -254,3 +254,55 @@ async def long_stream(api: openai.AsyncOpenAI, text: str) -> AsyncIterator[Any]:
 async def drain(stream: AsyncIterator[Any]) -> None:
     async for _ in stream:
         pass
+
+
+def settled(answer: dict[str, Any]) -> dict[str, Any]:
+    """What of an answer two runs of one greedy request share: its choices, with the
+    `null`s vLLM's whole answer writes and its chunks never carry left out (`token_ids`,
+    `routed_experts`, the message's `refusal`...), and its token counts (the prefix cache
+    serves the second run's prompt)."""
+    choices = []
+    for choice in answer["choices"]:
+        if "message" in choice:
+            message = {k: v for k, v in choice["message"].items() if v is not None}
+            choice = {**choice, "message": message}
+        kept = ("logprobs", "stop_reason")  # null or not, the assembled answer has them
+        choices.append({k: v for k, v in choice.items() if v is not None or k in kept})
+    usage = answer["usage"]
+    return {
+        "object": answer["object"],
+        "model": answer["model"],
+        "choices": choices,
+        "tokens": (usage["prompt_tokens"], usage["completion_tokens"]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": user("Name three colours."), "logprobs": True, "top_logprobs": 2},
+        ),
+        ("/v1/completions", {"prompt": "The lanes of the gateway are", "logprobs": 2}),
+    ],
+)
+async def test_an_unstreamed_answer_read_as_a_stream_is_vllms_own(
+    vllm_server: VLLMServer, servers: Servers, tmp_path: Path, path: str, fields: dict[str, Any]
+) -> None:
+    await idle(vllm_server)
+    pool, config = vllm_pool_docs(vllm_server)
+    pool["spec"]["lane"] = "batch"  # the lane whose unstreamed answers are read as streams
+    gateway = await servers.gateway(tmp_path / "gateway.yaml", [pool, config])
+    body = {**fields, "max_tokens": 8, "temperature": 0, "stream": False}
+    async with aiohttp.ClientSession() as session:
+        own = {**body, "model": SERVED_NAME}
+        async with session.post(vllm_server.url + path, json=own) as response:
+            assert response.status == 200
+            direct = await response.json()
+        async with session.post(gateway.url + path, json={**body, "model": "llama"}) as response:
+            assert response.status == 200
+            through = await response.json()
+    assert settled(through) == {**settled(direct), "model": "llama"}
+    samples = await scrape(gateway.url)
+    assert total(samples, "laneway_gateway_ttft_seconds_count") == 1  # read as a stream

@@ -1,6 +1,7 @@
 """The body an engine gets: the client's fields that the OpenAI API and the engines'
 sampling parameters define, the `model` renamed to the pool's served name, and `priority`
-set by the gateway (`laneway.routing.priority`).
+set by the gateway (`laneway.routing.priority`); an unstreamed request the gateway reads as
+a stream (`whole_stream.py`) gets `stream: true` with `stream_options.include_usage`.
 
 What is not on the allow-list is dropped, so a field that a client sends for another
 service, or one a newer API version adds, costs it nothing; but a field that controls the
@@ -93,12 +94,16 @@ def engine_body(
     body: bytes,
     served: str,
     priority: int | None,
+    *,
+    stream_whole: bool = False,
 ) -> bytes:
     """What the engine gets for `payload` (`body` as the client sent it): `body` itself
-    where nothing changes, else the allowed fields with `model` and `priority` set."""
+    where nothing changes, else the allowed fields with `model` and `priority` set, and
+    asked as a stream with its usage where `stream_whole`."""
     allowed = FORWARDED[path]
     unchanged = (
-        payload.get("model") == served
+        not stream_whole
+        and payload.get("model") == served
         and payload.get("priority") == priority
         and allowed.issuperset(payload)
     )
@@ -108,4 +113,7 @@ def engine_body(
     forwarded["model"] = served
     if priority is not None:
         forwarded["priority"] = priority
+    if stream_whole:
+        forwarded["stream"] = True
+        forwarded["stream_options"] = {"include_usage": True}
     return orjson.dumps(forwarded)

@@ -1,7 +1,9 @@
 """An admitted request carried to its endpoints and back: the plan's first endpoint, the
 next on a failure before the client has seen a byte, and the answer relayed (whole, or as a
 stream timed on the way) through the app's one client session. The ledger is told each
-step (sent, answered, first token, failed) and decides what follows."""
+step (sent, answered, first token, failed) and decides what follows. An unstreamed chat or
+completion on the batch lane is read from its engine as a stream and answered whole
+(`whole_stream.py`), so that its first token is seen as a streamed request's is."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from laneway.gateway.serving.outcome import CLIENT_CLOSED, Outcome
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
 from laneway.gateway.serving.responses import MadeResponse, TerminalEventWatch, made_by_answer
 from laneway.gateway.serving.routing import PromptCount
+from laneway.gateway.serving.whole_stream import StreamIncomplete, WholeAnswer, streams_whole
 from laneway.ledger import NO_BLOCKS, FirstToken, PromptBlocks, Sent, Ticket
 from laneway.routing.plan import PlannedEndpoint, RoutingPlan
 from laneway.routing.priority import engine_priority
@@ -37,6 +40,7 @@ log = logging.getLogger("laneway.gateway.requests")
 STREAM_END = b"data: [DONE]"
 SSE_TAIL = len(STREAM_END) + 2  # bytes of the stream kept to spot its end and event breaks
 JSON_CONTENT = {"Content-Type": "application/json"}
+EVENT_STREAM = "text/event-stream"
 
 
 class UpstreamFailed(Exception):
@@ -78,7 +82,12 @@ async def forward(exchange: Exchange) -> web.StreamResponse:
             served = engine.spec.served_model_name
             priority = engine_priority(engine, exchange.level)
             body = engine_body(
-                parsed.payload, parsed.endpoint.value, exchange.body, served, priority
+                parsed.payload,
+                parsed.endpoint.value,
+                exchange.body,
+                served,
+                priority,
+                stream_whole=streams_whole(parsed, plan.lane),
             )
             bodies[engine.key] = served, body
         return bodies[engine.key]
@@ -147,7 +156,13 @@ async def _attempt(exchange: Exchange, sent: Sent, served: str, body: bytes) -> 
         if upstream.status != 200 and exchange.writes is not None:
             # A resent stream's head went out as a 200: another answer can only fail it.
             raise UpstreamFailed("http_error", f"HTTP {upstream.status} on a resent stream")
-        if upstream.status >= 500 or upstream.status != 200 or not exchange.parsed.stream:
+        if (
+            upstream.status == 200
+            and streams_whole(exchange.parsed, exchange.plan.lane)
+            and upstream.content_type == EVENT_STREAM  # not an engine that answered whole
+        ):
+            return await _assembled_answer(exchange, upstream, served, sent)
+        if upstream.status != 200 or not exchange.parsed.stream:
             return await _whole_answer(exchange, upstream, served, sent)
         path.metrics.overhead.request.observe(sent.own_s)
         path.ledger.answered(exchange.ticket)
@@ -167,27 +182,58 @@ def _upstream_failed(error: aiohttp.ClientError | TimeoutError) -> UpstreamFaile
 async def _whole_answer(
     exchange: Exchange, upstream: aiohttp.ClientResponse, served: str, sent: Sent
 ) -> web.Response:
-    path, outcome = exchange.path, exchange.outcome
     try:
         body = await upstream.read()
     except (aiohttp.ClientError, TimeoutError) as error:
         raise _upstream_failed(error) from None
-    if upstream.status >= 500:
+    return await _answer(exchange, upstream.status, body, served, sent)
+
+
+async def _assembled_answer(
+    exchange: Exchange, upstream: aiohttp.ClientResponse, served: str, sent: Sent
+) -> web.Response:
+    """An unstreamed request's answer read as a stream: its first token noted as it comes
+    (read from the engine: its client's clock has nothing to show before the end), its
+    client answered with the whole once the stream ends."""
+    answer = WholeAnswer(exchange.parsed.endpoint)
+    first_token = FirstTokenWatch()
+    clock = exchange.path.clock
+    try:
+        async for data in upstream.content.iter_any():
+            answer.feed(data)
+            if not first_token.seen and first_token.feed(data):
+                now = clock()
+                _note_first_token(exchange, now, now)
+        assembled = answer.result()
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise _upstream_failed(error) from None
+    except StreamIncomplete as incomplete:
+        raise UpstreamFailed("mid_stream", str(incomplete)) from None
+    return await _answer(exchange, assembled.status, assembled.body, served, sent)
+
+
+async def _answer(
+    exchange: Exchange, status: int, body: bytes, served: str, sent: Sent
+) -> web.Response:
+    """The client's answer for an engine's whole `body`; UpstreamFailed for a 5xx, which
+    may go elsewhere."""
+    path, outcome = exchange.path, exchange.outcome
+    if status >= 500:
         detail = body[:300].decode("utf-8", "replace")
-        raise UpstreamFailed("http_5xx", f"HTTP {upstream.status}: {detail}")
+        raise UpstreamFailed("http_5xx", f"HTTP {status}: {detail}")
     path.metrics.overhead.request.observe(sent.own_s)
-    usage = engine_usage(body) if upstream.status == 200 else NO_USAGE
+    usage = engine_usage(body) if status == 200 else NO_USAGE
     engine_count = usage.prompt_tokens if exchange.parsed.sequences == 1 else None
     outcome.cached_tokens = usage.cached_tokens
-    if upstream.status == 200 and exchange.parsed.endpoint is Endpoint.RESPONSES:
+    if status == 200 and exchange.parsed.endpoint is Endpoint.RESPONSES:
         outcome.made = made_by_answer(body)
     if rename := rewriter(served, exchange.parsed.model):
         body = rename.whole(body)
     path.ledger.answered(exchange.ticket)
     outcome.prompt_tokens = await exchange.count if engine_count is None else engine_count
-    outcome.status = upstream.status
+    outcome.status = status
     return web.Response(
-        status=upstream.status,
+        status=status,
         body=body,
         content_type="application/json",
         headers=outcome.routing_headers(),
