@@ -317,6 +317,14 @@ def render(report: FloodReport) -> list[str]:
     ]
 
 
+def _fresh(body: dict[str, Any], tag: str) -> dict[str, Any]:
+    """`body` with `tag` opening its prompt: a sender's few bodies, sent again, would
+    otherwise hit the engine's prefix cache and cost it almost no prefill (the virtual run's
+    prompts share nothing)."""
+    message = body["messages"][0]
+    return {**body, "messages": [{**message, "content": f"{tag}: {message['content']}"}]}
+
+
 class _Load:
     def __init__(self, urls: list[str], options: FloodOptions) -> None:
         self._urls = urls
@@ -379,7 +387,10 @@ class _Load:
                 await asyncio.sleep(0.05)
                 continue
             label = WARMUP if segment is None else segment.label
-            body = bodies[turn % len(bodies)] if bodies else self._body(rng, steady=True)
+            if bodies:
+                body = _fresh(bodies[turn % len(bodies)], f"{tenant} {index} {turn}")
+            else:
+                body = self._body(rng, steady=True)
             turn += 1
             sending = self._send(http, url, body, headers)
             if steady:
