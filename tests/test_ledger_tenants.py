@@ -82,27 +82,6 @@ def test_tenants_take_turns_in_the_interactive_line() -> None:
     assert order == [backlog[0], newcomer, backlog[1]]
 
 
-def test_interactive_turns_are_charged_by_prompt_tokens() -> None:
-    # One slot. "long" sends 4,000-token prompts, "short" 500-token ones, both backlogged.
-    # Charged by request count they would alternate; charged by prompt tokens (VTC's
-    # service), a long prompt costs its tenant eight short ones' turns.
-    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 1})
-    ledger = ledger_with(chat)
-    running = ledger.admit(0.0, ask(chat, tenant="long", tokens=4000))
-    longs = [ledger.admit(0.0, ask(chat, tenant="long", tokens=4000)).ticket for _ in range(3)]
-    shorts = [ledger.admit(1.0, ask(chat, tenant="short", tokens=500)).ticket for _ in range(8)]
-    order = []
-    ticket = running.ticket
-    for now in range(2, 2 + 10):
-        (granted,) = ledger.finished(ticket, float(now), status=200).wakes.granted
-        ticket = granted.ticket
-        order.append(ticket)
-    # short returns from idle at long's 4,000 (no credit banked); the tie goes to long's
-    # older request (neither has one running at the grant), and then short's eight turns
-    # (500 each) come before long's next, where by count the two would alternate.
-    assert order == [longs[0], *shorts, longs[1]]
-
-
 def test_other_replicas_requests_count_against_the_cap() -> None:
     chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 4})
     ledger = ledger_with(chat)

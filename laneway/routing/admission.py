@@ -1,16 +1,13 @@
 """Admission order: who leaves a pool's line next when a slot frees.
 
-Interactive requests go before batch ones. Within each, tenants take turns (fairshare.py)
-charged by the prompt tokens of what they were served, as VTC charges input tokens (Sheng
-et al., OSDI 2024), FIFO within a tenant: one tenant's burst of chats does not queue
-another's first one behind it, one tenant's 500 documents do not starve another's five, and
-a tenant of long prompts gets fewer turns than one of short ones, in proportion, instead of
-as many (which would hand it most of the pool's prefill). Output tokens, which VTC charges
-too, are not known when a turn is taken, and are not charged. A tenant at its cap of running
-requests (or whose next request's prompt would pass its cap of running prompt tokens) is
-passed over (`eligible`) until one of its own finishes, and of two tenants whose turn it
-equally is, the one with fewer requests running goes first. Pure: the ledger's `PoolGate`
-holds the tickets in this line, and the shell does the waiting.
+Interactive requests go before batch ones. Within each, tenants take turns (fairshare.py):
+interactive requests by count, so one tenant's burst of chats does not queue another's
+first one behind it, batch requests by tokens, so one tenant's 500 documents do not starve
+another's five; FIFO within a tenant. A tenant at its cap of running requests (or whose
+next request's prompt would pass its cap of running prompt tokens) is passed over
+(`eligible`) until one of its own finishes, and of two tenants whose turn it equally is,
+the one with fewer requests running goes first. Pure: the ledger's `PoolGate` holds the
+tickets in this line, and the shell does the waiting.
 """
 
 from __future__ import annotations
@@ -21,12 +18,6 @@ from laneway.api import Lane
 from laneway.routing.fairshare import Eligible, FairShareQueue, Running
 
 T = TypeVar("T")
-
-
-def _service(tokens: int) -> int:
-    """What a request's turn is charged: its prompt tokens, at least 1, so that requests
-    whose size is unknown (0) still take turns by count."""
-    return max(tokens, 1)
 
 
 class AdmissionLine(Generic[T]):
@@ -41,17 +32,20 @@ class AdmissionLine(Generic[T]):
         # Asked on every admission and release: no count of the batch lane's tenants.
         return bool(self._interactive) or bool(self._batch)
 
-    def _lane(self, priority: Lane) -> FairShareQueue[T]:
-        return self._batch if priority is Lane.BATCH else self._interactive
-
     def join(self, item: T, priority: Lane, tenant: str = "", tokens: int = 0) -> None:
-        """Queue `item`; `tenant` and `tokens` (its prompt's) place it in the fair order."""
-        self._lane(priority).push(tenant, item, _service(tokens))
+        """Queue `item`; `tenant` and `tokens` place a batch item in the fair-share order."""
+        if priority is Lane.BATCH:
+            self._batch.push(tenant, item, tokens)
+        else:
+            self._interactive.push(tenant, item, 1)
 
     def charge(self, priority: Lane, tenant: str, tokens: int) -> None:
         """A request of `tenant` took a free slot without waiting: its turn is used all the
         same, or a tenant whose requests never wait would always be first in line."""
-        self._lane(priority).charge(tenant, _service(tokens))
+        if priority is Lane.BATCH:
+            self._batch.charge(tenant, tokens)
+        else:
+            self._interactive.charge(tenant, 1)
 
     def next(self, eligible: Eligible[T] | None = None, running: Running | None = None) -> T | None:
         """The item that leaves next, among the `eligible` tenants' (everyone's by default);
@@ -69,7 +63,7 @@ class AdmissionLine(Generic[T]):
 
     def head(self, tenant: str, priority: Lane) -> T | None:
         """`tenant`'s first item in `priority`'s lane: the one that leaves before its others."""
-        return self._lane(priority).head(tenant)
+        return (self._batch if priority is Lane.BATCH else self._interactive).head(tenant)
 
     def newest(self, tenant: str) -> T | None:
         """The item of `tenant` that gives up its place first: its last batch item, else its
