@@ -57,6 +57,17 @@ class FloodScenario:
     def flood_senders(self) -> int:
         return round(self.flood_factor * self.flood_share)
 
+    def turn(self, rng: random.Random, *, steady: bool) -> tuple[int, int]:
+        """A sender's next request: its prompt tokens and output tokens, drawn from `rng`."""
+        low, high = self.min_prompt_tokens, self.max_prompt_tokens
+        if not steady and self.flood_prompt_tokens is not None:
+            low, high = self.flood_prompt_tokens
+        return rng.randint(low, high), rng.randint(self.min_output_tokens, self.max_output_tokens)
+
+    def think_s(self, rng: random.Random) -> float:
+        """A steady session's pause before its next turn."""
+        return rng.uniform(self.min_think_s, self.max_think_s)
+
     @property
     def caps(self) -> TenantCaps:
         return TenantCaps(
@@ -114,11 +125,7 @@ class FloodWorkload(Workload):
     def on_event(self, cluster: VirtualCluster, now: float, subject: int) -> None:
         scenario, rng = self.scenario, self._rng(subject)
         steady = self._is_steady(subject)
-        low, high = scenario.min_prompt_tokens, scenario.max_prompt_tokens
-        if not steady and scenario.flood_prompt_tokens is not None:
-            low, high = scenario.flood_prompt_tokens
-        prompt = rng.randint(low, high)
-        output = rng.randint(scenario.min_output_tokens, scenario.max_output_tokens)
+        prompt, output = scenario.turn(rng, steady=steady)
         tenant, caps = (STEADY, NO_CAPS) if steady else (FLOOD, scenario.caps)
         request = cluster.submit(now, subject, prompt, output, tenant=tenant, caps=caps)
         if request is None:
@@ -153,8 +160,7 @@ class FloodWorkload(Workload):
             return
         source = request.source
         if self._is_steady(source):
-            think = self._rng(source).uniform(self.scenario.min_think_s, self.scenario.max_think_s)
-            cluster.schedule(now + think, source)
+            cluster.schedule(now + self.scenario.think_s(self._rng(source)), source)
         else:
             cluster.schedule(now, source)  # no think time: the flood sends again at once
 

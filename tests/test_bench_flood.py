@@ -1,7 +1,8 @@
-"""`laneway bench chaos --flood`: the goal's arithmetic, live (pooled segments and each
-round's own ratio) and virtual (seeds paired with their unloaded runs), both pure; the flags
-that cannot work; a --quick run of each mode in which the flooding tenant is held to its
-share and the other tenant loses no request."""
+"""`laneway bench chaos --flood`: the goal's arithmetic, live (segments pooled against the
+alone ones and each round's own ratio, a token cap's beside the uncapped flood) and virtual
+(seeds paired with their unloaded runs), both pure; the flags that cannot work; a --quick run
+of each mode in which the flooding tenant is held to its share (live: and its token cap, as
+the gateways' shared counts have it) and the other tenant loses no request."""
 
 from __future__ import annotations
 
@@ -13,13 +14,42 @@ from pathlib import Path
 import pytest
 
 from laneway.bench.chaos import flood_virtual
-from laneway.bench.chaos.flood import BASELINE, FLOOD, WARMUP, FloodOptions, Sent, report_of
+from laneway.bench.chaos.flood import (
+    WARMUP,
+    FloodOptions,
+    Peak,
+    Sent,
+    report_of,
+    segments_of,
+    tenants_file,
+)
 from laneway.cli import main
 from laneway.simulator.flood_experiment import FloodResult, FloodScenario
+
+ALONE, SHARE, TEN, CAPPED = "alone", "1x", "10x", "10x, cap 4,000"
+CAPPED_OPTIONS = FloodOptions(max_prompt_tokens=(4000,))
 
 
 def steady(segment: str, ttft_s: float, status: int = 200, round_: int = 0) -> Sent:
     return Sent("steady", segment, status, ttft_s if status == 200 else None, None, round_)
+
+
+def test_the_live_segments_and_tenants_follow_the_scenario() -> None:
+    options = FloodOptions(
+        scenario=FloodScenario(flood_share=3, flood_queue=5, flood_factor=10.0),
+        max_prompt_tokens=(4000, 8000),
+    )
+    labels = [segment.label for segment in segments_of(options)]
+    assert labels == [ALONE, SHARE, TEN, CAPPED, "10x, cap 8,000"]
+    tenants = {entry["name"]: entry for entry in tenants_file(options)["tenants"]}
+    assert list(tenants) == ["steady", "flood", "flood-4000", "flood-8000"]
+    assert tenants["steady"].keys() == {"name", "apiKeys"}  # no caps
+    assert tenants["flood-4000"]["maxConcurrentPromptTokens"] == 4000
+    assert "maxConcurrentPromptTokens" not in tenants["flood"]
+    assert {t["maxConcurrentRequests"] for t in list(tenants.values())[1:]} == {3}
+    assert {t["maxQueuedRequests"] for t in list(tenants.values())[1:]} == {5}
+    # A flood at its share is not sent twice.
+    assert len(segments_of(FloodOptions(scenario=FloodScenario(flood_factor=1.0)))) == 2
 
 
 @pytest.mark.parametrize(
@@ -30,32 +60,65 @@ def steady(segment: str, ttft_s: float, status: int = 200, round_: int = 0) -> S
         ("one steady request refused", 0.1, 1, False),
     ],
 )
-def test_the_goal_is_the_ratio_of_the_two_kinds_of_segment_and_no_refusal(
+def test_the_goal_is_the_flood_over_the_alone_segments_and_no_refusal(
     case: str, flood_ttft_s: float, refused: int, met: bool
 ) -> None:
     sent = [steady(WARMUP, 9.0)]  # a cold start: not counted
-    sent += [steady(BASELINE, 0.1) for _ in range(20)]
-    sent += [steady(FLOOD, flood_ttft_s) for _ in range(20)]
-    sent += [steady(FLOOD, 0.0, status=429) for _ in range(refused)]
-    sent += [Sent("flood", FLOOD, 429, None, "tenant_queue_full")]
-    report = report_of("cmd", FloodOptions(), sent)
-    assert report.ttft_p99_ratio == pytest.approx(flood_ttft_s / 0.1)
+    sent += [steady(ALONE, 0.1) for _ in range(20)]
+    sent += [steady(SHARE, 0.1) for _ in range(20)]
+    sent += [steady(TEN, flood_ttft_s) for _ in range(20)]
+    sent += [steady(TEN, 0.0, status=429) for _ in range(refused)]
+    sent += [Sent("flood", TEN, 429, None, "tenant_queue_full")]
+    report = report_of("cmd", FloodOptions(), sent, {TEN: Peak(running=4)})
+    alone, _, ten = report.segments
+    assert ten.ratio_alone is not None
+    assert ten.ratio_alone[0] == pytest.approx(flood_ttft_s / 0.1)
+    assert report.goal_ratio == pytest.approx(flood_ttft_s / 0.1)
+    assert report.goal_segment == TEN
     assert report.goal_met is met
-    assert [h.flood_refused for h in report.segments] == [0, 1]
+    assert [h.flood_refused for h in report.segments] == [0, 0, 1]
+    assert (alone.flood_peak, ten.flood_peak) == (Peak(), Peak(running=4))
 
 
-def test_each_round_is_its_flood_segment_over_its_own_baseline() -> None:
+def test_each_round_is_its_flood_segment_over_its_own_alone_one() -> None:
     # Round 0 ran on a quiet machine, round 1 on a busy one, twice as slow throughout.
-    sent = [steady(BASELINE, 0.1, round_=0) for _ in range(20)]
-    sent += [steady(FLOOD, 0.11, round_=0) for _ in range(20)]
-    sent += [steady(BASELINE, 0.2, round_=1) for _ in range(20)]
-    sent += [steady(FLOOD, 0.2, round_=1) for _ in range(20)]
-    sent += [steady(BASELINE, 0.1, round_=2) for _ in range(20)]
-    sent += [steady(FLOOD, 0.13, round_=2) for _ in range(20)]
-    report = report_of("cmd", FloodOptions(), sent)
-    assert report.round_ratios == pytest.approx((1.1, 1.0, 1.3))
-    # Pooled, the busy round's baseline sets both P99s.
-    assert report.ttft_p99_ratio == pytest.approx(1.0)
+    sent = []
+    for round_, alone_s, flood_s in ((0, 0.1, 0.11), (1, 0.2, 0.2), (2, 0.1, 0.13)):
+        sent += [steady(ALONE, alone_s, round_=round_) for _ in range(20)]
+        sent += [steady(SHARE, alone_s, round_=round_) for _ in range(20)]
+        sent += [steady(TEN, flood_s, round_=round_) for _ in range(20)]
+    report = report_of("cmd", FloodOptions(), sent, {})
+    ten = report.segments[2]
+    assert ten.ratio_alone is not None
+    pooled, *rounds = ten.ratio_alone
+    assert rounds == pytest.approx([1.1, 1.0, 1.3])
+    # Pooled, the busy round's alone segment sets both P99s.
+    assert pooled == pytest.approx(1.0)
+
+
+def test_a_token_capped_segment_is_judged_beside_the_uncapped_flood() -> None:
+    sent = [steady(ALONE, 0.1) for _ in range(20)]
+    sent += [steady(SHARE, 0.3) for _ in range(20)]
+    sent += [steady(TEN, 0.3) for _ in range(20)]
+    sent += [steady(CAPPED, 0.105) for _ in range(20)]
+    sent += [Sent("flood", CAPPED, 200, 0.5, None)]  # another tenant's: not this segment's
+    sent += [
+        Sent("flood-4000", CAPPED, 200, 0.5, None),
+        Sent("flood-4000", CAPPED, 429, None, None),
+    ]
+    report = report_of("cmd", CAPPED_OPTIONS, sent, {})
+    by_label = {row.segment: row for row in report.segments}
+    capped = by_label[CAPPED]
+    assert capped.ratio_uncapped is not None
+    assert capped.ratio_share is not None
+    assert capped.ratio_uncapped[0] == pytest.approx(0.35)
+    assert capped.ratio_share[0] == pytest.approx(0.35)
+    assert by_label[TEN].ratio_uncapped is None
+    assert (capped.flood_ok, capped.flood_refused) == (1, 1)
+    # Uncapped the flood misses the goal; with the cap it meets it, and the run does.
+    assert report.goal_segment == CAPPED
+    assert report.goal_ratio == pytest.approx(1.05)
+    assert report.goal_met
 
 
 def flooded(
@@ -142,10 +205,9 @@ def test_token_capped_rows_pair_each_run_with_its_uncapped_one() -> None:
         (["--rounds", "0"], "--rounds"),
         (["--flood-prompt-tokens", "800,200"], "--flood-prompt-tokens"),
         (["--mode", "live", "--flood-factors", "2,10"], "--flood-factors"),
-        (["--mode", "live", "--flood-prompt-tokens", "1,2"], "--flood-prompt-tokens"),
         (["--pool-slots", "0"], "--pool-slots"),
         (["--flood-max-prompt-tokens", "4000,0"], "--flood-max-prompt-tokens"),
-        (["--mode", "live", "--flood-max-prompt-tokens", "4000"], "--flood-max-prompt-tokens"),
+        (["--mode", "live", "--flood-max-prompt-tokens", "0"], "--flood-max-prompt-tokens"),
         (["--mode", "live", "--pool-slots", "3"], "--pool-slots"),
     ],
 )
@@ -177,24 +239,40 @@ def test_a_quick_virtual_flood_holds_the_flood_to_its_share(tmp_path: Path) -> N
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_quick_flood_run_keeps_the_flood_to_its_share(tmp_path: Path) -> None:
+def test_a_quick_flood_run_keeps_the_flood_to_its_share_and_its_token_cap(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "flood.json"
-    args = ["bench", "chaos", "--flood", "--mode", "live", "--quick", "--json", str(out)]
+    args = ["bench", "chaos", "--flood", "--mode", "live", "--quick", "--rounds", "1"]
+    # Long prompts, against a cap that one of them fills (each replica keeps to half of it).
+    args += ["--flood-prompt-tokens", "2000,4000", "--flood-max-prompt-tokens", "4000"]
     done = subprocess.run(
-        [sys.executable, "-P", "-m", "laneway.cli", *args],
+        [sys.executable, "-P", "-m", "laneway.cli", *args, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
     )
     report = json.loads(out.read_text())
     assert done.returncode == (0 if report["goal_met"] else 1), done.stderr
-    baseline, flood = report["segments"]
+    alone, share, ten, capped = report["segments"]
+    assert [alone["segment"], share["segment"], ten["segment"], capped["segment"]] == [
+        ALONE,
+        SHARE,
+        TEN,
+        CAPPED,
+    ]
     # Timing is the machine's; the counts are the gateway's: the steady tenant lost nothing,
     # the flood tenant was refused by its own caps only once it flooded.
-    assert baseline["steady_refused"] == flood["steady_refused"] == 0, report
-    assert baseline["steady_ok"] > 0, report
-    assert flood["steady_ok"] > 0, report
-    # A baseline segment may open with the flood's queue still full of the last flood
-    # segment's requests, which refuses a few of its share senders' (seen: 1 of 3 runs).
-    assert baseline["flood_refused"] < flood["flood_refused"], report
-    assert flood["flood_refused"] > 0, report
+    for segment in report["segments"]:
+        assert segment["steady_refused"] == 0, report
+        assert segment["steady_ok"] > 0, report
+    assert alone["flood_ok"] == alone["flood_refused"] == 0, report
+    assert share["flood_refused"] == 0 < ten["flood_refused"], report
+    # As the gateways' shared counts had it: uncapped, the flood ran its share of 4 long
+    # prompts; capped, each replica ran one at a time (a replica running none of the
+    # tenant's runs its next one, however long), the rest waited in line or were refused.
+    assert ten["flood_peak"]["running"] == 4, report
+    assert 1 <= capped["flood_peak"]["running"] <= 2, report
+    assert 2000 <= capped["flood_peak"]["running_prompt_tokens"] <= 2 * 4000, report
+    assert capped["flood_ok"] > 0, report
+    assert capped["flood_refused"] > 0, report

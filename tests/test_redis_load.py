@@ -49,7 +49,7 @@ class Replica:
         return {url: self.book.of(url) for url in urls}
 
     async def heartbeat(self) -> int:
-        return await self.share.heartbeat(self.book.own())
+        return await self.share.heartbeat(self.book.own)
 
     async def flush(self) -> None:
         await self.share.flush()
@@ -160,6 +160,31 @@ async def test_a_burst_of_changes_is_written_in_few_round_trips(redis_client: Re
     assert after - before < 50  # 350 changes and a read; not one call each
     reader = Replica(redis_client, "reader")
     assert (await reader.loads([E1]))[E1] == EndpointLoad(in_flight=50, prefill_tokens=500)
+
+
+async def test_a_heartbeat_beside_unwritten_changes_counts_each_change_once(
+    redis_client: Redis,
+) -> None:
+    # A heartbeat resyncs the replica's share to its exact load, which holds the changes
+    # still queued for Redis; written after it as well, they would count twice until the
+    # next heartbeat (a peer's cap or pick reading one request more than runs).
+    busy, reader = Replica(redis_client, "busy"), Replica(redis_client, "reader")
+    await reader.loads([E1])  # a connection ready: the heartbeat's resync goes out at once
+    for running in range(1, 6):
+        busy.start(E1, 100)  # queued for the writer, which has not run yet
+        await busy.heartbeat()
+        await busy.flush()
+        assert (await reader.loads([E1]))[E1] == EndpointLoad(
+            in_flight=running, prefill_tokens=100 * running
+        )
+    # A change made while a heartbeat waits for a write under way is written after it.
+    lease = busy.start(E2, 10)
+    beat = asyncio.ensure_future(busy.heartbeat())
+    await asyncio.sleep(0)
+    busy.finish(lease, prefill_done=False)
+    await beat
+    await busy.flush()
+    assert (await reader.loads([E2]))[E2] == EndpointLoad(in_flight=0, prefill_tokens=0)
 
 
 async def test_local_load_while_redis_is_away_and_resync_after(redis_server: LocalRedis) -> None:

@@ -4,6 +4,7 @@ laneway.bench.chaos.run)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from laneway.bench.harness.flags import (
@@ -67,11 +68,12 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         help="instead: one tenant floods at a multiple of its share (its "
         "maxConcurrentRequests) while another's chat TTFT is measured. --mode virtual "
         "(default) sweeps --flood-factors x --flood-queue on the cost model, --rounds seeds, "
-        "each beside that seed's unloaded run; --mode live alternates --rounds rounds of a "
-        "segment at its share and one at --flood-factors through two replicas on one Redis "
+        "each beside that seed's unloaded run; --mode live alternates --rounds rounds of "
+        "segments (the other tenant alone, the flood at its share, at --flood-factors, and "
+        "at that with each --flood-max-prompt-tokens) through two replicas on one Redis "
         "(--duration covers them all). --sessions are the other tenant's. Exits 1 unless "
-        "that tenant's TTFT p99 at 10x stays within 10%% of its unloaded run (live: of the "
-        "at-share segments) and none of its requests is refused",
+        "that tenant's TTFT p99 at 10x (live: at --flood-factors) stays within 10%% of its "
+        "unloaded run, without a token cap or with one, and none of its requests is refused",
     )
     chaos.add_argument(
         "--mode",
@@ -102,14 +104,15 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
     chaos.add_argument(
         "--flood-prompt-tokens",
         metavar="LOW,HIGH",
-        help="with --flood --mode virtual: the flooding tenant's prompt lengths, drawn "
+        help="with --flood: the flooding tenant's prompt lengths, drawn "
         "uniformly (default: the other tenant's, 200,800)",
     )
     chaos.add_argument(
         "--flood-max-prompt-tokens",
         metavar="N[,N...]",
-        help="with --flood --mode virtual: the flooding tenant's maxConcurrentPromptTokens, "
-        "each swept beside the runs without one (default: none)",
+        help="with --flood: the flooding tenant's maxConcurrentPromptTokens, each swept "
+        "beside the runs without one (live: a segment each, of a flood tenant of its own; "
+        "default: none)",
     )
     chaos.add_argument(
         "--pool-slots",
@@ -121,8 +124,7 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
     chaos.add_argument(
         "--rounds",
         type=int,
-        help="with --flood: seeds in virtual mode (default 3), rounds of (at its share, "
-        "flooding) live (default 3)",
+        help="with --flood: seeds in virtual mode (default 3), rounds of segments live (default 3)",
     )
     add_json_flag(chaos)
     chaos.set_defaults(handler=run_bench_chaos)
@@ -204,15 +206,9 @@ def _run_flood(args: argparse.Namespace) -> int:
             f"--flood-max-prompt-tokens must be at least 1 each, got {args.flood_max_prompt_tokens}"
         )
     if args.mode == "live":
-        virtual_only = (
-            ("--flood-prompt-tokens", bool(prompts)),
-            ("--flood-max-prompt-tokens", bool(caps)),
-            ("--pool-slots", args.pool_slots is not None),
-        )
-        for flag, given in virtual_only:
-            if given:
-                raise UsageError(f"{flag} goes with --mode virtual")
-        return _run_flood_live(args, queues, factors)
+        if args.pool_slots is not None:
+            raise UsageError("--pool-slots goes with --mode virtual")
+        return _run_flood_live(args, queues, factors, prompts, caps)
     from laneway.bench.chaos.flood_virtual import (
         VirtualFloodOptions,
         render,
@@ -255,25 +251,34 @@ def _run_flood(args: argparse.Namespace) -> int:
 
 
 def _run_flood_live(
-    args: argparse.Namespace, queues: tuple[int, ...], factors: tuple[int, ...]
+    args: argparse.Namespace,
+    queues: tuple[int, ...],
+    factors: tuple[int, ...],
+    prompts: tuple[int, ...],
+    caps: tuple[int, ...],
 ) -> int:
     from laneway.bench.chaos.flood import FloodOptions, render, run_flood, stderr_say
     from laneway.errors import UsageError
 
     if len(queues) > 1 or len(factors) > 1:
         raise UsageError("--mode live runs one --flood-queue and one --flood-factors")
-    quick = FloodOptions(duration_s=20.0, sessions=3)
-    options = overridden(
-        quick if args.quick else FloodOptions(),
+    base = FloodOptions()
+    if args.quick:
+        base = FloodOptions(scenario=replace(base.scenario, duration_s=20.0, sessions=3))
+    scenario = overridden(
+        base.scenario,
         {
             "duration_s": args.duration,
             "sessions": args.sessions,
             "seed": args.seed,
             "flood_queue": queues[0] if queues else None,
-            "flood_factor": factors[0] if factors else None,
+            "flood_factor": float(factors[0]) if factors else None,
             "flood_share": args.flood_share,
-            "rounds": args.rounds,
+            "flood_prompt_tokens": (prompts[0], prompts[1]) if prompts else None,
         },
+    )
+    options = overridden(
+        base, {"scenario": scenario, "rounds": args.rounds, "max_prompt_tokens": caps or None}
     )
     return run_and_report(
         lambda command: run_flood(options, command, stderr_say),

@@ -281,6 +281,9 @@ class RedisLoadShare:
         self.shared = True  # False while Redis is unreachable
         self._unsent: collections.Counter[str] = collections.Counter()  # field -> delta
         self._writer: asyncio.Task[None] | None = None
+        # Held by each write and by the heartbeat's resync, which replaces the whole share
+        # with a snapshot: a write landing after it must hold only changes made since.
+        self._sending = asyncio.Lock()
         # One read in flight per set of endpoints, shared by the picks that want it.
         self._reads: dict[tuple[str, ...], asyncio.Future[list[int]]] = {}
 
@@ -351,13 +354,14 @@ class RedisLoadShare:
     async def _write(self) -> None:
         """Send what is queued, many requests' changes per round trip, until nothing is left."""
         while self._unsent and self.shared:
-            sending, self._unsent = self._unsent, collections.Counter()
-            args: list[str | int] = [x for f, d in sending.items() if d for x in (f, d)]
-            try:
-                if args:
-                    await self._apply(keys=[self._totals, self._contribution], args=args)
-            except REDIS_DOWN as error:
-                self.went_down(error)
+            async with self._sending:
+                sending, self._unsent = self._unsent, collections.Counter()
+                args: list[str | int] = [x for f, d in sending.items() if d for x in (f, d)]
+                try:
+                    if args:
+                        await self._apply(keys=[self._totals, self._contribution], args=args)
+                except REDIS_DOWN as error:
+                    self.went_down(error)
         if not self.shared:
             self._unsent.clear()
 
@@ -366,16 +370,21 @@ class RedisLoadShare:
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
 
-    async def heartbeat(self, own: Mapping[str, EndpointLoad]) -> int:
-        """Renew the lease, resync this replica's share to `own` (its exact load), reap dead
-        replicas; how many reaped."""
-        snapshot = {url: own.get(url, _NONE) for url in self._endpoints | own.keys()}
-        self._endpoints = {url for url, load in snapshot.items() if load != _NONE}
-        args: list[str | int] = [self._prefix, self.replica, self._lease_ms]
-        for url, load in snapshot.items():
-            in_flight, prefill = _fields(url)
-            args += [in_flight, load.in_flight, prefill, load.prefill_tokens]
-        reaped: int = await self._sync(keys=self._sync_keys, args=args)
+    async def heartbeat(self, own: Callable[[], Mapping[str, EndpointLoad]]) -> int:
+        """Renew the lease, resync this replica's share to `own()` (its exact load), reap
+        dead replicas; how many reaped."""
+        async with self._sending:
+            # No write is under way: the snapshot holds every change not yet written, which
+            # must not be written after it as well, and none made after it.
+            exact = own()
+            self._unsent.clear()
+            snapshot = {url: exact.get(url, _NONE) for url in self._endpoints | exact.keys()}
+            self._endpoints = {url for url, load in snapshot.items() if load != _NONE}
+            args: list[str | int] = [self._prefix, self.replica, self._lease_ms]
+            for url, load in snapshot.items():
+                in_flight, prefill = _fields(url)
+                args += [in_flight, load.in_flight, prefill, load.prefill_tokens]
+            reaped: int = await self._sync(keys=self._sync_keys, args=args)
         if not self.shared:
             log.warning("redis is back: %s shared again", self._what)
             self.shared = True
@@ -385,7 +394,7 @@ class RedisLoadShare:
         """The heartbeat loop, until cancelled; survives Redis going away and coming back."""
         while True:
             try:
-                reaped = await self.heartbeat(own())
+                reaped = await self.heartbeat(own)
                 if reaped:
                     log.info("reaped the load of %d replica(s) whose lease expired", reaped)
             except REDIS_DOWN as error:

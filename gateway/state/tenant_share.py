@@ -96,7 +96,7 @@ class RedisTenantShare:
         until cancelled."""
         while True:
             try:
-                await self._share.heartbeat(_as_loads(ledger.own_tenants()))
+                await self._share.heartbeat(lambda: _as_loads(ledger.own_tenants()))
                 replicas = int(await self._redis.scard(self._replicas_key))
                 capped = ledger.capped_tenants()
                 waiting = [
