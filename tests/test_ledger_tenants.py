@@ -193,9 +193,9 @@ def test_other_replicas_prompt_tokens_count_against_the_token_cap() -> None:
     caps = TenantCaps(max_running_tokens=4000)
     peers = {(chat.key, "a"): TenantCount(running=1, running_tokens=3000)}
     ledger.set_peer_tenants(0.0, peers, replicas=2)
-    # Running none here, a's first runs whatever the others run (no replica's line stalls
-    # behind another's requests). Its second fits this replica's part (2000 of 4000), not
-    # the cap over both: 3000 there and 2000 here.
+    # a's first fits this replica's part (1000 of 2000) and the cap over both (3000 there).
+    # Its second fits this replica's part (2000 of 4000), not the cap over both: 3000 there
+    # and 2000 here.
     first = ledger.admit(0.0, replace(ask(chat, tokens=1000, tenant="a"), caps=caps))
     assert isinstance(first, Admitted)
     second = ledger.admit(0.0, replace(ask(chat, tokens=1000, tenant="a"), caps=caps))
@@ -209,6 +209,23 @@ def test_other_replicas_prompt_tokens_count_against_the_token_cap() -> None:
     assert isinstance(third, Admitted)
     fourth = ledger.admit(1.0, replace(ask(chat, tokens=1, tenant="a"), caps=caps))
     assert isinstance(fourth, Queued)
+
+
+def test_a_prompt_past_the_replicas_part_waits_while_another_replica_runs_the_tenants() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=4000)
+    ledger.set_peer_tenants(
+        0.0, {(chat.key, "a"): TenantCount(running=1, running_tokens=3000)}, replicas=2
+    )
+    # Running none here but one of 3000 there: a second long prompt would make two at once
+    # over both replicas, 6000 against the cap of 4000. It waits for the other replica's.
+    long = ledger.admit(0.0, replace(ask(chat, tokens=3000, tenant="a"), caps=caps))
+    assert isinstance(long, Queued)
+    assert ledger.held_in_line(long.ticket) == "running_tokens"
+    # The other replica's ended: running none anywhere, it runs, longer than this part.
+    wakes = ledger.set_peer_tenants(1.0, {(chat.key, "a"): TenantCount()}, replicas=2)
+    assert [g.ticket for g in wakes.granted] == [long.ticket]
 
 
 def test_what_holds_a_request_in_line_is_its_tenants_first_one_there() -> None:

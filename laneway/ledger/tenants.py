@@ -105,8 +105,11 @@ class TenantBook:
         ):
             return "running"
         cap = caps.max_running_tokens
-        if cap is None or not own.running:
-            return None  # running none here: the next one runs, however long
+        if cap is None or not every.running:
+            # Running none anywhere: the next one runs, however long, so a prompt longer
+            # than the cap is not refused for ever. On every replica, not this one's alone:
+            # otherwise each replica runs one such prompt and the cap holds per replica.
+            return None
         fits = (
             own.running_tokens + tokens <= self._part(cap) and every.running_tokens + tokens <= cap
         )
