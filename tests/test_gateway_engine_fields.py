@@ -75,8 +75,9 @@ async def gateway(servers: Servers, tmp_path: Path) -> AsyncIterator[tuple[Serve
 
 
 async def post(
-    gateway: Served, key: str, lane: str | None = None, **fields: Any
+    gateway: Served, key: str, lane: str | None = None, /, **fields: Any
 ) -> tuple[int, dict[str, Any]]:
+    """A chat completion with `key`, asking for `lane` (x-laneway-lane) where given."""
     body = {"model": "ordered", "messages": [{"role": "user", "content": "hi"}], **fields}
     headers = {"Authorization": f"Bearer {key}"}
     if lane is not None:
@@ -113,10 +114,10 @@ async def test_asking_for_the_batch_lane_lowers_the_level_where_the_pin_is_not_h
     # for the interactive lane raises nothing, and a client's own later place still holds.
     for lane, asked, sent in (("batch", None, 1), ("interactive", None, 0), ("batch", 4, 4)):
         fields = {} if asked is None else {"priority": asked}
-        status, _ = await post(served, "sk-acme", lane=lane, **fields)
+        status, _ = await post(served, "sk-acme", lane, **fields)
         assert status == 200
         assert recorded.bodies[-1]["priority"] == sent
-    assert (await post(served, "sk-beta", lane="batch"))[0] == 200
+    assert (await post(served, "sk-beta", "batch"))[0] == 200
     assert recorded.bodies[-1]["priority"] == 6  # beta's 5, plus the batch class's 1
 
 
