@@ -73,9 +73,13 @@ def gateway_documents(
     config: ClusterConfig, endpoints: Mapping[str, Sequence[str]]
 ) -> list[dict[str, Any]]:
     """The InferencePools the virtual runner routes over, with their engines' URLs, and a
-    GatewayConfig with the configuration's picking profile."""
+    GatewayConfig with the configuration's picking profile (and its `lendAfterMillis`
+    where a pool lends)."""
     documents = [pool.document(endpoints[pool.name]) for pool in config.pools]
-    return [*documents, gateway_config("seed", config.picking)]
+    gateway = gateway_config("seed", config.picking)
+    if config.lends:
+        gateway["spec"]["lending"] = {"lendAfterMillis": round(config.lend_after_s * 1000)}
+    return [*documents, gateway]
 
 
 async def _tiny_request(session: aiohttp.ClientSession, gateway_url: str, lane: str) -> None:
