@@ -326,6 +326,7 @@ def run_day(
         scrape_interval_s=SCRAPE_INTERVAL_S,
         on_progress=on_progress,
         drain_limit_s=0.0,
+        lend_after_s=config.lend_after_s,
     )
     cluster.run()
     tally = workload.tally
