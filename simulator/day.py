@@ -22,24 +22,21 @@ import random
 from dataclasses import dataclass, field
 
 from laneway.api import Lane, SchedulingPolicy
-from laneway.api.lending import LendingSpec
 from laneway.simulator.profiles import Profile
 from laneway.simulator.recompute import covered
 from laneway.simulator.replicas import Request
 from laneway.simulator.runner import ProgressCallback, VirtualCluster, Workload
-from laneway.simulator.scheduler import SchedulerConfig
 from laneway.simulator.seed import (
     CHUNKED_LONG,
+    LENDING,
     LONG_CONTEXT,
     SCRAPE_INTERVAL_S,
     TBT_SLO_S,
     TTFT_SLO_S,
     ClusterConfig,
     SeedScenario,
-    SimPool,
-    batch_pool,
-    realtime_pool,
     seed_configs,
+    shared_engine_pools,
     unified_pool,
 )
 from laneway.stats import percentile
@@ -47,20 +44,6 @@ from laneway.stats import percentile
 DOCUMENTS = -1  # the event subject that queues the backlog; sessions are numbered from 0
 SAMPLE = -2  # the event subject that samples the replicas' roles
 SAMPLES = 120  # role samples over the day
-# One engine configuration for both roles, so a replica serves either lane: chunked prefill
-# within a 768-token step budget (a mixed step stays within the TBT SLO on an H200, as the
-# seed experiment's `tbt_token_budget` finds) and the batch lane's context. vLLM
-# `--max-model-len 131072 --max-num-batched-tokens 768 --long-prefill-token-threshold 768
-# --max-num-seqs 64`; SGLang `--context-length 131072 --chunked-prefill-size 768
-# --max-running-requests 64`.
-LENDING_ENGINE = SchedulerConfig(
-    kind="chunked",
-    token_budget=768,
-    chunk_size=768,
-    max_num_seqs=64,
-    max_partial_prefills=64,
-    max_context=LONG_CONTEXT,
-)
 # The documents' InferenceObjective (higher more important; chat names none, 0), as a
 # deployment of the Gateway API Inference Extension marks batch work below chat. The EPP
 # turns it into engine level 1 (`gateway/epp/stream.py`: the tenant's 0 less -1), which a
@@ -154,21 +137,14 @@ def day_configs(scenario: DayScenario, profile: Profile) -> tuple[ClusterConfig,
         for c in seed_configs(SeedScenario(gpus=gpus, sessions=scenario.peak_sessions), profile)
     }
 
-    def split(chat: int, lending: LendingSpec | None = None) -> tuple[SimPool, ...]:
-        realtime = dataclasses.replace(
-            realtime_pool(chat, LENDING_ENGINE), max_context_tokens=LONG_CONTEXT, lending=lending
-        )
-        return realtime, batch_pool(gpus - chat, LENDING_ENGINE)
-
     fixed = tuple(
         ClusterConfig(
             name=f"fixed-{k}+{gpus - k}",
             summary=f"{k} chat + {gpus - k} batch, one engine config (768 budget, 128k context)",
-            pools=split(k),
+            pools=shared_engine_pools(gpus, k),
         )
         for k in fixed_chat
     )
-    lending = LendingSpec(borrower="batch", keep_replicas=1, headroom=0.25)
     return (
         ClusterConfig(
             name="unified-chunked",
@@ -187,7 +163,7 @@ def day_configs(scenario: DayScenario, profile: Profile) -> tuple[ClusterConfig,
         ClusterConfig(
             name="lending",
             summary=f"{chat} chat lending idle replicas to {gpus - chat} batch, the same engines",
-            pools=split(chat, lending),
+            pools=shared_engine_pools(gpus, chat, LENDING),
         ),
     )
 
@@ -350,6 +326,7 @@ def run_day(
         scrape_interval_s=SCRAPE_INTERVAL_S,
         on_progress=on_progress,
         drain_limit_s=0.0,
+        lend_after_s=config.lend_after_s,
     )
     cluster.run()
     tally = workload.tally

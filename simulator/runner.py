@@ -98,10 +98,20 @@ COMPLETIONS_PATH = "/v1/completions"  # what each simulated request stands for
 MIN_STALE_AFTER_S = 5.0
 
 
-def ledger_settings(picking: PickingSettings, scrape_interval_s: float | None) -> LedgerSettings:
-    """The ledger a gateway configured with `picking` and this scrape interval runs."""
+def ledger_settings(
+    picking: PickingSettings,
+    scrape_interval_s: float | None,
+    lend_after_s: float = LedgerSettings.lend_after_s,
+) -> LedgerSettings:
+    """The ledger a gateway configured with `picking`, this scrape interval and this
+    `spec.lending.lendAfterMillis` runs."""
     stale_after_s = max(MIN_STALE_AFTER_S, 3 * (scrape_interval_s or 0.0))
-    return LedgerSettings(picking=picking, max_waiting=MAX_WAITING, stale_after_s=stale_after_s)
+    return LedgerSettings(
+        picking=picking,
+        max_waiting=MAX_WAITING,
+        stale_after_s=stale_after_s,
+        lend_after_s=lend_after_s,
+    )
 
 
 class Workload:
@@ -154,6 +164,7 @@ class VirtualCluster:
         # generator seeded with `tie_break` make the default one.
         ledger: Ledger | None = None,
         drain_limit_s: float = DRAIN_LIMIT_S,  # 0: the run ends with its duration
+        lend_after_s: float = LedgerSettings.lend_after_s,  # the lending pools' (`lending.py`)
     ) -> None:
         self._drain_limit_s = drain_limit_s
         self.profile = profile
@@ -163,7 +174,7 @@ class VirtualCluster:
         self._scrape_interval_s = scrape_interval_s
         self._on_progress = on_progress
         self._prefix = picking.prefix
-        settings = ledger_settings(picking, scrape_interval_s)
+        settings = ledger_settings(picking, scrape_interval_s, lend_after_s)
         self.ledger = ledger or Ledger(settings, random.Random(tie_break))
         self.pools = [PoolState(spec) for spec in pools]
         self.replicas: list[Replica] = []

@@ -1,4 +1,4 @@
-"""The seed experiment as data: the workload and the four cluster configurations.
+"""The seed experiment as data: the workload and the five cluster configurations.
 
 Each pool is an InferencePool document and each configuration carries the gateway's picking
 settings. Virtual mode (`laneway bench seed --mode virtual`) routes with them through the
@@ -9,6 +9,7 @@ and settings, replaying the same workload.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,12 +17,13 @@ from typing import Any
 
 from laneway.api import API_VERSION, KIND, InferencePool, Lane, parse_pool
 from laneway.api.lending import LendingSpec
+from laneway.ledger import LedgerSettings
 from laneway.routing.picker import PickingSettings
 from laneway.simulator.cost import PrefillChunk, StepWork, step_duration
 from laneway.simulator.profiles import Profile
 from laneway.simulator.scheduler import SchedulerConfig
 
-CONFIG_NAMES = ("unified-full", "unified-chunked", "split", "laneway")
+CONFIG_NAMES = ("unified-full", "unified-chunked", "split", "laneway", "lending")
 PUBLIC_MODEL = "llama3-8b"  # the model name clients ask for; every pool answers it
 # The seed experiment's picking profile (what live mode has always configured): prompt
 # tokens awaiting their first token first, requests in flight second. On this workload it
@@ -171,6 +173,13 @@ class ClusterConfig:
     # How endpoints are ranked within a pool; live mode configures the gateway with the
     # same profile, so both modes describe the policy the gateway runs.
     picking: PickingSettings = field(default_factory=lambda: SEED_PICKING)
+    # A lending pool lends one more replica per this long of chat demand below its replicas
+    # (the gateway's `spec.lending.lendAfterMillis`); moot where no pool lends.
+    lend_after_s: float = LedgerSettings.lend_after_s
+
+    @property
+    def lends(self) -> bool:
+        return any(pool.lending is not None for pool in self.pools)
 
     @property
     def gpus(self) -> int:
@@ -193,6 +202,24 @@ CHUNKED_LONG = SchedulerConfig(
     max_partial_prefills=64,
     max_context=LONG_CONTEXT,
 )
+
+
+# One engine configuration for both roles, so a replica serves either lane: chunked prefill
+# within a 768-token step budget (a mixed step stays within the TBT SLO on an H200, as
+# `tbt_token_budget` finds) and the batch lane's context. vLLM `--max-model-len 131072
+# --max-num-batched-tokens 768 --long-prefill-token-threshold 768 --max-num-seqs 64`;
+# SGLang `--context-length 131072 --chunked-prefill-size 768 --max-running-requests 64`.
+LENDING_ENGINE = SchedulerConfig(
+    kind="chunked",
+    token_budget=768,
+    chunk_size=768,
+    max_num_seqs=64,
+    max_partial_prefills=64,
+    max_context=LONG_CONTEXT,
+)
+# The chat pool's lending (`spec.lending`): idle replicas go to the batch pool, one always
+# kept for chat, a quarter of each chat replica's capacity kept free when packing.
+LENDING = LendingSpec(borrower="batch", keep_replicas=1, headroom=0.25)
 
 
 def slo_interactive_engine(budget: int) -> SchedulerConfig:
@@ -255,7 +282,7 @@ def interactive_replicas(scenario: SeedScenario, profile: Profile, budget: int) 
 
 
 def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfig, ...]:
-    """The four configurations of the seed experiment on the scenario's GPUs."""
+    """The five configurations of the seed experiment on the scenario's GPUs."""
     gpus = scenario.gpus
     split_realtime = gpus // 2
 
@@ -310,7 +337,24 @@ def seed_configs(scenario: SeedScenario, profile: Profile) -> tuple[ClusterConfi
                 batch_pool(gpus - laneway_interactive, CHUNKED_LONG),
             ),
         ),
+        ClusterConfig(
+            name="lending",
+            summary=f"{laneway_interactive} chat lending idle replicas to "
+            f"{gpus - laneway_interactive} batch, one engine config (768 budget, 128k context)",
+            pools=shared_engine_pools(gpus, laneway_interactive, LENDING),
+        ),
     )
+
+
+def shared_engine_pools(
+    gpus: int, chat: int, lending: LendingSpec | None = None
+) -> tuple[SimPool, SimPool]:
+    """`chat` realtime and `gpus - chat` batch replicas, all of `LENDING_ENGINE`: the
+    realtime pool takes the batch lane's context, so it may lend its replicas."""
+    realtime = dataclasses.replace(
+        realtime_pool(chat, LENDING_ENGINE), max_context_tokens=LONG_CONTEXT, lending=lending
+    )
+    return realtime, batch_pool(gpus - chat, LENDING_ENGINE)
 
 
 def unified_pool(replicas: int, engine: SchedulerConfig) -> SimPool:

@@ -133,6 +133,7 @@ def run_virtual(
         tie_break=f"{scenario.seed}/picker",
         scrape_interval_s=SCRAPE_INTERVAL_S,
         on_progress=on_progress,
+        lend_after_s=config.lend_after_s,
     )
     cluster.run()
     tally = workload.tally

@@ -74,9 +74,14 @@ async def gateway(servers: Servers, tmp_path: Path) -> AsyncIterator[tuple[Serve
         await runner.cleanup()
 
 
-async def post(gateway: Served, key: str, **fields: Any) -> tuple[int, dict[str, Any]]:
+async def post(
+    gateway: Served, key: str, lane: str | None = None, /, **fields: Any
+) -> tuple[int, dict[str, Any]]:
+    """A chat completion with `key`, asking for `lane` (x-laneway-lane) where given."""
     body = {"model": "ordered", "messages": [{"role": "user", "content": "hi"}], **fields}
     headers = {"Authorization": f"Bearer {key}"}
+    if lane is not None:
+        headers["x-laneway-lane"] = lane
     async with (
         aiohttp.ClientSession() as session,
         session.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers) as r,
@@ -98,6 +103,22 @@ async def test_a_client_may_lower_its_priority_never_raise_it(
     # beta's tenants entry sets level 5: that is its floor.
     assert (await post(served, "sk-beta", priority=1))[0] == 200
     assert recorded.bodies[-1]["priority"] == 5
+
+
+async def test_asking_for_the_batch_lane_lowers_the_level_where_the_pin_is_not_honoured(
+    gateway: tuple[Served, Recorded],
+) -> None:
+    served, recorded = gateway
+    # The interactive pool cannot take a batch pin (the Batches dispatcher's header), yet the
+    # request asked for a later place: the batch level, one behind the tenant's chat. Asking
+    # for the interactive lane raises nothing, and a client's own later place still holds.
+    for lane, asked, sent in (("batch", None, 1), ("interactive", None, 0), ("batch", 4, 4)):
+        fields = {} if asked is None else {"priority": asked}
+        status, _ = await post(served, "sk-acme", lane, **fields)
+        assert status == 200
+        assert recorded.bodies[-1]["priority"] == sent
+    assert (await post(served, "sk-beta", "batch"))[0] == 200
+    assert recorded.bodies[-1]["priority"] == 6  # beta's 5, plus the batch class's 1
 
 
 async def test_unknown_fields_are_dropped_and_sampling_ones_kept(

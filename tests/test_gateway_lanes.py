@@ -24,6 +24,8 @@ LOCKED_BATCH = lane_pool("locked", "batch", 65536, minPromptTokens=16000, allowL
 OVERFLOW = lane_pool("overflow", "batch", 8192, priority=-1)
 WIDE_REALTIME = lane_pool("wide", "interactive", 8192, maxPromptTokens=2000)
 SPLIT = [REALTIME, BATCH]
+UNIFIED = lane_pool("unified", "interactive", 131072)
+UNIFIED_BATCH = lane_pool("unified-batch", "batch", 131072)
 
 
 def exact(n: int) -> TokenBounds:
@@ -71,11 +73,27 @@ ROUTES = [
         Lane.BATCH,
     ),
     (
-        "header cannot pin into a pool that does not allow it",
+        # The lane stays the pool's; the request still goes behind its chat (a later place
+        # is anyone's to ask for).
+        "header cannot pin into a pool that does not allow it, only lower its place",
         [REALTIME, LOCKED_BATCH],
         request(exact(300), pinned=Lane.BATCH),
         "realtime",
-        Lane.INTERACTIVE,
+        Lane.BATCH,
+    ),
+    (
+        "a batch pin in a unified interactive pool lowers the request to the batch class",
+        [UNIFIED],
+        request(exact(64000), pinned=Lane.BATCH),
+        "unified",
+        Lane.BATCH,
+    ),
+    (
+        "an interactive pin never raises a request in a batch pool",
+        [UNIFIED_BATCH],
+        request(exact(300), pinned=Lane.INTERACTIVE),
+        "unified-batch",
+        Lane.BATCH,
     ),
     (
         "header asking interactive for a long prompt never spills it into interactive",

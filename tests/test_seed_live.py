@@ -179,7 +179,7 @@ def test_every_configuration_is_a_valid_gateway_config() -> None:
             pool.name: [f"http://127.0.0.1:{9000 + i}" for i in range(pool.replicas)]
             for pool in config.pools
         }
-        parsed = parse_documents(gateway_documents(config, endpoints), config.name)
+        parsed = parse_documents(gateway_documents(config, endpoints, 0.5), config.name)
         # The live gateway routes over the very pools and picking profile the virtual
         # runner routes over.
         assert parsed.settings.picking == config.picking

@@ -8,20 +8,29 @@ from pathlib import Path
 
 import pytest
 
-from laneway.api import InferencePool
+from laneway.api import InferencePool, Lane, check_pool_set
+from laneway.api.lending import LendingSpec
+from laneway.bench.seed.live import gateway_documents
 from laneway.cli import main
+from laneway.ledger.lending import Role
 from laneway.routing.lanes import NoFit, Route, RouteRequest, classify
 from laneway.simulator.profiles import PROFILES
+from laneway.simulator.runner import VirtualCluster
 from laneway.simulator.seed import (
     CONFIG_NAMES,
+    LENDING,
+    LENDING_ENGINE,
+    LONG_CONTEXT,
     PUBLIC_MODEL,
+    SCRAPE_INTERVAL_S,
     TBT_SLO_S,
     ClusterConfig,
     SeedScenario,
     seed_configs,
+    shared_engine_pools,
     tbt_token_budget,
 )
-from laneway.simulator.seed_experiment import run_virtual
+from laneway.simulator.seed_experiment import SeedWorkload, run_virtual
 from laneway.tokens import TokenBounds
 
 H200 = PROFILES["h200-llama3-8b"]
@@ -210,3 +219,40 @@ def test_cli_sweep_prints_each_cell_and_writes_json(
         assert split["batch"]["makespan_vs_split"] == 1.0
         assert unified["batch"]["makespan_vs_unified_full"] == 1.0
         assert isinstance(split["keeps_slo"], bool)
+
+
+def test_lending_is_laneways_division_on_one_engine_with_the_days_lending() -> None:
+    configs = {c.name: c for c in seed_configs(SeedScenario(), H200)}
+    laneway, lending = configs["laneway"], configs["lending"]
+    chat, batch = lending.pools
+    assert (chat.replicas, batch.replicas) == tuple(p.replicas for p in laneway.pools)
+    assert chat.engine == batch.engine == LENDING_ENGINE
+    assert chat.lending == LendingSpec(borrower="batch", keep_replicas=1, headroom=0.25)
+    assert (chat.max_context_tokens, batch.lane) == (LONG_CONTEXT, Lane.BATCH)
+    # The operator's cross-pool rules hold: the lender's engine serves the batch prompts.
+    assert check_pool_set(pools_of(lending)) == []
+    assert lending.lends
+    assert not laneway.lends
+
+
+def test_the_lend_after_setting_reaches_the_ledger_and_the_live_gateway() -> None:
+    base = next(c for c in seed_configs(SMALL, H200) if c.name == "lending")
+    config = dataclasses.replace(base, pools=shared_engine_pools(SMALL.gpus, 2, LENDING))
+    lent = {}
+    for lend_after_s in (1.0, 60.0):
+        cluster = VirtualCluster(
+            config.pools, H200, config.picking, SeedWorkload(SMALL),
+            duration_s=SMALL.duration_s, tie_break="t", scrape_interval_s=SCRAPE_INTERVAL_S,
+            lend_after_s=lend_after_s,
+        )  # fmt: skip
+        cluster.run()
+        lent[lend_after_s] = [c.url for _, c in cluster.role_changes if c.role is Role.LENT]
+    assert lent[1.0]
+    assert not lent[60.0]
+    # Live, at half speed: the same timings in wall time.
+    endpoints = {"realtime": ["a", "b"], "batch": ["c"]}
+    documents = gateway_documents(dataclasses.replace(config, lend_after_s=2.5), endpoints, 0.5)
+    assert documents[-1]["spec"]["lending"] == {"lendAfterMillis": 5000, "intervalMillis": 500}
+    laneway = next(c for c in seed_configs(SMALL, H200) if c.name == "laneway")
+    endpoints = {"realtime": ["a"], "batch": ["c"]}
+    assert "lending" not in gateway_documents(laneway, endpoints, 0.5)[-1]["spec"]

@@ -42,14 +42,12 @@ from laneway.bench.harness.loadgen import LoadGenerator, RequestRecord, run_unti
 from laneway.bench.harness.procs import ChildProcess, Children
 from laneway.bench.harness.stream import client_session, stream_request
 from laneway.bench.harness.workload import INTERACTIVE, Workload, session_rng, text_rng
-from laneway.bench.seed.live import warm_up
+from laneway.bench.seed.live import lending_timings, warm_up
 from laneway.simulator.day import SAMPLES, DayResult, DayScenario, RoleSample
 from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
-from laneway.simulator.runner import ledger_settings
 from laneway.simulator.seed import (
     PUBLIC_MODEL,
-    SCRAPE_INTERVAL_S,
     TBT_SLO_S,
     TTFT_SLO_S,
     ClusterConfig,
@@ -176,15 +174,10 @@ def day_gateway_documents(
     config: ClusterConfig, endpoints: Mapping[str, Sequence[str]], time_scale: float
 ) -> list[dict[str, Any]]:
     """The configuration's InferencePools and a GatewayConfig whose lending timings are the
-    virtual runner's in model time: a replica lent per `lend_after_s` of lull, the roles
-    decided again every scrape interval (as the runner does), both in wall time here."""
+    virtual runner's (`lending_timings`)."""
     documents = [pool.document(endpoints[pool.name], namespace="day") for pool in config.pools]
     gateway = gateway_config("day", config.picking)
-    lend_after_s = ledger_settings(config.picking, SCRAPE_INTERVAL_S).lend_after_s
-    gateway["spec"]["lending"] = {
-        "lendAfterMillis": round(lend_after_s * 1000 / time_scale),
-        "intervalMillis": max(10, round(SCRAPE_INTERVAL_S * 1000 / time_scale)),
-    }
+    gateway["spec"]["lending"] = lending_timings(config, time_scale)
     return [*documents, gateway]
 
 

@@ -22,6 +22,7 @@ from laneway.bench.harness.flags import (
 from laneway.bench.harness.fronts import ENVOY_LANEWAY, FRONTS, GATEWAY
 from laneway.bench.harness.progress import VirtualProgress
 from laneway.errors import UsageError
+from laneway.ledger import LedgerSettings
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario
 
@@ -41,12 +42,14 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
     full = SeedScenario()
     seed = bench.add_parser(
         "seed",
-        help="the seed experiment: interactive sessions plus a long-prompt burst, 4 configurations",
+        help="the seed experiment: interactive sessions plus a long-prompt burst, 5 configurations",
         description="Run the seed experiment (200 interactive sessions and a burst of 20 "
-        "64k-token requests on 8 GPUs) under four configurations: unified-full, "
-        "unified-chunked, split and laneway. --mode virtual simulates it in virtual time; "
-        "--mode live runs it over HTTP through laneway gateway and laneway sim processes and "
-        "puts it beside the virtual run. Prints tables; --json and --plot save results.",
+        "64k-token requests on 8 GPUs) under five configurations: unified-full, "
+        "unified-chunked, split, laneway and lending (laneway's division on one engine "
+        "configuration for both lanes, idle chat replicas lent to batch). --mode virtual "
+        "simulates it in virtual time; --mode live runs it over HTTP through laneway gateway "
+        "and laneway sim processes and puts it beside the virtual run. Prints tables; --json "
+        "and --plot save results.",
     )
     seed.add_argument(
         "--quick",
@@ -70,6 +73,13 @@ def register_bench_seed(bench: argparse._SubParsersAction[Any]) -> None:
         "--configs",
         default=",".join(CONFIG_NAMES),
         help="comma-separated subset of configurations to run",
+    )
+    add_value_flag(
+        seed,
+        "--lend-after",
+        LedgerSettings.lend_after_s,
+        "seconds of chat demand below the lending pool's replicas before one more is lent "
+        "(the gateway's spec.lending.lendAfterMillis)",
     )
     seed.add_argument(
         "--picking",
@@ -132,6 +142,8 @@ def run_seed(args: argparse.Namespace) -> int:
         problems.append("--sweep runs in --mode virtual only")
     if args.sweep and args.plot is not None:
         problems.append("--sweep draws no plot: drop --plot")
+    if not args.lend_after >= 0:
+        problems.append("--lend-after must not be negative")
     if args.sweep and args.picking != "seed":
         problems.append("--sweep runs the seed's picking only: drop --picking")
     fronts = parse_names(args.fronts)
@@ -156,8 +168,12 @@ def run_seed(args: argparse.Namespace) -> int:
 
     profile = options.profile
     if args.sweep:
-        return _run_sweep(scenario, profile, wanted, args.json)
-    configs = [c for c in seed_configs(scenario, profile) if c.name in wanted]
+        return _run_sweep(scenario, profile, wanted, args.json, args.lend_after)
+    configs = [
+        dataclasses.replace(c, lend_after_s=args.lend_after)
+        for c in seed_configs(scenario, profile)
+        if c.name in wanted
+    ]
     if args.picking == "gateway":
         from laneway.routing.picker import PickingSettings
 
@@ -198,7 +214,11 @@ def run_seed(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(
-    base: SeedScenario, profile: Profile, wanted: Sequence[str], json_path: Path | None
+    base: SeedScenario,
+    profile: Profile,
+    wanted: Sequence[str],
+    json_path: Path | None,
+    lend_after_s: float,
 ) -> int:
     from laneway.bench.seed.report import ConfigSummary, against_unified_full, summarize
     from laneway.bench.seed.sweep import sweep_cells, sweep_json, sweep_table
@@ -216,6 +236,7 @@ def _run_sweep(
             if config.name not in wanted:
                 continue
             print(f"seed sweep: {cell.label:<20} {config.name}", file=sys.stderr, flush=True)
+            config = dataclasses.replace(config, lend_after_s=lend_after_s)
             summaries.append(summarize(run_virtual(config, profile, cell.scenario), cell.scenario))
         done.append((cell, against_unified_full(summaries)))
     wall_s = time.perf_counter() - started

@@ -30,6 +30,7 @@ from laneway.simulator.metrics import BUSY_SECONDS
 from laneway.simulator.profiles import Profile
 from laneway.simulator.seed import (
     PUBLIC_MODEL,
+    SCRAPE_INTERVAL_S,
     TBT_SLO_S,
     TTFT_SLO_S,
     ClusterConfig,
@@ -70,12 +71,26 @@ class LiveRun:
 
 
 def gateway_documents(
-    config: ClusterConfig, endpoints: Mapping[str, Sequence[str]]
+    config: ClusterConfig, endpoints: Mapping[str, Sequence[str]], time_scale: float
 ) -> list[dict[str, Any]]:
     """The InferencePools the virtual runner routes over, with their engines' URLs, and a
-    GatewayConfig with the configuration's picking profile."""
+    GatewayConfig with the configuration's picking profile (and, where a pool lends, the
+    runner's lending timings)."""
     documents = [pool.document(endpoints[pool.name]) for pool in config.pools]
-    return [*documents, gateway_config("seed", config.picking)]
+    gateway = gateway_config("seed", config.picking)
+    if config.lends:
+        gateway["spec"]["lending"] = lending_timings(config, time_scale)
+    return [*documents, gateway]
+
+
+def lending_timings(config: ClusterConfig, time_scale: float) -> dict[str, int]:
+    """The GatewayConfig's `spec.lending`: the virtual runner's timings in model time, in
+    wall time here: a replica lent per `config.lend_after_s` of lull, the roles decided
+    again every scrape interval (as the runner does after every scrape)."""
+    return {
+        "lendAfterMillis": round(config.lend_after_s * 1000 / time_scale),
+        "intervalMillis": max(10, round(SCRAPE_INTERVAL_S * 1000 / time_scale)),
+    }
 
 
 async def _tiny_request(session: aiohttp.ClientSession, gateway_url: str, lane: str) -> None:
@@ -207,7 +222,7 @@ async def run_live_config(
     async with Children() as children:
         say(f"starting {config.gpus} engines and {front}")
         engines = await start_engines(children, config.pools, profile, time_scale)
-        documents = gateway_documents(config, engines.endpoints)
+        documents = gateway_documents(config, engines.endpoints, time_scale)
         urls = [url for pool in config.pools for url in engines.endpoints[pool.name]]
         entry = await start_front(children, front, documents, urls, QUEUE_WAIT_S)
         sims = engines.engines

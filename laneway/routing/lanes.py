@@ -16,6 +16,12 @@ never be pinned into a short-context interactive pool), then the tenant's own po
 open ones (a tenant whose pools do not fit the request falls back to the open pools), then
 higher `routing.priority`, then the interactive lane, then the name, so the choice is
 deterministic.
+
+The queue class (the gateway's line and the engine's priority level) is the pool's lane,
+except that a request asking for the batch lane is batch wherever it lands: a later place is
+anyone's to ask for (as a client's own `priority` may only be lowered), so a pool that does
+not honour the pin still puts the request behind its chat. Asking for the interactive lane
+never raises a batch pool's request.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ class RouteRequest:
 @dataclass(frozen=True)
 class Route:
     pool: InferencePool
-    # The queue class: the pinned lane when the header was honoured, else the pool's lane.
+    # The queue class: the pool's lane, or batch for a request that asked for the batch lane.
     priority: Lane
     prompt_tokens: TokenBounds  # what the decision was made on
     # The prompt tokens the request adds to an endpoint's prefill backlog, estimated once:
@@ -188,11 +194,16 @@ def classify(request: RouteRequest, pools: Sequence[InferencePool]) -> Decision:
     bounds = request.prompt_tokens_for(best.pool)
     return Route(
         pool=best.pool,
-        priority=best.pool.spec.lane,
+        priority=_queue_class(best.pool, request.pinned_lane),
         prompt_tokens=bounds,
         prefill_tokens=prefill_estimate(bounds),
         reason=_reason(best, eligible, request),
     )
+
+
+def _queue_class(pool: InferencePool, pinned: Lane | None) -> Lane:
+    """The pool's lane, lowered to batch where the request asked for the batch lane."""
+    return Lane.BATCH if pinned is Lane.BATCH else pool.spec.lane
 
 
 def _reason(best: _Eligible, eligible: Sequence[_Eligible], request: RouteRequest) -> str:
