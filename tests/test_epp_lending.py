@@ -16,14 +16,13 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from support.client import eventually
 from support.epp import Exchange, Picker, address, chat, request_body, request_headers, serve_picker
 from support.inproc import Served, Servers
-from support.pools import gateway_doc, pool_doc
+from support.pools import LENDING_CONTEXT, lending_docs
 
 from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.keys import LEDGER, LENDING, LOAD_SHARE
@@ -32,29 +31,7 @@ from laneway.gateway.state.redis_store import DEFAULT_PREFIX, RedisSettings
 from laneway.gateway.state.shared import SharedStateOptions
 from laneway.ledger import Ledger, Role
 
-CONTEXT = 131072
-
-
-def lending_docs(chat_urls: list[str]) -> list[dict[str, Any]]:
-    # One chat turn a replica (maxConcurrentRequests 1, no headroom): a second turn while
-    # one runs needs a second replica. The batch pool has no replica of its own.
-    chat_pool = pool_doc(
-        "chat",
-        "interactive",
-        "llama-long",
-        chat_urls,
-        limits={"maxConcurrentRequests": 1, "maxContextTokens": CONTEXT},
-    )
-    chat_pool["spec"]["lending"] = {"borrower": "docs", "keepReplicas": 1, "headroom": 0}
-    docs = pool_doc(
-        "docs",
-        "batch",
-        "llama-long",
-        [],
-        limits={"maxConcurrentRequests": 4, "maxContextTokens": CONTEXT},
-    )
-    lending = {"lendAfterMillis": 0, "intervalMillis": 50}
-    return [chat_pool, docs, gateway_doc(lending=lending, queue={"timeoutMillis": 120000})]
+CONTEXT = LENDING_CONTEXT
 
 
 async def engines(servers: Servers) -> list[str]:

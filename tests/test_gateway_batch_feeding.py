@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.client import client
 from support.inproc import Servers
-from support.pools import FAST, gateway_doc, pool_doc
+from support.pools import FAST, fed_docs, gateway_doc
 
 from laneway.gateway.keys import LEDGER
 
@@ -25,15 +25,9 @@ async def test_the_batch_lane_takes_a_document_per_free_prefill(
         *("--time-scale", FAST, "--scheduler", "chunked", "--max-context", "131072"),
         *("--token-budget", "2048", "--chunk-size", "2048"),
     )
-    docs = pool_doc(
-        "docs",
-        "batch",
-        "llama-long",
-        [engine.url],
-        limits={"maxContextTokens": 131072, "maxConcurrentRequests": 8},
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", [fed_docs(engine.url), gateway_doc()]
     )
-    docs["spec"]["prefill"] = {"chunkedPrefill": True, "chunkSize": 2048, "tokenBudget": 2048}
-    gateway = await servers.gateway(tmp_path / "gateway.yaml", [docs, gateway_doc()])
     ledger = gateway.runner.app[LEDGER]
     pool = ledger.pools()[0]
     seen: list[tuple[int, int]] = []

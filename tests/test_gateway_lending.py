@@ -19,7 +19,7 @@ import openai
 import pytest
 from support.client import client, eventually, scrape, total
 from support.inproc import Served, Servers
-from support.pools import gateway_doc, pool_doc
+from support.pools import LENDING_CONTEXT, lending_docs
 
 from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.keys import LEDGER, LENDING
@@ -31,33 +31,10 @@ DOCUMENT = "The parcel left the warehouse on Monday and reached the depot by noo
 # About 100k tokens: a prefill of seconds at time scale 1, during which chat takes its
 # replica back.
 LONG_DOCUMENT = DOCUMENT * 12
-CONTEXT = 131072
+CONTEXT = LENDING_CONTEXT
 # Long enough a decode that the document still runs when chat takes its replica back.
 DOCUMENT_OUTPUT = 6000
 TIME_SCALE = "4"
-
-
-def lending_docs(chat_urls: list[str]) -> list[dict[str, Any]]:
-    # One chat turn a replica (maxConcurrentRequests 1, no headroom): a second turn while
-    # one runs needs a second replica.
-    chat = pool_doc(
-        "chat",
-        "interactive",
-        "llama-long",
-        chat_urls,
-        limits={"maxConcurrentRequests": 1, "maxContextTokens": CONTEXT},
-    )
-    chat["spec"]["lending"] = {"borrower": "docs", "keepReplicas": 1, "headroom": 0}
-    # No replica of its own: a document runs only where chat lent one.
-    docs = pool_doc(
-        "docs",
-        "batch",
-        "llama-long",
-        [],
-        limits={"maxConcurrentRequests": 4, "maxContextTokens": CONTEXT},
-    )
-    lending = {"lendAfterMillis": 0, "intervalMillis": 50}
-    return [chat, docs, gateway_doc(lending=lending, queue={"timeoutMillis": 120000})]
 
 
 async def engine(servers: Servers) -> Served:

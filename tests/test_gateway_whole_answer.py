@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from support.client import client, scrape, total
 from support.inproc import Servers
-from support.pools import FAST, gateway_doc, pool_doc
+from support.pools import FAST, fed_docs, gateway_doc, pool_doc
 
 from laneway.gateway.keys import LEDGER
 
@@ -68,15 +68,9 @@ async def test_a_whole_document_frees_its_replicas_prefill_at_its_first_token(
         *("--time-scale", FAST, "--scheduler", "chunked", "--max-context", "131072"),
         *("--token-budget", "2048", "--chunk-size", "2048"),
     )
-    docs = pool_doc(
-        "docs",
-        "batch",
-        "llama-long",
-        [engine.url],
-        limits={"maxContextTokens": 131072, "maxConcurrentRequests": 8},
+    gateway = await servers.gateway(
+        tmp_path / "gateway.yaml", [fed_docs(engine.url), gateway_doc()]
     )
-    docs["spec"]["prefill"] = {"chunkedPrefill": True, "chunkSize": 2048, "tokenBudget": 2048}
-    gateway = await servers.gateway(tmp_path / "gateway.yaml", [docs, gateway_doc()])
     ledger = gateway.runner.app[LEDGER]
     pool = ledger.pools()[0]
     api = client(gateway)

@@ -73,6 +73,47 @@ def gateway_doc(**spec: Any) -> dict[str, Any]:
     }
 
 
+def fed_docs(engine_url: str) -> dict[str, Any]:
+    """A batch pool `docs` of one chunked engine with a step budget of one 2048-token chunk:
+    the ledger feeds it a document per free prefill (the one prefilling and the next)."""
+    docs = pool_doc(
+        "docs",
+        "batch",
+        "llama-long",
+        [engine_url],
+        limits={"maxContextTokens": 131072, "maxConcurrentRequests": 8},
+    )
+    docs["spec"]["prefill"] = {"chunkedPrefill": True, "chunkSize": 2048, "tokenBudget": 2048}
+    return docs
+
+
+LENDING_CONTEXT = 131072  # the lending pools' context: documents fit the chat replicas
+
+
+def lending_docs(chat_urls: list[str]) -> list[dict[str, Any]]:
+    """A chat pool over `chat_urls` lending to a docs pool with no replica of its own, and a
+    gateway config that lends at once and ticks every 50 ms. One chat turn a replica
+    (maxConcurrentRequests 1, no headroom): a second turn while one runs needs a second
+    replica; a document runs only where chat lent one."""
+    chat = pool_doc(
+        "chat",
+        "interactive",
+        "llama-long",
+        chat_urls,
+        limits={"maxConcurrentRequests": 1, "maxContextTokens": LENDING_CONTEXT},
+    )
+    chat["spec"]["lending"] = {"borrower": "docs", "keepReplicas": 1, "headroom": 0}
+    docs = pool_doc(
+        "docs",
+        "batch",
+        "llama-long",
+        [],
+        limits={"maxConcurrentRequests": 4, "maxContextTokens": LENDING_CONTEXT},
+    )
+    lending = {"lendAfterMillis": 0, "intervalMillis": 50}
+    return [chat, docs, gateway_doc(lending=lending, queue={"timeoutMillis": 120000})]
+
+
 def spec_pool(spec: dict[str, Any], name: str = "pool", uid: str = "") -> InferencePool:
     """A parsed pool of `spec` over a minimal one (interactive, org/model served as m), for
     the operator's renderer."""
