@@ -13,17 +13,22 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from support.marks import alive, children_of, marked_environment, marked_run, processes_marked
+from support.marks import (
+    HANG_S,
+    assert_all_gone,
+    marked_environment,
+    marked_run,
+    processes_marked,
+    wait_for_children,
+)
 
 from laneway.bench.day.cli import QUICK_LIVE
 
 BENCH = [sys.executable, "-m", "laneway.cli", "bench", "day", "--mode", "live", "--quick"]
 # The fixed split beside lending on the quick day's 4 GPUs (lending owns 3 of them).
 CONFIGS = ["fixed-2+2", "lending"]
-HANG_S = 240  # only a guard against a hang, under pytest-timeout's 300 s
 LENDER_OWN, BORROWER_OWN = 3, 1
 
 
@@ -113,25 +118,6 @@ def test_live_refuses_what_it_cannot_run() -> None:
     assert "fixed-2+2, fixed-3+1, lending" in result.stderr
     assert "unified-priority runs in --mode virtual only" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def wait_for_children(bench: subprocess.Popen[str], count: int) -> list[int]:
-    deadline = time.monotonic() + HANG_S
-    while time.monotonic() < deadline:
-        assert bench.poll() is None, "the benchmark ended before its children started"
-        found = children_of(bench.pid)
-        if len(found) >= count:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {count} children appeared")
-
-
-def assert_all_gone(children: list[int]) -> None:
-    """The children die with their parent; a loaded machine may take a moment to reap."""
-    deadline = time.monotonic() + HANG_S
-    while survivors := [pid for pid in children if alive(pid)]:
-        assert time.monotonic() < deadline, f"still running: {survivors}"
-        time.sleep(0.1)
 
 
 def test_the_gateways_metrics_read_as_the_days_columns() -> None:

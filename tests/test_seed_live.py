@@ -11,31 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from support.marks import alive, children_of
+from support.marks import HANG_S, assert_all_gone, wait_for_children
 
 from laneway.simulator.profiles import PROFILES
 from laneway.simulator.seed import CONFIG_NAMES, SeedScenario, seed_configs
 
 BENCH = [sys.executable, "-m", "laneway.cli", "bench", "seed", "--mode", "live", "--quick"]
-# Only a guard against a hang, under pytest-timeout's 300 s: a loaded machine may take its
-# time, and a test must not fail for it.
-HANG_S = 240
-
-
-def wait_for_children(bench: subprocess.Popen[str], count: int) -> list[int]:
-    """The bench's children once at least `count` are running (engines, then the gateway)."""
-    deadline = time.monotonic() + HANG_S
-    while time.monotonic() < deadline:
-        assert bench.poll() is None, "the benchmark ended before its children started"
-        found = children_of(bench.pid)
-        if len(found) >= count:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {count} children appeared")
 
 
 def test_quick_live_run_accounts_for_every_request(tmp_path: Path) -> None:
@@ -129,14 +113,6 @@ def test_ctrl_c_stops_every_child() -> None:
     assert bench.returncode == 130, err[-2000:]
     assert "interrupted" in err
     assert_all_gone(children)
-
-
-def assert_all_gone(children: list[int]) -> None:
-    """The children die with their parent; a loaded machine may take a moment to reap."""
-    deadline = time.monotonic() + HANG_S
-    while survivors := [pid for pid in children if alive(pid)]:
-        assert time.monotonic() < deadline, f"still running: {survivors}"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 MARKER_VARIABLE = "LANEWAY_TEST_RUN"
+HANG_S = 240  # only a guard against a hang, under pytest-timeout's 300 s
 
 
 @contextlib.contextmanager
@@ -52,6 +55,26 @@ def alive(pid: int) -> bool:
         return _stat_fields(Path(f"/proc/{pid}"))[0] != "Z"
     except OSError:
         return False
+
+
+def wait_for_children(bench: subprocess.Popen[str], count: int) -> list[int]:
+    """The bench's children once at least `count` are running (engines, then the gateway)."""
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
+        assert bench.poll() is None, "the benchmark ended before its children started"
+        found = children_of(bench.pid)
+        if len(found) >= count:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {count} children appeared")
+
+
+def assert_all_gone(children: list[int]) -> None:
+    """The children die with their parent; a loaded machine may take a moment to reap."""
+    deadline = time.monotonic() + HANG_S
+    while survivors := [pid for pid in children if alive(pid)]:
+        assert time.monotonic() < deadline, f"still running: {survivors}"
+        time.sleep(0.1)
 
 
 def _live_processes() -> Iterator[tuple[Path, list[str]]]:
