@@ -15,17 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support.apiserver import FakeApiServer
 from support.client import eventually
+from support.pools import gateway_doc, pool_doc
 from support.rbac import granted_rules, rbac_call
 
 from laneway.bench.harness.envoy import free_port
 from laneway.bench.harness.procs import Children
 from laneway.errors import UsageError
-from laneway.gateway.epp.cli import watched_objectives
+from laneway.gateway.config import load_config
+from laneway.gateway.epp.cli import PickerOptions, picker_app, serve, watched_objectives
 from laneway.gateway.epp.objectives import from_cluster
 from laneway.gateway.epp.objectives_watch import WatchedObjectives
 from laneway.gateway.pools.discovery import Backoff, Retry
+from laneway.gateway.pools.sources import StaticPoolSource
 from laneway.kube.client import KubeApi
 
 OBJECTIVES = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/serving/inferenceobjectives"
@@ -197,3 +201,27 @@ async def test_laneway_epp_watches_the_objectives_while_it_serves(
     await asyncio.wait_for(fake_apiserver.until_watched(OBJECTIVES), WAIT)
     listed = [r for r in fake_apiserver.requests if r.path == OBJECTIVES]
     assert listed[0].headers["Authorization"] == "Bearer picker-token"
+
+
+class FailingWatch(WatchedObjectives):
+    async def run(self) -> None:
+        raise RuntimeError("the watch broke")
+
+
+async def test_a_watch_that_dies_stops_the_picker_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kubernetes errors are retried inside the watch; one that ends anyway must not leave
+    the picker serving objectives that no longer follow the cluster."""
+    config = tmp_path / "pools.yaml"
+    config.write_text(yaml.safe_dump_all([pool_doc("chat", "interactive", "m", []), gateway_doc()]))
+    loaded = load_config(config)
+    app = picker_app(loaded.settings, StaticPoolSource(loaded.pools), None)
+    watched = FailingWatch("serving")
+    exit_code = await asyncio.wait_for(
+        serve(app, "127.0.0.1", 0, 0, PickerOptions(objectives=watched, watched=watched)), WAIT
+    )
+    assert exit_code == 1
+    assert "the InferenceObjectives watch failed: RuntimeError: the watch broke" in (
+        capsys.readouterr().err
+    )

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from laneway.gateway.config import GatewaySettings
     from laneway.gateway.epp.objectives_watch import WatchedObjectives
+    from laneway.gateway.lifecycle import Stop
     from laneway.gateway.pools.sources import PoolSource
     from laneway.gateway.state.shared import SharedStateOptions
 
@@ -135,6 +136,16 @@ def shared_options(args: argparse.Namespace) -> SharedStateOptions | None:
     return SharedStateOptions(redis=redis, tenants=tenants)
 
 
+def _watch_ended(stop: Stop, task: asyncio.Task[None]) -> None:
+    # The watch retries the API server's errors itself; one that ends anyway would leave the
+    # picker serving objectives that no longer change, so it stops (and is restarted).
+    if task.cancelled():
+        return
+    error = task.exception()
+    why = "ended" if error is None else f"failed: {type(error).__name__}: {error}"
+    stop.fail(f"the InferenceObjectives watch {why}")
+
+
 def watched_objectives(args: argparse.Namespace) -> WatchedObjectives | None:
     """The cluster's InferenceObjectives where --watch-objectives asks; UsageError naming
     the flag it needs or clashes with."""
@@ -190,23 +201,29 @@ async def serve(app: Any, host: str, port: int, metrics_port: int, picking: Pick
         await metrics_runner.cleanup()
         await runner.cleanup()
         raise cannot_listen(host, port, OSError(str(error))) from None
-    readiness = asyncio.create_task(follow_readiness(app, health))
-    watch = asyncio.create_task(picking.watched.run()) if picking.watched is not None else None
+    stop = app[STOP]
+    tasks = [asyncio.create_task(follow_readiness(app, health))]
+    if picking.watched is not None:
+        watch = asyncio.create_task(picking.watched.run())
+        watch.add_done_callback(lambda task: _watch_ended(stop, task))
+        tasks.append(watch)
     bound_metrics = metrics_runner.addresses[0][1]
     print(f"laneway epp: metrics on http://{host}:{bound_metrics}/metrics", flush=True)
     print(f"laneway epp: listening on grpc://{host}:{bound}", flush=True)
-    stop = app[STOP]
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for signum in signals:
         loop.add_signal_handler(signum, stop.requested.set)
     await stop.requested.wait()
+    for signum in signals:
+        loop.remove_signal_handler(signum)
     if stop.failure is not None:
         print(f"laneway epp: error: {stop.failure}", file=sys.stderr, flush=True)
     drain_seconds = app[SETTINGS].drain_timeout_millis / 1000
     await health.enter_graceful_shutdown()
-    readiness.cancel()
-    if watch is not None:
-        watch.cancel()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     await server.stop(drain_seconds)  # open streams get this long to end
     await runner.cleanup()
     await metrics_runner.cleanup()
