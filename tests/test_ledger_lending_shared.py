@@ -71,6 +71,25 @@ def test_the_leader_lends_no_replica_before_the_other_replicas_can_see_it_drain(
     assert draining in endpoints(leader, "docs")
 
 
+def test_the_leader_lends_no_replica_while_the_others_load_cannot_be_read() -> None:
+    """Right after Redis comes back the leader may hold the lease before its load share
+    reads again: no reading of the others' requests is not a reading of none."""
+    chat, docs = chat_pool(keep=1), docs_pool()
+    leader = ledger_with(chat, docs)
+    unread = PeerLending(loads_known=False)
+    leader.rebalance(0.0, peers=unread)
+    answer = leader.rebalance(5.0, peers=unread)
+    ((draining, role),) = [(c.url, c.role) for c in answer.changes]
+    assert role is Role.DRAINING  # the least busy one is still chosen to drain
+    later = leader.rebalance(10.0, peers=unread)
+    assert Role.LENT not in [c.role for c in later.changes]
+    assert Role.LENT not in roles(leader, chat).values()
+    assert draining not in endpoints(leader, "docs")
+    # Read again, and no request of theirs there: lent.
+    answer = leader.rebalance(10.1, peers=PeerLending())
+    assert (draining, Role.LENT) in [(c.url, c.role) for c in answer.changes]
+
+
 def test_a_follower_sends_batch_to_the_lent_replica_and_chat_elsewhere() -> None:
     chat, docs = chat_pool(keep=1), docs_pool()
     follower = ledger_with(chat, docs)

@@ -195,6 +195,7 @@ class Lending:
                         for key, count in demand.items()
                     },
                     in_flight={url: load.in_flight for url, load in loads.items()},
+                    loads_known=shares.load.shared,
                     settle_s=SETTLE_TICKS * interval_s,
                 )
             else:

@@ -318,7 +318,7 @@ class Ledger(LedgerRecords):
 
         def in_flight(url: str) -> int:
             mine = own[url].in_flight if url in own else 0
-            return mine + peers.in_flight.get(url, 0)
+            return mine + (peers.in_flight.get(url, 0) if peers.loads_known else 1)
 
         changes, reclaims = self._lending.rebalance(
             now,

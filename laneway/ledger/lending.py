@@ -66,6 +66,9 @@ class PeerLending:
 
     demand: Mapping[str, int] = field(default_factory=dict)  # pool key -> chat turns
     in_flight: Mapping[str, int] = field(default_factory=dict)  # endpoint -> requests there
+    # False: the others' requests on the endpoints could not be read (their load share is
+    # away). Unknown counts as busy, so no replica is lent on a reading never made.
+    loads_known: bool = True
     # How long a published role takes to reach every other replica. They plan chat on a
     # replica until they adopt its draining role, so it drains at least this long, never
     # lent at once: else documents would reach it beside the chat they still send it.
