@@ -127,4 +127,15 @@ def tiny_pool_docs(url: str, files: ModelFiles, **gateway_spec: Any) -> list[dic
     pool["spec"]["tokenizer"] = {
         "kind": "huggingface", "path": str(files.tokenizer), "configPath": str(files.config),
     }  # fmt: skip
-    return [pool, gateway_doc(scrape={"intervalMillis": 200}, **gateway_spec)]
+    # Patient timeouts: on two shared cores vLLM's API server, streaming beside its engine
+    # core, can take seconds to answer a scrape or a connection; the defaults (1 s, 2 s) are
+    # for a GPU server. A stream waiting in vLLM's queue is silent until it runs.
+    patience = {"connectTimeoutMillis": 10000, "readTimeoutMillis": 600000}
+    return [
+        pool,
+        gateway_doc(
+            scrape={"intervalMillis": 200, "timeoutMillis": 10000},
+            upstream=patience,
+            **gateway_spec,
+        ),
+    ]
