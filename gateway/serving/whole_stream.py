@@ -35,10 +35,9 @@ from typing import Any
 import orjson
 
 from laneway.api import Lane
+from laneway.gateway.serving.first_token import DATA, DONE
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
 
-DATA = b"data:"
-DONE = b"[DONE]"
 # Request fields whose whole answer a stream does not carry the same way.
 WHOLE_ONLY = ("prompt_logprobs", "echo", "best_of")
 STREAM_OPTIONS = {"include_usage": True}
