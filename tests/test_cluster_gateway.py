@@ -230,11 +230,12 @@ def served(stack: Stack) -> list[dict[str, Any]]:
 def short_request(
     stack: Stack, pools: list[dict[str, Any]]
 ) -> openai._legacy_response.LegacyAPIResponse[ChatCompletion]:
-    return stack.client().chat.completions.with_raw_response.create(
-        model=public_model(lane_pool(pools, "interactive")),
-        messages=[{"role": "user", "content": "Where is my order?"}],
-        max_tokens=8,
-    )
+    with stack.client() as api:
+        return api.chat.completions.with_raw_response.create(
+            model=public_model(lane_pool(pools, "interactive")),
+            messages=[{"role": "user", "content": "Where is my order?"}],
+            max_tokens=8,
+        )
 
 
 def test_the_whole_path_routes_short_and_long_requests_to_their_lanes(
@@ -253,7 +254,8 @@ def test_the_whole_path_routes_short_and_long_requests_to_their_lanes(
     assert raw.headers["x-laneway-lane"] == "interactive"
     assert raw.parse().choices[0].message.content
 
-    check_long_request_streams_to_batch(stack.client(), served)
+    with stack.client() as api:
+        check_long_request_streams_to_batch(api, served)
 
 
 def test_the_gateway_routes_while_the_api_server_is_away_and_resyncs_after(

@@ -404,15 +404,15 @@ def test_a_pool_at_zero_wakes_on_the_gateways_demand_and_sleeps_after_it(
     assert pools.get("deployment", "sleeper")["spec"]["replicas"] == 0
     engine = engine_for_pool(kube, pools.ns, "sleeper", READY_TIMEOUT_S)
     engine.start()  # answers for the pod once there is one
+    client = openai.OpenAI(
+        base_url=f"{scaling_gateway}/v1", api_key="unused", max_retries=0, timeout=300
+    )
     try:
         wait_listening(kube, pools.ns, "sleeper", READY_TIMEOUT_S)
         eventually(
             "the gateway serves the pool's model",
             lambda: "sleeper" in served_models(scaling_gateway),
             READY_TIMEOUT_S,
-        )
-        client = openai.OpenAI(
-            base_url=f"{scaling_gateway}/v1", api_key="unused", max_retries=0, timeout=300
         )
 
         def ask() -> tuple[str, str | None]:
@@ -434,6 +434,7 @@ def test_a_pool_at_zero_wakes_on_the_gateways_demand_and_sleeps_after_it(
         assert pool_name == "sleeper"
         assert text
     finally:
+        client.close()
         engine.stop()
 
     woken = dict(pools.events("sleeper")).get("ScaledUp", "")
