@@ -285,6 +285,13 @@ def test_the_picker_may_watch_the_clusters_objectives(helm: str) -> None:
             ["picker.trustFairnessId=true", "gateway.auth.enabled=false"],
             "picker.trustFairnessId lets the fairness id name a tenant",
         ),
+        *(
+            (
+                [f"gateway.tenants.{cap}=4", "gateway.auth.enabled=false"],
+                f"gateway.tenants.{cap} caps each tenant of the tenants file",
+            )
+            for cap in ("maxConcurrentRequests", "maxQueuedRequests", "maxConcurrentPromptTokens")
+        ),
     ],
 )
 def test_bad_picker_values_are_refused(helm: str, values: list[str], complaint: str) -> None:

@@ -70,3 +70,18 @@ def test_help_names_the_tenant_flags(capsys: pytest.CaptureFixture[str]) -> None
     text = " ".join(capsys.readouterr().out.split())
     for flag in ("--redis-url", "--tenants PATH", "--trust-fairness-id", "--tenant-max-concurrent"):
         assert flag in text
+
+
+@pytest.mark.parametrize("command", ["epp", "gateway"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--tenant-max-concurrent", "--tenant-max-queued", "--tenant-max-concurrent-prompt-tokens"],
+)
+def test_a_tenant_cap_needs_the_tenants_it_caps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, flag: str
+) -> None:
+    error = refusal(capsys, [command, "--config", str(tmp_path / "unused.yaml"), flag, "4"])
+    assert error == (
+        f"laneway {command}: error: {flag} needs --tenants: its cap is per tenant, and "
+        "without --tenants every request is anonymous"
+    )

@@ -214,6 +214,12 @@ def tenant_keys_from_args(args: argparse.Namespace) -> TenantKeys | None:
     ):
         if cap is not None and cap < 1:
             raise UsageError(f"{flag} must be at least 1, got {cap}")
+        if cap is not None and not args.tenants:
+            # Without tenants every request is anonymous: a cap would bind no one.
+            raise UsageError(
+                f"{flag} needs --tenants: its cap is per tenant, and without --tenants "
+                "every request is anonymous"
+            )
     caps = TenantCaps(
         max_running=args.tenant_max_concurrent,
         max_waiting=args.tenant_max_queued,

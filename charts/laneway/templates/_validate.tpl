@@ -69,6 +69,11 @@ to change, so `helm install` fails at once instead of the gateway crash-looping 
 {{- if and .Values.picker.enabled .Values.picker.trustFairnessId (not $gw.auth.enabled) }}
 {{- fail "picker.trustFairnessId lets the fairness id name a tenant of the tenants file, which gateway.auth.enabled=false turns off: turn auth on, or trustFairnessId off" }}
 {{- end }}
+{{- range $cap := list "maxConcurrentRequests" "maxQueuedRequests" "maxConcurrentPromptTokens" }}
+{{- if and (index $gw.tenants $cap) (not $gw.auth.enabled) }}
+{{- fail (printf "gateway.tenants.%s caps each tenant of the tenants file, which gateway.auth.enabled=false turns off (every client anonymous): turn auth on, or leave the cap out" $cap) }}
+{{- end }}
+{{- end }}
 {{- $maxFile := include "laneway.gateway.maxFileBytes" . | int64 }}
 {{- $quota := include "laneway.gateway.tenantFileBytes" . | int64 }}
 {{- if gt $maxFile $quota }}
