@@ -25,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from laneway.gateway.serving.first_token import StreamLines
+
 
 @dataclass(frozen=True, slots=True)
 class EngineUsage:
@@ -61,17 +63,15 @@ class StreamUsageWatch:
     is kept."""
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._lines = StreamLines()
         self.usage = NO_USAGE  # the last usage event's, once one came
 
     def feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk if self._partial else chunk
-        if USAGE not in data:  # most events
-            self._partial = data[data.rfind(b"\n") + 1 :]
+        lines = self._lines
+        if USAGE not in (lines.partial + chunk if lines.partial else chunk):  # most events
+            lines.skip(chunk)
             return
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for line in lines.feed(chunk):
             if USAGE in line and line.startswith(b"data:"):
                 usage = engine_usage(line[5:])
                 if usage.prompt_tokens is not None:

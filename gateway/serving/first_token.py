@@ -92,19 +92,36 @@ def content_events_of(endpoint: Endpoint) -> Callable[[bytes], int]:
     return lambda chunk: chunk.count(DATA) - chunk.count(STREAM_END)
 
 
+class StreamLines:
+    """The whole lines of a stream fed in chunks, in order: a line split over chunks comes
+    out once its end has arrived."""
+
+    def __init__(self) -> None:
+        self.partial = b""  # the start of a line whose end has not arrived yet
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        return lines
+
+    def skip(self, chunk: bytes) -> None:
+        """Take a chunk whose whole lines the reader does not want: only a line it leaves
+        unfinished is kept."""
+        end = chunk.rfind(b"\n")
+        self.partial = self.partial + chunk if end < 0 else chunk[end + 1 :]
+
+
 class FirstTokenWatch:
     """Fed a stream's bytes as they arrive; says which chunk completed the first token."""
 
     def __init__(self) -> None:
         self.seen = False
-        self._partial = b""  # the start of a line whose end has not arrived yet
+        self._lines = StreamLines()
 
     def feed(self, chunk: bytes) -> bool:
         """True for the chunk that completes the first event carrying output, else False."""
         if self.seen:
             return False
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if any(carries_output(line) for line in lines):
-            self.seen, self._partial = True, b""
+        if any(carries_output(line) for line in self._lines.feed(chunk)):
+            self.seen, self._lines = True, StreamLines()
         return self.seen

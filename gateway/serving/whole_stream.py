@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from laneway.api import Lane
-from laneway.gateway.serving.first_token import DATA, DONE
+from laneway.gateway.serving.first_token import DATA, DONE, StreamLines
 from laneway.gateway.serving.request_body import Endpoint, ParsedRequest
 
 # Request fields whose whole answer a stream does not carry the same way.
@@ -96,7 +96,7 @@ class WholeAnswer:
     def __init__(self, endpoint: Endpoint) -> None:
         self._object = WHOLE_OBJECT[endpoint]
         self._chat = endpoint is Endpoint.CHAT
-        self._partial = b""  # the start of a line whose end has not come
+        self._lines = StreamLines()
         self._envelope: dict[str, Any] = {}  # the first chunk's id, created, model, ...
         self._choices: dict[int, _Choice] = {}
         self._usage: Any = None
@@ -104,9 +104,7 @@ class WholeAnswer:
         self._done = False
 
     def feed(self, data: bytes) -> None:
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for line in self._lines.feed(data):
             line = line.strip()
             if line.startswith(DATA) and not self._done and self._error is None:
                 self._event(line[len(DATA) :].strip())
@@ -114,7 +112,7 @@ class WholeAnswer:
     def result(self) -> Assembled:
         """The whole answer: the engine's error where it sent one; StreamIncomplete where
         the stream ended before its end marker."""
-        if self._partial.strip().startswith(DATA):
+        if self._lines.partial.strip().startswith(DATA):
             self.feed(b"\n")  # the last line, where the engine closed without a newline
         if self._error is not None:
             return self._error
