@@ -355,4 +355,45 @@ async def test_two_replicas_admitting_at_once_stay_within_the_cap(
         await servers.close()
 
 
+async def test_two_replicas_run_a_tenants_lone_prompts_one_at_a_time(
+    tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    servers = Servers()
+    try:
+        # Every LONG prompt is past the cap, so each runs only alone: while acme runs none
+        # anywhere, on one replica, under the tenant's lease in the pool.
+        gateways = await start(
+            tmp_path,
+            servers,
+            slots=64,
+            acme="    maxConcurrentPromptTokens: 100",
+            queue={"timeoutMillis": 60000},
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        await until(
+            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
+            "both replicas count each other",
+        )
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, sum(own(g, "acme").running for g in gateways))
+                await asyncio.sleep(0.002)
+
+        watcher = asyncio.create_task(watch())
+        async with aiohttp.ClientSession() as session:
+            # Six at once, three on each replica: each replica reads "none" from the other.
+            answers = await asyncio.gather(
+                *(chat(session, gateways[i % 2], "sk-acme", 5, LONG) for i in range(6))
+            )
+        watcher.cancel()
+        assert [status for status, _, _ in answers] == [200] * 6
+        assert peak == 1
+    finally:
+        await servers.close()
+
+
 pytestmark = pytest.mark.asyncio

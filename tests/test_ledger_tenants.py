@@ -247,3 +247,46 @@ def test_what_holds_a_request_in_line_is_its_tenants_first_one_there() -> None:
     assert isinstance(waiting, Queued)
     assert ledger.held_in_line(waiting.ticket) is None
     assert ledger.held_in_line(running.ticket) is None  # running, not in line
+
+
+def test_beside_other_replicas_a_lone_prompt_runs_only_under_the_lease() -> None:
+    chat = pool(endpoints=["http://a"], limits={"maxConcurrentRequests": 8})
+    ledger = ledger_with(chat)
+    caps = TenantCaps(max_running_tokens=4000)
+    ledger.set_peer_tenants(0.0, {(chat.key, "a"): TenantCount()}, replicas=2)
+    ledger.set_lone_leases(0.0, needed=True)
+    key = (chat.key, "a")
+    # Running none anywhere, but another replica may be reading "none" at this moment too:
+    # the prompt past this replica's part (2000) waits for the tenant's lease in the pool.
+    long = ledger.admit(0.0, replace(ask(chat, tokens=3000, tenant="a"), caps=caps))
+    assert isinstance(long, Queued)
+    assert ledger.held_in_line(long.ticket) == "running_tokens"
+    assert ledger.lone_wanted() == [key]
+    assert ledger.lone_to_release() == []
+    # A prompt within the part needs no lease: the parts bound those.
+    short = ledger_with(chat)
+    short.set_peer_tenants(0.0, {}, replicas=2)
+    short.set_lone_leases(0.0, needed=True)
+    within = short.admit(0.0, replace(ask(chat, tokens=2000, tenant="a"), caps=caps))
+    assert isinstance(within, Admitted)
+    # Under the lease it runs; the lease is used, to be handed back once its count is out.
+    wakes = ledger.take_lone(1.0, key)
+    assert [g.ticket for g in wakes.granted] == [long.ticket]
+    assert ledger.lone_wanted() == []
+    assert ledger.lone_to_release() == [key]
+    ledger.released_lone(key)
+    assert ledger.lone_to_release() == []
+    # One lease, one prompt: the tenant's next long one waits for a lease of its own, even
+    # once the first has ended and the tenant runs none anywhere again.
+    after = ledger.admit(2.0, replace(ask(chat, tokens=3000, tenant="a"), caps=caps))
+    assert isinstance(after, Queued)
+    assert not ledger.finished(long.ticket, 3.0, status=200).wakes
+    assert ledger.lone_wanted() == [key]
+    # A lease no request here can use (the tenant now runs one elsewhere) goes back unused.
+    ledger.set_peer_tenants(4.0, {key: TenantCount(running=1, running_tokens=3000)})
+    assert not ledger.take_lone(4.0, key)
+    assert ledger.lone_to_release() == [key]
+    # Without the leases (one replica, or Redis away) the reading alone lets it run.
+    ledger.released_lone(key)
+    ledger.set_peer_tenants(5.0, {key: TenantCount()})
+    assert [g.ticket for g in ledger.set_lone_leases(5.0, needed=False).granted] == [after.ticket]

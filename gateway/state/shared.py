@@ -162,6 +162,10 @@ def _background(
                 app[TENANT_SHARE].run(app[LEDGER], app[CLOCK], app[WAITERS].wake),
                 name="tenant-heartbeat",
             ),
+            asyncio.create_task(
+                app[TENANT_SHARE].run_lone(app[LEDGER], app[CLOCK], app[WAITERS].wake),
+                name="tenant-lone-leases",
+            ),
         ]
         async with background(*tasks):
             yield

@@ -17,14 +17,25 @@ with requests waiting here, so one whose requests ended on another replica runs 
 within a heartbeat. The heartbeat also counts the replicas holding a lease: each keeps to
 its part of every cap (`laneway.ledger.tenants`), since readings alone would let replicas
 admitting at the same moment pass the cap together.
+
+A prompt that runs only alone (past the tenant's cap of prompt tokens, while it runs none
+anywhere) is the exception the parts cannot bound, so its replica first takes the tenant's
+lease in the pool, a redis-py `Lock` under `{prefix}:tenants:lone:pool|tenant`, reads the
+others' counts again (a lone prompt that started elsewhere and handed the lease back is in
+them by then), runs it, and hands the lease back once its count is in Redis. The lease
+expires after the load lease where its holder is gone; while Redis is away each replica
+runs such a prompt on its own reading, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
 from redis.asyncio import Redis
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError
 
 from laneway.gateway.state.redis_store import REDIS_DOWN, RedisLoadShare
 from laneway.ledger import EndpointLoad, Ledger, Wakes
@@ -64,14 +75,20 @@ class RedisTenantShare:
         self._share = RedisLoadShare(
             redis, f"{prefix}:tenants", replica=replica, lease_s=lease_s, what="tenant counts"
         )
+        self._lone_prefix = f"{prefix}:tenants:lone:"
+        self._lease_s = lease_s
+        self._held: dict[TenantKey, Lock] = {}  # the lone leases this replica holds
+        self._lone_changed = asyncio.Event()
 
     @property
     def shared(self) -> bool:
         return self._share.shared
 
     def publish(self, own: Mapping[TenantKey, TenantCount]) -> None:
-        """Queue the change to this replica's own counts (written in the background)."""
+        """Queue the change to this replica's own counts (written in the background), and
+        look again at the lone leases (`run_lone`)."""
         self._share.publish(_as_loads(own))
+        self._lone_changed.set()
 
     async def flush(self) -> None:
         """Wait until every change published so far has reached Redis (or Redis went away)."""
@@ -106,9 +123,61 @@ class RedisTenantShare:
                 ]
                 peers = await self.peers(waiting) if waiting else {}
                 wake(ledger.set_peer_tenants(clock(), peers, replicas))
+                wake(ledger.set_lone_leases(clock(), needed=replicas > 1))
+                for key, lease in list(self._held.items()):
+                    try:
+                        await lease.reacquire()
+                    except LockError:  # expired: another replica may hold it now
+                        del self._held[key]
+                        ledger.released_lone(key)
             except REDIS_DOWN as error:
                 self._share.went_down(error)
+                wake(ledger.set_lone_leases(clock(), needed=False))
+            self._lone_changed.set()  # a lease another replica held may be free now
             await asyncio.sleep(self._share.heartbeat_s)
 
+    async def run_lone(
+        self, ledger: Ledger, clock: Callable[[], float], wake: Callable[[Wakes], None]
+    ) -> None:
+        """Takes and hands back the lone leases as the ledger wants them, until cancelled."""
+        while True:
+            await self._lone_changed.wait()
+            self._lone_changed.clear()
+            try:
+                await self._settle_lone(ledger, clock, wake)
+            except REDIS_DOWN as error:
+                self._share.went_down(error)
+
+    async def _settle_lone(
+        self, ledger: Ledger, clock: Callable[[], float], wake: Callable[[Wakes], None]
+    ) -> None:
+        if release := ledger.lone_to_release():
+            await self._share.flush()  # a started prompt's count is out before its lease
+            for key in release:
+                ledger.released_lone(key)
+                lease = self._held.pop(key, None)
+                if lease is not None:
+                    with contextlib.suppress(LockError):  # expired: nothing to hand back
+                        await lease.release()
+        for key in ledger.lone_wanted():
+            pool, tenant = key
+            lease = Lock(
+                self._redis,
+                f"{self._lone_prefix}{pool}|{tenant}",
+                timeout=self._lease_s,
+                blocking=False,
+                thread_local=False,
+            )
+            if not await lease.acquire():
+                continue  # another replica's lone prompt first; tried again on a change
+            self._held[key] = lease
+            wake(ledger.set_peer_tenants(clock(), await self.peers([key])))
+            wake(ledger.take_lone(clock(), key))
+            self.publish(ledger.own_tenants())  # what started under it, or the lease unused
+
     async def leave(self) -> None:
+        for lease in self._held.values():
+            with contextlib.suppress(LockError, *REDIS_DOWN):
+                await lease.release()
+        self._held.clear()
         await self._share.leave()

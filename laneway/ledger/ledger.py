@@ -381,6 +381,20 @@ class Ledger(LedgerRecords):
             self._tenants.replicas = max(1, replicas)
         return self._grant_all(now)
 
+    def set_lone_leases(self, now: float, *, needed: bool) -> Wakes:
+        """Whether a prompt that runs only alone needs the pool-wide lease (beside other
+        replicas, through Redis) or runs on this replica's reading alone (Redis away)."""
+        self._tenants.lone_leases = needed
+        return self._grant_all(now)
+
+    def take_lone(self, now: float, key: TenantKey) -> Wakes:
+        """This replica holds the pool-wide lease for `key`'s next lone prompt."""
+        self._tenants.take_lone(key)
+        return self._grant_all(now)
+
+    def released_lone(self, key: TenantKey) -> None:
+        self._tenants.released_lone(key)
+
     # -- the rest --------------------------------------------------------------------------
 
     def _running(self, ticket: Ticket) -> TicketState:

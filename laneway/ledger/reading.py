@@ -104,6 +104,14 @@ class LedgerReads:
         """The tenants with a cap, whose counts on other replicas matter here."""
         return self._tenants.capped()
 
+    def lone_wanted(self) -> list[TenantKey]:
+        """The (pool, tenant)s whose lone prompt waits here for the pool-wide lease."""
+        return self._tenants.lone_wanted()
+
+    def lone_to_release(self) -> list[TenantKey]:
+        """The leases to hand back once this replica's counts have reached Redis."""
+        return self._tenants.lone_to_release()
+
     def own_loads(self) -> dict[str, EndpointLoad]:
         """This replica's own load on every endpoint it has counted: what it publishes."""
         return self._load.own()

@@ -10,6 +10,13 @@ the same moment would each see the other's old count and together pass the cap. 
 `replicas` replicas also keeps to its part of a cap (`cap / replicas`, rounded up): the
 total stays within the cap (or `replicas - 1` over it, where the cap does not divide), at
 the price of a tenant whose requests all reach one replica getting only that part.
+
+One request passes the parts: a tenant running none anywhere runs its next one however long
+its prompt, so a prompt past the cap of prompt tokens is not refused for ever. Two replicas
+each reading the other's old "none" would each run one, so beside other replicas
+(`lone_leases`) a replica runs such a prompt only under the pool-wide lease for that
+tenant (`take_lone`, taken by the Redis shell): one lease, one request started, handed back
+once its count has reached the others (`lone_to_release`, `released_lone`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class TenantBook:
         self._peers: dict[TenantKey, TenantCount] = {}
         self._caps: dict[str, TenantCaps] = {}
         self.replicas = 1  # the gateway replicas sharing the caps (with Redis)
+        self.lone_leases = False  # True beside other replicas: a lone prompt needs the lease
+        self._lone: set[TenantKey] = set()  # the leases held here, not yet used
+        self._lone_spent: set[TenantKey] = set()  # used by a request that started
 
     def set_caps(self, tenant: str, caps: TenantCaps) -> None:
         if caps == NO_CAPS:
@@ -59,13 +69,17 @@ class TenantBook:
         self, pool: str, tenant: str, *, running: int = 0, waiting: int = 0, tokens: int = 0
     ) -> None:
         """Change the tenant's own counts: `tokens` are the prompt tokens of the `running`."""
-        count = self._own.get((pool, tenant), NONE).plus(
+        key = (pool, tenant)
+        if running > 0 and key in self._lone:
+            self._lone.remove(key)  # one lease, one request started under it
+            self._lone_spent.add(key)
+        count = self._own.get(key, NONE).plus(
             TenantCount(running=running, waiting=waiting, running_tokens=tokens)
         )
         if count == NONE:
-            del self._own[(pool, tenant)]  # tenants come and go: an idle one keeps no entry
+            del self._own[key]  # tenants come and go: an idle one keeps no entry
         else:
-            self._own[(pool, tenant)] = count
+            self._own[key] = count
 
     def of(self, pool: str, tenant: str) -> TenantCount:
         """The tenant's requests in `pool` on every replica."""
@@ -105,15 +119,46 @@ class TenantBook:
         ):
             return "running"
         cap = caps.max_running_tokens
-        if cap is None or not every.running:
-            # Running none anywhere: the next one runs, however long, so a prompt longer
-            # than the cap is not refused for ever. On every replica, not this one's alone:
-            # otherwise each replica runs one such prompt and the cap holds per replica.
+        if cap is None:
             return None
-        fits = (
-            own.running_tokens + tokens <= self._part(cap) and every.running_tokens + tokens <= cap
-        )
-        return None if fits else "running_tokens"
+        if own.running_tokens + tokens <= self._part(cap) and every.running_tokens + tokens <= cap:
+            return None
+        # Running none anywhere: the next one runs, however long, so a prompt longer than
+        # the cap is not refused for ever. On every replica, not this one's alone, and
+        # beside other replicas under the lease: otherwise each would run one such prompt.
+        if not every.running and (not self.lone_leases or (pool, tenant) in self._lone):
+            return None
+        return "running_tokens"
+
+    def lone_wanted(self) -> list[TenantKey]:
+        """Where this replica could run a lone prompt but lacks the lease: a tenant with a
+        cap of prompt tokens waits here and runs none anywhere."""
+        if not self.lone_leases:
+            return []
+        return [
+            key
+            for key, own in self._own.items()
+            if own.waiting
+            and key not in self._lone
+            and self.caps(key[1]).max_running_tokens is not None
+            and not self.of(*key).running
+        ]
+
+    def take_lone(self, key: TenantKey) -> None:
+        """This replica holds the pool-wide lease for `key`'s next lone prompt."""
+        self._lone.add(key)
+
+    def lone_to_release(self) -> list[TenantKey]:
+        """The leases to hand back once this replica's counts are out: each one used, and
+        each no request here can use now (none waiting, or the tenant runs one somewhere)."""
+        unused = [
+            key for key in self._lone if not self.own_count(*key).waiting or self.of(*key).running
+        ]
+        return [*self._lone_spent, *unused]
+
+    def released_lone(self, key: TenantKey) -> None:
+        self._lone.discard(key)
+        self._lone_spent.discard(key)
 
     def may_wait(self, pool: str, tenant: str) -> bool:
         cap = self._caps.get(tenant, NO_CAPS).max_waiting
