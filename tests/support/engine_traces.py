@@ -14,8 +14,8 @@ from support.chat_model import user
 from support.client import Listening, eventually, scrape, total
 from support.vllm_engine import MAX_MODEL_LEN
 
-# Output tokens of a stream that runs for minutes unless it is stopped (over four at vLLM's
-# best decode here): the engines' context cap less room for the prompt.
+# Output tokens of a stream that runs for minutes unless it is stopped (over two at vLLM's
+# best decode here, support.vllm_engine): the engines' context cap less room for the prompt.
 ENDLESS = MAX_MODEL_LEN - 512
 
 
@@ -30,7 +30,7 @@ def still_running(streams: Iterable[asyncio.Task[None]]) -> None:
     for stream in streams:
         if stream.done() and not stream.cancelled():
             stream.result()  # raises what ended it: its status and body, or the error
-            raise AssertionError("a stream of ENDLESS tokens ended before it was closed")
+            raise AssertionError("a request for ENDLESS tokens ended before it was closed")
 
 
 async def until(
@@ -90,14 +90,14 @@ async def tokenized_ids(
 async def endless(
     session: aiohttp.ClientSession, url: str, model: str, text: str = "go on"
 ) -> None:
-    """A stream of ENDLESS tokens, read until it is cancelled (which closes the connection);
-    a refusal fails it with the engine's status and body."""
-    body = {"model": model, "messages": user(text), "max_tokens": ENDLESS, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    """A request for ENDLESS tokens, waited on until it is cancelled (which closes the
+    connection: vLLM aborts a request whose client left, streamed or not); a refusal fails
+    it with the engine's status and body. Not streamed: an SSE event a token, at vLLM's
+    pace here, kept its API server too busy to answer /metrics for tens of seconds."""
+    body = {"model": model, "messages": user(text), "max_tokens": ENDLESS, "ignore_eos": True}
     async with session.post(f"{url}/chat/completions", json=body) as answer:
-        assert answer.status == 200, f"a blocking stream: {answer.status} {await answer.text()}"
-        async for _ in answer.content:
-            pass
+        assert answer.status == 200, f"a blocking request: {answer.status} {await answer.text()}"
+        await answer.read()
 
 
 async def first_token(

@@ -36,9 +36,11 @@ MAX_NUM_SEQS = 2  # two running at once: a third waits, where priority order sho
 TOKEN_BUDGET = 256  # --max-num-batched-tokens
 CHUNK_SIZE = 64  # --long-prefill-token-threshold
 # Long enough that a stream of support.engine_traces.ENDLESS tokens outlasts any check by
-# minutes (about 120 tokens/s at best here), so a blocker never ends while a test waits on
-# it; the tiny model's KV is 1 KiB a token, so the 2 GiB cache holds it many times over.
-MAX_MODEL_LEN = 32768
+# minutes, so a blocker never ends while a test waits on it: vLLM's own log showed a
+# stream here at up to 974 tokens/s (falling to ~300 by 30k tokens of context), and its
+# API server, streaming, took 83 s to take in a long prompt; 32k tokens ran out in that
+# time. The tiny model's KV is 1 KiB a token: 128 MiB a stream in the 2 GiB cache.
+MAX_MODEL_LEN = 131072
 
 
 def write_tiny_model(folder: Path) -> TinyModel:
@@ -109,7 +111,7 @@ def parse_serve_args(argvs: Sequence[Sequence[str]]) -> list[ServeParse]:
 def vllm_pool_docs(server: VLLMServer, **gateway_spec: Any) -> list[dict[str, Any]]:
     """A gateway config with one pool, `real`, of the server, serving public model "llama":
     counted with the model's own tokenizer and chat template, scheduled by priority as the
-    server is, scraped five times a second."""
+    server is, scraped once a second."""
     return tiny_pool_docs(server.url, server.model.files, **gateway_spec)
 
 
@@ -127,14 +129,15 @@ def tiny_pool_docs(url: str, files: ModelFiles, **gateway_spec: Any) -> list[dic
     pool["spec"]["tokenizer"] = {
         "kind": "huggingface", "path": str(files.tokenizer), "configPath": str(files.config),
     }  # fmt: skip
-    # Patient timeouts: on two shared cores vLLM's API server, streaming beside its engine
-    # core, can take seconds to answer a scrape or a connection; the defaults (1 s, 2 s) are
-    # for a GPU server. A stream waiting in vLLM's queue is silent until it runs.
-    patience = {"connectTimeoutMillis": 10000, "readTimeoutMillis": 600000}
+    # Patient timeouts: on two shared cores vLLM's API server, beside its engine core, can
+    # take tens of seconds to answer a scrape or a connection (a connection timed out at
+    # 10 s); the defaults (1 s, 2 s) are for a GPU server. A stream waiting in vLLM's queue
+    # is silent until it runs. Each scrape renders all of vLLM's metrics on that same core.
+    patience = {"connectTimeoutMillis": 60000, "readTimeoutMillis": 600000}
     return [
         pool,
         gateway_doc(
-            scrape={"intervalMillis": 200, "timeoutMillis": 10000},
+            scrape={"intervalMillis": 1000, "timeoutMillis": 30000},
             upstream=patience,
             **gateway_spec,
         ),
