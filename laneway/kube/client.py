@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,12 @@ def type_name(manifest: Mapping[str, Any]) -> str:
     group = str(manifest.get("apiVersion", "")).rpartition("/")[0]
     qualified = f"{manifest['kind']}.{group}"
     return qualified if qualified in RESOURCE_TYPES else str(manifest["kind"])
+
+
+# asyncio before 3.12.8 (and 3.13.0) leaves a TLS connection's socket open where the loop
+# ends during its TLS shutdown, as a cancelled watch's may: aiohttp aborts those transports
+# at close when asked (`enable_cleanup_closed`), and warns that the flag is moot elsewhere.
+_ABORT_CLOSING_TLS = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
 
 
 class KubeError(Exception):
@@ -156,7 +163,10 @@ class KubeApi:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             # Watch lines carry whole objects; the default 64 KiB line limit is too small.
-            self._session = aiohttp.ClientSession(read_bufsize=4 * 1024 * 1024)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(enable_cleanup_closed=_ABORT_CLOSING_TLS),
+                read_bufsize=4 * 1024 * 1024,
+            )
         return self._session
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
