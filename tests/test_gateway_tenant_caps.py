@@ -9,6 +9,7 @@ pool of few slots, real HTTP over loopback; a real redis-server for the shared c
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from support.pools import gateway_doc, pool_doc
 
 from laneway.bench.harness.redis_server import LocalRedis
 from laneway.gateway.keys import LEDGER, TENANT_SHARE, TENANTS
-from laneway.ledger.tenants import TenantCount
+from laneway.ledger import Wakes
+from laneway.ledger.tenants import TenantCount, TenantKey
 
 POOL = "shared"
 
@@ -392,6 +394,53 @@ async def test_two_replicas_run_a_tenants_lone_prompts_one_at_a_time(
         watcher.cancel()
         assert [status for status, _, _ in answers] == [200] * 6
         assert peak == 1
+    finally:
+        await servers.close()
+
+
+async def test_two_replicas_take_turns_at_a_tenants_lone_prompts(
+    tmp_path: Path, redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    servers = Servers()
+    try:
+        gateways = await start(
+            tmp_path,
+            servers,
+            slots=64,
+            acme="    maxConcurrentPromptTokens: 100",
+            queue={"timeoutMillis": 60000},
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        await until(
+            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
+            "both replicas count each other",
+        )
+        started: list[int] = []  # the replica of each lone prompt, in the order they ran
+        for i, gateway in enumerate(gateways):
+            ledger = gateway.runner.app[LEDGER]
+
+            def take_lone(
+                now: float,
+                key: TenantKey,
+                i: int = i,
+                take: Callable[[float, TenantKey], Wakes] = ledger.take_lone,
+            ) -> Wakes:
+                wakes = take(now, key)
+                started.extend([i] * len(wakes.granted))  # one lease, one prompt
+                return wakes
+
+            monkeypatch.setattr(ledger, "take_lone", take_lone)
+        async with aiohttp.ClientSession() as session:
+            # Three on each replica at once. The replica whose lone prompt just ended knows
+            # it first; were it to take the lease again at once, it would run its three
+            # before the other replica read that the tenant ran none.
+            answers = await asyncio.gather(
+                *(chat(session, gateways[i % 2], "sk-acme", 5, LONG) for i in range(6))
+            )
+        assert [status for status, _, _ in answers] == [200] * 6
+        assert sorted(started) == [0, 0, 0, 1, 1, 1]
+        assert all(a != b for a, b in itertools.pairwise(started)), started
     finally:
         await servers.close()
 

@@ -77,6 +77,10 @@ class LedgerReads:
         """The tenant's requests running and waiting in `pool`, on every replica."""
         return self._tenants.of(pool.key, tenant)
 
+    def tenant_count_on_peers(self, key: TenantKey) -> TenantCount:
+        """The (pool, tenant)'s requests on the other gateway replicas, as last read."""
+        return self._tenants.peers_count(key)
+
     def held_in_line(self, ticket: Ticket) -> Held | None:
         """Which of its tenant's caps holds the queued request in line now: the cap holding
         the tenant's first request in its lane, the request itself or an older one it keeps
@@ -100,9 +104,9 @@ class LedgerReads:
         """The gateway replicas sharing the tenants' caps, as last told."""
         return self._tenants.replicas
 
-    def capped_tenants(self) -> frozenset[str]:
-        """The tenants with a cap, whose counts on other replicas matter here."""
-        return self._tenants.capped()
+    def waiting_capped(self) -> list[TenantKey]:
+        """The (pool, tenant)s of capped tenants with requests waiting here."""
+        return self._tenants.waiting_capped()
 
     def lone_wanted(self) -> list[TenantKey]:
         """The (pool, tenant)s whose lone prompt waits here for the pool-wide lease."""

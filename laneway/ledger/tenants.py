@@ -87,6 +87,10 @@ class TenantBook:
         peers = self._peers.get((pool, tenant))
         return own if peers is None else own.plus(peers)
 
+    def peers_count(self, key: TenantKey) -> TenantCount:
+        """The tenant's requests in the pool on the other replicas, as last read."""
+        return self._peers.get(key, NONE)
+
     def own_count(self, pool: str, tenant: str) -> TenantCount:
         """The tenant's requests in `pool` on this replica."""
         return self._own.get((pool, tenant), NONE)
@@ -130,6 +134,11 @@ class TenantBook:
             return None
         return "running_tokens"
 
+    def waiting_capped(self) -> list[TenantKey]:
+        """The capped tenants with requests waiting here: whose counts on the other replicas
+        decide when those run."""
+        return [key for key, own in self._own.items() if own.waiting and key[1] in self._caps]
+
     def lone_wanted(self) -> list[TenantKey]:
         """Where this replica could run a lone prompt but lacks the lease: a tenant with a
         cap of prompt tokens waits here and runs none anywhere."""
@@ -172,10 +181,6 @@ class TenantBook:
 
     def caps(self, tenant: str) -> TenantCaps:
         return self._caps.get(tenant, NO_CAPS)
-
-    def capped(self) -> frozenset[str]:
-        """The tenants with a cap: the only ones whose peers' counts matter."""
-        return frozenset(self._caps)
 
     def own(self) -> dict[TenantKey, TenantCount]:
         """This replica's own counts: what it publishes."""
