@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from redis.asyncio import Redis
 from support.inproc import Served, Servers
 from support.pools import gateway_doc, pool_doc
 
@@ -442,6 +443,42 @@ async def test_two_replicas_take_turns_at_a_tenants_lone_prompts(
         assert sorted(started) == [0, 0, 0, 1, 1, 1]
         assert all(a != b for a, b in itertools.pairwise(started)), started
     finally:
+        await servers.close()
+
+
+async def test_a_lone_prompt_refused_waiting_for_its_turn_says_so(
+    tmp_path: Path, redis_server: LocalRedis
+) -> None:
+    servers = Servers()
+    redis = Redis.from_url(redis_server.url)
+    try:
+        gateways = await start(
+            tmp_path,
+            servers,
+            slots=8,
+            acme="    maxConcurrentPromptTokens: 100",
+            queue={"timeoutMillis": 1500},
+            replicas=2,
+            flags=("--redis-url", redis_server.url),
+        )
+        await until(
+            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
+            "both replicas count each other",
+        )
+        # Another replica holds acme's lease in the pool, about to run its own lone prompt.
+        (pool,) = [p for p in gateways[0].runner.app[LEDGER].pools() if p.name == POOL]
+        assert await redis.set(f"laneway:tenants:lone:{pool.key}|acme", "elsewhere", px=60000)
+        async with aiohttp.ClientSession() as session:
+            status, _, error = await chat(session, gateways[0], "sk-acme", 5, LONG)
+        assert status == 429
+        assert isinstance(error, dict)
+        assert error["error"]["code"] == "tenant_prompt_tokens_exceeded"
+        message = error["error"]["message"]
+        assert "it runs none in pool shared" in message
+        assert "maxConcurrentPromptTokens=100" in message
+        assert "one at a time over the 2 gateway replicas" in message
+    finally:
+        await redis.aclose()
         await servers.close()
 
 

@@ -128,6 +128,17 @@ def _tenant_refusal(
             "share of it, so this request gave its place to another tenant's"
         )
         code = "tenant_line_share"
+    elif reason == "running_tokens" and not count.running:
+        # Held with none running: its prompt runs only alone, and beside other replicas
+        # that waits for the tenant's lease in the pool (`laneway.ledger.tenants`).
+        why = (
+            f"it runs none in pool {pool.name}, but its next request in line is past its "
+            f"limit maxConcurrentPromptTokens={caps.max_running_tokens}, so it runs only "
+            f"alone, one at a time over the {replicas} gateway replicas, and its turn did "
+            f"not come within {waited_ms} ms (this one: {ask.route.prefill_tokens} prompt "
+            "tokens)"
+        )
+        code = "tenant_prompt_tokens_exceeded"
     elif reason == "running_tokens":
         why = (
             f"its {count.running} requests running in pool {pool.name} hold "
