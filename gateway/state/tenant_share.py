@@ -179,7 +179,10 @@ class RedisTenantShare:
                 if lease is not None:
                     with contextlib.suppress(LockError):  # expired: nothing to hand back
                         await lease.release()
-        for key in ledger.lone_wanted():
+        wanted = ledger.lone_wanted()
+        for key in self._letting_go.keys() - set(wanted):
+            del self._letting_go[key]  # its wait ended: the next starts afresh
+        for key in wanted:
             if await self._lets_another_go(key, ledger.tenant_count_on_peers(key), clock()):
                 continue
             name = self._lone_name(key)
