@@ -73,6 +73,32 @@ async def start(
     ]
 
 
+async def start_sharing(
+    tmp_path: Path,
+    servers: Servers,
+    redis_server: LocalRedis,
+    *,
+    slots: int,
+    acme: str,
+    queue: dict[str, Any] | None = None,
+) -> list[Served]:
+    """Two gateway replicas sharing the caps through Redis, once each counts the other."""
+    gateways = await start(
+        tmp_path,
+        servers,
+        slots=slots,
+        acme=acme,
+        queue=queue,
+        replicas=2,
+        flags=("--redis-url", redis_server.url),
+    )
+    await until(
+        lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
+        "both replicas count each other",
+    )
+    return gateways
+
+
 Answer = tuple[int, dict[str, str], dict[str, Any] | str]
 
 
@@ -318,17 +344,12 @@ async def test_two_replicas_admitting_at_once_stay_within_the_cap(
 ) -> None:
     servers = Servers()
     try:
-        gateways = await start(
+        gateways = await start_sharing(
             tmp_path,
             servers,
+            redis_server,
             slots=64,
             acme="    maxConcurrentRequests: 2",
-            replicas=2,
-            flags=("--redis-url", redis_server.url),
-        )
-        await until(
-            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
-            "both replicas count each other",
         )
         peak = 0
 
@@ -358,26 +379,36 @@ async def test_two_replicas_admitting_at_once_stay_within_the_cap(
         await servers.close()
 
 
-async def test_two_replicas_run_a_tenants_lone_prompts_one_at_a_time(
-    tmp_path: Path, redis_server: LocalRedis
+async def test_two_replicas_run_a_tenants_lone_prompts_one_at_a_time_taking_turns(
+    tmp_path: Path, redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     servers = Servers()
     try:
         # Every LONG prompt is past the cap, so each runs only alone: while acme runs none
         # anywhere, on one replica, under the tenant's lease in the pool.
-        gateways = await start(
+        gateways = await start_sharing(
             tmp_path,
             servers,
+            redis_server,
             slots=64,
             acme="    maxConcurrentPromptTokens: 100",
             queue={"timeoutMillis": 60000},
-            replicas=2,
-            flags=("--redis-url", redis_server.url),
         )
-        await until(
-            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
-            "both replicas count each other",
-        )
+        started: list[int] = []  # the replica of each lone prompt, in the order they ran
+        for i, gateway in enumerate(gateways):
+            ledger = gateway.runner.app[LEDGER]
+
+            def take_lone(
+                now: float,
+                key: TenantKey,
+                i: int = i,
+                take: Callable[[float, TenantKey], Wakes] = ledger.take_lone,
+            ) -> Wakes:
+                wakes = take(now, key)
+                started.extend([i] * len(wakes.granted))  # one lease, one prompt
+                return wakes
+
+            monkeypatch.setattr(ledger, "take_lone", take_lone)
         peak = 0
 
         async def watch() -> None:
@@ -395,51 +426,9 @@ async def test_two_replicas_run_a_tenants_lone_prompts_one_at_a_time(
         watcher.cancel()
         assert [status for status, _, _ in answers] == [200] * 6
         assert peak == 1
-    finally:
-        await servers.close()
-
-
-async def test_two_replicas_take_turns_at_a_tenants_lone_prompts(
-    tmp_path: Path, redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    servers = Servers()
-    try:
-        gateways = await start(
-            tmp_path,
-            servers,
-            slots=64,
-            acme="    maxConcurrentPromptTokens: 100",
-            queue={"timeoutMillis": 60000},
-            replicas=2,
-            flags=("--redis-url", redis_server.url),
-        )
-        await until(
-            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
-            "both replicas count each other",
-        )
-        started: list[int] = []  # the replica of each lone prompt, in the order they ran
-        for i, gateway in enumerate(gateways):
-            ledger = gateway.runner.app[LEDGER]
-
-            def take_lone(
-                now: float,
-                key: TenantKey,
-                i: int = i,
-                take: Callable[[float, TenantKey], Wakes] = ledger.take_lone,
-            ) -> Wakes:
-                wakes = take(now, key)
-                started.extend([i] * len(wakes.granted))  # one lease, one prompt
-                return wakes
-
-            monkeypatch.setattr(ledger, "take_lone", take_lone)
-        async with aiohttp.ClientSession() as session:
-            # Three on each replica at once. The replica whose lone prompt just ended knows
-            # it first; were it to take the lease again at once, it would run its three
-            # before the other replica read that the tenant ran none.
-            answers = await asyncio.gather(
-                *(chat(session, gateways[i % 2], "sk-acme", 5, LONG) for i in range(6))
-            )
-        assert [status for status, _, _ in answers] == [200] * 6
+        # The replica whose lone prompt just ended knows it first; were it to take the lease
+        # again at once, it would run its three before the other replica read that the
+        # tenant ran none.
         assert sorted(started) == [0, 0, 0, 1, 1, 1]
         assert all(a != b for a, b in itertools.pairwise(started)), started
     finally:
@@ -452,18 +441,13 @@ async def test_a_lone_prompt_refused_waiting_for_its_turn_says_so(
     servers = Servers()
     redis = Redis.from_url(redis_server.url)
     try:
-        gateways = await start(
+        gateways = await start_sharing(
             tmp_path,
             servers,
+            redis_server,
             slots=8,
             acme="    maxConcurrentPromptTokens: 100",
             queue={"timeoutMillis": 1500},
-            replicas=2,
-            flags=("--redis-url", redis_server.url),
-        )
-        await until(
-            lambda: all(g.runner.app[LEDGER].cap_replicas == 2 for g in gateways),
-            "both replicas count each other",
         )
         # Another replica holds acme's lease in the pool, about to run its own lone prompt.
         (pool,) = [p for p in gateways[0].runner.app[LEDGER].pools() if p.name == POOL]
