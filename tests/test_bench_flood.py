@@ -26,7 +26,7 @@ from laneway.bench.chaos.flood import (
 from laneway.cli import main
 from laneway.simulator.flood_experiment import FloodResult, FloodScenario
 
-ALONE, SHARE, TEN, CAPPED = "alone", "1x", "10x", "10x, cap 4,000"
+ALONE, SHARE, TEN, CAPPED, REFUSED = "alone", "1x", "10x", "10x, cap 4,000", "10x, refused"
 CAPPED_OPTIONS = FloodOptions(max_prompt_tokens=(4000,))
 
 
@@ -50,6 +50,32 @@ def test_the_live_segments_and_tenants_follow_the_scenario() -> None:
     assert {t["maxQueuedRequests"] for t in list(tenants.values())[1:]} == {5}
     # A flood at its share is not sent twice.
     assert len(segments_of(FloodOptions(scenario=FloodScenario(flood_factor=1.0)))) == 2
+
+
+def test_the_control_floods_from_a_tenant_refused_at_the_gateway_and_is_not_judged() -> None:
+    options = FloodOptions(max_prompt_tokens=(4000,), control=True)
+    assert [segment.label for segment in segments_of(options)][-2:] == [CAPPED, REFUSED]
+    tenants = {entry["name"]: entry for entry in tenants_file(options)["tenants"]}
+    # A per-minute allowance of 1 token: every flood request needs more, so each is refused.
+    assert tenants["flood-refused"]["tokensPerMinute"] == 1
+    assert "tokensPerMinute" not in tenants["flood"]
+    assert "tokensPerMinute" not in tenants["flood-4000"]
+    sent = [steady(ALONE, 0.1) for _ in range(20)]
+    sent += [steady(SHARE, 0.3) for _ in range(20)]
+    sent += [steady(TEN, 0.3) for _ in range(20)]
+    sent += [steady(CAPPED, 0.2) for _ in range(20)]
+    # The control is closest to alone, yet it says what the machine costs, not a design.
+    sent += [steady(REFUSED, 0.105) for _ in range(20)]
+    sent += [Sent("flood-refused", REFUSED, 429, None, "tokens_exceed_limit")]
+    report = report_of("cmd", options, sent, {})
+    by_label = {row.segment: row for row in report.segments}
+    control = by_label[REFUSED]
+    assert control.ratio_alone is not None
+    assert control.ratio_alone[0] == pytest.approx(1.05)
+    assert (control.flood_ok, control.flood_refused) == (0, 1)
+    assert report.goal_segment == CAPPED
+    assert report.goal_ratio == pytest.approx(2.0)
+    assert not report.goal_met
 
 
 @pytest.mark.parametrize(
@@ -209,6 +235,7 @@ def test_token_capped_rows_pair_each_run_with_its_uncapped_one() -> None:
         (["--flood-max-prompt-tokens", "4000,0"], "--flood-max-prompt-tokens"),
         (["--mode", "live", "--flood-max-prompt-tokens", "0"], "--flood-max-prompt-tokens"),
         (["--mode", "live", "--pool-slots", "3"], "--pool-slots"),
+        (["--flood-control"], "--flood-control"),
     ],
 )
 def test_flood_flags_that_cannot_work_name_themselves(
@@ -246,6 +273,7 @@ def test_a_quick_flood_run_keeps_the_flood_to_its_share_and_its_token_cap(
     args = ["bench", "chaos", "--flood", "--mode", "live", "--quick", "--rounds", "1"]
     # Long prompts, against a cap that one of them fills (each replica keeps to half of it).
     args += ["--flood-prompt-tokens", "2000,4000", "--flood-max-prompt-tokens", "4000"]
+    args += ["--flood-control"]
     done = subprocess.run(
         [sys.executable, "-P", "-m", "laneway.cli", *args, "--json", str(out)],
         capture_output=True,
@@ -254,13 +282,9 @@ def test_a_quick_flood_run_keeps_the_flood_to_its_share_and_its_token_cap(
     )
     report = json.loads(out.read_text())
     assert done.returncode == (0 if report["goal_met"] else 1), done.stderr
-    alone, share, ten, capped = report["segments"]
-    assert [alone["segment"], share["segment"], ten["segment"], capped["segment"]] == [
-        ALONE,
-        SHARE,
-        TEN,
-        CAPPED,
-    ]
+    alone, share, ten, capped, control = report["segments"]
+    labels = [segment["segment"] for segment in report["segments"]]
+    assert labels == [ALONE, SHARE, TEN, CAPPED, REFUSED]
     # Timing is the machine's; the counts are the gateway's: the steady tenant lost nothing,
     # the flood tenant was refused by its own caps only once it flooded.
     for segment in report["segments"]:
@@ -269,10 +293,14 @@ def test_a_quick_flood_run_keeps_the_flood_to_its_share_and_its_token_cap(
     assert alone["flood_ok"] == alone["flood_refused"] == 0, report
     assert share["flood_refused"] == 0 < ten["flood_refused"], report
     # As the gateways' shared counts had it: uncapped, the flood ran its share of 4 long
-    # prompts; capped, each replica ran one at a time (a replica running none of the
-    # tenant's runs its next one, however long), the rest waited in line or were refused.
+    # prompts; capped, one at a time over both replicas (each past the cap, so each ran
+    # alone, under the tenant's lease), the rest waited in line or were refused.
     assert ten["flood_peak"]["running"] == 4, report
-    assert 1 <= capped["flood_peak"]["running"] <= 2, report
-    assert 2000 <= capped["flood_peak"]["running_prompt_tokens"] <= 2 * 4000, report
+    assert capped["flood_peak"]["running"] == 1, report
+    # One prompt of up to 4,000 tokens and its few of chat framing.
+    assert 2000 <= capped["flood_peak"]["running_prompt_tokens"] <= 4100, report
     assert capped["flood_ok"] > 0, report
     assert capped["flood_refused"] > 0, report
+    # The control's flood reached no engine: each of its requests refused at the gateway.
+    assert control["flood_ok"] == 0 < control["flood_refused"], report
+    assert control["flood_peak"]["running"] == 0, report

@@ -115,6 +115,15 @@ def register_bench_chaos(bench: argparse._SubParsersAction[Any]) -> None:
         "default: none)",
     )
     chaos.add_argument(
+        "--flood-control",
+        action="store_true",
+        default=None,
+        help="with --flood --mode live: one segment more, the flood at --flood-factors "
+        "from a tenant whose tokensPerMinute every request exceeds, so the gateway refuses "
+        "each before any engine work: what the flood's refused requests cost the other "
+        "tenant on the machine's shared CPUs; not counted for the goal",
+    )
+    chaos.add_argument(
         "--pool-slots",
         type=int,
         metavar="N",
@@ -140,6 +149,7 @@ def run_bench_chaos(args: argparse.Namespace) -> int:
         "flood_share",
         "flood_prompt_tokens",
         "flood_max_prompt_tokens",
+        "flood_control",
         "pool_slots",
         "rounds",
     )
@@ -209,6 +219,8 @@ def _run_flood(args: argparse.Namespace) -> int:
         if args.pool_slots is not None:
             raise UsageError("--pool-slots goes with --mode virtual")
         return _run_flood_live(args, queues, factors, prompts, caps)
+    if args.flood_control:
+        raise UsageError("--flood-control goes with --mode live")
     from laneway.bench.chaos.flood_virtual import (
         VirtualFloodOptions,
         render,
@@ -278,7 +290,13 @@ def _run_flood_live(
         },
     )
     options = overridden(
-        base, {"scenario": scenario, "rounds": args.rounds, "max_prompt_tokens": caps or None}
+        base,
+        {
+            "scenario": scenario,
+            "rounds": args.rounds,
+            "max_prompt_tokens": caps or None,
+            "control": args.flood_control,
+        },
     )
     return run_and_report(
         lambda command: run_flood(options, command, stderr_say),

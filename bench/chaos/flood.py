@@ -18,7 +18,13 @@ replicas), and the run alternates `rounds` times through one segment of each kin
 2. `1x`: `flood` sends at its share (`flood_share` closed-loop senders, no think time);
 3. `<factor>x`: it sends at `flood_factor` times that, each refused request sent again after
    its Retry-After;
-4. `<factor>x, cap <cap>`: the same flood from `flood-<cap>`, for each token cap.
+4. `<factor>x, cap <cap>`: the same flood from `flood-<cap>`, for each token cap;
+5. with `control`, `<factor>x, refused`: the same flood from `flood-refused`, whose
+   `tokensPerMinute` (1) is less than any of its requests, so the gateway refuses each one
+   (429 `tokens_exceed_limit`) once it has parsed and counted it, before any engine work.
+   Not a configuration to judge but the machine's share: what handling a flood's refused
+   requests costs the steady tenant on CPUs the gateways, the engines and the clients
+   share, which the cost model's engines do not have.
 
 A steady request counts in the segment it was sent in. Each kind's steady TTFT P99 is
 divided by the alone segments' (the goal's unloaded run), by the 1x ones' and, for a token
@@ -28,7 +34,7 @@ spread, which on a busy machine says how much of the pooled ratio is noise. Whil
 watcher reads the gateways' shared tenant counts from Redis (as a replica reads its peers')
 and keeps each segment's peak of its flood tenant's running requests and running prompt
 tokens. The goal: at `flood_factor`, the steady P99 at most `GOAL_RATIO` of alone (pooled),
-uncapped or with any of the caps, and none of its requests refused.
+uncapped or with any of the caps (not the control), and none of its requests refused.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class FloodOptions:
     scenario: FloodScenario = field(default_factory=default_scenario)
     rounds: int = 3  # alone, 1x, flooded (uncapped, each cap), alone, ...
     max_prompt_tokens: tuple[int, ...] = ()  # the flood's token caps, each a segment
+    control: bool = False  # a segment of the flood refused at the gateway (module docs)
 
 
 @dataclass(frozen=True)
@@ -89,15 +96,20 @@ class Segment:
 
     factor: float
     max_prompt_tokens: int | None = None
+    refused: bool = False  # the control: every request of the flood refused at the gateway
 
     @property
     def tenant(self) -> str:
+        if self.refused:
+            return "flood-refused"
         return "flood" if self.max_prompt_tokens is None else f"flood-{self.max_prompt_tokens}"
 
     @property
     def label(self) -> str:
         if self.factor == 0:
             return "alone"
+        if self.refused:
+            return f"{self.factor:g}x, refused"
         cap = "" if self.max_prompt_tokens is None else f", cap {self.max_prompt_tokens:,}"
         return f"{self.factor:g}x{cap}"
 
@@ -106,7 +118,8 @@ def segments_of(options: FloodOptions) -> tuple[Segment, ...]:
     """One round's segments, in order."""
     factor = options.scenario.flood_factor
     capped = (Segment(factor, cap) for cap in options.max_prompt_tokens)
-    return tuple(dict.fromkeys((Segment(0.0), Segment(1.0), Segment(factor), *capped)))
+    control = (Segment(factor, refused=True),) if options.control else ()
+    return tuple(dict.fromkeys((Segment(0.0), Segment(1.0), Segment(factor), *capped, *control)))
 
 
 def api_key(tenant: str) -> str:
@@ -116,9 +129,9 @@ def api_key(tenant: str) -> str:
 def tenants_file(options: FloodOptions) -> dict[str, Any]:
     """The keys file: the flood tenants' caps (the scenario's), the steady tenant's none."""
     entries: list[dict[str, Any]] = [{"name": STEADY, "apiKeys": [api_key(STEADY)]}]
-    flooding = dict.fromkeys(s.max_prompt_tokens for s in segments_of(options) if s.factor)
-    for cap in flooding:
-        tenant = Segment(1.0, cap).tenant
+    flooding = {s.tenant: s for s in segments_of(options) if s.factor}
+    for tenant, segment in flooding.items():
+        cap = segment.max_prompt_tokens
         caps = replace(options.scenario, flood_max_prompt_tokens=cap).caps
         entry: dict[str, Any] = {
             "name": tenant,
@@ -128,6 +141,8 @@ def tenants_file(options: FloodOptions) -> dict[str, Any]:
         }
         if caps.max_running_tokens is not None:
             entry["maxConcurrentPromptTokens"] = caps.max_running_tokens
+        if segment.refused:
+            entry["tokensPerMinute"] = 1  # less than any request: each one refused
         entries.append(entry)
     return {"tenants": entries}
 
@@ -242,11 +257,12 @@ def report_of(
     command: str, options: FloodOptions, sent: Sequence[Sent], peaks: dict[str, Peak]
 ) -> FloodReport:
     factor = options.scenario.flood_factor
-    rows = tuple(summarize(sent, s, peaks, factor=factor) for s in segments_of(options))
+    segments = segments_of(options)
+    rows = tuple(summarize(sent, s, peaks, factor=factor) for s in segments)
     flooded = [
         (row.ratio_alone[0], row.segment)
-        for row in rows
-        if row.flood_factor == factor and row.ratio_alone is not None
+        for segment, row in zip(segments, rows, strict=True)
+        if row.flood_factor == factor and row.ratio_alone is not None and not segment.refused
     ]
     best = min(flooded) if flooded else None
     refused = sum(row.steady_refused for row in rows)
