@@ -26,7 +26,9 @@ replicas), and the run alternates `rounds` times through one segment of each kin
    requests costs the steady tenant on CPUs the gateways, the engines and the clients
    share, which the cost model's engines do not have.
 
-A steady request counts in the segment it was sent in. Each kind's steady TTFT P99 is
+The flood's senders run in a process of their own, so that the client work of its refused
+requests does not delay the event loop that times the steady tenant's first tokens. A
+steady request counts in the segment it was sent in. Each kind's steady TTFT P99 is
 divided by the alone segments' (the goal's unloaded run), by the 1x ones' and, for a token
 cap, by the uncapped flood's, all within the run (alternating spreads a shared machine's
 drift over every kind): pooled over the rounds, and each round's own ratio as a median and a
@@ -40,11 +42,14 @@ uncapped or with any of the caps (not the control), and none of its requests ref
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import random
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -342,18 +347,20 @@ def _fresh(body: dict[str, Any], tag: str) -> dict[str, Any]:
 
 
 class _Load:
-    def __init__(self, urls: list[str], options: FloodOptions) -> None:
+    """The senders of one process, on the run's clock: `start`, a `time.monotonic()` reading,
+    is the same moment in the steady sessions' process and the flood's."""
+
+    def __init__(self, urls: list[str], options: FloodOptions, start: float) -> None:
         self._urls = urls
         self._options = options
         self._segments = segments_of(options)
         self._prompts = PromptFactory(default_tokenizer())
-        self._loop = asyncio.get_running_loop()
-        self._start = self._loop.time()
+        self.start = start
         self.sent: list[Sent] = []
         self.peaks: dict[str, Peak] = {}
 
     def now(self) -> float:
-        return self._loop.time() - self._start
+        return time.monotonic() - self.start
 
     def segment_s(self) -> float:
         return self._options.scenario.duration_s / (len(self._segments) * self._options.rounds)
@@ -509,30 +516,54 @@ async def _start(
 async def _load(
     urls: list[str], redis_url: str, options: FloodOptions, say: Callable[[str], None]
 ) -> tuple[list[Sent], dict[str, Peak]]:
-    async with aiohttp.ClientSession(
+    # The flood's senders run in a process of their own: on the steady sessions' event loop
+    # the client work of its thousands of refused requests would delay the loop that times
+    # the steady tenant's first tokens, a cost of the bench, not of the gateway.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as flood_process:
+        async with _client() as http:
+            load = _Load(urls, options, start=time.monotonic())
+            steady = [load.session(http, STEADY, i) for i in range(options.scenario.sessions)]
+            flood = asyncio.get_running_loop().run_in_executor(
+                flood_process, _flood_senders, urls, options, load.start
+            )
+            redis = Redis.from_url(redis_url)
+            share = RedisTenantShare(redis, DEFAULT_PREFIX, replica="bench-watcher", lease_s=3.0)
+            pool = f"{NAMESPACE}/{DEMO_POOLS[0].name}"
+            kinds = ", ".join(s.label for s in segments_of(options))
+            say(f"{options.rounds} rounds of {load.segment_s():g} s segments: {kinds}")
+            try:
+                await asyncio.gather(*steady, flood, load.watch(share, pool))
+            finally:
+                await redis.aclose()
+            return [*load.sent, *flood.result()], load.peaks
+
+
+def _client() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
-    ) as http:
-        load = _Load(urls, options)
-        scenario = options.scenario
-        steady = [load.session(http, STEADY, i) for i in range(scenario.sessions)]
-        # Each flooded kind has senders of its own, sending only in its segments: at its
-        # share the flood keeps flood_share requests always running, as it does at its cap,
-        # so what a flood adds over 1x is its refused and waiting requests.
-        flood = [
-            load.session(http, segment.tenant, i, only=segment)
-            for segment in segments_of(options)
-            for i in range(round(segment.factor * scenario.flood_share))
-        ]
-        redis = Redis.from_url(redis_url)
-        share = RedisTenantShare(redis, DEFAULT_PREFIX, replica="bench-watcher", lease_s=3.0)
-        pool = f"{NAMESPACE}/{DEMO_POOLS[0].name}"
-        kinds = ", ".join(s.label for s in segments_of(options))
-        say(f"{options.rounds} rounds of {load.segment_s():g} s segments: {kinds}")
-        try:
-            await asyncio.gather(*steady, *flood, load.watch(share, pool))
-        finally:
-            await redis.aclose()
-        return load.sent, load.peaks
+    )
+
+
+def _flood_senders(urls: list[str], options: FloodOptions, start: float) -> list[Sent]:
+    """The flood's senders, in their own process: what they sent."""
+
+    async def send() -> list[Sent]:
+        async with _client() as http:
+            load = _Load(urls, options, start)
+            # Each flooded kind has senders of its own, sending only in its segments: at its
+            # share the flood keeps flood_share requests always running, as it does at its
+            # cap, so what a flood adds over 1x is its refused and waiting requests.
+            await asyncio.gather(
+                *(
+                    load.session(http, segment.tenant, i, only=segment)
+                    for segment in segments_of(options)
+                    for i in range(round(segment.factor * options.scenario.flood_share))
+                )
+            )
+            return load.sent
+
+    return asyncio.run(send())
 
 
 def stderr_say(message: str) -> None:
