@@ -49,8 +49,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -520,23 +521,49 @@ async def _load(
     # the client work of its thousands of refused requests would delay the loop that times
     # the steady tenant's first tokens, a cost of the bench, not of the gateway.
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as flood_process:
+    results, sending = spawn.Pipe(duplex=False)
+    start = time.monotonic()
+    flood_process = spawn.Process(
+        target=_flood_senders, args=(sending, urls, options, start), name="flood", daemon=True
+    )
+    flood_process.start()
+    sending.close()  # the child's end: once it exits, a read here ends too
+    try:
         async with _client() as http:
-            load = _Load(urls, options, start=time.monotonic())
+            load = _Load(urls, options, start)
             steady = [load.session(http, STEADY, i) for i in range(options.scenario.sessions)]
-            flood = asyncio.get_running_loop().run_in_executor(
-                flood_process, _flood_senders, urls, options, load.start
-            )
             redis = Redis.from_url(redis_url)
             share = RedisTenantShare(redis, DEFAULT_PREFIX, replica="bench-watcher", lease_s=3.0)
             pool = f"{NAMESPACE}/{DEMO_POOLS[0].name}"
             kinds = ", ".join(s.label for s in segments_of(options))
             say(f"{options.rounds} rounds of {load.segment_s():g} s segments: {kinds}")
             try:
-                await asyncio.gather(*steady, flood, load.watch(share, pool))
+                _, flood_sent = await asyncio.gather(
+                    asyncio.gather(load.watch(share, pool), *steady),
+                    _received(results, flood_process),
+                )
             finally:
                 await redis.aclose()
-            return [*load.sent, *flood.result()], load.peaks
+            return [*load.sent, *flood_sent], load.peaks
+    finally:
+        # A run that fails or is interrupted stops its flood at once, not at its end.
+        if flood_process.is_alive():
+            flood_process.terminate()
+        await asyncio.to_thread(flood_process.join)
+        results.close()
+
+
+async def _received(results: Connection, process: BaseProcess) -> list[Sent]:
+    """What the flood's process sent, once it has sent it."""
+    try:
+        sent: list[Sent] = await asyncio.to_thread(results.recv)
+    except EOFError:
+        await asyncio.to_thread(process.join)
+        raise RuntimeError(
+            f"the flood's senders' process ended (exit code {process.exitcode}) without "
+            "what it sent; its error is above"
+        ) from None
+    return sent
 
 
 def _client() -> aiohttp.ClientSession:
@@ -545,8 +572,10 @@ def _client() -> aiohttp.ClientSession:
     )
 
 
-def _flood_senders(urls: list[str], options: FloodOptions, start: float) -> list[Sent]:
-    """The flood's senders, in their own process: what they sent."""
+def _flood_senders(
+    results: Connection, urls: list[str], options: FloodOptions, start: float
+) -> None:
+    """The flood's senders, in their own process: what they sent goes back on `results`."""
 
     async def send() -> list[Sent]:
         async with _client() as http:
@@ -563,7 +592,7 @@ def _flood_senders(urls: list[str], options: FloodOptions, start: float) -> list
             )
             return load.sent
 
-    return asyncio.run(send())
+    results.send(asyncio.run(send()))
 
 
 def stderr_say(message: str) -> None:
